@@ -1,0 +1,81 @@
+// DeviceMesh: ranks arranged in an N-D grid, one process group per mesh dimension.
+//
+//   auto mesh = hp::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+//   auto tp = mesh["tp"];              // 1-D sub-mesh along "tp", sharing its group
+//   tp.comm(0).all_reduce_(t, ReduceOp::Sum);
+//
+// A DeviceMesh is a cheap handle (shared, immutable); two meshes compare equal when
+// they have the same device type, shape and ranks.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "hyper_parallel/communicator.h"
+
+namespace hyper_parallel {
+
+struct MeshOptions {
+  // Collective timeout of the mesh's groups; defaults to the world's.
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+class DeviceMesh {
+ public:
+  DeviceMesh() = default;
+
+  bool defined() const { return data_ != nullptr; }
+  const std::string& device_type() const;
+  int64_t ndim() const;
+  const std::vector<int64_t>& shape() const;
+  int64_t size(int64_t mesh_dim) const;
+  int64_t size() const;  // number of ranks
+  const std::vector<std::string>& dim_names() const;
+  // Global ranks in row-major mesh order.
+  const std::vector<int64_t>& ranks() const;
+
+  // The caller's global rank and its coordinate in the mesh.
+  int64_t get_rank() const;
+  const std::vector<int64_t>& coordinate() const;
+  int64_t local_rank(int64_t mesh_dim) const { return coordinate().at(mesh_dim); }
+
+  // The group along one mesh dimension that contains the caller.
+  const Communicator& comm(int64_t mesh_dim) const;
+  int64_t mesh_dim_index(const std::string& name) const;
+
+  // Sub-mesh along the named dims (in the given order), e.g. mesh["tp"].
+  DeviceMesh operator[](const std::string& name) const;
+  DeviceMesh slice(const std::vector<std::string>& names) const;
+
+  // Identifies the groups and the caller's place in them: two handles with the same
+  // identity issue collectives on the same process groups.
+  size_t identity_hash() const;
+
+  bool operator==(const DeviceMesh& o) const;
+  bool operator!=(const DeviceMesh& o) const { return !(*this == o); }
+  size_t hash() const;
+  std::string str() const;
+
+  struct Data;
+  explicit DeviceMesh(std::shared_ptr<const Data> d) : data_(std::move(d)) {}
+
+ private:
+  const Data& data() const;
+  std::shared_ptr<const Data> data_;
+};
+
+// Creates the mesh over all ranks of the world (initialising the world from the
+// environment first when needed, as PyTorch does). Every rank must call it, in the
+// same order relative to other mesh creations.
+DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<int64_t>& shape,
+                            const std::vector<std::string>& dim_names = {},
+                            const MeshOptions& options = {});
+
+std::ostream& operator<<(std::ostream& os, const DeviceMesh& m);
+
+}  // namespace hyper_parallel

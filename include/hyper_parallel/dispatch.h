@@ -1,0 +1,72 @@
+// OpDispatcher: where every ATen op on a DTensor goes (spec §4.1.1, scheme A).
+//
+// dispatch(op, stack) is a short chain of handlers, tried in order:
+//   1. bypass ops that need no layout rule (detach, item, copy_ ...)
+//   2. context routes (loss_parallel plugs in here while its guard is active)
+//   3. layout inference through the DistributedOp registered for get_op_name(op),
+//      memoised in the LayoutCache
+//   4. otherwise an error naming the op and its input placements (or, with
+//      set_implicit_replication(true), replicate the inputs and run locally)
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "hyper_parallel/distributed_op.h"
+
+namespace hyper_parallel {
+
+// HyperParallel's op name: the schema name without namespace and overload
+// (aten::_log_softmax -> "_log_softmax", aten::sum.dim_IntList -> "sum").
+std::string get_op_name(const c10::OperatorHandle& op);
+
+class OpDispatcher {
+ public:
+  static void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+  // A context route sees every op first; it returns true when it handled the call.
+  using ContextRoute = std::function<bool(const c10::OperatorHandle&, const std::string& name,
+                                          torch::jit::Stack*)>;
+  static void add_context_route(std::string route_name, ContextRoute route);
+};
+
+// --- rule registry -----------------------------------------------------------------
+void register_distributed_op(const std::string& op_name, DistributedOpPtr op);
+// nullptr when the op has no rule.
+DistributedOpPtr find_distributed_op(const std::string& op_name);
+std::vector<std::string> registered_op_names();
+
+// --- layout cache ------------------------------------------------------------------
+struct LayoutCacheStats {
+  int64_t hits = 0;
+  int64_t misses = 0;
+  int64_t size = 0;
+};
+LayoutCacheStats layout_cache_stats();
+void clear_layout_cache();
+
+// Features whose routing changes what inference means (loss_parallel) set a token
+// that becomes part of every cache key on this thread.
+uint64_t layout_cache_context_token();
+class ScopedLayoutCacheToken {
+ public:
+  explicit ScopedLayoutCacheToken(uint64_t token);
+  ~ScopedLayoutCacheToken();
+  ScopedLayoutCacheToken(const ScopedLayoutCacheToken&) = delete;
+  ScopedLayoutCacheToken& operator=(const ScopedLayoutCacheToken&) = delete;
+
+ private:
+  uint64_t previous_;
+};
+
+// Opt-in, for the calling thread: ops without a rule replicate their DTensor inputs and run locally
+// (one warning per op). Off by default: an op without a rule is an error.
+void set_implicit_replication(bool enabled);
+bool implicit_replication_enabled();
+
+}  // namespace hyper_parallel

@@ -1,0 +1,60 @@
+// The default process group ("the world"): who this rank is, how to rendezvous.
+//
+// As in torch.distributed, it is initialised once per process, from the environment
+// hp-run sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Tests that run ranks as
+// threads of one process give each thread its own world with `per_thread = true`.
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace c10d {
+class Store;
+class ProcessGroup;
+}  // namespace c10d
+
+namespace hyper_parallel {
+
+struct InitOptions {
+  // "auto" picks gloo for cpu and nccl for cuda.
+  std::string backend = "auto";
+  std::string device_type = "cpu";
+  // Bound on every collective and on rendezvous: a rank that dies makes the
+  // others fail after at most this long instead of waiting forever.
+  // HP_COLLECTIVE_TIMEOUT_S overrides the default when set.
+  std::chrono::milliseconds timeout = std::chrono::seconds(300);
+  // The world belongs to the calling thread only (ranks-as-threads tests).
+  bool per_thread = false;
+};
+
+struct World {
+  c10::intrusive_ptr<c10d::Store> store;
+  int64_t rank = 0;
+  int64_t size = 1;
+  std::string backend;
+  std::string device_type;
+  std::chrono::milliseconds timeout;
+  // Meshes created so far; every rank creates meshes in the same order, so the
+  // counter gives each mesh's groups a rendezvous namespace of their own.
+  int64_t meshes_created = 0;
+};
+
+// Initialises from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (TCPStore hosted by rank 0).
+void init_process_group(const InitOptions& options = {});
+// Initialises over a store the caller provides (HashStore shared by threads, FileStore ...).
+void init_process_group(c10::intrusive_ptr<c10d::Store> store, int64_t rank, int64_t world_size,
+                        const InitOptions& options = {});
+bool is_initialized();
+void destroy_process_group();
+int64_t get_rank();
+int64_t get_world_size();
+// Throws with a hint when nothing is initialised.
+World& current_world();
+
+std::chrono::milliseconds default_collective_timeout();
+
+}  // namespace hyper_parallel

@@ -1,0 +1,98 @@
+// DistributedOp: the layout rule of one family of ATen ops (HyperParallel's protocol).
+//
+//   preprocess   (generic, in OpDispatcher) the call's tensor arguments, their layouts
+//                and the static arguments -> an OpCall, from which the cache key is built
+//   infer_layout (the family) -> ShardingDecision: the placements each DTensor input
+//                must be redistributed to, and the layout of each output. A pure
+//                function of the OpCall's key, so the dispatcher caches it.
+//   expand       (optional) adjust the local arguments after redistribution
+//                (e.g. scale a bias added on every rank of a contracted dim)
+//   wrap_output  (generic) wrap local outputs as DTensors with the inferred layouts
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hyper_parallel/layout.h"
+
+namespace hyper_parallel {
+
+// One tensor argument of the call (tensor lists are flattened, in order).
+struct TensorArg {
+  size_t arg_index;                 // position in the schema's arguments
+  std::optional<size_t> list_index; // position inside a Tensor[] / Tensor?[] argument
+  const Layout* layout;             // nullptr: a plain tensor (treated as replicated)
+  std::vector<int64_t> shape;       // global shape
+  c10::ScalarType dtype;
+};
+
+class OpCall {
+ public:
+  OpCall(const c10::OperatorHandle& op, std::string name, const torch::jit::Stack& args);
+
+  const c10::OperatorHandle& op() const { return *op_; }
+  const std::string& name() const { return name_; }
+  const c10::FunctionSchema& schema() const { return op_->schema(); }
+  const torch::jit::Stack& args() const { return *args_; }
+  const std::vector<TensorArg>& tensors() const { return tensors_; }
+  // The DTensor arguments only (indices into tensors()).
+  const std::vector<size_t>& dtensor_indices() const { return dtensors_; }
+  const DeviceMesh& mesh() const { return mesh_; }
+
+  // Argument by schema name (throws with the schema when absent).
+  const c10::IValue& arg(const std::string& name) const;
+  bool has_arg(const std::string& name) const;
+  // First DTensor argument's layout.
+  const Layout& first_layout() const;
+  // True for foo_ / foo.out style calls whose output is argument 0 (or `out`).
+  bool is_inplace() const;
+  bool is_out() const;
+
+ private:
+  const c10::OperatorHandle* op_;
+  std::string name_;
+  const torch::jit::Stack* args_;
+  std::vector<TensorArg> tensors_;
+  std::vector<size_t> dtensors_;
+  DeviceMesh mesh_;
+};
+
+// What the rule decided.
+struct ShardingDecision {
+  // Per tensor argument (same order as OpCall::tensors()): target placements;
+  // nullopt leaves the argument as it is (plain tensors stay plain).
+  std::vector<std::optional<Placements>> input_placements;
+  // Per schema return: the output layout(s); empty vector for non-tensor returns.
+  // Tensor[] returns have one layout per element.
+  std::vector<std::vector<Layout>> output_layouts;
+  // Free-form tag a family's expand() reads (part of the cached result).
+  int64_t expand_tag = 0;
+};
+
+class DistributedOp {
+ public:
+  virtual ~DistributedOp() = default;
+  // The class name as YAML refers to it.
+  virtual std::string class_name() const = 0;
+  // Short description of the rule for docs/ops.md.
+  virtual std::string rule() const = 0;
+  virtual ShardingDecision infer_layout(const OpCall& call) const = 0;
+  // Called on the local arguments after redistribution, before the local op runs.
+  virtual void expand(const OpCall& call, const ShardingDecision& decision,
+                      torch::jit::Stack& local_args) const {
+    (void)call; (void)decision; (void)local_args;
+  }
+};
+
+using DistributedOpPtr = std::shared_ptr<const DistributedOp>;
+
+// Global shapes of the outputs, computed by running the op on meta tensors with the
+// inputs' global shapes. One entry per return; Tensor[] returns give several.
+std::vector<std::vector<std::vector<int64_t>>> infer_output_shapes(const OpCall& call);
+
+}  // namespace hyper_parallel

@@ -1,0 +1,13 @@
+// HyperParallel C++: tensor parallelism for LibTorch. One include for all of it.
+#pragma once
+
+#include "hyper_parallel/communicator.h"
+#include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/dispatch.h"
+#include "hyper_parallel/distributed.h"
+#include "hyper_parallel/distributed_op.h"
+#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/layout.h"
+#include "hyper_parallel/placement.h"
+
+namespace hp = hyper_parallel;

@@ -1,0 +1,36 @@
+// The one place that knows which LibTorch it is built against.
+//
+// LibTorch 1.13 exposes each backend (Gloo, NCCL) as a c10d::ProcessGroup
+// subclass; LibTorch >= 2.0 splits that into ProcessGroup + Backend and adds
+// native collectives Gloo lacked in 1.13 (reduce_scatter, _allgather_base).
+// Everything else in the project talks to `ProcessGroupPtr` through
+// src/core/communicator.cpp and never includes a backend header itself.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <string>
+
+namespace hyper_parallel::compat {
+
+using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
+using StorePtr = c10::intrusive_ptr<c10d::Store>;
+
+// "gloo" for cpu, "nccl" for cuda when this LibTorch has NCCL; throws otherwise.
+std::string default_backend_for(const std::string& device_type);
+
+// Creates a process group of `size` members in which the caller is `rank`.
+// All members must call it with a store that gives them the same namespace.
+ProcessGroupPtr make_process_group(const std::string& backend, const StorePtr& store, int rank,
+                                   int size, std::chrono::milliseconds timeout);
+
+// Whether `pg` implements reduce_scatter natively (NCCL; Gloo from LibTorch 2.x).
+bool has_native_reduce_scatter(const ProcessGroupPtr& pg);
+
+// TCPStore for multi-process rendezvous (rank 0 hosts it).
+StorePtr make_tcp_store(const std::string& host, uint16_t port, int rank, int world_size,
+                        std::chrono::milliseconds timeout);
+
+}  // namespace hyper_parallel::compat

@@ -1,0 +1,163 @@
+#include "hyper_parallel/communicator.h"
+
+#include <ATen/ops/cat.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+#include "compat/c10d_compat.h"
+
+namespace hyper_parallel {
+
+namespace {
+thread_local CollectiveCounts tls_counts;
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return c10d::ReduceOp::SUM;
+    case ReduceOp::Max: return c10d::ReduceOp::MAX;
+    case ReduceOp::Min: return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
+}  // namespace
+
+CollectiveCounts collective_counts() { return tls_counts; }
+void reset_collective_counts() { tls_counts = CollectiveCounts{}; }
+
+ChunkRange chunk_range(int64_t size, int64_t n, int64_t index) {
+  const int64_t chunk = n == 0 ? 0 : (size + n - 1) / n;
+  const int64_t begin = std::min(size, chunk * index);
+  const int64_t end = std::min(size, chunk * (index + 1));
+  return {begin, end - begin};
+}
+
+Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                           std::vector<int64_t> global_ranks)
+    : pg_(std::move(pg)), global_ranks_(std::move(global_ranks)), rank_(pg_->getRank()) {
+  TORCH_CHECK(pg_->getSize() == size(), "process group of size ", pg_->getSize(),
+              " does not match the ", size(), " ranks it was created for");
+  native_reduce_scatter_ = compat::has_native_reduce_scatter(pg_);
+}
+
+Communicator::~Communicator() = default;
+
+void Communicator::all_reduce_(at::Tensor& t, ReduceOp op) const {
+  ++tls_counts.all_reduce;
+  if (size() == 1) return;
+  // c10d requires dense contiguous buffers; reduce a contiguous copy when needed.
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  std::vector<at::Tensor> v{buf};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(op);
+  wait(pg_->allreduce(v, opts));
+  if (op == ReduceOp::Avg) buf.div_(size());
+  if (!buf.is_same(t)) t.copy_(buf);
+}
+
+void Communicator::all_reduce_many_(std::vector<at::Tensor>& ts, ReduceOp op) const {
+  if (ts.empty()) return;
+  if (ts.size() == 1) return all_reduce_(ts[0], op);
+  std::vector<at::Tensor> flat;
+  flat.reserve(ts.size());
+  for (auto& t : ts) {
+    TORCH_CHECK(t.scalar_type() == ts[0].scalar_type(), "all_reduce_many_ expects one dtype");
+    flat.push_back(t.reshape({-1}));
+  }
+  at::Tensor buf = at::cat(flat);
+  all_reduce_(buf, op);
+  int64_t off = 0;
+  for (auto& t : ts) {
+    t.copy_(buf.narrow(0, off, t.numel()).view(t.sizes()));
+    off += t.numel();
+  }
+}
+
+at::Tensor Communicator::all_gather(const at::Tensor& local, int64_t dim,
+                                    const std::vector<int64_t>& sizes) const {
+  TORCH_CHECK(static_cast<int64_t>(sizes.size()) == size(), "all_gather: expected ", size(),
+              " piece sizes, got ", sizes.size());
+  TORCH_CHECK(local.size(dim) == sizes[rank_], "all_gather: local piece has ", local.size(dim),
+              " rows along dim ", dim, " but rank ", rank_, " was expected to hold ", sizes[rank_]);
+  ++tls_counts.all_gather;
+  if (size() == 1) return local;
+  // Gloo needs equal-sized buffers: pad every piece to the largest, then trim.
+  const int64_t max_len = *std::max_element(sizes.begin(), sizes.end());
+  at::Tensor send = local.movedim(dim, 0).contiguous();
+  if (send.size(0) < max_len) {
+    std::vector<int64_t> pad(2 * send.dim(), 0);
+    pad[pad.size() - 1] = max_len - send.size(0);  // pads dim 0 at the end
+    send = at::constant_pad_nd(send, pad, 0);
+  }
+  std::vector<at::Tensor> outs;
+  outs.reserve(size());
+  for (int64_t i = 0; i < size(); ++i) outs.push_back(at::empty_like(send));
+  std::vector<std::vector<at::Tensor>> out_lists{outs};
+  std::vector<at::Tensor> in{send};
+  wait(pg_->allgather(out_lists, in));
+  std::vector<at::Tensor> pieces;
+  pieces.reserve(size());
+  for (int64_t i = 0; i < size(); ++i) pieces.push_back(out_lists[0][i].narrow(0, 0, sizes[i]));
+  return at::cat(pieces, 0).movedim(0, dim);
+}
+
+at::Tensor Communicator::reduce_scatter(const at::Tensor& full, int64_t dim, ReduceOp op) const {
+  const ChunkRange mine = chunk_range(full.size(dim), size(), rank_);
+  if (size() == 1) {
+    ++tls_counts.reduce_scatter;
+    return full.narrow(dim, mine.offset, mine.length);
+  }
+  if (native_reduce_scatter_ && op != ReduceOp::Avg) {
+    ++tls_counts.reduce_scatter;
+    const int64_t max_len = chunk_range(full.size(dim), size(), 0).length;
+    at::Tensor moved = full.movedim(dim, 0);
+    std::vector<at::Tensor> inputs;
+    for (int64_t i = 0; i < size(); ++i) {
+      ChunkRange r = chunk_range(full.size(dim), size(), i);
+      at::Tensor piece = moved.narrow(0, r.offset, r.length).contiguous();
+      if (r.length < max_len) {
+        std::vector<int64_t> pad(2 * piece.dim(), 0);
+        pad[pad.size() - 1] = max_len - r.length;
+        piece = at::constant_pad_nd(piece, pad, 0);
+      }
+      inputs.push_back(piece);
+    }
+    at::Tensor out = at::empty_like(inputs[0]);
+    std::vector<at::Tensor> outs{out};
+    std::vector<std::vector<at::Tensor>> in_lists{inputs};
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = to_c10d(op);
+    wait(pg_->reduce_scatter(outs, in_lists, opts));
+    return out.narrow(0, 0, mine.length).movedim(0, dim);
+  }
+  // Gloo (LibTorch 1.13): all-reduce the whole buffer, keep our piece. Same result,
+  // counted as the all-reduce it really is.
+  at::Tensor buf = full.clone(at::MemoryFormat::Contiguous);
+  all_reduce_(buf, op);
+  return buf.narrow(dim, mine.offset, mine.length);
+}
+
+void Communicator::broadcast_(at::Tensor& t, int64_t root) const {
+  ++tls_counts.broadcast;
+  if (size() == 1) return;
+  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  std::vector<at::Tensor> v{buf};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  wait(pg_->broadcast(v, opts));
+  if (!buf.is_same(t)) t.copy_(buf);
+}
+
+void Communicator::barrier() const {
+  ++tls_counts.barrier;
+  if (size() == 1) return;
+  wait(pg_->barrier());
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,103 @@
+#include "hyper_parallel/distributed.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "compat/c10d_compat.h"
+
+namespace hyper_parallel {
+
+namespace {
+std::mutex global_mutex;
+std::shared_ptr<World> global_world;
+thread_local std::shared_ptr<World> thread_world;
+
+int64_t env_int(const char* name) {
+  const char* v = std::getenv(name);
+  TORCH_CHECK(v && *v, "init_process_group: environment variable ", name,
+              " is not set; launch with `hp-run --nproc-per-node N PROGRAM` or set RANK, "
+              "WORLD_SIZE, MASTER_ADDR and MASTER_PORT");
+  char* end = nullptr;
+  long long x = std::strtoll(v, &end, 10);
+  TORCH_CHECK(end && *end == '\0', "init_process_group: ", name, "='", v,
+              "' is not an integer");
+  return x;
+}
+
+void install(std::shared_ptr<World> w, bool per_thread) {
+  if (per_thread) {
+    thread_world = std::move(w);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(global_mutex);
+  TORCH_CHECK(!global_world, "init_process_group: the default process group is already "
+              "initialised (rank ", global_world->rank, " of ", global_world->size, ")");
+  global_world = std::move(w);
+}
+}  // namespace
+
+std::chrono::milliseconds default_collective_timeout() {
+  if (const char* v = std::getenv("HP_COLLECTIVE_TIMEOUT_S")) {
+    return std::chrono::milliseconds(static_cast<int64_t>(std::atof(v) * 1000));
+  }
+  return std::chrono::seconds(300);
+}
+
+void init_process_group(const InitOptions& options) {
+  const int64_t rank = env_int("RANK");
+  const int64_t size = env_int("WORLD_SIZE");
+  const int64_t port = env_int("MASTER_PORT");
+  const char* addr = std::getenv("MASTER_ADDR");
+  auto store = compat::make_tcp_store(addr && *addr ? addr : "127.0.0.1",
+                                      static_cast<uint16_t>(port), static_cast<int>(rank),
+                                      static_cast<int>(size), options.timeout);
+  init_process_group(store, rank, size, options);
+}
+
+void init_process_group(c10::intrusive_ptr<c10d::Store> store, int64_t rank, int64_t world_size,
+                        const InitOptions& options) {
+  TORCH_CHECK(world_size >= 1 && rank >= 0 && rank < world_size,
+              "init_process_group: expected 0 <= rank < world_size, got rank ", rank,
+              " and world_size ", world_size);
+  auto w = std::make_shared<World>();
+  w->store = std::move(store);
+  w->rank = rank;
+  w->size = world_size;
+  w->device_type = options.device_type;
+  w->backend = options.backend == "auto" ? compat::default_backend_for(options.device_type)
+                                         : options.backend;
+  w->timeout = options.timeout;
+  if (std::getenv("HP_COLLECTIVE_TIMEOUT_S")) w->timeout = default_collective_timeout();
+  install(std::move(w), options.per_thread);
+}
+
+bool is_initialized() {
+  if (thread_world) return true;
+  std::lock_guard<std::mutex> lock(global_mutex);
+  return global_world != nullptr;
+}
+
+void destroy_process_group() {
+  if (thread_world) {
+    thread_world.reset();
+    return;
+  }
+  std::lock_guard<std::mutex> lock(global_mutex);
+  global_world.reset();
+}
+
+World& current_world() {
+  if (thread_world) return *thread_world;
+  std::lock_guard<std::mutex> lock(global_mutex);
+  TORCH_CHECK(global_world, "the default process group is not initialised: call "
+              "hyper_parallel::init_process_group() (or init_device_mesh, which does it from "
+              "the environment hp-run sets)");
+  return *global_world;
+}
+
+int64_t get_rank() { return current_world().rank; }
+int64_t get_world_size() { return current_world().size; }
+
+}  // namespace hyper_parallel

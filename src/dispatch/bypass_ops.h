@@ -1,0 +1,17 @@
+// Bypass ops: the first link of OpDispatcher's chain (internal). Ops that need no
+// layout rule — they keep the layout (detach, alias), read a value (item, equal) or
+// move data between layouts (copy_) — handled directly.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <string>
+#include <vector>
+
+namespace hyper_parallel {
+
+bool run_bypass_op(const c10::OperatorHandle& op, const std::string& name, torch::jit::Stack* stack);
+std::vector<std::string> bypass_op_names();
+
+}  // namespace hyper_parallel

@@ -1,0 +1,28 @@
+// LayoutCache: memoised ShardingDecisions (internal).
+//
+// Key = op identity + for every argument either its layout hash (DTensor), its shape
+// and dtype (plain tensor) or its value (static argument) + the mesh's identity (which
+// rank, which groups) + the thread's context token (loss_parallel). Keys are vectors of
+// 64-bit words compared exactly; layouts enter through their precomputed hashes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "hyper_parallel/distributed_op.h"
+
+namespace hyper_parallel {
+
+struct LayoutCacheKey {
+  std::vector<uint64_t> words;
+  uint64_t hash = 0;
+  bool operator==(const LayoutCacheKey& o) const { return hash == o.hash && words == o.words; }
+};
+
+LayoutCacheKey make_layout_cache_key(const OpCall& call);
+
+std::shared_ptr<const ShardingDecision> layout_cache_find(const LayoutCacheKey& key);
+void layout_cache_insert(const LayoutCacheKey& key, std::shared_ptr<const ShardingDecision> d);
+
+}  // namespace hyper_parallel

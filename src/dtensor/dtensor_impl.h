@@ -1,0 +1,48 @@
+// DTensorImpl: the TensorImpl behind every DTensor (internal).
+//
+// It owns no storage: it holds the local piece and the Layout, reports the global
+// sizes/strides and the local dtype/device, and carries the PrivateUse1 dispatch keys
+// so that every ATen op on it reaches OpDispatcher::dispatch.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorImpl.h>
+
+#include "hyper_parallel/layout.h"
+
+namespace hyper_parallel {
+
+class DTensorImpl : public c10::TensorImpl {
+ public:
+  DTensorImpl(at::Tensor local, Layout layout);
+
+  const at::Tensor& local() const { return local_; }
+  const Layout& layout() const { return layout_; }
+
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      const c10::VariableVersion& version_counter,
+      bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
+      c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const override;
+  void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
+
+ private:
+  const char* tensorimpl_type_name() const override { return "DTensorImpl"; }
+  void set_global_geometry();
+
+  at::Tensor local_;
+  Layout layout_;
+};
+
+// Wraps without autograd (the result carries no history); `local` must match the
+// layout's local shape on this rank.
+at::Tensor make_dtensor(const at::Tensor& local, const Layout& layout);
+// nullptr for plain tensors.
+DTensorImpl* dtensor_impl(const at::Tensor& t);
+// The local piece of a DTensor, as stored (no autograd).
+const at::Tensor& local_of(const at::Tensor& dtensor);
+
+// Installs the dispatch-key kernels (once per process); called on first DTensor creation.
+void ensure_dtensor_dispatch_registered();
+
+}  // namespace hyper_parallel

@@ -1,0 +1,145 @@
+#include "ops/pointwise_ops.h"
+
+#include <c10/util/Exception.h>
+
+namespace hyper_parallel {
+
+namespace {
+
+// Output dim that input dim `d` of an `in_ndim`-D input lands on under broadcasting,
+// or -1 when that input dim is broadcast (size 1 against a larger output).
+int64_t output_dim(const TensorArg& in, int64_t d, const std::vector<int64_t>& out) {
+  const int64_t od = d + static_cast<int64_t>(out.size()) - static_cast<int64_t>(in.shape.size());
+  if (od < 0 || in.shape[d] != out[od]) return -1;
+  return od;
+}
+
+int64_t input_dim(const TensorArg& in, int64_t od, const std::vector<int64_t>& out) {
+  const int64_t d = od - static_cast<int64_t>(out.size()) + static_cast<int64_t>(in.shape.size());
+  if (d < 0 || in.shape[d] != out[od]) return -1;
+  return d;
+}
+
+}  // namespace
+
+PointwiseOp::Linearity PointwiseOp::parse_linearity(const std::string& s) {
+  if (s.empty() || s == "none") return Linearity::None;
+  if (s == "unary") return Linearity::Unary;
+  if (s == "additive") return Linearity::Additive;
+  if (s == "multiplicative") return Linearity::Multiplicative;
+  TORCH_CHECK(false, "PointwiseOp: linearity '", s,
+              "' is not one of none, unary, additive, multiplicative");
+}
+
+std::string PointwiseOp::rule() const {
+  const char* lin = linearity_ == Linearity::None       ? "Partial inputs are reduced first"
+                    : linearity_ == Linearity::Unary    ? "Partial(sum) passes through"
+                    : linearity_ == Linearity::Additive ? "Partial(sum) + Partial(sum) -> Partial(sum)"
+                                                        : "Partial(sum) * Replicate -> Partial(sum)";
+  return std::string("output follows the first input's Shard (broadcast dims replicated); ") + lin;
+}
+
+ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
+  const auto shapes = infer_output_shapes(call);
+  const std::vector<int64_t>& out = shapes.at(0).at(0);
+  const DeviceMesh& mesh = call.mesh();
+  const auto& tensors = call.tensors();
+  const int64_t nm = mesh.ndim();
+
+  // Inputs that take part in the elementwise computation (0-d plain tensors are scalars).
+  std::vector<size_t> operands;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    if (tensors[k].layout || !tensors[k].shape.empty()) operands.push_back(k);
+  }
+
+  // Whether Partial(sum) operands on mesh dim m may stay unreduced.
+  auto partial_passes = [&](int64_t m) {
+    std::vector<size_t> partial, other;
+    for (size_t k : operands) {
+      const TensorArg& t = tensors[k];
+      bool is_partial = t.layout && t.layout->placement(m) == Placement::partial(ReduceOp::Sum);
+      (is_partial ? partial : other).push_back(k);
+    }
+    if (partial.empty()) return false;
+    switch (linearity_) {
+      case Linearity::None: return false;
+      case Linearity::Unary: return operands.size() == 1;
+      case Linearity::Additive: return other.empty();
+      case Linearity::Multiplicative:
+        // Any single factor of a product; only the numerator of a quotient.
+        return partial.size() == 1 && (call.name() != "div" || partial[0] == operands[0]);
+    }
+    return false;
+  };
+
+  Placements target(nm, Placement::replicate());
+  if (call.is_inplace()) {
+    TORCH_CHECK(tensors.at(0).layout, call.name(), ": in-place op on a plain tensor with DTensor "
+                "arguments; expected self to be a DTensor");
+    target = tensors[0].layout->placements();
+    for (int64_t m = 0; m < nm; ++m) {
+      TORCH_CHECK(!target[m].is_partial() || partial_passes(m), call.name(),
+                  ": cannot run in place on a DTensor that is ", target[m].str(), " on mesh dim ",
+                  m, " (the op is not linear in it); redistribute it to Replicate first");
+    }
+  } else {
+    for (int64_t m = 0; m < nm; ++m) {
+      // A shard of any operand, in argument order, decides the mesh dim.
+      bool decided = false;
+      for (size_t k : operands) {
+        const TensorArg& t = tensors[k];
+        if (!t.layout || !t.layout->placement(m).is_shard()) continue;
+        const int64_t od = output_dim(t, t.layout->placement(m).dim(), out);
+        if (od < 0) continue;
+        // The same output dim may not be sharded twice (nesting is an input's business).
+        bool taken = false;
+        for (int64_t j = 0; j < m; ++j) taken |= target[j].is_shard(od);
+        if (taken) continue;
+        target[m] = Placement::shard(od);
+        decided = true;
+        break;
+      }
+      if (decided) continue;
+      // Otherwise Partial survives if the op is linear in the partial operands.
+      if (partial_passes(m)) target[m] = Placement::partial(ReduceOp::Sum);
+    }
+  }
+
+  ShardingDecision d;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const TensorArg& t = tensors[k];
+    const bool operand = std::find(operands.begin(), operands.end(), k) != operands.end();
+    if (!operand) {
+      d.input_placements.emplace_back(std::nullopt);
+      continue;
+    }
+    Placements want(nm, Placement::replicate());
+    for (int64_t m = 0; m < nm; ++m) {
+      if (target[m].is_shard()) {
+        const int64_t id = input_dim(t, target[m].dim(), out);
+        if (id >= 0) want[m] = Placement::shard(id);
+      } else if (target[m].is_partial()) {
+        if (t.layout && t.layout->placement(m).is_partial()) want[m] = t.layout->placement(m);
+      }
+    }
+    if (!t.layout && want == Placements(nm, Placement::replicate())) {
+      d.input_placements.emplace_back(std::nullopt);  // plain and replicated: as it is
+    } else {
+      d.input_placements.emplace_back(want);
+    }
+  }
+  if (call.is_inplace()) {
+    TORCH_CHECK(!d.input_placements[0] || *d.input_placements[0] == target, call.name(),
+                ": cannot run in place on a DTensor with ", to_string(target),
+                " given the other inputs; expected layouts that keep self's placements");
+  }
+  d.output_layouts.push_back({Layout(mesh, target, out)});
+  for (size_t r = 1; r < shapes.size(); ++r) {
+    std::vector<Layout> ls;
+    for (const auto& s : shapes[r]) ls.emplace_back(mesh, target, s);
+    d.output_layouts.push_back(std::move(ls));
+  }
+  return d;
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,29 @@
+// Pointwise ops (add, mul, gelu, where ...): outputs follow the inputs' shards under
+// broadcasting; Partial passes through only where the op is linear in it.
+#pragma once
+
+#include "hyper_parallel/distributed_op.h"
+
+namespace hyper_parallel {
+
+class PointwiseOp : public DistributedOp {
+ public:
+  // How Partial(sum) inputs may pass through unreduced:
+  //   None            never: partial inputs are reduced first (gelu, exp, max ...)
+  //   Unary           f(sum x_i) = sum f(x_i) for the one tensor input (neg, clone)
+  //   Additive        all tensor inputs Partial(sum) (add, sub)
+  //   Multiplicative  exactly one Partial(sum) input, in the numerator (mul, div)
+  enum class Linearity { None, Unary, Additive, Multiplicative };
+  explicit PointwiseOp(Linearity linearity = Linearity::None) : linearity_(linearity) {}
+
+  std::string class_name() const override { return "PointwiseOp"; }
+  std::string rule() const override;
+  ShardingDecision infer_layout(const OpCall& call) const override;
+
+  static Linearity parse_linearity(const std::string& s);
+
+ private:
+  Linearity linearity_;
+};
+
+}  // namespace hyper_parallel

@@ -1,0 +1,73 @@
+#include "ops/reduction_ops.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+namespace hyper_parallel {
+
+std::vector<int64_t> reduced_dims(const OpCall& call, int64_t ndim) {
+  std::vector<int64_t> dims;
+  if (call.has_arg("dim")) {
+    const c10::IValue& v = call.arg("dim");
+    if (v.isInt()) dims.push_back(v.toInt());
+    else if (v.isIntList()) dims = v.toIntVector();
+  }
+  if (dims.empty() && !(call.has_arg("dim") && call.arg("dim").isInt())) {
+    for (int64_t d = 0; d < ndim; ++d) dims.push_back(d);
+  }
+  for (auto& d : dims) d = d < 0 ? d + ndim : d;
+  std::sort(dims.begin(), dims.end());
+  return dims;
+}
+
+bool keeps_dims(const OpCall& call) {
+  return call.has_arg("keepdim") && call.arg("keepdim").toBool();
+}
+
+std::string ReductionOp::rule() const {
+  std::string r = partial_op_ ? std::string("reducing a sharded dim -> Partial(") +
+                                    reduce_op_name(*partial_op_) + ")"
+                              : "a sharded reduced dim is gathered first";
+  return r + (linear_ ? "; Partial(sum) passes through" : "; Partial inputs are reduced first");
+}
+
+ShardingDecision ReductionOp::infer_layout(const OpCall& call) const {
+  const TensorArg& self = call.tensors().at(0);
+  TORCH_CHECK(self.layout, call.name(), ": expected self to be a DTensor");
+  const int64_t ndim = static_cast<int64_t>(self.shape.size());
+  const auto dims = reduced_dims(call, ndim);
+  const bool keepdim = keeps_dims(call);
+  auto is_reduced = [&](int64_t d) { return std::find(dims.begin(), dims.end(), d) != dims.end(); };
+  auto out_dim = [&](int64_t d) {
+    if (keepdim) return d;
+    return d - static_cast<int64_t>(std::count_if(dims.begin(), dims.end(), [d](int64_t r) { return r < d; }));
+  };
+  const Placements& in = self.layout->placements();
+  Placements want = in, out = in;
+  for (size_t m = 0; m < in.size(); ++m) {
+    const Placement& p = in[m];
+    if (p.is_shard()) {
+      if (!is_reduced(p.dim())) {
+        out[m] = Placement::shard(out_dim(p.dim()));
+      } else if (partial_op_) {
+        out[m] = Placement::partial(*partial_op_);
+      } else {
+        want[m] = out[m] = Placement::replicate();
+      }
+    } else if (p.is_partial()) {
+      if (!(linear_ && p.reduce_op() == ReduceOp::Sum)) want[m] = out[m] = Placement::replicate();
+    }
+  }
+  ShardingDecision d;
+  d.input_placements.assign(call.tensors().size(), std::nullopt);
+  d.input_placements[0] = want;
+  for (const auto& shapes : infer_output_shapes(call)) {
+    std::vector<Layout> ls;
+    for (const auto& s : shapes) ls.emplace_back(call.mesh(), out, s);
+    d.output_layouts.push_back(std::move(ls));
+  }
+  return d;
+}
+
+}  // namespace hyper_parallel

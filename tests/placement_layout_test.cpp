@@ -1,0 +1,112 @@
+// Placements, torch.chunk arithmetic and per-rank pieces of a Layout.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "harness/rank_harness.h"
+#include "hyper_parallel/hyper_parallel.h"
+
+using namespace hyper_parallel;
+using hyper_parallel::testing::run_ranks;
+
+TEST(Placement, ShardNormalisesNegativeDims) {
+  EXPECT_EQ(Shard(-1).normalized(3), Shard(2));
+  EXPECT_EQ(Shard(0).normalized(1), Shard(0));
+  EXPECT_THROW(Shard(3).normalized(3), c10::IndexError);
+  EXPECT_THROW(Shard(-4).normalized(3), c10::IndexError);
+}
+
+TEST(Placement, EqualityAndPrinting) {
+  EXPECT_EQ(Replicate(), Replicate());
+  EXPECT_NE(Shard(0), Shard(1));
+  EXPECT_NE(Partial(ReduceOp::Sum), Partial(ReduceOp::Max));
+  EXPECT_EQ(to_string({Shard(1), Replicate(), Partial(ReduceOp::Avg)}),
+            "[Shard(1), Replicate(), Partial(avg)]");
+}
+
+TEST(ChunkRange, FollowsTorchChunkIncludingEmptyPieces) {
+  // torch.chunk(arange(10), 4) -> 3, 3, 3, 1
+  EXPECT_EQ(chunk_range(10, 4, 0).length, 3);
+  EXPECT_EQ(chunk_range(10, 4, 3).offset, 9);
+  EXPECT_EQ(chunk_range(10, 4, 3).length, 1);
+  // torch.chunk(arange(5), 4) -> 2, 2, 1 and nothing for the fourth rank
+  EXPECT_EQ(chunk_range(5, 4, 2).length, 1);
+  EXPECT_EQ(chunk_range(5, 4, 3).length, 0);
+  EXPECT_EQ(chunk_range(5, 4, 3).offset, 5);
+  // More ranks than rows
+  EXPECT_EQ(chunk_range(2, 3, 2).length, 0);
+  EXPECT_EQ(chunk_range(0, 3, 0).length, 0);
+}
+
+TEST(Layout, LocalPiecesTileTheGlobalTensorOnA2DMesh) {
+  run_ranks(4, [](int64_t rank) {
+    auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+    EXPECT_EQ(mesh.coordinate(), (std::vector<int64_t>{rank / 2, rank % 2}));
+    Layout l(mesh, {Shard(0), Shard(-1)}, {5, 7});
+    EXPECT_EQ(l.placement(1), Shard(1));
+    const int64_t rows = rank / 2 == 0 ? 3 : 2, cols = rank % 2 == 0 ? 4 : 3;
+    EXPECT_EQ(l.local_shape(), (std::vector<int64_t>{rows, cols}));
+    EXPECT_EQ(l.local_offset(), (std::vector<int64_t>{rank / 2 * 3, rank % 2 * 4}));
+    // Nested: both mesh dims split dim 0 (chunk of a chunk).
+    Layout nested(mesh, {Shard(0), Shard(0)}, {7, 2});
+    std::vector<int64_t> expect_rows = {2, 2, 2, 1};  // 7 -> 4,3 -> 2,2 | 2,1
+    EXPECT_EQ(nested.local_shape()[0], expect_rows[rank]);
+    EXPECT_TRUE(nested.has_nested_shards());
+  });
+}
+
+TEST(Layout, RejectsPlacementsThatDoNotFitTheMesh) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2});
+    EXPECT_THROW(Layout(mesh, {Shard(0), Shard(1)}, {4, 4}), c10::Error);
+    EXPECT_THROW(Layout(mesh, {Shard(2)}, {4, 4}), c10::IndexError);
+  });
+}
+
+TEST(DeviceMesh, SubMeshesShareGroupsAndListTheirRanks) {
+  run_ranks(4, [](int64_t rank) {
+    auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+    auto tp = mesh["tp"];
+    auto dp = mesh["dp"];
+    EXPECT_EQ(tp.ndim(), 1);
+    EXPECT_EQ(tp.ranks(), (std::vector<int64_t>{rank / 2 * 2, rank / 2 * 2 + 1}));
+    EXPECT_EQ(dp.ranks(), (std::vector<int64_t>{rank % 2, rank % 2 + 2}));
+    EXPECT_EQ(tp.comm(0).global_ranks(), tp.ranks());
+    // The tp group really is the pair (2r, 2r+1): all-reduce the global ranks.
+    at::Tensor t = at::full({1}, static_cast<double>(rank), at::kDouble);
+    tp.comm(0).all_reduce_(t, ReduceOp::Sum);
+    EXPECT_EQ(t.item<double>(), static_cast<double>(tp.ranks()[0] + tp.ranks()[1]));
+    EXPECT_THROW(mesh["pp"], c10::IndexError);
+    EXPECT_EQ(mesh.slice({"tp", "dp"}).shape(), (std::vector<int64_t>{2, 2}));
+  });
+}
+
+TEST(DeviceMesh, WrongWorldSizeIsAnErrorNamingBothNumbers) {
+  run_ranks(2, [](int64_t) {
+    try {
+      init_device_mesh("cpu", {3});
+      ADD_FAILURE() << "expected an error";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("needs 3 ranks but the world has 2"), std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+TEST(Communicator, UnevenAllGatherAndReduceScatter) {
+  run_ranks(3, [](int64_t rank) {
+    auto mesh = init_device_mesh("cpu", {3});
+    const auto& comm = mesh.comm(0);
+    // Pieces of 7 rows split three ways: 3, 3, 1.
+    at::Tensor full = at::arange(14, at::kDouble).view({7, 2});
+    ChunkRange r = chunk_range(7, 3, rank);
+    at::Tensor mine = full.narrow(0, r.offset, r.length);
+    EXPECT_TRUE(comm.all_gather(mine, 0, {3, 3, 1}).equal(full));
+    at::Tensor scattered = comm.reduce_scatter(full, 0, ReduceOp::Sum);
+    EXPECT_TRUE(scattered.equal(mine * 3));
+    reset_collective_counts();
+    at::Tensor x = at::ones({2});
+    comm.all_reduce_(x, ReduceOp::Avg);
+    EXPECT_TRUE(x.equal(at::ones({2})));
+    EXPECT_EQ(collective_counts().all_reduce, 1);
+  });
+}
