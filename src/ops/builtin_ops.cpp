@@ -3,6 +3,7 @@
 #include "ops/pointwise_ops.h"
 #include "ops/reduction_ops.h"
 #include "ops/tensor_ops.h"
+#include "ops/view_ops.h"
 
 namespace hyper_parallel {
 
@@ -25,6 +26,15 @@ void register_builtin_distributed_ops() {
   for (const char* n : {"max", "min", "argmax", "argmin", "prod", "logsumexp"}) {
     register_distributed_op(n, std::make_shared<ReductionOp>(std::nullopt, false));
   }
+  for (const char* n : {"view", "_unsafe_view", "_reshape_alias", "squeeze", "unsqueeze", "expand"}) {
+    register_distributed_op(n, std::make_shared<ReshapeOp>());
+  }
+  for (const char* n : {"permute", "transpose", "t"}) register_distributed_op(n, std::make_shared<PermuteOp>());
+  for (const char* n : {"select", "slice", "select_backward", "slice_backward"}) {
+    register_distributed_op(n, std::make_shared<IndexingViewOp>());
+  }
+  for (const char* n : {"split", "split_with_sizes", "unbind"}) register_distributed_op(n, std::make_shared<SplitOp>());
+  for (const char* n : {"cat", "stack"}) register_distributed_op(n, std::make_shared<ConcatOp>());
   for (const char* n : {"clone", "_to_copy"}) register_distributed_op(n, std::make_shared<SameLayoutOp>(false));
   for (const char* n : {"ones_like", "zeros_like", "empty_like", "full_like", "rand_like",
                         "randn_like", "fill_", "zero_"}) {

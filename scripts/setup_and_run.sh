@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs the main job on its built-in default data.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+hp_install_missing
+hp_build
+echo "==> running the main job: 2 ranks through hp-run"
+exec "$HP_BUILD_DIR/bin/hp-run" --nproc-per-node 2 "$HP_BUILD_DIR/bin/hp-example" "$@"
