@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,15 @@ void register_distributed_op(const std::string& op_name, DistributedOpPtr op);
 // nullptr when the op has no rule.
 DistributedOpPtr find_distributed_op(const std::string& op_name);
 std::vector<std::string> registered_op_names();
+
+// Rebuilds the registry from scratch: the built-in YAML specs (ops/*.yaml, compiled
+// in), then every plugin in HYPER_PARALLEL_OPS_PLUGIN_PATH (':'-separated shared
+// libraries exporting `extern "C" void hyper_parallel_register_ops()`), then every
+// *.yaml in the ':'-separated directories of HYPER_PARALLEL_OPS_YAML_DIR. Runs once on
+// first DTensor use; call it again after changing those variables. Clears the cache.
+void reload_distributed_ops();
+// Which YAML file (or plugin) declared each op name.
+std::map<std::string, std::string> distributed_op_origins();
 
 // --- layout cache ------------------------------------------------------------------
 struct LayoutCacheStats {

@@ -13,8 +13,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -87,9 +90,46 @@ class DistributedOp {
                       torch::jit::Stack& local_args) const {
     (void)call; (void)decision; (void)local_args;
   }
+  // HyperParallel's wrap_output step: may fix up the local results (e.g. zero the rows
+  // of ids another rank owns) before they are wrapped with the inferred layouts.
+  // `local_args` are the redistributed local arguments as they were before expand().
+  virtual void finalize(const OpCall& call, const ShardingDecision& decision,
+                        const torch::jit::Stack& local_args, torch::jit::Stack& local_results) const {
+    (void)call; (void)decision; (void)local_args; (void)local_results;
+  }
 };
 
 using DistributedOpPtr = std::shared_ptr<const DistributedOp>;
+
+// Parameters of one YAML entry (`__default__` merged in), for a class factory.
+// Every key must be read by the factory: a key it does not know is an error that
+// names the file and line.
+class OpParams {
+ public:
+  OpParams(std::string op_name, std::string source, std::map<std::string, std::string> values);
+  const std::string& op_name() const { return op_name_; }
+  // "file.yaml:LINE", for error messages.
+  const std::string& source() const { return source_; }
+  std::string get(const std::string& key, const std::string& fallback) const;
+  bool get_bool(const std::string& key, bool fallback) const;
+  std::vector<std::string> unread_keys() const;
+
+ private:
+  std::string op_name_, source_;
+  std::map<std::string, std::string> values_;
+  mutable std::set<std::string> read_;
+};
+
+using DistributedOpFactory = std::function<DistributedOpPtr(const OpParams&)>;
+
+// Makes a DistributedOp class available to YAML specs under `class_name`.
+void register_distributed_op_class(const std::string& class_name, DistributedOpFactory factory);
+std::vector<std::string> registered_op_class_names();
+
+// Registers a class next to its definition: HP_REGISTER_OP_CLASS(PointwiseOp, factory).
+#define HP_REGISTER_OP_CLASS(NAME, ...)                                            \
+  static const bool hp_op_class_registered_##NAME =                                \
+      (::hyper_parallel::register_distributed_op_class(#NAME, __VA_ARGS__), true)
 
 // Global shapes of the outputs, computed by running the op on meta tensors with the
 // inputs' global shapes. One entry per return; Tensor[] returns give several.

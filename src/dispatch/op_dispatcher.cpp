@@ -1,6 +1,8 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
+#include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -9,6 +11,7 @@
 #include "core/redistribute.h"
 #include "dispatch/bypass_ops.h"
 #include "dispatch/layout_cache.h"
+#include "dispatch/op_spec_loader.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dispatch.h"
 #include "hyper_parallel/dtensor.h"
@@ -20,6 +23,7 @@ namespace {
 struct Registry {
   std::mutex mutex;
   std::unordered_map<std::string, DistributedOpPtr> ops;
+  std::map<std::string, std::string> origins;  // op name -> YAML file:line or plugin
   std::vector<std::pair<std::string, OpDispatcher::ContextRoute>> routes;
   std::set<std::string> warned_implicit;
 };
@@ -52,7 +56,7 @@ std::string describe_inputs(const OpCall& call) {
 at::Tensor local_input(const at::Tensor& t, const TensorArg& info,
                        const std::optional<Placements>& target, const DeviceMesh& mesh) {
   if (!info.layout) {
-    if (!target || t.dim() == 0) return t;
+    if (!target) return t;
     Layout replicated(mesh, Placements(mesh.ndim(), Placement::replicate()), info.shape);
     return redistribute_local(t, replicated, replicated.with_placements(*target));
   }
@@ -137,11 +141,13 @@ void wrap_outputs(const OpCall& call, const ShardingDecision& d, torch::jit::Sta
 void run_local(const OpCall& call, const ShardingDecision& d, const DistributedOp* rule,
                torch::jit::Stack* stack) {
   torch::jit::Stack local = localize_args(call, d);
+  const torch::jit::Stack local_args = local;  // for finalize: before expand, not consumed
   if (rule) rule->expand(call, d, local);
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     call.op().callBoxed(&local);
   }
+  if (rule) rule->finalize(call, d, local_args, local);
   torch::jit::drop(*stack, call.schema().arguments().size());
   wrap_outputs(call, d, local, stack);
 }
@@ -202,6 +208,28 @@ std::vector<std::string> registered_op_names() {
   for (const auto& kv : registry().ops) names.push_back(kv.first);
   std::sort(names.begin(), names.end());
   return names;
+}
+
+void set_distributed_op_origin(const std::string& op_name, const std::string& origin) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  registry().origins[op_name] = origin;
+}
+
+std::map<std::string, std::string> distributed_op_origins() {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  return registry().origins;
+}
+
+void reload_distributed_ops() {
+  {
+    std::lock_guard<std::mutex> lock(registry().mutex);
+    registry().ops.clear();
+    registry().origins.clear();
+  }
+  load_op_spec_files(builtin_op_spec_files());
+  if (const char* plugins = std::getenv("HYPER_PARALLEL_OPS_PLUGIN_PATH")) load_op_plugins(plugins);
+  if (const char* dirs = std::getenv("HYPER_PARALLEL_OPS_YAML_DIR")) load_op_spec_files(read_op_spec_dirs(dirs));
+  clear_layout_cache();
 }
 
 void set_implicit_replication(bool enabled) { implicit_replication = enabled; }

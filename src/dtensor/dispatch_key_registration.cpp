@@ -17,8 +17,6 @@
 
 namespace hyper_parallel {
 
-void register_builtin_distributed_ops();  // src/ops/builtin_ops.cpp
-
 namespace {
 
 void dtensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -59,8 +57,11 @@ void ensure_dtensor_dispatch_registered() {
       if (!name.overload_name.empty()) qualified += "." + name.overload_name;
       lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&dtensor_kernel>());
     }
-    register_builtin_distributed_ops();
   });
+  // Separate from the kernels: if a spec fails to load, every later use reports it
+  // again instead of half-registering the kernels twice.
+  static std::once_flag ops_once;
+  std::call_once(ops_once, reload_distributed_ops);
 }
 
 }  // namespace hyper_parallel

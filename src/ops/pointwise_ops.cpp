@@ -34,7 +34,7 @@ PointwiseOp::Linearity PointwiseOp::parse_linearity(const std::string& s) {
 std::string PointwiseOp::rule() const {
   const char* lin = linearity_ == Linearity::None       ? "Partial inputs are reduced first"
                     : linearity_ == Linearity::Unary    ? "Partial(sum) passes through"
-                    : linearity_ == Linearity::Additive ? "Partial(sum) + Partial(sum) -> Partial(sum)"
+                    : linearity_ == Linearity::Additive ? "Partial(sum) + Partial(sum) or Replicate -> Partial(sum)"
                                                         : "Partial(sum) * Replicate -> Partial(sum)";
   return std::string("output follows the first input's Shard (broadcast dims replicated); ") + lin;
 }
@@ -46,12 +46,15 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
   const auto& tensors = call.tensors();
   const int64_t nm = mesh.ndim();
 
-  // Inputs that take part in the elementwise computation (0-d plain tensors are scalars).
-  std::vector<size_t> operands;
-  for (size_t k = 0; k < tensors.size(); ++k) {
-    if (tensors[k].layout || !tensors[k].shape.empty()) operands.push_back(k);
-  }
+  // Every tensor argument takes part (0-d plain tensors too: an addend must become
+  // Partial when the result is).
+  std::vector<size_t> operands(tensors.size());
+  for (size_t k = 0; k < tensors.size(); ++k) operands[k] = k;
 
+  bool has_scalar_addend = false;
+  for (const auto& a : call.schema().arguments()) {
+    has_scalar_addend |= a.name() == "other" && a.type()->kind() == c10::TypeKind::NumberType;
+  }
   // Whether Partial(sum) operands on mesh dim m may stay unreduced.
   auto partial_passes = [&](int64_t m) {
     std::vector<size_t> partial, other;
@@ -64,7 +67,9 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
     switch (linearity_) {
       case Linearity::None: return false;
       case Linearity::Unary: return operands.size() == 1;
-      case Linearity::Additive: return other.empty();
+      // Replicate addends become Partial (kept on one rank, zeros elsewhere: no
+      // communication); a non-tensor Scalar addend would be added on every rank.
+      case Linearity::Additive: return !has_scalar_addend;
       case Linearity::Multiplicative:
         // Any single factor of a product; only the numerator of a quotient.
         return partial.size() == 1 && (call.name() != "div" || partial[0] == operands[0]);
@@ -119,10 +124,16 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
         const int64_t id = input_dim(t, target[m].dim(), out);
         if (id >= 0) want[m] = Placement::shard(id);
       } else if (target[m].is_partial()) {
-        if (t.layout && t.layout->placement(m).is_partial()) want[m] = t.layout->placement(m);
+        if (t.layout && t.layout->placement(m).is_partial()) {
+          want[m] = t.layout->placement(m);
+        } else if (linearity_ == Linearity::Additive) {
+          want[m] = Placement::partial(ReduceOp::Sum);
+        }
       }
     }
-    if (!t.layout && want == Placements(nm, Placement::replicate())) {
+    if (!t.layout && (t.shape.empty() && linearity_ != Linearity::Additive)) {
+      d.input_placements.emplace_back(std::nullopt);  // a scalar: as it is
+    } else if (!t.layout && want == Placements(nm, Placement::replicate())) {
       d.input_placements.emplace_back(std::nullopt);  // plain and replicated: as it is
     } else {
       d.input_placements.emplace_back(want);
@@ -141,5 +152,9 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
   }
   return d;
 }
+
+HP_REGISTER_OP_CLASS(PointwiseOp, [](const OpParams& p) {
+  return std::make_shared<PointwiseOp>(PointwiseOp::parse_linearity(p.get("linearity", "none")));
+});
 
 }  // namespace hyper_parallel

@@ -70,4 +70,14 @@ ShardingDecision ReductionOp::infer_layout(const OpCall& call) const {
   return d;
 }
 
+HP_REGISTER_OP_CLASS(ReductionOp, [](const OpParams& p) {
+  const std::string partial = p.get("partial", "none");
+  std::optional<ReduceOp> op;
+  if (partial == "sum") op = ReduceOp::Sum;
+  else if (partial == "max") op = ReduceOp::Max;
+  else if (partial == "min") op = ReduceOp::Min;
+  else TORCH_CHECK(partial == "none", p.source(), ": partial must be sum, max, min or none, got '", partial, "'");
+  return std::make_shared<ReductionOp>(op, p.get_bool("linear", false));
+});
+
 }  // namespace hyper_parallel

@@ -32,4 +32,17 @@ ShardingDecision SameLayoutOp::infer_layout(const OpCall& call) const {
   return d;
 }
 
+ShardingDecision NewTensorOp::infer_layout(const OpCall& call) const {
+  ShardingDecision d;
+  d.input_placements.assign(call.tensors().size(), std::nullopt);
+  const Placements rep(call.mesh().ndim(), Placement::replicate());
+  d.output_layouts.push_back({Layout(call.mesh(), rep, call.arg("size").toIntVector())});
+  return d;
+}
+
+HP_REGISTER_OP_CLASS(SameLayoutOp, [](const OpParams& p) {
+  return std::make_shared<SameLayoutOp>(p.get_bool("overwrites_values", false));
+});
+HP_REGISTER_OP_CLASS(NewTensorOp, [](const OpParams&) { return std::make_shared<NewTensorOp>(); });
+
 }  // namespace hyper_parallel

@@ -18,4 +18,13 @@ class SameLayoutOp : public DistributedOp {
   bool overwrites_values_;
 };
 
+// new_empty / new_zeros / new_ones / new_full: a replicated tensor of the requested
+// size (self only lends its dtype and device).
+class NewTensorOp : public DistributedOp {
+ public:
+  std::string class_name() const override { return "NewTensorOp"; }
+  std::string rule() const override { return "output Replicate of the requested size"; }
+  ShardingDecision infer_layout(const OpCall& call) const override;
+};
+
 }  // namespace hyper_parallel

@@ -252,4 +252,10 @@ ShardingDecision ConcatOp::infer_layout(const OpCall& call) const {
   return d;
 }
 
+HP_REGISTER_OP_CLASS(ReshapeOp, [](const OpParams&) { return std::make_shared<ReshapeOp>(); });
+HP_REGISTER_OP_CLASS(PermuteOp, [](const OpParams&) { return std::make_shared<PermuteOp>(); });
+HP_REGISTER_OP_CLASS(IndexingViewOp, [](const OpParams&) { return std::make_shared<IndexingViewOp>(); });
+HP_REGISTER_OP_CLASS(SplitOp, [](const OpParams&) { return std::make_shared<SplitOp>(); });
+HP_REGISTER_OP_CLASS(ConcatOp, [](const OpParams&) { return std::make_shared<ConcatOp>(); });
+
 }  // namespace hyper_parallel
