@@ -37,7 +37,7 @@ ShardingDecision EmbeddingOp::infer_layout(const OpCall& call) const {
   };
   ShardingDecision d;
   d.input_placements.assign(tensors.size(), std::nullopt);
-  const auto shapes = infer_output_shapes(call);
+  // No meta kernels here (index_select has none in LibTorch 1.13): shapes by hand.
   if (call.name() == "embedding") {
     const TensorArg& weight = tensors.at(0);
     const TensorArg& ids = tensors.at(1);
@@ -62,7 +62,9 @@ ShardingDecision EmbeddingOp::infer_layout(const OpCall& call) const {
     }
     d.input_placements[0] = want_w;
     d.input_placements[1] = want_ids;
-    d.output_layouts.push_back({Layout(call.mesh(), out, shapes.at(0).at(0))});
+    std::vector<int64_t> shape = ids.shape;
+    shape.push_back(weight.shape.at(1));
+    d.output_layouts.push_back({Layout(call.mesh(), out, shape)});
     return d;
   }
   // embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
@@ -91,7 +93,8 @@ ShardingDecision EmbeddingOp::infer_layout(const OpCall& call) const {
   }
   d.input_placements[0] = want_g;
   d.input_placements[1] = want_ids;
-  d.output_layouts.push_back({Layout(call.mesh(), out, shapes.at(0).at(0))});
+  const std::vector<int64_t> shape = {call.arg("num_weights").toInt(), grad.shape.back()};
+  d.output_layouts.push_back({Layout(call.mesh(), out, shape)});
   return d;
 }
 

@@ -1,5 +1,6 @@
 #include "ops/pointwise_ops.h"
 
+#include <ATen/ExpandUtils.h>
 #include <c10/util/Exception.h>
 
 namespace hyper_parallel {
@@ -40,8 +41,12 @@ std::string PointwiseOp::rule() const {
 }
 
 ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
-  const auto shapes = infer_output_shapes(call);
-  const std::vector<int64_t>& out = shapes.at(0).at(0);
+  // The output shape is the operands' broadcast (no meta run: many pointwise ops have
+  // no meta kernel in LibTorch 1.13).
+  std::vector<int64_t> out;
+  for (const auto& t : call.tensors()) {
+    out = at::infer_size(out, t.shape);
+  }
   const DeviceMesh& mesh = call.mesh();
   const auto& tensors = call.tensors();
   const int64_t nm = mesh.ndim();
@@ -144,12 +149,9 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
                 ": cannot run in place on a DTensor with ", to_string(target),
                 " given the other inputs; expected layouts that keep self's placements");
   }
+  TORCH_CHECK(call.schema().returns().size() == 1, call.name(),
+              ": PointwiseOp expects one output; the op has ", call.schema().returns().size());
   d.output_layouts.push_back({Layout(mesh, target, out)});
-  for (size_t r = 1; r < shapes.size(); ++r) {
-    std::vector<Layout> ls;
-    for (const auto& s : shapes[r]) ls.emplace_back(mesh, target, s);
-    d.output_layouts.push_back(std::move(ls));
-  }
   return d;
 }
 

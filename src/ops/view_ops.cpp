@@ -137,13 +137,16 @@ void ReshapeOp::expand(const OpCall& call, const ShardingDecision& d, torch::jit
   if (!idx) return;
   const std::vector<int64_t>& local_shape = d.output_layouts[0][0].local_shape();
   local[*idx] = int_list(local_shape);
-  if (auto sidx = call.schema().argumentIndexWithName("stride")) {
-    const at::Tensor& self = local[0].toTensor();
-    auto stride = at::detail::computeStride(self.sizes(), self.strides(), local_shape);
-    TORCH_CHECK(stride.has_value(), call.name(), ": the local piece cannot be viewed as ",
-                c10::IntArrayRef(local_shape));
-    local[*sidx] = int_list(*stride);
+  if (call.name() == "expand") return;
+  const at::Tensor& self = local[0].toTensor();
+  auto stride = at::detail::computeStride(self.sizes(), self.strides(), local_shape);
+  if (!stride) {
+    // The global tensor is viewable but this rank's piece (e.g. a column slice) is not:
+    // reshape a contiguous copy, as torch.reshape would.
+    local[0] = self.contiguous();
+    stride = contiguous_strides(local_shape);
   }
+  if (auto sidx = call.schema().argumentIndexWithName("stride")) local[*sidx] = int_list(*stride);
 }
 
 ShardingDecision PermuteOp::infer_layout(const OpCall& call) const {
