@@ -8,7 +8,9 @@
 #include "hyper_parallel/distributed_op.h"
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/layout.h"
+#include "hyper_parallel/loss_parallel.h"
 #include "hyper_parallel/module_utils.h"
+#include "hyper_parallel/parallelism_config.h"
 #include "hyper_parallel/placement.h"
 
 namespace hp = hyper_parallel;

@@ -172,6 +172,11 @@ void clear_layout_cache() {
 
 uint64_t layout_cache_context_token() { return tls_context_token; }
 
+uint64_t exchange_layout_cache_context_token(uint64_t token) {
+  std::swap(token, tls_context_token);
+  return token;
+}
+
 ScopedLayoutCacheToken::ScopedLayoutCacheToken(uint64_t token) : previous_(tls_context_token) {
   tls_context_token = token;
 }

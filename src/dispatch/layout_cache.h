@@ -23,6 +23,9 @@ struct LayoutCacheKey {
 LayoutCacheKey make_layout_cache_key(const OpCall& call);
 
 std::shared_ptr<const ShardingDecision> layout_cache_find(const LayoutCacheKey& key);
+// Sets this thread's context token, returning the previous one (loss_parallel guard).
+uint64_t exchange_layout_cache_context_token(uint64_t token);
+
 void layout_cache_insert(const LayoutCacheKey& key, std::shared_ptr<const ShardingDecision> d);
 
 }  // namespace hyper_parallel

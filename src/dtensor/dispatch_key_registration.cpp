@@ -14,6 +14,7 @@
 
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dispatch.h"
+#include "loss/loss_parallel_dispatch.h"
 
 namespace hyper_parallel {
 
@@ -58,6 +59,7 @@ void ensure_dtensor_dispatch_registered() {
       lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&dtensor_kernel>());
     }
   });
+  ensure_loss_parallel_registered();
   // Separate from the kernels: if a spec fails to load, every later use reports it
   // again instead of half-registering the kernels twice.
   static std::once_flag ops_once;

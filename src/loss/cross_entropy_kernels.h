@@ -1,0 +1,78 @@
+// The loss_parallel kernels on local pieces (internal). Inputs are "rows": the local
+// logits with the class dim moved last and the rest flattened, [M, C_local]; targets
+// and weights are replicated, so only the class-dim reductions need communication.
+//
+//   K1  distributed_log_softmax         all-reduce MAX + all-reduce SUM
+//   K2  distributed_nll_forward         one all-reduce (the picked log-probs)
+//   K3  fused cross-entropy backward    no collective
+// plus the log_softmax backward for any consumer (one all-reduce), and the fused
+// cross-entropy forward (label smoothing and probability targets included).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include "hyper_parallel/communicator.h"
+
+namespace hyper_parallel {
+
+struct ClassShard {
+  const Communicator* comm;
+  int64_t offset;  // first global class held here
+  int64_t local;   // classes held here (may be 0)
+  int64_t total;   // C
+};
+
+// float for half/bfloat16, the type itself otherwise: what the kernels compute in.
+at::ScalarType compute_type(at::ScalarType t);
+
+// [.., C_l (at class_dim), ..] <-> [M, C_l]. to_rows is a view when it can be.
+at::Tensor to_rows(const at::Tensor& x, int64_t class_dim);
+at::Tensor from_rows(const at::Tensor& rows, c10::IntArrayRef shape, int64_t class_dim);
+
+// log(sum_c exp(x_c)) over all classes of every row, in compute_type: [M].
+at::Tensor distributed_logsumexp(const at::Tensor& x_rows, const ClassShard& shard);
+// K1: the log-softmax rows, in compute_type.
+at::Tensor distributed_log_softmax(const at::Tensor& x_rows, const ClassShard& shard);
+// d/dx of log_softmax for an arbitrary incoming gradient: g - exp(out) * sum_c g.
+at::Tensor distributed_log_softmax_backward(const at::Tensor& grad_rows, const at::Tensor& out_rows,
+                                            const ClassShard& shard);
+
+// Throws c10::IndexError (as ATen does) for a target outside [0, C) other than ignore_index.
+void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore_index);
+
+// K2: nll_loss_forward on log-prob rows. Returns (output, total_weight) as ATen's.
+std::pair<at::Tensor, at::Tensor> distributed_nll_forward(const at::Tensor& logp_rows,
+                                                          const at::Tensor& target,
+                                                          const c10::optional<at::Tensor>& weight,
+                                                          int64_t reduction, int64_t ignore_index,
+                                                          const ClassShard& shard);
+// nll_loss_backward: the gradient rows, nonzero only at owned targets. No collective.
+at::Tensor nll_backward_rows(const at::Tensor& grad_output, int64_t rows, const at::Tensor& target,
+                             const c10::optional<at::Tensor>& weight, int64_t reduction,
+                             int64_t ignore_index, const at::Tensor& total_weight,
+                             at::ScalarType dtype, const ClassShard& shard);
+
+// Fused cross_entropy (index or probability targets, class weights, label smoothing,
+// ignore_index, none/mean/sum). Three all-reduces forward; backward needs none.
+struct FusedCrossEntropy {
+  // Inputs, kept for backward.
+  at::Tensor x_rows;      // logits rows (input dtype; a view of the local logits when possible)
+  at::Tensor target;      // index targets [M] (int64), or probability rows [M, C_l]
+  bool soft = false;
+  c10::optional<at::Tensor> weight;  // full [C], compute type
+  int64_t reduction = 1;  // at::Reduction
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
+  // Forward results, kept for backward.
+  at::Tensor lse;         // [M]
+  at::Tensor row_weight;  // index: w[t] (0 where ignored); soft: sum_c w_c q'_c, both [M]
+  at::Tensor denominator; // mean: what the summed loss was divided by
+};
+// Returns the loss (compute type): [M] for none, a scalar otherwise.
+at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& shard);
+// The gradient rows for an incoming loss gradient ([M] for none, scalar otherwise).
+at::Tensor fused_cross_entropy_backward(const FusedCrossEntropy& ce, const at::Tensor& grad_loss,
+                                        const ClassShard& shard);
+
+}  // namespace hyper_parallel

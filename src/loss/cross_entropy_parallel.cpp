@@ -1,0 +1,134 @@
+// The fused cross_entropy of loss_parallel, and its custom autograd node (K3).
+#include <ATen/ATen.h>
+#include <ATen/core/Reduction.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "core/redistribute.h"
+#include "dtensor/dtensor_impl.h"
+#include "hyper_parallel/dtensor.h"
+#include "loss/class_sharding.h"
+#include "loss/cross_entropy_kernels.h"
+#include "loss/loss_parallel_dispatch.h"
+
+namespace hyper_parallel {
+
+namespace {
+
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+
+// The gradient of the cross entropy with respect to the class-sharded logits. Holds the
+// logits' rows, the per-row log-sum-exp and weights: everything backward needs, so it
+// runs without a collective and without the loss_parallel context.
+struct CrossEntropyParallelBackward : Node {
+  FusedCrossEntropy ce;
+  ClassSharding sharding;
+  std::vector<int64_t> local_shape;  // of the local logits
+
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined()) return {at::Tensor()};
+    at::Tensor g = grads[0];
+    if (auto* impl = dtensor_impl(g)) {
+      const Layout& l = impl->layout();
+      g = redistribute_local(impl->local(), l, l.with_placements(Placements(l.mesh().ndim(), Placement::replicate())));
+    }
+    const ClassShard shard{sharding.comm, sharding.offset, sharding.local_classes, sharding.num_classes};
+    at::Tensor rows = fused_cross_entropy_backward(ce, g, shard);
+    return {make_dtensor(from_rows(rows, local_shape, sharding.class_dim), sharding.layout)};
+  }
+  std::string name() const override { return "hyper_parallel::CrossEntropyParallelBackward"; }
+};
+
+// Probability targets: this rank's class slice, as rows.
+at::Tensor soft_target_rows(const at::Tensor& target, const ClassSharding& cs, const std::string& op) {
+  at::Tensor local;
+  if (auto* impl = dtensor_impl(target)) {
+    const Layout& l = impl->layout();
+    if (l.placements() == cs.layout.placements()) {
+      local = impl->local();
+    } else if (l.is_replicated()) {
+      local = impl->local().narrow(cs.class_dim, cs.offset, cs.local_classes);
+    } else {
+      throw LossParallelLayoutError(op + " under loss_parallel: expected probability targets "
+                                    "replicated or laid out like the logits (" +
+                                    to_string(cs.layout.placements()) + "), got " + to_string(l.placements()));
+    }
+  } else {
+    TORCH_CHECK(target.sizes() == c10::IntArrayRef(cs.layout.shape()), op,
+                ": probability targets must have the logits' shape ", c10::IntArrayRef(cs.layout.shape()),
+                ", got ", target.sizes());
+    local = target.narrow(cs.class_dim, cs.offset, cs.local_classes);
+  }
+  return to_rows(local, cs.class_dim);
+}
+
+}  // namespace
+
+at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor& target,
+                                  const c10::optional<at::Tensor>& weight, int64_t reduction,
+                                  int64_t ignore_index, double label_smoothing) {
+  const std::string op = "cross_entropy";
+  at::Tensor logits = logits_in;
+  const int64_t class_dim = class_dim_of(logits.dim());
+  ClassSharding cs = resolve_class_sharding(&logits, class_dim, op, current_loss_parallel_options(),
+                                            /*differentiable=*/true);
+  TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
+              ": label_smoothing must be in [0, 1], got ", label_smoothing);
+  if (target.requires_grad() || (weight && weight->defined() && weight->requires_grad())) {
+    throw LossParallelUnsupportedError(op + " under loss_parallel: gradients with respect to the "
+                                       "target or the class weights are not supported");
+  }
+  const at::Tensor& local_logits = local_of(logits);
+  const at::ScalarType ct = compute_type(local_logits.scalar_type());
+  FusedCrossEntropy ce;
+  ce.x_rows = to_rows(local_logits, class_dim);
+  ce.reduction = reduction;
+  ce.ignore_index = ignore_index;
+  ce.label_smoothing = label_smoothing;
+  if (weight && weight->defined()) {
+    at::Tensor w = replicated_value(*weight, "class weight", op);
+    TORCH_CHECK(w.dim() == 1 && w.size(0) == cs.num_classes, op, ": expected a class weight of shape [",
+                cs.num_classes, "], got ", w.sizes());
+    ce.weight = w.to(ct);
+  }
+  std::vector<int64_t> loss_shape;
+  ce.soft = target.is_floating_point();
+  if (ce.soft) {
+    ce.target = soft_target_rows(target, cs, op);
+    loss_shape = cs.layout.shape();
+    loss_shape.erase(loss_shape.begin() + class_dim);
+  } else {
+    at::Tensor t = replicated_value(target, "target", op);
+    std::vector<int64_t> expect = cs.layout.shape();
+    expect.erase(expect.begin() + class_dim);
+    TORCH_CHECK(t.sizes() == c10::IntArrayRef(expect), op, ": expected a target of shape ",
+                c10::IntArrayRef(expect), " for logits of shape ", c10::IntArrayRef(cs.layout.shape()),
+                ", got ", t.sizes());
+    check_targets(t, cs.num_classes, ignore_index);
+    ce.target = t.reshape({-1}).to(at::kLong);
+    loss_shape = expect;
+  }
+  const ClassShard shard{cs.comm, cs.offset, cs.local_classes, cs.num_classes};
+  at::Tensor loss = fused_cross_entropy_forward(ce, shard).to(local_logits.scalar_type());
+  if (reduction == at::Reduction::None) {
+    loss = loss.reshape(loss_shape);
+  } else {
+    loss_shape.clear();
+  }
+  const DeviceMesh& mesh = cs.layout.mesh();
+  at::Tensor out = make_dtensor(loss, Layout(mesh, Placements(mesh.ndim(), Placement::replicate()), loss_shape));
+  if (torch::autograd::GradMode::is_enabled() && logits.requires_grad()) {
+    auto node = std::shared_ptr<CrossEntropyParallelBackward>(new CrossEntropyParallelBackward(),
+                                                              torch::autograd::deleteNode);
+    node->ce = std::move(ce);
+    node->sharding = cs;
+    node->local_shape = local_logits.sizes().vec();
+    node->set_next_edges(torch::autograd::collect_next_edges(logits));
+    torch::autograd::create_gradient_edge(out, node);
+  }
+  return out;
+}
+
+}  // namespace hyper_parallel

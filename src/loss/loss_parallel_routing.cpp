@@ -1,0 +1,266 @@
+// Scheme A routing (spec §4.1.1): the loss_parallel context route in OpDispatcher, the
+// op-name table, the per-op kernels (K1/K2 and the backward kernels), and the
+// cross_entropy_loss entry that sends the whole loss to the fused kernel.
+#include <ATen/ATen.h>
+#include <ATen/core/Reduction.h>
+#include <ATen/ops/cross_entropy_loss_compositeimplicitautograd_dispatch.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <functional>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include "core/redistribute.h"
+#include "dtensor/dtensor_impl.h"
+#include "hyper_parallel/dispatch.h"
+#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/parallelism_config.h"
+#include "loss/class_sharding.h"
+#include "loss/cross_entropy_kernels.h"
+#include "loss/loss_parallel_dispatch.h"
+
+namespace hyper_parallel {
+
+namespace {
+
+using Kernel = std::function<bool(const c10::OperatorHandle&, torch::jit::Stack*)>;
+
+// Backward ops are picked by the layout of their inputs, not by the context: only a
+// forward under loss_parallel produces class-sharded log-probs for them, and autograd
+// may run them on another thread or after the guard is gone.
+const std::set<std::string>& backward_names() {
+  static const std::set<std::string> names = {"_log_softmax_backward_data", "nll_loss_backward",
+                                              "nll_loss2d_backward"};
+  return names;
+}
+
+struct Table {
+  std::mutex mutex;
+  std::set<std::string> names = {"_log_softmax", "_log_softmax_backward_data", "nll_loss_forward",
+                                 "nll_loss2d_forward", "nll_loss_backward", "nll_loss2d_backward",
+                                 "cross_entropy_loss"};
+};
+Table& table() {
+  static Table* t = new Table();
+  return *t;
+}
+
+bool in_table(const std::string& name) {
+  std::lock_guard<std::mutex> lock(table().mutex);
+  return table().names.count(name) > 0;
+}
+
+ClassShard shard_of(const ClassSharding& cs) {
+  return {cs.comm, cs.offset, cs.local_classes, cs.num_classes};
+}
+
+// A backward input: the sharding its forward had (no option checks: forward did them).
+ClassSharding sharding_for_backward(const at::Tensor& t, int64_t class_dim, const std::string& op) {
+  at::Tensor copy = t;
+  LossParallelOptions lenient;
+  lenient.strict = false;
+  return resolve_class_sharding(&copy, class_dim, op, lenient, /*differentiable=*/false);
+}
+
+// A tensor argument's value as this rank's piece of `layout` (plain = replicated).
+at::Tensor piece_for(const at::Tensor& t, const Layout& layout) {
+  if (auto* impl = dtensor_impl(t)) return redistribute_local(impl->local(), impl->layout(), layout);
+  Layout rep = layout.with_placements(Placements(layout.mesh().ndim(), Placement::replicate()));
+  return redistribute_local(t, rep, layout);
+}
+
+// A replicated tensor argument's full value.
+at::Tensor full_value(const at::Tensor& t) {
+  auto* impl = dtensor_impl(t);
+  if (!impl) return t;
+  const Layout& l = impl->layout();
+  return redistribute_local(impl->local(), l, l.with_placements(Placements(l.mesh().ndim(), Placement::replicate())));
+}
+
+at::Tensor replicated_dtensor(const at::Tensor& local, const DeviceMesh& mesh) {
+  return make_dtensor(local, Layout(mesh, Placements(mesh.ndim(), Placement::replicate()), local.sizes().vec()));
+}
+
+c10::optional<at::Tensor> optional_tensor(const c10::IValue& v) {
+  if (v.isNone()) return c10::nullopt;
+  const at::Tensor& t = v.toTensor();
+  return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt;
+}
+
+// _log_softmax(self, dim, half_to_float): K1.
+bool log_softmax_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 3);
+  at::Tensor self = args[0].toTensor();
+  const int64_t dim = c10::maybe_wrap_dim(args[1].toInt(), self.dim());
+  const bool half_to_float = args[2].toBool();
+  if (!is_class_sharded(self, dim)) return false;
+  ClassSharding cs = resolve_class_sharding(&self, dim, "log_softmax", current_loss_parallel_options(),
+                                            /*differentiable=*/false);
+  const at::Tensor& local = local_of(self);
+  at::Tensor rows = distributed_log_softmax(to_rows(local, dim), shard_of(cs));
+  const at::ScalarType out_type = half_to_float ? at::kFloat : local.scalar_type();
+  at::Tensor out = from_rows(rows.to(out_type), local.sizes(), dim);
+  torch::jit::drop(*stack, 3);
+  stack->push_back(make_dtensor(out, cs.layout));
+  return true;
+}
+
+// _log_softmax_backward_data(grad_output, output, dim, input_dtype): one all-reduce.
+bool log_softmax_backward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 4);
+  at::Tensor grad = args[0].toTensor();
+  at::Tensor output = args[1].toTensor();
+  const int64_t dim = c10::maybe_wrap_dim(args[2].toInt(), output.dim());
+  const auto input_dtype = args[3].toScalarType();
+  if (!is_class_sharded(output, dim)) return false;
+  ClassSharding cs = sharding_for_backward(output, dim, "log_softmax backward");
+  const at::Tensor& out_local = local_of(output);
+  at::Tensor g = piece_for(grad, cs.layout);
+  at::Tensor rows = distributed_log_softmax_backward(to_rows(g, dim), to_rows(out_local, dim), shard_of(cs));
+  torch::jit::drop(*stack, 4);
+  stack->push_back(make_dtensor(from_rows(rows.to(input_dtype), out_local.sizes(), dim), cs.layout));
+  return true;
+}
+
+// nll_loss_forward / nll_loss2d_forward(self, target, weight, reduction, ignore_index): K2.
+bool nll_forward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 5);
+  at::Tensor self = args[0].toTensor();
+  const int64_t class_dim = class_dim_of(self.dim());
+  if (!is_class_sharded(self, class_dim)) return false;
+  const std::string op = "nll_loss";
+  ClassSharding cs = resolve_class_sharding(&self, class_dim, op, current_loss_parallel_options(),
+                                            /*differentiable=*/false);
+  at::Tensor target = replicated_value(args[1].toTensor(), "target", op);
+  c10::optional<at::Tensor> weight = optional_tensor(args[2]);
+  if (weight) weight = replicated_value(*weight, "class weight", op);
+  const int64_t reduction = args[3].toInt();
+  const int64_t ignore_index = args[4].toInt();
+  const at::Tensor& local = local_of(self);
+  auto result = distributed_nll_forward(to_rows(local, class_dim), target.reshape({-1}), weight,
+                                        reduction, ignore_index, shard_of(cs));
+  at::Tensor out = reduction == at::Reduction::None ? result.first.reshape(target.sizes()) : result.first;
+  torch::jit::drop(*stack, 5);
+  stack->push_back(replicated_dtensor(out, cs.layout.mesh()));
+  stack->push_back(replicated_dtensor(result.second, cs.layout.mesh()));
+  return true;
+}
+
+// nll_loss_backward / nll_loss2d_backward(grad_output, self, target, weight, reduction,
+// ignore_index, total_weight): local, no collective.
+bool nll_backward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 7);
+  at::Tensor self = args[1].toTensor();
+  const int64_t class_dim = class_dim_of(self.dim());
+  if (!is_class_sharded(self, class_dim)) return false;
+  const std::string op = "nll_loss backward";
+  ClassSharding cs = sharding_for_backward(self, class_dim, op);
+  at::Tensor grad = full_value(args[0].toTensor());
+  at::Tensor target = replicated_value(args[2].toTensor(), "target", op);
+  c10::optional<at::Tensor> weight = optional_tensor(args[3]);
+  if (weight) weight = replicated_value(*weight, "class weight", op);
+  const at::Tensor& local = local_of(self);
+  const int64_t rows = to_rows(local, class_dim).size(0);
+  at::Tensor g = nll_backward_rows(grad, rows, target.reshape({-1}), weight, args[4].toInt(),
+                                   args[5].toInt(), full_value(args[6].toTensor()),
+                                   local.scalar_type(), shard_of(cs));
+  torch::jit::drop(*stack, 7);
+  stack->push_back(make_dtensor(from_rows(g, local.sizes(), class_dim), cs.layout));
+  return true;
+}
+
+const std::unordered_map<std::string, Kernel>& kernels() {
+  static const auto* k = new std::unordered_map<std::string, Kernel>{
+      {"_log_softmax", log_softmax_kernel},
+      {"_log_softmax_backward_data", log_softmax_backward_kernel},
+      {"nll_loss_forward", nll_forward_kernel},
+      {"nll_loss2d_forward", nll_forward_kernel},
+      {"nll_loss_backward", nll_backward_kernel},
+      {"nll_loss2d_backward", nll_backward_kernel},
+  };
+  return *k;
+}
+
+bool loss_parallel_route(const c10::OperatorHandle& op, const std::string& name, torch::jit::Stack* stack) {
+  if (!in_table(name)) return false;
+  if (!is_loss_parallel_active() && !backward_names().count(name)) return false;
+  return dispatch_loss_parallel(op, name, stack);
+}
+
+// cross_entropy_loss(self, target, weight, reduction, ignore_index, label_smoothing),
+// registered for AutogradPrivateUse1: the whole loss reaches us before it decomposes.
+void cross_entropy_loss_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 6);
+  at::Tensor self = args[0].toTensor();
+  at::Tensor target = args[1].toTensor();
+  c10::optional<at::Tensor> weight = optional_tensor(args[2]);
+  const int64_t reduction = args[3].toInt();
+  const int64_t ignore_index = args[4].toInt();
+  const double label_smoothing = args[5].toDouble();
+  const int64_t class_dim = class_dim_of(self.dim());
+  at::Tensor result;
+  const bool sharded = is_class_sharded(self, class_dim);
+  if (is_loss_parallel_active() && (sharded || effective_strict(current_loss_parallel_options()))) {
+    result = cross_entropy_parallel(self, target, weight, reduction, ignore_index, label_smoothing);
+  } else {
+    if (sharded) {
+      if (!parallelism_config().loss_parallel_fallback_on_layout_error) {
+        throw LossParallelLayoutError(
+            "cross_entropy on logits sharded along the class dim (" + to_string(placements_of(self)) +
+            " on " + mesh_of(self).str() + ") outside loss_parallel(): enter hyper_parallel::loss_parallel() "
+            "(or the Trainer's train_context) around the loss and its backward, or set "
+            "ParallelismConfig::loss_parallel_fallback_on_layout_error to all-gather the logits (slow)");
+      }
+      TORCH_WARN("cross_entropy outside loss_parallel(): all-gathering logits of shape ", self.sizes(),
+                 " sharded as ", to_string(placements_of(self)),
+                 " (loss_parallel_fallback_on_layout_error is set)");
+      self = redistribute(self, Placements(mesh_of(self).ndim(), Placement::replicate()));
+    } else if (is_loss_parallel_active()) {
+      TORCH_WARN_ONCE("loss_parallel (strict = false): logits are not sharded along the class dim (",
+                      is_dtensor(self) ? to_string(placements_of(self)) : std::string("plain tensor"),
+                      "); computing cross_entropy the ordinary way");
+    }
+    result = at::compositeimplicitautograd::cross_entropy_loss(self, target, weight, reduction, ignore_index,
+                                                               label_smoothing);
+  }
+  torch::jit::drop(*stack, 6);
+  stack->push_back(std::move(result));
+}
+
+}  // namespace
+
+bool dispatch_loss_parallel(const c10::OperatorHandle& op, const std::string& name, torch::jit::Stack* stack) {
+  auto it = kernels().find(name);
+  if (it == kernels().end()) {
+    throw LossParallelUnsupportedError("loss_parallel: op '" + name +
+                                       "' is in the loss_parallel op names but has no loss_parallel kernel");
+  }
+  return it->second(op, stack);
+}
+
+std::vector<std::string> loss_parallel_op_names() {
+  std::lock_guard<std::mutex> lock(table().mutex);
+  return {table().names.begin(), table().names.end()};
+}
+
+void register_loss_parallel_op_names(const std::vector<std::string>& names) {
+  {
+    std::lock_guard<std::mutex> lock(table().mutex);
+    for (const auto& n : names) table().names.insert(n);
+  }
+  clear_layout_cache();
+}
+
+void ensure_loss_parallel_registered() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    OpDispatcher::add_context_route("loss_parallel", loss_parallel_route);
+    static auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1,
+                                          __FILE__, __LINE__);
+    lib->impl("cross_entropy_loss", torch::CppFunction::makeFromBoxedFunction<&cross_entropy_loss_kernel>());
+  });
+}
+
+}  // namespace hyper_parallel
