@@ -26,6 +26,12 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 }
 
 void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
+
+// Gloo (LibTorch 1.13) has no bfloat16: such buffers travel as float32, which holds
+// every bfloat16 value exactly.
+bool needs_float_wire(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 && pg->getBackendName() == "gloo";
+}
 }  // namespace
 
 CollectiveCounts collective_counts() { return tls_counts; }
@@ -52,7 +58,7 @@ void Communicator::all_reduce_(at::Tensor& t, ReduceOp op) const {
   ++tls_counts.all_reduce;
   if (size() == 1) return;
   // c10d requires dense contiguous buffers; reduce a contiguous copy when needed.
-  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  at::Tensor buf = needs_float_wire(pg_, t) ? t.to(at::kFloat) : t.is_contiguous() ? t : t.contiguous();
   std::vector<at::Tensor> v{buf};
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
@@ -85,6 +91,9 @@ at::Tensor Communicator::all_gather(const at::Tensor& local, int64_t dim,
               " piece sizes, got ", sizes.size());
   TORCH_CHECK(local.size(dim) == sizes[rank_], "all_gather: local piece has ", local.size(dim),
               " rows along dim ", dim, " but rank ", rank_, " was expected to hold ", sizes[rank_]);
+  if (needs_float_wire(pg_, local)) {
+    return all_gather(local.to(at::kFloat), dim, sizes).to(at::kBFloat16);
+  }
   ++tls_counts.all_gather;
   if (size() == 1) return local;
   // Gloo needs equal-sized buffers: pad every piece to the largest, then trim.
@@ -146,7 +155,7 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& full, int64_t dim, Red
 void Communicator::broadcast_(at::Tensor& t, int64_t root) const {
   ++tls_counts.broadcast;
   if (size() == 1) return;
-  at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
+  at::Tensor buf = needs_float_wire(pg_, t) ? t.to(at::kFloat) : t.is_contiguous() ? t : t.contiguous();
   std::vector<at::Tensor> v{buf};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;

@@ -134,7 +134,7 @@ at::Tensor nll_backward_rows(const at::Tensor& grad_output, int64_t rows, const 
                              at::ScalarType dtype, const ClassShard& shard) {
   const at::ScalarType ct = compute_type(dtype);
   Targets t = split_targets(target, ignore_index, shard);
-  at::Tensor scale = target_weights(target, t.valid, weight, shard.total, ct) * t.owned.to(ct);
+  at::Tensor scale = target_weights(target, t.valid, weight, shard.total, ct);
   at::Tensor g = grad_output.to(ct);
   if (reduction == at::Reduction::None) {
     scale = scale * g.reshape({-1});
@@ -142,6 +142,9 @@ at::Tensor nll_backward_rows(const at::Tensor& grad_output, int64_t rows, const 
     scale = scale * g;
     if (reduction == at::Reduction::Mean) scale = scale / total_weight.to(ct);
   }
+  // Rows this rank does not own, and ignored rows, get exactly 0 (as ATen: even when
+  // every target is ignored and the mean divided by a total weight of 0).
+  scale = at::where(t.owned, scale, at::zeros_like(scale));
   at::Tensor out = at::zeros({rows, shard.local}, g.options());
   if (shard.local > 0) out.scatter_(1, t.local_col.unsqueeze(1), (-scale).unsqueeze(1));
   // scatter_ wrote 0 for rows not owned (scale is 0 there): nothing else to clear.
@@ -212,13 +215,17 @@ at::Tensor fused_cross_entropy_backward(const FusedCrossEntropy& ce, const at::T
   // Per-row scale of the loss gradient.
   at::Tensor s = ce.reduction == at::Reduction::None ? g.reshape({-1}) : g.expand({ce.x_rows.size(0)});
   if (ce.reduction == at::Reduction::Mean) s = s / ce.denominator;
+  if (!ce.soft) {
+    // Ignored rows get exactly 0, even when the mean divided by a total weight of 0.
+    at::Tensor valid = ce.target.ne(ce.ignore_index);
+    s = at::where(valid, s, at::zeros_like(s));
+  }
   at::Tensor p = (ce.x_rows.to(ct) - ce.lse.unsqueeze(1)).exp_();
   at::Tensor w_local;
   if (ce.weight) w_local = ce.weight->narrow(0, shard.offset, shard.local);
   at::Tensor grad;
   if (!ce.soft) {
     Targets t = split_targets(ce.target, ce.ignore_index, shard);
-    s = s * t.valid.to(ct);
     // d/dx_j = s [ p_j ((1-eps) w_t + eps/C W) - (1-eps) w_t [j = t] - eps/C w_j ]
     at::Tensor coef = (1 - eps) * ce.row_weight;
     if (eps > 0) {
