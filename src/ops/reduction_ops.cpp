@@ -1,5 +1,6 @@
 #include "ops/reduction_ops.h"
 
+#include <ATen/ops/mul.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -45,6 +46,7 @@ ShardingDecision ReductionOp::infer_layout(const OpCall& call) const {
   };
   const Placements& in = self.layout->placements();
   Placements want = in, out = in;
+  bool scaled_mean = false;
   for (size_t m = 0; m < in.size(); ++m) {
     const Placement& p = in[m];
     if (p.is_shard()) {
@@ -52,6 +54,9 @@ ShardingDecision ReductionOp::infer_layout(const OpCall& call) const {
         out[m] = Placement::shard(out_dim(p.dim()));
       } else if (partial_op_) {
         out[m] = Placement::partial(*partial_op_);
+      } else if (is_mean_) {
+        out[m] = Placement::partial(ReduceOp::Sum);
+        scaled_mean = true;
       } else {
         want[m] = out[m] = Placement::replicate();
       }
@@ -60,6 +65,7 @@ ShardingDecision ReductionOp::infer_layout(const OpCall& call) const {
     }
   }
   ShardingDecision d;
+  d.expand_tag = scaled_mean ? 1 : 0;
   d.input_placements.assign(call.tensors().size(), std::nullopt);
   d.input_placements[0] = want;
   for (const auto& shapes : infer_output_shapes(call)) {
@@ -70,6 +76,21 @@ ShardingDecision ReductionOp::infer_layout(const OpCall& call) const {
   return d;
 }
 
+void ReductionOp::finalize(const OpCall& call, const ShardingDecision& d, const torch::jit::Stack& local_args,
+                           torch::jit::Stack& results) const {
+  if (d.expand_tag != 1) return;
+  // The local mean covers local_count of the global_count elements reduced.
+  const TensorArg& self = call.tensors().at(0);
+  const at::Tensor& local = local_args[0].toTensor();
+  double local_count = 1, global_count = 1;
+  for (int64_t dim : reduced_dims(call, self.shape.size())) {
+    local_count *= static_cast<double>(local.size(dim));
+    global_count *= static_cast<double>(self.shape[dim]);
+  }
+  at::Tensor r = results[0].toTensor();
+  results[0] = local_count == 0 ? r.new_zeros(r.sizes()) : r.mul(local_count / global_count);
+}
+
 HP_REGISTER_OP_CLASS(ReductionOp, [](const OpParams& p) {
   const std::string partial = p.get("partial", "none");
   std::optional<ReduceOp> op;
@@ -77,7 +98,7 @@ HP_REGISTER_OP_CLASS(ReductionOp, [](const OpParams& p) {
   else if (partial == "max") op = ReduceOp::Max;
   else if (partial == "min") op = ReduceOp::Min;
   else TORCH_CHECK(partial == "none", p.source(), ": partial must be sum, max, min or none, got '", partial, "'");
-  return std::make_shared<ReductionOp>(op, p.get_bool("linear", false));
+  return std::make_shared<ReductionOp>(op, p.get_bool("linear", false), p.get_bool("mean", false));
 });
 
 }  // namespace hyper_parallel
