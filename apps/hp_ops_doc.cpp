@@ -2,12 +2,49 @@
 // rule and declaring spec — from the registry itself, so the table never drifts.
 //
 //   build/bin/hp-ops-doc > docs/ops.md      (a test fails when the file is stale)
+//   build/bin/hp-ops-doc --loss-parallel    the op-name appendix of docs/loss_parallel.md
 #include <iostream>
+#include <map>
+#include <string>
 
 #include "hyper_parallel/hyper_parallel.h"
 
-int main() {
+namespace {
+
+// What each name in LOSS_PARALLEL_OP_NAMES does under loss_parallel().
+const std::map<std::string, std::string>& loss_parallel_semantics() {
+  static const std::map<std::string, std::string> m = {
+      {"cross_entropy_loss", "the whole loss, taken at the AutogradPrivateUse1 key before it decomposes: fused "
+                             "kernel (3 all-reduces forward, none backward), Replicate loss"},
+      {"_log_softmax", "K1: distributed stable log-softmax over the sharded dim (all-reduce MAX + SUM)"},
+      {"_log_softmax_backward_data", "g - exp(out) * sum(g) with one all-reduce; picked by layout, any thread"},
+      {"nll_loss_forward", "K2: index NLL on class-sharded log-probs, one all-reduce"},
+      {"nll_loss2d_forward", "K2 for (N, C, H, W) inputs (also N-D inputs that nll_loss_nd reshapes to 4-D)"},
+      {"nll_loss_backward", "local scatter of -w[t] g into the owned class, no collective; picked by layout"},
+      {"nll_loss2d_backward", "as nll_loss_backward for (N, C, H, W)"},
+  };
+  return m;
+}
+
+void print_loss_parallel_appendix() {
+  std::cout << "| op name (`get_op_name`) | under `loss_parallel()` |\n|---|---|\n";
+  for (const auto& name : hp::loss_parallel_op_names()) {
+    auto it = loss_parallel_semantics().find(name);
+    std::cout << "| `" << name << "` | "
+              << (it == loss_parallel_semantics().end() ? "registered without a kernel: LossParallelUnsupportedError"
+                                                        : it->second)
+              << " |\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
   try {
+    if (argc > 1 && std::string(argv[1]) == "--loss-parallel") {
+      print_loss_parallel_appendix();
+      return 0;
+    }
     hp::reload_distributed_ops();
     const auto origins = hp::distributed_op_origins();
     std::cout << "# Supported ops\n\n"
