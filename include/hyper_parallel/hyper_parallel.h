@@ -10,6 +10,7 @@
 #include "hyper_parallel/layout.h"
 #include "hyper_parallel/loss_parallel.h"
 #include "hyper_parallel/module_utils.h"
+#include "hyper_parallel/parallel_style.h"
 #include "hyper_parallel/parallelism_config.h"
 #include "hyper_parallel/placement.h"
 

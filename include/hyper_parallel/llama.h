@@ -1,0 +1,102 @@
+// A small Llama (token embedding, RMSNorm, RoPE, causal attention, SwiGLU MLP, output
+// head) and its TorchTitan tensor-parallel plan.
+//
+// Parallelized sub-modules are called through hp::parallel_forward, so the same code runs
+// on one process and under any TP degree. Attention works on each rank's local heads
+// (ColwiseParallel with use_local_output, as TorchTitan does).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/parallel_style.h"
+
+namespace hyper_parallel {
+
+struct LlamaArgs {
+  int64_t dim = 256;
+  int64_t n_layers = 2;
+  int64_t n_heads = 8;
+  int64_t vocab_size = 32000;
+  int64_t ffn_hidden_dim = 0;  // 0: 2/3 * 4 * dim rounded up to multiple_of
+  int64_t multiple_of = 64;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  int64_t max_seq_len = 512;
+  int64_t hidden_dim() const;
+  int64_t head_dim() const { return dim / n_heads; }
+};
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const LlamaArgs& args);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+
+ private:
+  int64_t head_dim_;
+};
+TORCH_MODULE(Attention);
+
+class FeedForwardImpl : public torch::nn::Module {
+ public:
+  explicit FeedForwardImpl(const LlamaArgs& args);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
+};
+TORCH_MODULE(FeedForward);
+
+class TransformerBlockImpl : public torch::nn::Module {
+ public:
+  explicit TransformerBlockImpl(const LlamaArgs& args);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};
+  Attention attention{nullptr};
+  FeedForward feed_forward{nullptr};
+};
+TORCH_MODULE(TransformerBlock);
+
+class LlamaImpl : public torch::nn::Module {
+ public:
+  explicit LlamaImpl(const LlamaArgs& args);
+  // tokens [batch, seq] -> logits [batch, seq, vocab] (a Shard(-1) DTensor under loss
+  // parallel, a plain tensor otherwise).
+  at::Tensor forward(const at::Tensor& tokens);
+  // Deterministic initialisation from a seed (the same on every rank, independent of
+  // the global RNG), scaled like TorchTitan's (std 0.02, output projections by depth).
+  void init_weights(uint64_t seed);
+  const LlamaArgs& args() const { return args_; }
+
+  torch::nn::Embedding tok_embeddings{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+  torch::nn::Linear output{nullptr};
+
+ private:
+  LlamaArgs args_;
+  at::Tensor rope_cos_, rope_sin_;  // [max_seq_len, head_dim / 2]
+};
+TORCH_MODULE(Llama);
+
+// TorchTitan's TP plan for this model: embeddings Rowwise (vocabulary-parallel), q/k/v and
+// w1/w3 Colwise, wo and w2 Rowwise, the output head Colwise with Shard(-1) DTensor logits
+// when loss parallel is enabled, or replicated local logits when it is not (§11.4).
+ParallelizePlan llama_tp_plan(bool loss_parallel);
+// Checks the model fits the TP degree (heads, hidden dims) and applies the plan.
+void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel);
+
+}  // namespace hyper_parallel

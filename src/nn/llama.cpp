@@ -1,0 +1,161 @@
+#include "hyper_parallel/llama.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/functional/activation.h>
+
+#include <cmath>
+
+namespace hyper_parallel {
+
+int64_t LlamaArgs::hidden_dim() const {
+  if (ffn_hidden_dim > 0) return ffn_hidden_dim;
+  const int64_t h = 2 * (4 * dim) / 3;
+  return multiple_of * ((h + multiple_of - 1) / multiple_of);
+}
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", at::ones({dim}));
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps_);
+  return normed.to(x.scalar_type()) * weight;
+}
+
+namespace {
+
+// Rotary embedding on [batch, seq, heads, head_dim] with pairs (2i, 2i+1).
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t s = x.size(1);
+  at::Tensor c = cos.narrow(0, 0, s).view({1, s, 1, -1}).to(x.scalar_type());
+  at::Tensor n = sin.narrow(0, 0, s).view({1, s, 1, -1}).to(x.scalar_type());
+  at::Tensor pairs = x.unflatten(-1, {-1, 2});
+  at::Tensor even = pairs.select(-1, 0), odd = pairs.select(-1, 1);
+  return at::stack({even * c - odd * n, even * n + odd * c}, -1).flatten(-2);
+}
+
+}  // namespace
+
+AttentionImpl::AttentionImpl(const LlamaArgs& a) : head_dim_(a.head_dim()) {
+  auto make = [&](const char* name) {
+    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(a.dim, a.dim).bias(false)));
+  };
+  wq = make("wq");
+  wk = make("wk");
+  wv = make("wv");
+  wo = make("wo");
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t b = x.size(0), s = x.size(1);
+  // Under TP each rank sees only its own heads: -1 heads.
+  auto heads = [&](const at::Tensor& t) { return t.view({b, s, -1, head_dim_}); };
+  at::Tensor q = apply_rope(heads(parallel_forward(wq, x)), cos, sin).transpose(1, 2);
+  at::Tensor k = apply_rope(heads(parallel_forward(wk, x)), cos, sin).transpose(1, 2);
+  at::Tensor v = heads(parallel_forward(wv, x)).transpose(1, 2);
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
+  at::Tensor causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool)).triu(1);
+  at::Tensor p = at::softmax(scores.masked_fill(causal, -std::numeric_limits<double>::infinity()), -1);
+  at::Tensor out = at::matmul(p, v).transpose(1, 2).reshape({b, s, -1});
+  return parallel_forward(wo, out);
+}
+
+FeedForwardImpl::FeedForwardImpl(const LlamaArgs& a) {
+  const int64_t h = a.hidden_dim();
+  w1 = register_module("w1", torch::nn::Linear(torch::nn::LinearOptions(a.dim, h).bias(false)));
+  w2 = register_module("w2", torch::nn::Linear(torch::nn::LinearOptions(h, a.dim).bias(false)));
+  w3 = register_module("w3", torch::nn::Linear(torch::nn::LinearOptions(a.dim, h).bias(false)));
+}
+
+at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {
+  return parallel_forward(w2, at::silu(parallel_forward(w1, x)) * parallel_forward(w3, x));
+}
+
+TransformerBlockImpl::TransformerBlockImpl(const LlamaArgs& a) {
+  attention_norm = register_module("attention_norm", RMSNorm(a.dim, a.norm_eps));
+  attention = register_module("attention", Attention(a));
+  ffn_norm = register_module("ffn_norm", RMSNorm(a.dim, a.norm_eps));
+  feed_forward = register_module("feed_forward", FeedForward(a));
+}
+
+at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  at::Tensor h = x + attention->forward(attention_norm->forward(x), cos, sin);
+  return h + feed_forward->forward(ffn_norm->forward(h));
+}
+
+LlamaImpl::LlamaImpl(const LlamaArgs& a) : args_(a) {
+  TORCH_CHECK(a.dim % a.n_heads == 0, "Llama: dim ", a.dim, " must be divisible by n_heads ", a.n_heads);
+  TORCH_CHECK(a.head_dim() % 2 == 0, "Llama: head_dim ", a.head_dim(), " must be even for RoPE");
+  tok_embeddings = register_module("tok_embeddings", torch::nn::Embedding(a.vocab_size, a.dim));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < a.n_layers; ++i) layers->push_back(TransformerBlock(a));
+  norm = register_module("norm", RMSNorm(a.dim, a.norm_eps));
+  output = register_module("output", torch::nn::Linear(torch::nn::LinearOptions(a.dim, a.vocab_size).bias(false)));
+  const int64_t half = a.head_dim() / 2;
+  at::Tensor freqs = at::pow(a.rope_theta, -at::arange(half, at::kDouble) * 2.0 / a.head_dim());
+  at::Tensor angles = at::outer(at::arange(a.max_seq_len, at::kDouble), freqs);
+  rope_cos_ = register_buffer("rope_cos", angles.cos().to(at::kFloat));
+  rope_sin_ = register_buffer("rope_sin", angles.sin().to(at::kFloat));
+}
+
+at::Tensor LlamaImpl::forward(const at::Tensor& tokens) {
+  TORCH_CHECK(tokens.dim() == 2 && tokens.size(1) <= args_.max_seq_len, "Llama: expected tokens [batch, seq] with seq <= ",
+              args_.max_seq_len, ", got ", tokens.sizes());
+  at::Tensor h = parallel_forward(tok_embeddings, tokens);
+  for (const auto& layer : *layers) h = layer->as<TransformerBlockImpl>()->forward(h, rope_cos_, rope_sin_);
+  return parallel_forward(output, norm->forward(h));
+}
+
+void LlamaImpl::init_weights(uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const double depth_std = 0.02 / std::sqrt(2.0 * static_cast<double>(args_.n_layers));
+  for (auto& item : named_parameters()) {
+    at::Tensor& p = item.value();
+    const std::string& name = item.key();
+    if (name.find("norm") != std::string::npos) {
+      p.fill_(1.0);
+      continue;
+    }
+    const bool out_proj = name.find("wo.") != std::string::npos || name.find("w2.") != std::string::npos;
+    at::Tensor v = at::normal(0.0, out_proj ? depth_std : 0.02, p.sizes(), gen, p.options().dtype(at::kFloat));
+    p.copy_(v.clamp(-0.06, 0.06));
+  }
+}
+
+ParallelizePlan llama_tp_plan(bool loss_parallel) {
+  ParallelizePlan plan = {
+      {"tok_embeddings", RowwiseParallel::make()},
+      {"layers.*.attention.wq", ColwiseParallel::make()},
+      {"layers.*.attention.wk", ColwiseParallel::make()},
+      {"layers.*.attention.wv", ColwiseParallel::make()},
+      {"layers.*.attention.wo", RowwiseParallel::make()},
+      {"layers.*.feed_forward.w1", ColwiseParallel::make()},
+      {"layers.*.feed_forward.w3", ColwiseParallel::make()},
+      {"layers.*.feed_forward.w2", RowwiseParallel::make()},
+  };
+  StyleOptions head;
+  if (loss_parallel) {
+    head.output_layouts = Placements{Placement::shard(-1)};
+    head.use_local_output = false;
+  } else {
+    head.output_layouts = Placements{Placement::replicate()};
+    head.use_local_output = true;
+  }
+  plan.emplace_back("output", ColwiseParallel::make(head));
+  return plan;
+}
+
+void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel) {
+  const LlamaArgs& a = model->args();
+  const int64_t tp = tp_mesh.size();
+  TORCH_CHECK(a.n_heads % tp == 0, "parallelize_llama: n_heads ", a.n_heads,
+              " does not split over tensor_parallel_degree ", tp, " (each rank needs whole heads)");
+  TORCH_CHECK(a.hidden_dim() % tp == 0 && a.dim % tp == 0, "parallelize_llama: dim ", a.dim, " and ffn hidden ",
+              a.hidden_dim(), " must be divisible by tensor_parallel_degree ", tp);
+  parallelize_module(*model, tp_mesh, llama_tp_plan(loss_parallel));
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,159 @@
+#include "hyper_parallel/parallel_style.h"
+
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/module_utils.h"
+
+namespace hyper_parallel {
+
+namespace {
+
+std::mutex registry_mutex;
+std::unordered_map<const torch::nn::Module*, ModuleLayouts>& registry() {
+  static auto* r = new std::unordered_map<const torch::nn::Module*, ModuleLayouts>();
+  return *r;
+}
+
+Placements on_mesh(const std::optional<Placements>& given, Placement fallback, const DeviceMesh& mesh) {
+  if (given) return *given;
+  return Placements(mesh.ndim(), fallback);
+}
+
+// Puts this rank's piece of the module's own (identically initialised) parameter in
+// place, keeps requires_grad, and makes the gradient come back in the same layout.
+at::Tensor shard_parameter(torch::nn::Module& module, const std::string& name, const DeviceMesh& mesh,
+                           const Placements& placements) {
+  at::Tensor full = module.named_parameters(/*recurse=*/false)[name];
+  at::Tensor d = distribute_tensor(full.detach(), mesh, placements);
+  replace_parameter(module, name, d);
+  at::Tensor param = module.named_parameters(false)[name];
+  // Autograd may produce a gradient in another layout (e.g. a replicated embedding
+  // gradient): bring it to the parameter's own, so optimizers and clipping see one layout.
+  param.register_hook([placements](const at::Tensor& grad) -> at::Tensor {
+    if (!is_dtensor(grad) || placements_of(grad) == placements) return grad;
+    return redistribute(grad, placements);
+  });
+  return param;
+}
+
+std::string type_error(const std::string& style, const std::string& path, const torch::nn::Module& m) {
+  return style + ": module '" + path + "' is a " + m.name() +
+         "; expected torch::nn::Linear or torch::nn::Embedding";
+}
+
+}  // namespace
+
+ModuleLayouts ColwiseParallel::apply(torch::nn::Module& module, const std::string& path,
+                                     const DeviceMesh& mesh) const {
+  ModuleLayouts l;
+  l.mesh = mesh;
+  l.input_layouts = on_mesh(options_.input_layouts, Placement::replicate(), mesh);
+  l.desired_input = Placements(mesh.ndim(), Placement::replicate());
+  l.output_layouts = on_mesh(options_.output_layouts, Placement::shard(-1), mesh);
+  l.use_local_output = options_.use_local_output;
+  if (auto* lin = dynamic_cast<torch::nn::LinearImpl*>(&module)) {
+    lin->weight = shard_parameter(module, "weight", mesh, {Placement::shard(0)});
+    if (lin->bias.defined()) lin->bias = shard_parameter(module, "bias", mesh, {Placement::shard(0)});
+  } else if (auto* emb = dynamic_cast<torch::nn::EmbeddingImpl*>(&module)) {
+    emb->weight = shard_parameter(module, "weight", mesh, {Placement::shard(1)});
+  } else {
+    TORCH_CHECK(false, type_error(name(), path, module));
+  }
+  return l;
+}
+
+ModuleLayouts RowwiseParallel::apply(torch::nn::Module& module, const std::string& path,
+                                     const DeviceMesh& mesh) const {
+  ModuleLayouts l;
+  l.mesh = mesh;
+  l.output_layouts = on_mesh(options_.output_layouts, Placement::replicate(), mesh);
+  l.use_local_output = options_.use_local_output;
+  if (auto* lin = dynamic_cast<torch::nn::LinearImpl*>(&module)) {
+    l.input_layouts = on_mesh(options_.input_layouts, Placement::shard(-1), mesh);
+    l.desired_input = Placements(mesh.ndim(), Placement::shard(-1));
+    lin->weight = shard_parameter(module, "weight", mesh, {Placement::shard(1)});
+    if (lin->bias.defined()) lin->bias = shard_parameter(module, "bias", mesh, {Placement::replicate()});
+  } else if (auto* emb = dynamic_cast<torch::nn::EmbeddingImpl*>(&module)) {
+    l.input_layouts = on_mesh(options_.input_layouts, Placement::replicate(), mesh);
+    l.desired_input = Placements(mesh.ndim(), Placement::replicate());
+    emb->weight = shard_parameter(module, "weight", mesh, {Placement::shard(0)});
+  } else {
+    TORCH_CHECK(false, type_error(name(), path, module));
+  }
+  return l;
+}
+
+ModuleLayouts PrepareModuleInput::apply(torch::nn::Module&, const std::string&, const DeviceMesh& mesh) const {
+  ModuleLayouts l;
+  l.mesh = mesh;
+  l.input_layouts = input_;
+  l.desired_input = desired_;
+  l.output_layouts = {};
+  l.use_local_output = local_;
+  return l;
+}
+
+at::Tensor prepare_module_input(const ModuleLayouts& l, const at::Tensor& input) {
+  at::Tensor x = is_dtensor(input) ? input : DTensor::from_local(input, l.mesh, l.input_layouts);
+  if (placements_of(x) != l.desired_input) x = redistribute(x, l.desired_input);
+  return x;
+}
+
+at::Tensor prepare_module_output(const ModuleLayouts& l, const at::Tensor& output) {
+  if (!is_dtensor(output)) return output;
+  at::Tensor y = output;
+  if (!l.output_layouts.empty() && placements_of(y) != l.output_layouts) y = redistribute(y, l.output_layouts);
+  return l.use_local_output ? to_local(y) : y;
+}
+
+const ModuleLayouts* module_layouts(const torch::nn::Module& module) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = registry().find(&module);
+  return it == registry().end() ? nullptr : &it->second;
+}
+
+namespace {
+bool path_matches(const std::string& pattern, const std::string& path) {
+  std::vector<std::string> a, b;
+  auto split = [](const std::string& s, std::vector<std::string>& out) {
+    std::stringstream ss(s);
+    std::string part;
+    while (std::getline(ss, part, '.')) out.push_back(part);
+  };
+  split(pattern, a);
+  split(path, b);
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != "*" && a[i] != b[i]) return false;
+  }
+  return true;
+}
+}  // namespace
+
+void parallelize_module(torch::nn::Module& root, const DeviceMesh& mesh, const ParallelizePlan& plan) {
+  TORCH_CHECK(mesh.ndim() == 1, "parallelize_module: expected a 1-D tensor-parallel mesh, got ", mesh.str(),
+              "; pass mesh[\"tp\"]");
+  const auto modules = root.named_modules(/*name_prefix=*/"", /*include_self=*/false);
+  for (const auto& [pattern, style] : plan) {
+    bool matched = false;
+    for (const auto& item : modules) {
+      if (!path_matches(pattern, item.key())) continue;
+      matched = true;
+      ModuleLayouts l = style->apply(*item.value(), item.key(), mesh);
+      std::lock_guard<std::mutex> lock(registry_mutex);
+      registry()[item.value().get()] = std::move(l);
+    }
+    TORCH_CHECK(matched, "parallelize_module: plan entry '", pattern, "' (", style->name(),
+                ") matches no sub-module of ", root.name());
+  }
+}
+
+}  // namespace hyper_parallel
