@@ -5,9 +5,10 @@ set -euo pipefail
 HP_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HP_BUILD_DIR="${HP_BUILD_DIR:-$HP_ROOT/build}"
 
-# Debian packages the project needs (see DEPENDENCIES in docs/building.md).
+# Debian packages the project needs. libopenblas0-openmp matters: without it LibTorch
+# falls back to the reference BLAS (libblas3) and matrix products run ~6x slower.
 HP_PACKAGES=(
-  libtorch-dev libgloo-dev cmake ninja-build ccache g++
+  libtorch-dev libgloo-dev libopenblas0-openmp cmake ninja-build ccache g++
   libgtest-dev libgmock-dev libbenchmark-dev libyaml-cpp-dev libcli11-dev
   libtomlplusplus-dev nlohmann-json3-dev libfmt-dev gnuplot-nox
 )

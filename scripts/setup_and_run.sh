@@ -3,5 +3,6 @@
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 hp_install_missing
 hp_build
-echo "==> running the main job: 2 ranks through hp-run"
-exec "$HP_BUILD_DIR/bin/hp-run" --nproc-per-node 2 "$HP_BUILD_DIR/bin/hp-example" "$@"
+echo "==> running the main job: hp-train on the built-in synthetic corpus, 2 TP ranks through hp-run"
+cd "$HP_ROOT"
+exec "$HP_BUILD_DIR/bin/hp-run" --nproc-per-node 2 "$HP_BUILD_DIR/bin/hp-train" --config configs/debug_model.toml "$@"

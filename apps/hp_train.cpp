@@ -1,0 +1,48 @@
+// hp-train: trains the tiny Llama with tensor parallelism and loss_parallel.
+//
+//   hp-run --nproc-per-node 2 build/bin/hp-train --config configs/debug_model.toml
+//   hp-train --config configs/debug_model.toml --parallelism.tensor_parallel_degree 1
+//   hp-train --help        (every key of the job config, with its default)
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "hyper_parallel/distributed.h"
+#include "train/job_config.h"
+#include "train/trainer.h"
+
+namespace hp = hyper_parallel;
+
+int main(int argc, char** argv) {
+  try {
+    bool help = false;
+    hp::train::JobConfig cfg = hp::train::parse_job_config(argc, argv, &help);
+    if (help) {
+      std::cout << "usage: hp-run --nproc-per-node N hp-train [--config FILE] [--section.key VALUE ...]\n\n"
+                << hp::train::job_config_usage();
+      return 0;
+    }
+    if (std::getenv("WORLD_SIZE")) {
+      hp::init_process_group();  // from hp-run's environment
+    } else {
+      hp::init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1);  // one process, no launcher
+    }
+    const bool rank0 = hp::get_rank() == 0;
+    hp::train::Trainer trainer(cfg, rank0 ? &std::cout : nullptr);
+    auto results = trainer.train();
+    if (rank0 && !results.empty()) {
+      std::cout << "hp-train: done: loss " << results.front().loss << " (step " << results.front().step << ") -> "
+                << results.back().loss << " (step " << results.back().step << ")";
+      if (results.back().val_loss) std::cout << ", validation loss " << *results.back().val_loss;
+      std::cout << std::endl;
+    }
+  } catch (const c10::Error& e) {
+    std::cerr << "hp-train: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "hp-train: " << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}

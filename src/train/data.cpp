@@ -1,0 +1,318 @@
+// Training data for hp-train: the synthetic Zipf-Markov corpus, the word-level
+// text-file corpus and the (seed, step)-deterministic batch sampler (see data.h).
+#include "train/data.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace hyper_parallel::train {
+namespace {
+
+// SplitMix64: tiny, fast, and its output is fixed by the algorithm (unlike
+// std:: distributions), so streams are identical on every platform and build.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+  // Uniform in [0, n): multiply-shift; its bias (n / 2^64) is negligible here.
+  uint64_t below(uint64_t n) {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+// Independent stream for a purpose: a seed and a salt hashed together, so
+// nearby seeds / steps do not give correlated streams.
+uint64_t derive_seed(uint64_t seed, uint64_t salt) {
+  SplitMix64 a(seed);
+  SplitMix64 b(a.next() ^ (salt * 0xD6E8FEB86659FD93ull));
+  return b.next();
+}
+
+// Draws ranks 0..n-1 with p(r) ~ 1 / (r + q)^s (Zipf-Mandelbrot).
+class ZipfSampler {
+ public:
+  ZipfSampler(int64_t n, double s, double q) : cdf_(static_cast<size_t>(n)) {
+    double total = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      total += std::pow(static_cast<double>(r) + q, -s);
+      cdf_[static_cast<size_t>(r)] = total;
+    }
+    for (double& c : cdf_) c /= total;
+  }
+  int64_t sample(SplitMix64& rng) const {
+    const double u = rng.uniform();
+    auto it = std::upper_bound(cdf_.begin(), cdf_.end(), u);
+    return std::min<int64_t>(it - cdf_.begin(), static_cast<int64_t>(cdf_.size()) - 1);
+  }
+
+ private:
+  std::vector<double> cdf_;
+};
+
+// Corpus parameters (documented in data.h).
+constexpr double kZipfExponent = 1.05;
+constexpr double kZipfOffset = 2.7;
+// Noise is drawn flatter than the base so the long tail of the vocabulary shows up
+// (~92% of 32000 ids in 2M tokens), i.e. most embedding rows get some gradient.
+constexpr double kNoiseZipfExponent = 0.7;
+constexpr int kSuccessors = 4;
+constexpr std::array<double, kSuccessors> kSuccessorCdf = {0.55, 0.80, 0.92, 1.0};
+constexpr int64_t kNumPhrases = 2048;
+constexpr int64_t kMinPhraseLen = 3;
+constexpr int64_t kMaxPhraseLen = 8;
+constexpr double kPhraseProb = 0.06;
+constexpr double kNoiseProb = 0.10;
+
+// A token stream with its 90/10 split: the parts are non-overlapping views of one
+// buffer, so the split costs no copy.
+class SplitCorpus : public TokenCorpus {
+ public:
+  SplitCorpus(at::Tensor all, int64_t vocab_size, std::string description)
+      : vocab_size_(vocab_size), description_(std::move(description)) {
+    const int64_t n = all.numel();
+    const int64_t n_val = n / 10;
+    train_ = all.narrow(0, 0, n - n_val);
+    validation_ = all.narrow(0, n - n_val, n_val);
+  }
+  int64_t vocab_size() const override { return vocab_size_; }
+  const at::Tensor& train_tokens() const override { return train_; }
+  const at::Tensor& validation_tokens() const override { return validation_; }
+  std::string describe() const override {
+    std::ostringstream os;
+    os << description_ << ": " << train_.numel() << " train + " << validation_.numel()
+       << " validation tokens, vocab " << vocab_size_;
+    return os.str();
+  }
+
+ private:
+  int64_t vocab_size_;
+  std::string description_;
+  at::Tensor train_;
+  at::Tensor validation_;
+};
+
+at::Tensor generate_synthetic(int64_t vocab_size, int64_t num_tokens, uint64_t seed) {
+  const ZipfSampler zipf(vocab_size, kZipfExponent, kZipfOffset);
+  const ZipfSampler noise_zipf(vocab_size, kNoiseZipfExponent, kZipfOffset);
+
+  // Structure (tables) and the stream use separate streams, so changing the
+  // generation loop never changes the language itself.
+  SplitMix64 table_rng(derive_seed(seed, 1));
+  std::vector<int64_t> rank_to_id(static_cast<size_t>(vocab_size));
+  for (int64_t i = 0; i < vocab_size; ++i) rank_to_id[static_cast<size_t>(i)] = i;
+  for (int64_t i = vocab_size - 1; i > 0; --i) {
+    std::swap(rank_to_id[static_cast<size_t>(i)],
+              rank_to_id[table_rng.below(static_cast<uint64_t>(i + 1))]);
+  }
+  auto zipf_id = [&](SplitMix64& rng) { return rank_to_id[static_cast<size_t>(zipf.sample(rng))]; };
+
+  std::vector<int64_t> successors(static_cast<size_t>(vocab_size * kSuccessors));
+  for (auto& s : successors) s = zipf_id(table_rng);
+
+  std::vector<int64_t> phrase_start(kNumPhrases + 1, 0);
+  std::vector<int64_t> phrase_tokens;
+  for (int64_t p = 0; p < kNumPhrases; ++p) {
+    const int64_t len =
+        kMinPhraseLen + static_cast<int64_t>(table_rng.below(kMaxPhraseLen - kMinPhraseLen + 1));
+    for (int64_t k = 0; k < len; ++k) phrase_tokens.push_back(zipf_id(table_rng));
+    phrase_start[static_cast<size_t>(p + 1)] = static_cast<int64_t>(phrase_tokens.size());
+  }
+  const ZipfSampler phrase_zipf(kNumPhrases, 1.0, kZipfOffset);
+
+  at::Tensor out = at::empty({num_tokens}, at::kLong);
+  int64_t* o = out.data_ptr<int64_t>();
+  SplitMix64 rng(derive_seed(seed, 2));
+  int64_t cur = zipf_id(rng);
+  o[0] = cur;
+  int64_t i = 1;
+  while (i < num_tokens) {
+    const double u = rng.uniform();
+    if (u < kPhraseProb) {
+      const auto p = static_cast<size_t>(phrase_zipf.sample(rng));
+      for (int64_t k = phrase_start[p]; k < phrase_start[p + 1] && i < num_tokens; ++k) {
+        cur = phrase_tokens[static_cast<size_t>(k)];
+        o[i++] = cur;
+      }
+      continue;
+    }
+    if (u < kPhraseProb + kNoiseProb) {
+      cur = rank_to_id[static_cast<size_t>(noise_zipf.sample(rng))];
+    } else {
+      const double v = rng.uniform();
+      int k = 0;
+      while (k + 1 < kSuccessors && v >= kSuccessorCdf[static_cast<size_t>(k)]) ++k;
+      cur = successors[static_cast<size_t>(cur * kSuccessors + k)];
+    }
+    o[i++] = cur;
+  }
+  return out;
+}
+
+// --- text files --------------------------------------------------------------
+
+bool is_word_byte(unsigned char c) { return std::isalnum(c) || c >= 0x80; }
+
+// Calls emit(std::string_view token) for each token of text (see data.h).
+template <typename Emit>
+void tokenize(const std::string& text, Emit&& emit) {
+  std::string word;
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (is_word_byte(c)) {
+      word.clear();
+      while (i < n) {
+        const auto d = static_cast<unsigned char>(text[i]);
+        if (is_word_byte(d)) {
+          word.push_back(static_cast<char>(std::tolower(d)));
+          ++i;
+        } else if (d == '\'' && i + 1 < n && is_word_byte(static_cast<unsigned char>(text[i + 1]))) {
+          word.push_back('\'');  // inside a word: "don't" stays one token
+          ++i;
+        } else {
+          break;
+        }
+      }
+      emit(std::string_view(word));
+    } else {
+      if (std::isgraph(c)) emit(std::string_view(&text[i], 1));
+      ++i;
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<TokenCorpus> make_synthetic_corpus(int64_t vocab_size, int64_t num_tokens,
+                                                   uint64_t seed) {
+  TORCH_CHECK(vocab_size >= 64, "synthetic corpus: vocab_size must be >= 64, got ", vocab_size);
+  TORCH_CHECK(num_tokens >= 100, "synthetic corpus: num_tokens must be >= 100, got ", num_tokens);
+  std::ostringstream what;
+  what << "synthetic corpus (Zipf-Markov with phrases, seed " << seed << ")";
+  return std::make_unique<SplitCorpus>(generate_synthetic(vocab_size, num_tokens, seed), vocab_size,
+                                       what.str());
+}
+
+std::unique_ptr<TokenCorpus> make_text_file_corpus(const std::string& path, int64_t vocab_size,
+                                                   int64_t min_split_tokens) {
+  TORCH_CHECK(vocab_size >= 3, "text corpus '", path,
+              "': vocab_size must be >= 3 (<pad>, <unk> and one word), got ", vocab_size);
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in.is_open(), "text corpus: cannot read '", path, "': ", std::strerror(errno));
+  std::string text;
+  try {
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::exception& e) {  // e.g. a directory: it opens, then fails on read
+    TORCH_CHECK(false, "text corpus: cannot read '", path, "': ", e.what());
+  }
+  TORCH_CHECK(!in.bad(), "text corpus: cannot read '", path, "': read error");
+
+  // Intern words as they come (ids in first-seen order) so a big file is held
+  // as integers, not as strings.
+  std::unordered_map<std::string, int64_t> index;
+  std::vector<std::string> words;
+  std::vector<int64_t> stream;
+  tokenize(text, [&](std::string_view w) {
+    auto [it, inserted] = index.try_emplace(std::string(w), static_cast<int64_t>(words.size()));
+    if (inserted) words.emplace_back(w);
+    stream.push_back(it->second);
+  });
+  text.clear();
+  text.shrink_to_fit();
+
+  const auto n = static_cast<int64_t>(stream.size());
+  const int64_t n_val = n / 10;
+  const int64_t n_train = n - n_val;
+  // One (input, target) pair needs two tokens; the validation part is the smaller one.
+  const int64_t need = std::max<int64_t>(min_split_tokens, 2);
+  TORCH_CHECK(n_val >= need, "text corpus '", path, "' is too short for one batch: its ", n,
+              " tokens give ", n_train, " train + ", n_val,
+              " validation tokens, but each part needs at least ", need, " (a file of at least ",
+              10 * need, " tokens)");
+
+  // Vocabulary from the training part only, so validation measures unseen text.
+  std::vector<int64_t> count(words.size(), 0);
+  for (int64_t i = 0; i < n_train; ++i) ++count[static_cast<size_t>(stream[static_cast<size_t>(i)])];
+  std::vector<int64_t> order;
+  for (size_t w = 0; w < words.size(); ++w) {
+    if (count[w] > 0) order.push_back(static_cast<int64_t>(w));
+  }
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    const auto ua = static_cast<size_t>(a), ub = static_cast<size_t>(b);
+    return count[ua] != count[ub] ? count[ua] > count[ub] : words[ua] < words[ub];
+  });
+  const auto kept = std::min<size_t>(order.size(), static_cast<size_t>(vocab_size - 2));
+  std::vector<int64_t> to_id(words.size(), 1);  // 1 = <unk>
+  for (size_t r = 0; r < kept; ++r) to_id[static_cast<size_t>(order[r])] = static_cast<int64_t>(r) + 2;
+
+  at::Tensor all = at::empty({n}, at::kLong);
+  int64_t* o = all.data_ptr<int64_t>();
+  int64_t unk = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    o[i] = to_id[static_cast<size_t>(stream[static_cast<size_t>(i)])];
+    unk += (o[i] == 1);
+  }
+
+  std::ostringstream what;
+  what.precision(3);
+  what << "text corpus '" << path << "' (" << words.size() << " distinct words, " << kept
+       << " in vocabulary, " << 100.0 * static_cast<double>(unk) / static_cast<double>(n)
+       << "% <unk>)";
+  return std::make_unique<SplitCorpus>(std::move(all), vocab_size, what.str());
+}
+
+BatchSampler::BatchSampler(const at::Tensor& tokens, int64_t batch_size, int64_t seq_len,
+                           uint64_t seed)
+    : batch_size_(batch_size), seq_len_(seq_len), seed_(seed) {
+  TORCH_CHECK(tokens.defined() && tokens.dim() == 1 && tokens.scalar_type() == at::kLong,
+              "BatchSampler: tokens must be a 1-D int64 tensor");
+  TORCH_CHECK(batch_size > 0 && seq_len > 0, "BatchSampler: batch_size and seq_len must be > 0, got ",
+              batch_size, " and ", seq_len);
+  TORCH_CHECK(tokens.numel() >= seq_len + 1, "BatchSampler: ", tokens.numel(),
+              " tokens are too few for one window of seq_len + 1 = ", seq_len + 1, " tokens");
+  tokens_ = tokens.device().is_cpu() ? tokens.contiguous() : tokens.cpu().contiguous();
+}
+
+Batch BatchSampler::batch_at(int64_t step) const {
+  TORCH_CHECK(step >= 0, "BatchSampler: step must be >= 0, got ", step);
+  // A fresh stream per step: the batch depends on (seed, step) only.
+  SplitMix64 rng(derive_seed(seed_, static_cast<uint64_t>(step)));
+  const auto starts = static_cast<uint64_t>(tokens_.numel() - seq_len_);  // valid window starts
+  at::Tensor input = at::empty({batch_size_, seq_len_}, at::kLong);
+  at::Tensor target = at::empty({batch_size_, seq_len_}, at::kLong);
+  const int64_t* src = tokens_.data_ptr<int64_t>();
+  int64_t* in = input.data_ptr<int64_t>();
+  int64_t* tg = target.data_ptr<int64_t>();
+  const auto row_bytes = static_cast<size_t>(seq_len_) * sizeof(int64_t);
+  for (int64_t b = 0; b < batch_size_; ++b) {
+    const int64_t* w = src + rng.below(starts);
+    std::memcpy(in + b * seq_len_, w, row_bytes);
+    std::memcpy(tg + b * seq_len_, w + 1, row_bytes);
+  }
+  return {input, target};
+}
+
+}  // namespace hyper_parallel::train

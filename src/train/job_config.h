@@ -1,0 +1,129 @@
+// JobConfig: the typed configuration of an hp-train job, TorchTitan-style.
+//
+// A job is described by a TOML file (configs/debug_model.toml is the default) with one
+// table per section ([job], [model], [training], [parallelism], [checkpoint],
+// [validation], [metrics]); any key can then be overridden on the command line:
+//
+//   hp-train --config configs/debug_model.toml --training.steps 10 --checkpoint.resume
+//
+// Every key is declared once, in a field table in job_config.cpp, which drives TOML
+// parsing, command-line overrides, --help and to_toml(); adding a field to a struct
+// below means adding one line there. Errors are std::invalid_argument naming the file
+// (or the --flag) and the dotted key. LibTorch-free on purpose: the launcher and tools
+// can read a job without linking the library.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hyper_parallel/parallelism_config.h"
+
+namespace hyper_parallel::train {
+
+using hyper_parallel::ParallelismConfig;
+
+// [model]: the Llama-style decoder.
+struct ModelConfig {
+  std::string name = "llama";     // model family (the trainer decides which it knows)
+  int64_t dim = 256;              // hidden (embedding) size
+  int64_t n_layers = 2;           // transformer blocks
+  int64_t n_heads = 8;            // attention heads; dim % n_heads == 0 and n_heads % tp == 0
+  int64_t vocab_size = 32000;     // token vocabulary (uneven TP sharding is fine)
+  int64_t ffn_hidden_dim = 0;     // MLP hidden size; 0: 4*dim*2/3 rounded up to multiple_of
+  int64_t multiple_of = 64;       // rounding of the derived ffn_hidden_dim
+  double norm_eps = 1e-5;         // RMSNorm epsilon
+  double rope_theta = 10000.0;    // RoPE base frequency
+  int64_t max_seq_len = 512;      // longest sequence the RoPE tables cover
+};
+
+// The MLP hidden size the model uses: ffn_hidden_dim, or Llama's derivation when it is 0.
+int64_t resolved_ffn_hidden_dim(const ModelConfig& model);
+
+// [training]: optimisation and data.
+struct TrainingConfig {
+  int64_t batch_size = 8;         // sequences per step (global: every TP rank sees them all)
+  int64_t seq_len = 64;           // tokens per sequence; <= model.max_seq_len
+  int64_t steps = 60;             // optimiser steps in the run
+  int64_t warmup_steps = 5;       // linear LR warmup steps (then decay to min_lr_ratio*lr)
+  double lr = 3e-3;               // peak learning rate (AdamW)
+  double min_lr_ratio = 0.1;      // final LR as a fraction of lr, in [0, 1]
+  double weight_decay = 0.1;      // AdamW decoupled weight decay
+  double beta1 = 0.9;             // AdamW beta1, in [0, 1)
+  double beta2 = 0.95;            // AdamW beta2, in [0, 1)
+  double eps = 1e-8;              // AdamW epsilon
+  double max_norm = 1.0;          // gradient-norm clipping threshold
+  int64_t seed = 42;              // RNG seed (same on every rank)
+  std::string dtype = "float32";  // parameter/compute dtype: float32 | bfloat16 | float64
+  std::string data = "";          // empty: built-in synthetic corpus; else a text file
+  int64_t log_freq = 1;           // log metrics every this many steps
+};
+
+// [checkpoint]: periodic save / resume. folder is relative to job.dump_folder.
+struct CheckpointConfig {
+  bool enable = false;                  // save checkpoints during the run
+  std::string folder = "checkpoints";   // under job.dump_folder
+  int64_t interval = 10;                // save every this many steps (and at the end)
+  bool resume = false;                  // start from the latest checkpoint in folder
+};
+
+// [validation]: periodic evaluation on held-out batches.
+struct ValidationConfig {
+  bool enable = true;    // run validation
+  int64_t freq = 10;     // validate every this many steps
+  int64_t steps = 2;     // batches per validation
+};
+
+// [metrics]: metric logs (and plots). folder is relative to job.dump_folder.
+struct MetricsConfig {
+  std::string folder = "outputs";   // under job.dump_folder
+  bool enable_plot = true;          // also write plots of the logged metrics
+};
+
+struct JobConfig {
+  // [job]
+  std::string dump_folder = "outputs/run";  // root of everything the run writes
+  std::string description;                  // free text, stored and otherwise ignored
+
+  ModelConfig model;                // [model]
+  TrainingConfig training;          // [training]
+  ParallelismConfig parallelism;    // [parallelism], same field names as the struct
+  CheckpointConfig checkpoint;      // [checkpoint]
+  ValidationConfig validation;      // [validation]
+  MetricsConfig metrics;            // [metrics]
+
+  std::string config_file;          // path it was loaded from, empty if none (not a TOML key)
+};
+
+// Parses the command-line arguments after the program name: `--config FILE` (or
+// `--config=FILE`, alias `--job.config_file`; optional: without it, defaults) is loaded
+// first wherever it appears, then every `--section.key VALUE` / `--section.key=VALUE` is
+// applied in order. A bool key with no value (next argument starts with "--", or none)
+// means true. '-' in a key is read as '_'. `--help` / `-h` sets *help = true (when help is
+// given) and returns defaults without reading anything else. The result is validate()d.
+JobConfig parse_job_config(const std::vector<std::string>& args, bool* help = nullptr);
+// The same for main()'s argv (argv[0], the program, is skipped).
+JobConfig parse_job_config(int argc, const char* const* argv, bool* help = nullptr);
+
+// Defaults overlaid with the file's keys (keys the file omits keep their defaults); sets
+// config_file. Does not validate(), so a file may hold a partial job meant for overrides.
+JobConfig load_job_config_file(const std::string& path);
+
+// One override: dotted_key is "section.key" (a leading "--" is accepted), value the text
+// after it, parsed per the field's type (ints: whole-string decimal; floats; bools:
+// true/false/1/0; strings as is).
+void apply_override(JobConfig& cfg, const std::string& dotted_key, const std::string& value);
+
+// --help text: every --section.key with its type, default and meaning.
+std::string job_config_usage();
+
+// The full configuration as TOML, every key, in declaration order; load_job_config_file
+// of the result gives back an equal JobConfig (config_file aside).
+std::string to_toml(const JobConfig& cfg);
+
+// Semantic checks (positive sizes, seq_len <= model.max_seq_len, known dtype,
+// dim % n_heads == 0, n_heads % tensor_parallel_degree == 0, ...). Throws
+// std::invalid_argument listing every violation, each naming its key.
+void validate(const JobConfig& cfg);
+
+}  // namespace hyper_parallel::train

@@ -1,0 +1,216 @@
+// metrics.cpp — JSON-lines metrics log and its gnuplot loss plot.
+#include "train/metrics.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iterator>
+#include <sstream>
+#include <stdexcept>
+#include <system_error>
+#include <utility>
+
+extern char** environ;
+
+namespace hyper_parallel::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+// Removes the temporary files of one plot whatever happens.
+struct TempFiles {
+  std::vector<std::string> paths;
+  ~TempFiles() {
+    for (const auto& p : paths) ::unlink(p.c_str());
+  }
+};
+
+// A gnuplot single-quoted string: quotes are doubled, nothing else is special.
+std::string gnuplot_quote(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) {
+    out += c;
+    if (c == '\'') out += '\'';
+  }
+  return out + "'";
+}
+
+bool finite_number(const nlohmann::json& record, const char* key, double* value) {
+  const auto it = record.find(key);
+  if (it == record.end() || !it->is_number()) return false;
+  *value = it->get<double>();
+  return std::isfinite(*value);
+}
+
+std::string read_text(const std::string& path, size_t limit) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  if (text.size() > limit) text = "..." + text.substr(text.size() - limit);
+  return text;
+}
+
+bool fail(std::string* error, const std::string& message) {
+  if (error) *error = message;
+  return false;
+}
+
+}  // namespace
+
+MetricsLogger::MetricsLogger(const std::string& folder) : path_((fs::path(folder) / "metrics.jsonl").string()) {
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  if (ec) throw std::runtime_error("cannot create metrics folder '" + folder + "': " + ec.message());
+  out_.open(path_, std::ios::out | std::ios::app | std::ios::binary);
+  if (!out_) throw std::runtime_error("cannot open metrics file '" + path_ + "' for appending");
+}
+
+void MetricsLogger::log(const nlohmann::json& record) {
+  if (!record.is_object()) {
+    throw std::invalid_argument("MetricsLogger::log: a record must be a JSON object, got " +
+                                std::string(record.type_name()));
+  }
+  // "replace": a stray invalid UTF-8 byte in a string field must not stop training.
+  out_ << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+  out_.flush();
+  if (!out_) throw std::runtime_error("cannot write metrics file '" + path_ + "'");
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& jsonl_path) {
+  std::ifstream in(jsonl_path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open metrics file '" + jsonl_path + "'");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+
+  std::vector<nlohmann::json> records;
+  size_t begin = 0;
+  for (int64_t line_no = 1; begin < text.size(); ++line_no) {
+    size_t end = text.find('\n', begin);
+    const bool terminated = end != std::string::npos;
+    if (!terminated) end = text.size();
+    std::string line = text.substr(begin, end - begin);
+    begin = end + 1;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+
+    nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (record.is_discarded() || !record.is_object()) {
+      if (!terminated) break;  // torn last line of a writer that was killed
+      throw std::runtime_error("metrics file '" + jsonl_path + "' line " + std::to_string(line_no) +
+                               " is not a JSON object: " + line.substr(0, 80));
+    }
+    records.push_back(std::move(record));
+  }
+  return records;
+}
+
+bool plot_loss_curve(const std::string& jsonl_path, const std::string& png_path, std::string* error) {
+  std::vector<nlohmann::json> records;
+  try {
+    records = read_metrics(jsonl_path);
+  } catch (const std::exception& e) {
+    return fail(error, e.what());
+  }
+
+  std::ostringstream train, val;
+  train.precision(17);
+  val.precision(17);
+  size_t train_points = 0, val_points = 0;
+  for (const auto& r : records) {
+    double step = 0, value = 0;
+    if (!finite_number(r, "step", &step)) continue;
+    if (finite_number(r, "loss", &value)) {
+      train << step << ' ' << value << '\n';
+      ++train_points;
+    }
+    if (finite_number(r, "val_loss", &value)) {
+      val << step << ' ' << value << '\n';
+      ++val_points;
+    }
+  }
+  if (train_points == 0 && val_points == 0) {
+    return fail(error, "metrics file '" + jsonl_path + "' holds no finite loss values to plot");
+  }
+
+  // Everything next to the PNG: the image can then be renamed into place.
+  const std::string suffix = ".tmp-" + std::to_string(::getpid());
+  const std::string script_path = png_path + ".gp" + suffix;
+  const std::string log_path = png_path + ".log" + suffix;
+  const std::string tmp_png = png_path + suffix;
+  TempFiles temps{{script_path, log_path, tmp_png}};
+
+  {
+    std::ofstream script(script_path, std::ios::binary);
+    // pngcairo draws anti-aliased lines; the libgd "png" terminal is the fallback.
+    script << "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
+              "  set terminal pngcairo size 1000,600 noenhanced\n"
+              "} else {\n"
+              "  set terminal png size 1000,600 noenhanced\n"
+              "}\n"
+           << "set output " << gnuplot_quote(tmp_png) << "\n"
+           << "set title 'Loss vs step'\n"
+              "set xlabel 'step'\n"
+              "set ylabel 'loss'\n"
+              "set key top right box opaque\n"
+              "set grid\n";
+    if (train_points) script << "$train << EOD\n" << train.str() << "EOD\n";
+    if (val_points) script << "$val << EOD\n" << val.str() << "EOD\n";
+    std::vector<std::string> plots;
+    // A single point draws no line, so it gets a marker instead.
+    if (train_points) {
+      plots.push_back(std::string("$train using 1:2 with ") + (train_points > 1 ? "lines lw 2" : "points pt 7") +
+                      " lc rgb '#1f77b4' title 'train loss'");
+    }
+    if (val_points) {
+      plots.push_back("$val using 1:2 with linespoints pt 7 ps 1.2 lc rgb '#d62728' title 'val loss'");
+    }
+    script << "plot ";
+    for (size_t i = 0; i < plots.size(); ++i) script << (i ? ", " : "") << plots[i];
+    script << "\nset output\n";
+    if (!script) return fail(error, "cannot write gnuplot script '" + script_path + "'");
+  }
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  std::string program = "gnuplot";
+  char* argv[] = {program.data(), const_cast<char*>(script_path.c_str()), nullptr};
+  pid_t pid = 0;
+  const int spawn_rc = posix_spawnp(&pid, "gnuplot", &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawn_rc != 0) {
+    if (spawn_rc == ENOENT) return fail(error, "gnuplot not found on PATH (install gnuplot-nox for loss plots)");
+    return fail(error, "cannot start gnuplot: " + errno_text(spawn_rc));
+  }
+
+  int status = 0;
+  pid_t waited;
+  do {
+    waited = ::waitpid(pid, &status, 0);
+  } while (waited < 0 && errno == EINTR);
+  // waited < 0 (ECHILD: the host ignores SIGCHLD) leaves the output to judge.
+  if (waited == pid && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    const std::string how = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                                              : "was killed by signal " + std::to_string(WTERMSIG(status));
+    return fail(error, "gnuplot " + how + ": " + read_text(log_path, 1000));
+  }
+  std::error_code ec;
+  if (!fs::exists(tmp_png, ec) || fs::file_size(tmp_png, ec) == 0) {
+    return fail(error, "gnuplot wrote no image: " + read_text(log_path, 1000));
+  }
+  if (::rename(tmp_png.c_str(), png_path.c_str()) != 0) {
+    return fail(error, "cannot rename plot to '" + png_path + "': " + errno_text(errno));
+  }
+  return true;
+}
+
+}  // namespace hyper_parallel::train

@@ -1,0 +1,53 @@
+// metrics.h — the training metrics log of `hp-train` and its loss plot.
+//
+// Rank 0 appends one JSON object per optimizer step to <folder>/metrics.jsonl,
+// e.g. {"step":12,"loss":7.81,"lr":3e-4,"tokens_per_s":41200,"peak_memory_mb":812,
+// "grad_norm":1.9} plus "val_loss" on evaluation steps. JSON lines because the
+// file stays valid after a crash or a resume (append only) and every tool
+// (jq, pandas.read_json(lines=True)) reads it. plot_loss_curve renders it to a
+// PNG with gnuplot.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace hyper_parallel::train {
+
+// Appends records to <folder>/metrics.jsonl (the folder is created; an existing
+// file is continued, which is what a resumed run wants). Each line is flushed
+// as it is logged so that a crash loses nothing already logged and a reader can
+// follow the file live. Only rank 0 should construct one (the caller decides).
+class MetricsLogger {
+ public:
+  explicit MetricsLogger(const std::string& folder);
+
+  // Writes `record` (a JSON object; std::invalid_argument otherwise) as one
+  // line. Non-finite numbers are written as null, as JSON has no NaN/Inf.
+  // Throws std::runtime_error naming the file when the write fails.
+  void log(const nlohmann::json& record);
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+// Every record of a metrics file, in order; blank lines are skipped. A last
+// line cut short (the writer was killed mid-line) is ignored; any other line
+// that is not a JSON object throws std::runtime_error naming the file and line,
+// as does a missing file.
+std::vector<nlohmann::json> read_metrics(const std::string& jsonl_path);
+
+// Renders "loss" (line) and, when present, "val_loss" (points) against "step"
+// to `png_path` with gnuplot (pngcairo terminal when available, png otherwise),
+// with a title, axis labels and a legend. The PNG appears atomically. Returns
+// false and sets *error (when given) instead of throwing when gnuplot is not
+// installed, the metrics cannot be read, hold no loss, or gnuplot fails:
+// a missing plot must never fail a training run.
+bool plot_loss_curve(const std::string& jsonl_path, const std::string& png_path, std::string* error = nullptr);
+
+}  // namespace hyper_parallel::train

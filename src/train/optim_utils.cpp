@@ -1,0 +1,74 @@
+#include "train/optim_utils.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <map>
+
+#include "hyper_parallel/dtensor.h"
+
+namespace hyper_parallel::train {
+
+double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm) {
+  // Squared sums bucketed by the mesh and the mesh dims that shard them: each bucket is
+  // all-reduced once over exactly those dims.
+  double replicated = 0;
+  struct Bucket {
+    DeviceMesh mesh;
+    std::vector<int64_t> dims;
+    double sum = 0;
+  };
+  std::map<std::pair<size_t, std::vector<int64_t>>, Bucket> buckets;
+  std::vector<at::Tensor> grads;
+  for (const auto& p : parameters) {
+    at::Tensor g = p.grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    if (!is_dtensor(g)) {
+      replicated += g.to(at::kDouble).pow(2).sum().item<double>();
+      continue;
+    }
+    Placements ps = placements_of(g);
+    bool has_partial = false;
+    for (const auto& pl : ps) has_partial |= pl.is_partial();
+    if (has_partial) {
+      for (auto& pl : ps) if (pl.is_partial()) pl = Placement::replicate();
+      g = redistribute(g, ps);
+    }
+    std::vector<int64_t> dims;
+    for (size_t m = 0; m < ps.size(); ++m) if (ps[m].is_shard()) dims.push_back(static_cast<int64_t>(m));
+    const double local = to_local(g).to(at::kDouble).pow(2).sum().item<double>();
+    if (dims.empty()) {
+      replicated += local;
+      continue;
+    }
+    auto& b = buckets[{mesh_of(g).identity_hash(), dims}];
+    b.mesh = mesh_of(g);
+    b.dims = dims;
+    b.sum += local;
+  }
+  double total = replicated;
+  for (auto& [key, b] : buckets) {
+    at::Tensor s = at::scalar_tensor(b.sum, at::kDouble);
+    for (int64_t m : b.dims) b.mesh.comm(m).all_reduce_(s, ReduceOp::Sum);
+    total += s.item<double>();
+  }
+  const double norm = std::sqrt(total);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    at::NoGradGuard no_grad;
+    for (auto& g : grads) g.mul_(coef);
+  }
+  return norm;
+}
+
+double learning_rate_at(int64_t step, int64_t total_steps, int64_t warmup_steps, double lr, double min_lr_ratio) {
+  if (warmup_steps > 0 && step <= warmup_steps) return lr * static_cast<double>(step) / static_cast<double>(warmup_steps);
+  const double span = std::max<int64_t>(1, total_steps - warmup_steps);
+  const double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / span);
+  const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
+  return lr * (min_lr_ratio + (1.0 - min_lr_ratio) * cosine);
+}
+
+}  // namespace hyper_parallel::train

@@ -1,0 +1,21 @@
+// Optimisation helpers that must be right across tensor-parallel ranks: the global
+// gradient norm and its clipping, and the warm-up + cosine learning-rate schedule.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace hyper_parallel::train {
+
+// The 2-norm of all gradients as one global vector: a sharded gradient's pieces are
+// summed across its mesh dims (one all-reduce per mesh for all of them together), a
+// replicated one is counted once, a Partial one is reduced first. Scales every
+// gradient in place by max_norm / norm when the norm exceeds max_norm. Returns the norm.
+double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm);
+
+// Linear warm-up to `lr` over `warmup_steps`, then cosine decay to lr * min_lr_ratio at
+// `total_steps`. `step` counts from 1.
+double learning_rate_at(int64_t step, int64_t total_steps, int64_t warmup_steps, double lr, double min_lr_ratio);
+
+}  // namespace hyper_parallel::train

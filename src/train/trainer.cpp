@@ -1,0 +1,278 @@
+#include "train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adamw.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "hyper_parallel/distributed.h"
+#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/parallelism_config.h"
+#include "train/checkpoint_io.h"
+#include "train/metrics.h"
+#include "train/optim_utils.h"
+#include "train/progress.h"
+
+namespace hyper_parallel::train {
+
+namespace F = torch::nn::functional;
+
+namespace {
+
+at::ScalarType dtype_of(const std::string& name) {
+  if (name == "float64") return at::kDouble;
+  if (name == "bfloat16") return at::kBFloat16;
+  return at::kFloat;
+}
+
+// The batch's loss, inside the context: cross_entropy over all tokens.
+at::Tensor compute_loss(Llama& model, const Batch& batch) {
+  at::Tensor logits = model->forward(batch.input);
+  return F::cross_entropy(logits.flatten(0, 1), batch.target.flatten());
+}
+
+double scalar_of(const at::Tensor& loss) {
+  return (is_dtensor(loss) ? full_tensor(loss) : loss).detach().to(at::kDouble).item<double>();
+}
+
+std::string join(const std::string& a, const std::string& b) { return b.empty() || b[0] == '/' ? b : a + "/" + b; }
+
+}  // namespace
+
+LlamaArgs llama_args(const ModelConfig& m) {
+  LlamaArgs a;
+  a.dim = m.dim;
+  a.n_layers = m.n_layers;
+  a.n_heads = m.n_heads;
+  a.vocab_size = m.vocab_size;
+  a.ffn_hidden_dim = m.ffn_hidden_dim;
+  a.multiple_of = m.multiple_of;
+  a.norm_eps = m.norm_eps;
+  a.rope_theta = m.rope_theta;
+  a.max_seq_len = m.max_seq_len;
+  return a;
+}
+
+Validator::Validator(const ValidationConfig& config, const TrainingConfig& training, const at::Tensor& tokens,
+                     TrainContext validation_context)
+    : config_(config),
+      sampler_(tokens, training.batch_size, training.seq_len, static_cast<uint64_t>(training.seed) + 1),
+      context_(validation_context) {}
+
+double Validator::validate(Llama& model) const {
+  at::NoGradGuard no_grad;
+  double total = 0;
+  for (int64_t i = 0; i < config_.steps; ++i) {
+    auto guard = context_();
+    total += scalar_of(compute_loss(model, sampler_.batch_at(i)));
+  }
+  return total / static_cast<double>(std::max<int64_t>(1, config_.steps));
+}
+
+Trainer::Trainer(JobConfig config, std::ostream* log)
+    : config_(std::move(config)), log_(log), train_context_(false) {
+  validate(config_);
+  const auto& par = config_.parallelism;
+  const int64_t world = is_initialized() ? get_world_size() : 1;
+  rank_ = is_initialized() ? get_rank() : 0;
+  TORCH_CHECK(world == par.tensor_parallel_degree, "hp-train: parallelism.tensor_parallel_degree = ",
+              par.tensor_parallel_degree, " but the job has ", world,
+              " ranks; launch with hp-run --nproc-per-node ", par.tensor_parallel_degree,
+              " (data parallelism is not supported yet)");
+  tp_enabled_ = par.tensor_parallel_degree > 1;
+  loss_parallel_enabled_ = tp_enabled_ && !par.disable_loss_parallel;
+  set_parallelism_config(par);
+  train_context_ = get_train_context(loss_parallel_enabled_);
+
+  model_ = Llama(llama_args(config_.model));
+  model_->init_weights(static_cast<uint64_t>(config_.training.seed));
+  const at::ScalarType dtype = dtype_of(config_.training.dtype);
+  if (dtype != at::kFloat) model_->to(dtype);
+  if (tp_enabled_) {
+    tp_mesh_ = init_device_mesh("cpu", {par.tensor_parallel_degree}, {"tp"});
+    parallelize_llama(model_, *tp_mesh_, loss_parallel_enabled_);
+  }
+  const auto& t = config_.training;
+  optimizer_ = std::make_unique<torch::optim::AdamW>(
+      model_->parameters(),
+      torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(t.weight_decay));
+
+  if (t.data.empty()) {
+    const int64_t tokens = std::max<int64_t>(200000, 4 * t.batch_size * (t.seq_len + 1) * t.steps);
+    corpus_ = make_synthetic_corpus(config_.model.vocab_size, tokens, static_cast<uint64_t>(t.seed));
+  } else {
+    corpus_ = make_text_file_corpus(t.data, config_.model.vocab_size, t.seq_len + 1);
+  }
+  sampler_ = std::make_unique<BatchSampler>(corpus_->train_tokens(), t.batch_size, t.seq_len,
+                                            static_cast<uint64_t>(t.seed));
+  if (config_.validation.enable) {
+    validator_ = std::make_unique<Validator>(config_.validation, t, corpus_->validation_tokens(), train_context_);
+  }
+  if (rank_ == 0 && log_) {
+    *log_ << "hp-train: " << corpus_->describe() << "\n"
+          << "hp-train: llama dim " << config_.model.dim << ", " << config_.model.n_layers << " layers, "
+          << config_.model.n_heads << " heads, vocab " << config_.model.vocab_size << "; TP "
+          << par.tensor_parallel_degree << ", loss parallel " << (loss_parallel_enabled_ ? "on" : "off") << std::endl;
+  }
+  if (config_.checkpoint.enable && config_.checkpoint.resume) {
+    const bool loaded = load_checkpoint();
+    if (rank_ == 0 && log_) {
+      *log_ << (loaded ? "hp-train: resumed from step " + std::to_string(step_)
+                       : std::string("hp-train: --checkpoint.resume: no checkpoint in ") + checkpoint_folder() +
+                             ", starting from step 0")
+            << std::endl;
+    }
+  }
+}
+
+Trainer::~Trainer() = default;
+
+std::string Trainer::checkpoint_folder() const { return join(config_.dump_folder, config_.checkpoint.folder); }
+std::string Trainer::metrics_folder() const { return join(config_.dump_folder, config_.metrics.folder); }
+
+double Trainer::forward_backward(const Batch& batch) {
+  // The loss and its backward inside the train context (§6.2).
+  auto guard = train_context_();
+  at::Tensor loss = compute_loss(model_, batch);
+  loss.backward();
+  return scalar_of(loss);
+}
+
+StepResult Trainer::train_step(int64_t step) {
+  const auto& t = config_.training;
+  StepResult r;
+  r.step = step;
+  r.lr = learning_rate_at(step, t.steps, t.warmup_steps, t.lr, t.min_lr_ratio);
+  for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(r.lr);
+  optimizer_->zero_grad();
+  r.loss = forward_backward(sampler_->batch_at(step - 1));
+  r.grad_norm = clip_grad_norm_(model_->parameters(), t.max_norm);
+  optimizer_->step();
+  step_ = step;
+  return r;
+}
+
+std::vector<StepResult> Trainer::train() {
+  const auto& t = config_.training;
+  std::vector<StepResult> results;
+  if (rank_ == 0) {
+    make_directories(metrics_folder());
+    metrics_ = std::make_unique<MetricsLogger>(metrics_folder());
+  }
+  std::unique_ptr<ProgressLine> progress;
+  if (rank_ == 0 && log_) progress = std::make_unique<ProgressLine>(t.steps, *log_, is_terminal(*log_));
+  const double tokens_per_step = static_cast<double>(t.batch_size * t.seq_len);
+  while (step_ < t.steps) {
+    const auto start = std::chrono::steady_clock::now();
+    StepResult r = train_step(step_ + 1);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double tokens_per_s = tokens_per_step / std::max(secs, 1e-9);
+    if (validator_ && (r.step % config_.validation.freq == 0 || r.step == t.steps)) {
+      r.val_loss = validator_->validate(model_);
+    }
+    if (config_.checkpoint.enable && (r.step % config_.checkpoint.interval == 0 || r.step == t.steps)) {
+      save_checkpoint();
+    }
+    if (metrics_ && (r.step % t.log_freq == 0 || r.val_loss || r.step == t.steps)) {
+      nlohmann::json rec = {{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
+                            {"tokens_per_s", tokens_per_s}, {"peak_memory_mb", peak_memory_mib()}};
+      if (r.val_loss) rec["val_loss"] = *r.val_loss;
+      metrics_->log(rec);
+    }
+    if (progress) {
+      progress->update(r.step, r.loss, tokens_per_s, peak_memory_mib());
+      if (r.val_loss) {
+        progress->finish();
+        *log_ << "step " << r.step << ": validation loss " << *r.val_loss << std::endl;
+        progress = std::make_unique<ProgressLine>(t.steps, *log_, is_terminal(*log_));
+      }
+    }
+    results.push_back(r);
+  }
+  if (progress) progress->finish();
+  if (metrics_ && config_.metrics.enable_plot) {
+    std::string error;
+    const std::string png = metrics_folder() + "/loss.png";
+    if (plot_loss_curve(metrics_->path(), png, &error)) {
+      if (log_) *log_ << "hp-train: loss curve written to " << png << std::endl;
+    } else if (log_) {
+      *log_ << "hp-train: no loss plot: " << error << std::endl;
+    }
+  }
+  return results;
+}
+
+void Trainer::save_checkpoint() const {
+  std::map<std::string, at::Tensor> tensors;
+  nlohmann::json meta = {{"step", step_}, {"tensor_parallel_degree", config_.parallelism.tensor_parallel_degree},
+                         {"rank", rank_}};
+  for (const auto& p : model_->named_parameters()) {
+    const at::Tensor& v = p.value();
+    tensors["model." + p.key()] = (is_dtensor(v) ? to_local(v) : v).detach().clone();
+    meta["placements"][p.key()] = is_dtensor(v) ? to_string(placements_of(v)) : "plain";
+  }
+  // Optimizer state per parameter, by its position in the parameter list.
+  const auto params = model_->parameters();
+  auto& state = optimizer_->state();
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = state.find(c10::guts::to_string(params[i].unsafeGetTensorImpl()));
+    if (it == state.end()) continue;
+    auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+    const std::string key = "optim." + std::to_string(i) + ".";
+    auto local = [](const at::Tensor& t) { return (is_dtensor(t) ? to_local(t) : t).detach().clone(); };
+    tensors[key + "exp_avg"] = local(s.exp_avg());
+    tensors[key + "exp_avg_sq"] = local(s.exp_avg_sq());
+    tensors[key + "step"] = at::scalar_tensor(s.step(), at::kLong);
+  }
+  const std::string dir = step_directory(checkpoint_folder(), step_);
+  make_directories(dir);
+  write_tensor_file(dir + "/rank-" + std::to_string(rank_) + ".pt", tensors, meta.dump());
+  // Every rank's file is in place before the marker points at this step.
+  if (tp_mesh_) tp_mesh_->comm(0).barrier();
+  if (rank_ == 0) write_latest_marker(checkpoint_folder(), step_);
+}
+
+bool Trainer::load_checkpoint() {
+  auto latest = read_latest_marker(checkpoint_folder());
+  if (!latest) return false;
+  const std::string path = step_directory(checkpoint_folder(), *latest) + "/rank-" + std::to_string(rank_) + ".pt";
+  TensorFile file = read_tensor_file(path);
+  auto meta = nlohmann::json::parse(file.metadata_json);
+  TORCH_CHECK(meta.at("tensor_parallel_degree").get<int64_t>() == config_.parallelism.tensor_parallel_degree,
+              "checkpoint ", path, " was written with tensor_parallel_degree ", meta.at("tensor_parallel_degree"),
+              ", this job has ", config_.parallelism.tensor_parallel_degree);
+  at::NoGradGuard no_grad;
+  for (auto& p : model_->named_parameters()) {
+    auto it = file.tensors.find("model." + p.key());
+    TORCH_CHECK(it != file.tensors.end(), "checkpoint ", path, " has no parameter ", p.key());
+    at::Tensor dst = is_dtensor(p.value()) ? to_local(p.value()) : p.value();
+    TORCH_CHECK(dst.sizes() == it->second.sizes(), "checkpoint ", path, ": parameter ", p.key(), " has shape ",
+                it->second.sizes(), ", expected ", dst.sizes());
+    dst.copy_(it->second);
+  }
+  const auto params = model_->parameters();
+  auto& state = optimizer_->state();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string key = "optim." + std::to_string(i) + ".";
+    if (!file.tensors.count(key + "step")) continue;
+    const at::Tensor& p = params[i];
+    auto wrap = [&](const at::Tensor& local) {
+      if (!is_dtensor(p)) return local.clone();
+      FromLocalOptions o;
+      o.shape = p.sizes().vec();
+      return DTensor::from_local(local.clone(), mesh_of(p), placements_of(p), o);
+    };
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(file.tensors.at(key + "step").item<int64_t>());
+    s->exp_avg(wrap(file.tensors.at(key + "exp_avg")));
+    s->exp_avg_sq(wrap(file.tensors.at(key + "exp_avg_sq")));
+    state[c10::guts::to_string(p.unsafeGetTensorImpl())] = std::move(s);
+  }
+  step_ = *latest;
+  return true;
+}
+
+}  // namespace hyper_parallel::train

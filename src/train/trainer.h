@@ -1,0 +1,99 @@
+// Trainer and Validator: TorchTitan's training loop for the tiny Llama, in C++.
+//
+//   hp::train::Trainer trainer(parse_job_config(args));  // world already initialised
+//   trainer.train();
+//
+// loss_parallel_enabled = tp_enabled && !disable_loss_parallel (§11.3); the loss and
+// its backward run inside train_context() (a loss_parallel guard when enabled), and the
+// Validator computes its loss inside the same context. Parameters are sharded with
+// TorchTitan's plan; AdamW, warm-up + cosine LR and TP-correct gradient clipping;
+// metrics as JSON lines, a loss plot, sharded checkpoints written atomically and an
+// exact --checkpoint.resume.
+#pragma once
+
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "hyper_parallel/llama.h"
+#include "train/data.h"
+#include "train/job_config.h"
+#include "train/train_context.h"
+
+namespace torch::optim {
+class AdamW;
+}
+
+namespace hyper_parallel::train {
+
+class MetricsLogger;
+
+class Validator {
+ public:
+  Validator(const ValidationConfig& config, const TrainingConfig& training, const at::Tensor& tokens,
+            TrainContext validation_context);
+  // Mean loss over config.steps fixed batches, without gradients.
+  double validate(Llama& model) const;
+
+ private:
+  ValidationConfig config_;
+  BatchSampler sampler_;
+  TrainContext context_;
+};
+
+struct StepResult {
+  int64_t step = 0;
+  double loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+  std::optional<double> val_loss;
+};
+
+class Trainer {
+ public:
+  // `log` receives the progress line and summaries (rank 0 only); nullptr: quiet.
+  explicit Trainer(JobConfig config, std::ostream* log = nullptr);
+  ~Trainer();
+
+  // Runs from the current step (0, or the checkpoint's with --checkpoint.resume) to
+  // training.steps. Returns one result per step run.
+  std::vector<StepResult> train();
+  // One optimiser step on the sampler's batch for `step` (1-based).
+  StepResult train_step(int64_t step);
+
+  bool loss_parallel_enabled() const { return loss_parallel_enabled_; }
+  const TrainContext& train_context() const { return train_context_; }
+  int64_t step() const { return step_; }
+  Llama& model() { return model_; }
+  const JobConfig& config() const { return config_; }
+
+  void save_checkpoint() const;
+  // Loads the latest checkpoint; false when there is none.
+  bool load_checkpoint();
+
+ private:
+  double forward_backward(const Batch& batch);
+  std::string checkpoint_folder() const;
+  std::string metrics_folder() const;
+
+  JobConfig config_;
+  std::ostream* log_;
+  int64_t rank_ = 0;
+  bool tp_enabled_ = false;
+  bool loss_parallel_enabled_ = false;
+  std::optional<DeviceMesh> tp_mesh_;
+  Llama model_{nullptr};
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<TokenCorpus> corpus_;
+  std::unique_ptr<BatchSampler> sampler_;
+  TrainContext train_context_;
+  std::unique_ptr<Validator> validator_;
+  std::unique_ptr<MetricsLogger> metrics_;
+  int64_t step_ = 0;
+};
+
+// The model arguments of a job's [model] section.
+LlamaArgs llama_args(const ModelConfig& model);
+
+}  // namespace hyper_parallel::train
