@@ -17,7 +17,7 @@ at::Tensor max_over_classes(const at::Tensor& x_rows, const ClassShard& shard) {
     m = at::full({x_rows.size(0)}, -std::numeric_limits<double>::infinity(),
                  x_rows.options().dtype(compute_type(x_rows.scalar_type())));
   } else {
-    m = std::get<0>(x_rows.max(1)).to(compute_type(x_rows.scalar_type()));
+    m = x_rows.amax(1).to(compute_type(x_rows.scalar_type()));
   }
   shard.comm->all_reduce_(m, ReduceOp::Max);
   return m;
@@ -52,6 +52,17 @@ at::Tensor picked(const at::Tensor& rows, const Targets& t, at::ScalarType dtype
   return at::where(t.owned, v, at::zeros_like(v));
 }
 
+// Rows per block so that a block's temporaries stay around 1M elements: the passes
+// over the logits then reuse a small, cache-resident buffer instead of allocating (and
+// page-faulting) logits-sized temporaries.
+int64_t rows_per_block(int64_t classes) { return std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, classes)); }
+
+template <typename Fn>
+void for_row_blocks(int64_t rows, int64_t classes, Fn&& fn) {
+  const int64_t step = rows_per_block(classes);
+  for (int64_t r0 = 0; r0 < rows; r0 += step) fn(r0, std::min(step, rows - r0));
+}
+
 }  // namespace
 
 at::ScalarType compute_type(at::ScalarType t) {
@@ -78,8 +89,12 @@ at::Tensor distributed_logsumexp(const at::Tensor& x_rows, const ClassShard& sha
   at::Tensor m = max_over_classes(x_rows, shard);
   // Rows whose max is -inf (all -inf) would give nan in x - m; shift them by 0.
   at::Tensor shift = at::where(at::isinf(m), at::zeros_like(m), m);
-  at::Tensor s = shard.local == 0 ? at::zeros_like(m)
-                                  : (x_rows.to(ct) - shift.unsqueeze(1)).exp_().sum(1);
+  at::Tensor s = at::zeros_like(m);
+  if (shard.local > 0) {
+    for_row_blocks(x_rows.size(0), shard.local, [&](int64_t r0, int64_t n) {
+      s.narrow(0, r0, n).copy_((x_rows.narrow(0, r0, n).to(ct) - shift.narrow(0, r0, n).unsqueeze(1)).exp_().sum(1));
+    });
+  }
   shard.comm->all_reduce_(s, ReduceOp::Sum);
   return s.log_().add_(shift);
 }
@@ -159,7 +174,7 @@ at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& 
   ce.lse = distributed_logsumexp(ce.x_rows, shard);
   at::Tensor w_local;
   if (ce.weight) w_local = ce.weight->narrow(0, shard.offset, shard.local);
-  at::Tensor x = ce.x_rows.to(ct);
+  const at::Tensor& x = ce.x_rows;  // converted to ct block by block where needed
   at::Tensor partial;  // this rank's share of every row's loss
   at::Tensor reduced;  // after the all-reduce
   if (!ce.soft) {
@@ -170,10 +185,14 @@ at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& 
     partial = (1 - eps) * nll;
     if (eps > 0) {
       // -sum_c w_c log p_c = W * lse - sum_c w_c x_c; lse counted once (on the first rank).
-      at::Tensor wx = ce.weight ? (x * w_local.unsqueeze(0)).sum(1) : x.sum(1);
+      at::Tensor wx = at::zeros({rows}, ce.lse.options());
+      for_row_blocks(rows, shard.local, [&](int64_t r0, int64_t n) {
+        at::Tensor xb = x.narrow(0, r0, n).to(ct);
+        wx.narrow(0, r0, n).copy_(ce.weight ? (xb * w_local.unsqueeze(0)).sum(1) : xb.sum(1));
+      });
       at::Tensor smooth = -wx;
       if (shard.comm->rank() == 0) {
-        const at::Tensor W = ce.weight ? ce.weight->sum() : at::scalar_tensor(C, x.options());
+        const at::Tensor W = ce.weight ? ce.weight->sum() : at::scalar_tensor(C, ce.lse.options());
         smooth = smooth + W * ce.lse;
       }
       partial = partial + (eps / C) * smooth * t.valid.to(ct);
@@ -185,12 +204,12 @@ at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& 
     if (eps > 0) q = q * (1 - eps) + eps / C;
     at::Tensor wq = ce.weight ? q * w_local.unsqueeze(0) : q;
     at::Tensor a_part = wq.sum(1);
-    at::Tensor loss_part = a_part * ce.lse - (wq * x).sum(1);
+    at::Tensor loss_part = a_part * ce.lse - (wq * x.to(ct)).sum(1);
     at::Tensor both = at::stack({loss_part, a_part});
     shard.comm->all_reduce_(both, ReduceOp::Sum);
     ce.row_weight = both[1];
     reduced = both[0];
-    if (ce.reduction == at::Reduction::Mean) ce.denominator = at::scalar_tensor(static_cast<double>(rows), x.options());
+    if (ce.reduction == at::Reduction::Mean) ce.denominator = at::scalar_tensor(static_cast<double>(rows), ce.lse.options());
   }
   if (!reduced.defined()) {
     if (ce.reduction == at::Reduction::None) {
@@ -220,35 +239,48 @@ at::Tensor fused_cross_entropy_backward(const FusedCrossEntropy& ce, const at::T
     at::Tensor valid = ce.target.ne(ce.ignore_index);
     s = at::where(valid, s, at::zeros_like(s));
   }
-  at::Tensor p = (ce.x_rows.to(ct) - ce.lse.unsqueeze(1)).exp_();
   at::Tensor w_local;
   if (ce.weight) w_local = ce.weight->narrow(0, shard.offset, shard.local);
-  at::Tensor grad;
+  const int64_t rows = ce.x_rows.size(0);
+  const at::ScalarType out_type = ce.x_rows.scalar_type();
+  at::Tensor grad = at::empty({rows, shard.local}, ce.x_rows.options());
+  if (shard.local == 0) return grad;
+  // Per row: grad = p * row_coef - sub_j (index: eps/C w_j; soft: w_j q'_j), times s;
+  // then the target column of owned rows gets -(1-eps) s w_t. Written block by block
+  // straight into the result.
+  at::Tensor row_coef;
+  Targets t;
   if (!ce.soft) {
-    Targets t = split_targets(ce.target, ce.ignore_index, shard);
-    // d/dx_j = s [ p_j ((1-eps) w_t + eps/C W) - (1-eps) w_t [j = t] - eps/C w_j ]
-    at::Tensor coef = (1 - eps) * ce.row_weight;
+    t = split_targets(ce.target, ce.ignore_index, shard);
+    row_coef = (1 - eps) * ce.row_weight;
     if (eps > 0) {
-      const at::Tensor W = ce.weight ? ce.weight->sum() : at::scalar_tensor(C, p.options());
-      coef = coef + (eps / C) * W * t.valid.to(ct);
-    }
-    grad = p.mul_((s * coef).unsqueeze(1));
-    if (eps > 0) {
-      at::Tensor wj = ce.weight ? w_local : at::ones({shard.local}, p.options());
-      grad.sub_((eps / C) * s.unsqueeze(1) * wj.unsqueeze(0));
-    }
-    if (shard.local > 0) {
-      at::Tensor hit = ((1 - eps) * s * ce.row_weight * t.owned.to(ct)).unsqueeze(1);
-      grad.scatter_add_(1, t.local_col.unsqueeze(1), -hit);
+      const at::Tensor W = ce.weight ? ce.weight->sum() : at::scalar_tensor(C, s.options());
+      row_coef = row_coef + (eps / C) * W * t.valid.to(ct);
     }
   } else {
-    at::Tensor q = ce.target.to(ct);
-    if (eps > 0) q = q * (1 - eps) + eps / C;
-    at::Tensor wq = ce.weight ? q * w_local.unsqueeze(0) : q;
-    // d/dx_j = s (p_j A - w_j q'_j), A = sum_c w_c q'_c (all-reduced in forward).
-    grad = p.mul_(ce.row_weight.unsqueeze(1)).sub_(wq).mul_(s.unsqueeze(1));
+    row_coef = ce.row_weight;  // A = sum_c w_c q'_c
   }
-  return grad.to(ce.x_rows.scalar_type());
+  row_coef = row_coef * s;
+  at::Tensor wj;
+  if (!ce.soft && eps > 0) wj = (ce.weight ? w_local : at::ones({shard.local}, s.options())) * (eps / C);
+  for_row_blocks(rows, shard.local, [&](int64_t r0, int64_t n) {
+    at::Tensor gb = (ce.x_rows.narrow(0, r0, n).to(ct) - ce.lse.narrow(0, r0, n).unsqueeze(1)).exp_();
+    gb.mul_(row_coef.narrow(0, r0, n).unsqueeze(1));
+    const at::Tensor sb = s.narrow(0, r0, n).unsqueeze(1);
+    if (ce.soft) {
+      at::Tensor q = ce.target.narrow(0, r0, n).to(ct);
+      if (eps > 0) q = q * (1 - eps) + eps / C;
+      gb.sub_((ce.weight ? q * w_local.unsqueeze(0) : q) * sb);
+    } else if (wj.defined()) {
+      gb.sub_(sb * wj.unsqueeze(0));
+    }
+    grad.narrow(0, r0, n).copy_(gb);
+  });
+  if (!ce.soft) {
+    at::Tensor hit = ((1 - eps) * s * ce.row_weight * t.owned.to(ct)).to(out_type).unsqueeze(1);
+    grad.scatter_add_(1, t.local_col.unsqueeze(1), -hit);
+  }
+  return grad;
 }
 
 }  // namespace hyper_parallel
