@@ -1,5 +1,7 @@
 #include "core/redistribute.h"
 
+#include "dtensor/dtensor_impl.h"
+
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 
@@ -43,6 +45,13 @@ at::Tensor partition(const at::Tensor& local, const Layout& layout, ReduceOp op,
 }
 
 }  // namespace
+
+at::Tensor full_value(const at::Tensor& t) {
+  auto* impl = dtensor_impl(t);
+  if (!impl) return t;
+  const Layout& l = impl->layout();
+  return redistribute_local(impl->local(), l, l.with_placements(Placements(l.mesh().ndim(), Placement::replicate())));
+}
 
 Placements partial_to_replicate(const Placements& placements) {
   Placements out = placements;

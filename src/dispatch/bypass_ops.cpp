@@ -16,15 +16,6 @@ namespace {
 
 using Handler = std::function<void(const c10::OperatorHandle&, torch::jit::Stack*)>;
 
-// The value of a tensor argument as a full, replicated plain tensor.
-at::Tensor full_value(const at::Tensor& t) {
-  auto* impl = dtensor_impl(t);
-  if (!impl) return t;
-  const Layout& l = impl->layout();
-  return redistribute_local(impl->local(), l,
-                            l.with_placements(Placements(l.mesh().ndim(), Placement::replicate())));
-}
-
 // Same layout, op applied to the local piece (detach, alias, lift_fresh).
 void same_layout(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t n = op.schema().arguments().size();

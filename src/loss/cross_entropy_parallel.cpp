@@ -29,11 +29,7 @@ struct CrossEntropyParallelBackward : Node {
 
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined()) return {at::Tensor()};
-    at::Tensor g = grads[0];
-    if (auto* impl = dtensor_impl(g)) {
-      const Layout& l = impl->layout();
-      g = redistribute_local(impl->local(), l, l.with_placements(Placements(l.mesh().ndim(), Placement::replicate())));
-    }
+    const at::Tensor g = full_value(grads[0]);
     const ClassShard shard{sharding.comm, sharding.offset, sharding.local_classes, sharding.num_classes};
     at::Tensor rows = fused_cross_entropy_backward(ce, g, shard);
     return {make_dtensor(from_rows(rows, local_shape, sharding.class_dim), sharding.layout)};

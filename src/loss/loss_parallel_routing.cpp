@@ -71,14 +71,6 @@ at::Tensor piece_for(const at::Tensor& t, const Layout& layout) {
   return redistribute_local(t, rep, layout);
 }
 
-// A replicated tensor argument's full value.
-at::Tensor full_value(const at::Tensor& t) {
-  auto* impl = dtensor_impl(t);
-  if (!impl) return t;
-  const Layout& l = impl->layout();
-  return redistribute_local(impl->local(), l, l.with_placements(Placements(l.mesh().ndim(), Placement::replicate())));
-}
-
 at::Tensor replicated_dtensor(const at::Tensor& local, const DeviceMesh& mesh) {
   return make_dtensor(local, Layout(mesh, Placements(mesh.ndim(), Placement::replicate()), local.sizes().vec()));
 }
