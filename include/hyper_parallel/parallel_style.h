@@ -39,6 +39,7 @@ struct ModuleLayouts {
   Placements desired_input;    // what the module's computation needs
   Placements output_layouts;   // what the output is redistributed to
   bool use_local_output = true;
+  bool use_local_input = false;  // PrepareModuleInput(use_local_output): hand the module local pieces
 };
 
 class ParallelStyle {
@@ -85,7 +86,8 @@ class RowwiseParallel : public ParallelStyle {
 };
 
 // Parameters untouched; only the module's input is converted (PyTorch's
-// PrepareModuleInput for a single tensor input).
+// PrepareModuleInput for a single tensor input): laid out as input_layouts, redistributed
+// to desired_input_layouts and, with use_local_output, handed over as the local piece.
 class PrepareModuleInput : public ParallelStyle {
  public:
   PrepareModuleInput(Placements input_layouts, Placements desired_input_layouts, bool use_local_output = false)

@@ -16,9 +16,15 @@ namespace hyper_parallel {
 
 namespace {
 
+// Parallelized modules by address. The weak pointer tells a live module from a new one
+// that happens to reuse a dead module's address (which must not inherit its layouts).
+struct Entry {
+  std::weak_ptr<torch::nn::Module> module;
+  ModuleLayouts layouts;
+};
 std::mutex registry_mutex;
-std::unordered_map<const torch::nn::Module*, ModuleLayouts>& registry() {
-  static auto* r = new std::unordered_map<const torch::nn::Module*, ModuleLayouts>();
+std::unordered_map<const torch::nn::Module*, Entry>& registry() {
+  static auto* r = new std::unordered_map<const torch::nn::Module*, Entry>();
   return *r;
 }
 
@@ -97,14 +103,14 @@ ModuleLayouts PrepareModuleInput::apply(torch::nn::Module&, const std::string&, 
   l.input_layouts = input_;
   l.desired_input = desired_;
   l.output_layouts = {};
-  l.use_local_output = local_;
+  l.use_local_input = local_;
   return l;
 }
 
 at::Tensor prepare_module_input(const ModuleLayouts& l, const at::Tensor& input) {
   at::Tensor x = is_dtensor(input) ? input : DTensor::from_local(input, l.mesh, l.input_layouts);
   if (placements_of(x) != l.desired_input) x = redistribute(x, l.desired_input);
-  return x;
+  return l.use_local_input ? to_local(x) : x;
 }
 
 at::Tensor prepare_module_output(const ModuleLayouts& l, const at::Tensor& output) {
@@ -117,7 +123,12 @@ at::Tensor prepare_module_output(const ModuleLayouts& l, const at::Tensor& outpu
 const ModuleLayouts* module_layouts(const torch::nn::Module& module) {
   std::lock_guard<std::mutex> lock(registry_mutex);
   auto it = registry().find(&module);
-  return it == registry().end() ? nullptr : &it->second;
+  if (it == registry().end()) return nullptr;
+  if (it->second.module.lock().get() != &module) {  // a dead module's entry
+    registry().erase(it);
+    return nullptr;
+  }
+  return &it->second.layouts;
 }
 
 namespace {
@@ -147,9 +158,11 @@ void parallelize_module(torch::nn::Module& root, const DeviceMesh& mesh, const P
     for (const auto& item : modules) {
       if (!path_matches(pattern, item.key())) continue;
       matched = true;
+      TORCH_CHECK(!module_layouts(*item.value()), "parallelize_module: '", item.key(), "' (matched by '", pattern,
+                  "') is already parallelized; expected each module in one plan entry");
       ModuleLayouts l = style->apply(*item.value(), item.key(), mesh);
       std::lock_guard<std::mutex> lock(registry_mutex);
-      registry()[item.value().get()] = std::move(l);
+      registry()[item.value().get()] = Entry{item.value(), std::move(l)};
     }
     TORCH_CHECK(matched, "parallelize_module: plan entry '", pattern, "' (", style->name(),
                 ") matches no sub-module of ", root.name());
