@@ -136,7 +136,7 @@ TEST(JobConfig, DefaultsAreTheDocumentedValues) {
   EXPECT_TRUE(c.validation.enable);
   EXPECT_EQ(c.validation.freq, 10);
   EXPECT_EQ(c.validation.steps, 2);
-  EXPECT_EQ(c.metrics.folder, "outputs");
+  EXPECT_EQ(c.metrics.folder, "metrics");
   EXPECT_TRUE(c.metrics.enable_plot);
   EXPECT_NO_THROW(validate(c));
 }

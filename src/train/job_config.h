@@ -76,7 +76,7 @@ struct ValidationConfig {
 
 // [metrics]: metric logs (and plots). folder is relative to job.dump_folder.
 struct MetricsConfig {
-  std::string folder = "outputs";   // under job.dump_folder
+  std::string folder = "metrics";   // under job.dump_folder
   bool enable_plot = true;          // also write plots of the logged metrics
 };
 

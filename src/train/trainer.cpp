@@ -75,6 +75,8 @@ double Validator::validate(Llama& model) const {
 Trainer::Trainer(JobConfig config, std::ostream* log)
     : config_(std::move(config)), log_(log), train_context_(false) {
   validate(config_);
+  TORCH_CHECK(!config_.checkpoint.resume || config_.checkpoint.enable,
+              "hp-train: --checkpoint.resume needs checkpoint.enable = true (nothing would be read)");
   const auto& par = config_.parallelism;
   const int64_t world = is_initialized() ? get_world_size() : 1;
   rank_ = is_initialized() ? get_rank() : 0;
