@@ -92,5 +92,9 @@ TEST(ParallelizeModule, UnsupportedModulesAndUnmatchedPatternsAreErrors) {
     Llama model(tiny());
     EXPECT_THROW(parallelize_module(*model, mesh, {{"norm", ColwiseParallel::make()}}), c10::Error);
     EXPECT_THROW(parallelize_module(*model, mesh, {{"layers.*.nothing", ColwiseParallel::make()}}), c10::Error);
+    // The same module in two entries would be sharded twice.
+    EXPECT_THROW(parallelize_module(*model, mesh, {{"output", ColwiseParallel::make()}, {"out*", RowwiseParallel::make()},
+                                                   {"output", RowwiseParallel::make()}}),
+                 c10::Error);
   });
 }

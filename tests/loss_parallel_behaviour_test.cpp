@@ -188,6 +188,16 @@ TEST(LossParallelErrors, LayoutErrorsNameTheExpectedLayout) {
   });
 }
 
+TEST(LossParallelErrors, TheGuardsMeshMustBeTheLogitsMesh) {
+  run_ranks(4, [](int64_t) {
+    auto mesh2d = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+    at::Tensor x = distribute_tensor(random_tensor({4, 6}, 8), mesh2d["tp"], {Shard(1)});
+    auto guard = loss_parallel(LossParallelOptions{mesh2d["dp"], std::nullopt});
+    const std::string msg = error_of<LossParallelLayoutError>([&] { F::cross_entropy(x, torch::tensor({0, 1, 2, 3})); });
+    EXPECT_NE(msg.find("expected the input on that mesh"), std::string::npos) << msg;
+  });
+}
+
 TEST(LossParallelErrors, UnsupportedGradientsOfTargetsAreReported) {
   run_ranks(2, [](int64_t) {
     auto mesh = init_device_mesh("cpu", {2});

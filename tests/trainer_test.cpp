@@ -114,6 +114,20 @@ TEST(Trainer, ResumingFromACheckpointContinuesExactly) {
   EXPECT_EQ(records.size(), 10u);
 }
 
+TEST(Trainer, ResumeWithoutCheckpointingIsRefused) {
+  JobConfig job = tiny_job(fresh_dir("noresume"), 1, false, 2);
+  job.checkpoint.resume = true;
+  job.checkpoint.enable = false;
+  run_ranks(1, [&](int64_t) {
+    try {
+      Trainer t(job);
+      ADD_FAILURE() << "expected an error";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("checkpoint.enable"), std::string::npos) << e.what();
+    }
+  });
+}
+
 TEST(Trainer, WorldSizeMustMatchTheTensorParallelDegree) {
   run_ranks(2, [&](int64_t) {
     try {

@@ -131,6 +131,9 @@ std::vector<std::string> registered_op_class_names();
   static const bool hp_op_class_registered_##NAME =                                \
       (::hyper_parallel::register_distributed_op_class(#NAME, __VA_ARGS__), true)
 
+// input_placements that replicate every DTensor argument and leave plain ones alone.
+std::vector<std::optional<Placements>> replicate_dtensor_inputs(const OpCall& call);
+
 // Global shapes of the outputs, computed by running the op on meta tensors with the
 // inputs' global shapes. One entry per return; Tensor[] returns give several.
 std::vector<std::vector<std::vector<int64_t>>> infer_output_shapes(const OpCall& call);

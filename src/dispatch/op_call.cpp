@@ -77,6 +77,13 @@ bool OpCall::is_out() const {
   return false;
 }
 
+std::vector<std::optional<Placements>> replicate_dtensor_inputs(const OpCall& call) {
+  const Placements rep(call.mesh().ndim(), Placement::replicate());
+  std::vector<std::optional<Placements>> out;
+  for (const auto& t : call.tensors()) out.push_back(t.layout ? std::optional<Placements>(rep) : std::nullopt);
+  return out;
+}
+
 std::vector<std::vector<std::vector<int64_t>>> infer_output_shapes(const OpCall& call) {
   torch::jit::Stack meta_args = call.args();
   auto to_meta = [](const at::Tensor& t) -> at::Tensor {

@@ -158,9 +158,7 @@ void run_replicated(const OpCall& call, torch::jit::Stack* stack) {
   ShardingDecision d;
   const DeviceMesh& mesh = call.mesh();
   const Placements rep(mesh.ndim(), Placement::replicate());
-  for (const auto& t : call.tensors()) {
-    d.input_placements.push_back(t.layout ? std::optional<Placements>(rep) : std::nullopt);
-  }
+  d.input_placements = replicate_dtensor_inputs(call);
   torch::jit::Stack local = localize_args(call, d);
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;

@@ -31,7 +31,7 @@ class NllLossOp : public DistributedOp {
     }
     const Placements rep(call.mesh().ndim(), Placement::replicate());
     ShardingDecision d;
-    for (const auto& t : call.tensors()) d.input_placements.push_back(t.layout ? std::optional<Placements>(rep) : std::nullopt);
+    d.input_placements = replicate_dtensor_inputs(call);
     if (backward) {
       d.output_layouts.push_back({Layout(call.mesh(), rep, self.shape)});
     } else {

@@ -77,7 +77,7 @@ void GatherOp::finalize(const OpCall& call, const ShardingDecision& d, const tor
 ShardingDecision ReplicatedOp::infer_layout(const OpCall& call) const {
   const Placements rep(call.mesh().ndim(), Placement::replicate());
   ShardingDecision d;
-  for (const auto& t : call.tensors()) d.input_placements.push_back(t.layout ? std::optional<Placements>(rep) : std::nullopt);
+  d.input_placements = replicate_dtensor_inputs(call);
   for (const auto& shapes : infer_output_shapes(call)) {
     std::vector<Layout> ls;
     for (const auto& s : shapes) ls.emplace_back(call.mesh(), rep, s);
