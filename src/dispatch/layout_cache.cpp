@@ -35,7 +35,7 @@ uint64_t mix(uint64_t h, uint64_t v) {
   return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
 }
 
-void add_ivalue(std::vector<uint64_t>& w, const c10::IValue& v);
+bool add_ivalue(std::vector<uint64_t>& w, const c10::IValue& v);
 
 void add_scalar(std::vector<uint64_t>& w, const c10::Scalar& s) {
   if (s.isFloatingPoint()) {
@@ -77,7 +77,7 @@ void add_tensor(std::vector<uint64_t>& w, const at::Tensor& t) {
   for (int64_t s : t.sizes()) w.push_back(static_cast<uint64_t>(s));
 }
 
-void add_ivalue(std::vector<uint64_t>& w, const c10::IValue& v) {
+bool add_ivalue(std::vector<uint64_t>& w, const c10::IValue& v) {
   if (v.isNone()) {
     w.push_back(1);
   } else if (v.isTensor()) {
@@ -104,16 +104,18 @@ void add_ivalue(std::vector<uint64_t>& w, const c10::IValue& v) {
     auto l = v.toListRef();
     w.push_back(6);
     w.push_back(l.size());
-    for (const auto& e : l) add_ivalue(w, e);
+    for (const auto& e : l) {
+      if (!add_ivalue(w, e)) return false;
+    }
   } else if (v.isDevice()) {
     w.push_back(7);
     w.push_back(static_cast<uint64_t>(v.toDevice().type()) * 1000 + v.toDevice().index() + 1);
   } else if (v.isGenerator()) {
     w.push_back(8);
   } else {
-    // Anything else (tuples, objects ...) cannot be keyed reliably: never share.
-    TORCH_CHECK(false, "layout cache: cannot key an argument of type ", v.tagKind());
+    return false;  // tuples, objects ...: not keyed, never shared
   }
+  return true;
 }
 
 }  // namespace
@@ -125,7 +127,7 @@ LayoutCacheKey make_layout_cache_key(const OpCall& call) {
   w.push_back(reinterpret_cast<uintptr_t>(&call.op().schema()));
   w.push_back(tls_context_token);
   w.push_back(call.mesh().defined() ? call.mesh().identity_hash() : 0);
-  for (const auto& v : call.args()) add_ivalue(w, v);
+  for (const auto& v : call.args()) k.cacheable = k.cacheable && add_ivalue(w, v);
   for (const auto& t : call.tensors()) {
     if (t.layout) {
       w.push_back(0xD7);

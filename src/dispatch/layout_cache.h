@@ -17,6 +17,9 @@ namespace hyper_parallel {
 struct LayoutCacheKey {
   std::vector<uint64_t> words;
   uint64_t hash = 0;
+  // False when an argument cannot be keyed reliably (a tuple, an object ...): the
+  // decision is then inferred afresh every time instead of risking a wrong hit.
+  bool cacheable = true;
   bool operator==(const LayoutCacheKey& o) const { return hash == o.hash && words == o.words; }
 };
 

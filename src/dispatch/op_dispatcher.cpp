@@ -264,10 +264,10 @@ void OpDispatcher::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* st
   DistributedOpPtr rule = find_distributed_op(name);
   if (rule) {
     LayoutCacheKey key = make_layout_cache_key(call);
-    auto decision = layout_cache_find(key);
+    auto decision = key.cacheable ? layout_cache_find(key) : nullptr;
     if (!decision) {
       decision = std::make_shared<const ShardingDecision>(rule->infer_layout(call));
-      layout_cache_insert(key, decision);
+      if (key.cacheable) layout_cache_insert(key, decision);
     }
     run_local(call, *decision, rule.get(), stack);
     return;
