@@ -46,6 +46,11 @@ at::Tensor partition(const at::Tensor& local, const Layout& layout, ReduceOp op,
 
 }  // namespace
 
+at::Tensor local_piece(const at::Tensor& t, const Layout& layout) {
+  if (auto* impl = dtensor_impl(t)) return redistribute_local(impl->local(), impl->layout(), layout);
+  return redistribute_local(t, layout.with_placements(Placements(layout.mesh().ndim(), Placement::replicate())), layout);
+}
+
 at::Tensor full_value(const at::Tensor& t) {
   auto* impl = dtensor_impl(t);
   if (!impl) return t;

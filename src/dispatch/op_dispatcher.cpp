@@ -55,14 +55,8 @@ std::string describe_inputs(const OpCall& call) {
 // A plain tensor argument next to DTensors is taken to be replicated.
 at::Tensor local_input(const at::Tensor& t, const TensorArg& info,
                        const std::optional<Placements>& target, const DeviceMesh& mesh) {
-  if (!info.layout) {
-    if (!target) return t;
-    Layout replicated(mesh, Placements(mesh.ndim(), Placement::replicate()), info.shape);
-    return redistribute_local(t, replicated, replicated.with_placements(*target));
-  }
-  const at::Tensor& local = local_of(t);
-  if (!target || *target == info.layout->placements()) return local;
-  return redistribute_local(local, *info.layout, info.layout->with_placements(*target));
+  if (!target) return info.layout ? local_of(t) : t;
+  return local_piece(t, info.layout ? info.layout->with_placements(*target) : Layout(mesh, *target, info.shape));
 }
 
 torch::jit::Stack localize_args(const OpCall& call, const ShardingDecision& d) {

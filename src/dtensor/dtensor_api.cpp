@@ -158,9 +158,8 @@ at::Tensor distribute_tensor(const at::Tensor& full, const DeviceMesh& mesh,
     for (int64_t m = 0; m < mesh.ndim(); ++m) mesh.comm(m).broadcast_(data, src[m]);
   }
   const std::vector<int64_t> shape(data.sizes().begin(), data.sizes().end());
-  Layout replicated(mesh, Placements(mesh.ndim(), Placement::replicate()), shape);
   Layout target(mesh, placements, shape);
-  at::Tensor local = redistribute_local(data, replicated, target);
+  at::Tensor local = local_piece(data, target);
   at::Tensor out = make_dtensor(local.is_alias_of(data) ? local.clone() : local, target);
   if (full.requires_grad()) out.set_requires_grad(true);
   return out;

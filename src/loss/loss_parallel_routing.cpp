@@ -64,13 +64,6 @@ ClassSharding sharding_for_backward(const at::Tensor& t, int64_t class_dim, cons
   return resolve_class_sharding(&copy, class_dim, op, lenient, /*differentiable=*/false);
 }
 
-// A tensor argument's value as this rank's piece of `layout` (plain = replicated).
-at::Tensor piece_for(const at::Tensor& t, const Layout& layout) {
-  if (auto* impl = dtensor_impl(t)) return redistribute_local(impl->local(), impl->layout(), layout);
-  Layout rep = layout.with_placements(Placements(layout.mesh().ndim(), Placement::replicate()));
-  return redistribute_local(t, rep, layout);
-}
-
 at::Tensor replicated_dtensor(const at::Tensor& local, const DeviceMesh& mesh) {
   return make_dtensor(local, Layout(mesh, Placements(mesh.ndim(), Placement::replicate()), local.sizes().vec()));
 }
@@ -109,7 +102,7 @@ bool log_softmax_backward_kernel(const c10::OperatorHandle&, torch::jit::Stack* 
   if (!is_class_sharded(output, dim)) return false;
   ClassSharding cs = sharding_for_backward(output, dim, "log_softmax backward");
   const at::Tensor& out_local = local_of(output);
-  at::Tensor g = piece_for(grad, cs.layout);
+  at::Tensor g = local_piece(grad, cs.layout);
   at::Tensor rows = distributed_log_softmax_backward(to_rows(g, dim), to_rows(out_local, dim), shard_of(cs));
   torch::jit::drop(*stack, 4);
   stack->push_back(make_dtensor(from_rows(rows.to(input_dtype), out_local.sizes(), dim), cs.layout));
