@@ -1,17 +1,37 @@
-# Shared by the two top-level scripts: install what is missing, then configure and build.
+# Shared by the top-level scripts: install what is missing, then configure and build.
 # Sourced, not run.
+#
+# LibTorch comes from the `torch` wheel on PyPI, pinned below, installed once into a
+# virtual environment OUTSIDE the clone (~/.cache/hyper_parallel/), so that every clone
+# on this machine (CI's fresh ones too) reuses it instead of downloading gigabytes again.
+# The same venv gives the test suite PyTorch itself (the parity tests run PyTorch's
+# DTensor and loss_parallel beside ours) and a CMake recent enough for C++20 CUDA.
+#
+# HP_LIBTORCH=<dir> builds against any other LibTorch instead (a LibTorch zip, a source
+# build, another Python's torch: the folder holding share/cmake/Torch, or that cmake
+# folder itself). Then nothing is pip-installed; HP_PYTHON names a Python with torch for
+# the parity tests (default: python3 when it has torch; otherwise they skip, saying so).
 set -euo pipefail
 
 HP_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HP_BUILD_DIR="${HP_BUILD_DIR:-$HP_ROOT/build}"
+HP_TORCH_VERSION="2.15.0"   # the newest release PyPI serves (2026-11-30)
+HP_CMAKE_VERSION="4.4.5"    # Debian's 3.25 cannot compile CUDA as C++20
+HP_CACHE="${HP_CACHE:-$HOME/.cache/hyper_parallel}"
+HP_VENV="$HP_CACHE/torch-$HP_TORCH_VERSION"
+# ccache: paths relative to the clone, so that every clone on this machine (CI's fresh ones
+# in other folders) hits the same cache despite -g.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$HP_ROOT}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 
-# Debian packages the project needs. libopenblas0-openmp matters: without it LibTorch
-# falls back to the reference BLAS (libblas3) and matrix products run ~6x slower.
+# Debian packages. libgloo-dev: the wheel ships ProcessGroupGloo.hpp but not the gloo/
+# headers it includes.
 HP_PACKAGES=(
-  libtorch-dev libgloo-dev libopenblas0-openmp cmake ninja-build ccache g++
+  libgloo-dev cmake ninja-build ccache g++
   libgtest-dev libgmock-dev libbenchmark-dev libyaml-cpp-dev libcli11-dev
-  libtomlplusplus-dev nlohmann-json3-dev libfmt-dev gnuplot-nox
+  libtomlplusplus-dev nlohmann-json3-dev gnuplot-nox
 )
+
+hp_sudo() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 hp_install_missing() {
   local missing=()
@@ -19,19 +39,77 @@ hp_install_missing() {
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then
-    echo "==> installing missing packages: ${missing[*]}"
-    local sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    echo "==> installing missing Debian packages: ${missing[*]}"
+    hp_sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive hp_sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+  if [ -z "${HP_LIBTORCH:-}" ]; then hp_install_torch_venv; fi
+}
+
+# The venv is complete only once its marker exists; an interrupted install is redone.
+hp_install_torch_venv() {
+  local marker="$HP_VENV/.hp-complete"
+  if [ -f "$marker" ]; then
+    echo "==> reusing torch $HP_TORCH_VERSION in $HP_VENV"
+    return
+  fi
+  echo "==> installing torch==$HP_TORCH_VERSION (LibTorch with CUDA + NCCL) into $HP_VENV"
+  local python="${HP_BOOTSTRAP_PYTHON:-python3}"
+  rm -rf "$HP_VENV"
+  mkdir -p "$HP_CACHE"
+  if ! "$python" -m venv "$HP_VENV" 2>/dev/null; then
+    # Debian's own python3 needs python3-venv for that.
+    DEBIAN_FRONTEND=noninteractive hp_sudo apt-get install -y -qq --no-install-recommends python3-venv
+    rm -rf "$HP_VENV"
+    /usr/bin/python3 -m venv "$HP_VENV"
+  fi
+  "$HP_VENV/bin/python" -m pip install -q --progress-bar off --disable-pip-version-check \
+    "torch==$HP_TORCH_VERSION" numpy "cmake==$HP_CMAKE_VERSION"
+  touch "$marker"
+}
+
+# The CMake package folder of the LibTorch to build against.
+hp_torch_cmake_prefix() {
+  if [ -n "${HP_LIBTORCH:-}" ]; then
+    if [ -d "$HP_LIBTORCH/share/cmake/Torch" ]; then echo "$HP_LIBTORCH/share/cmake"
+    elif [ -d "$HP_LIBTORCH/Torch" ]; then echo "$HP_LIBTORCH"
+    else echo "HP_LIBTORCH=$HP_LIBTORCH: expected a folder holding share/cmake/Torch (a LibTorch) or Torch/ (its cmake folder)" >&2; return 1
+    fi
+  else
+    "$HP_VENV/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)'
+  fi
+}
+
+hp_cmake() {
+  if [ -n "${HP_CMAKE:-}" ]; then echo "$HP_CMAKE"
+  elif [ -z "${HP_LIBTORCH:-}" ]; then echo "$HP_VENV/bin/cmake"
+  else command -v cmake
+  fi
+}
+
+# A Python with torch for the parity tests and the side-by-side benchmark ("" if none).
+hp_python() {
+  if [ -n "${HP_PYTHON:-}" ]; then echo "$HP_PYTHON"
+  elif [ -z "${HP_LIBTORCH:-}" ]; then echo "$HP_VENV/bin/python"
+  elif python3 -c 'import torch' 2>/dev/null; then command -v python3
   fi
 }
 
 hp_build() {
-  local jobs
+  local jobs cmake prefix
   jobs="$(nproc 2>/dev/null || echo 2)"
-  echo "==> configuring in $HP_BUILD_DIR"
-  cmake -S "$HP_ROOT" -B "$HP_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake="$(hp_cmake)"
+  prefix="$(hp_torch_cmake_prefix)"
+  echo "==> configuring in $HP_BUILD_DIR against $prefix"
+  "$cmake" -S "$HP_ROOT" -B "$HP_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_PREFIX_PATH="$prefix" -DHP_PYTHON="$(hp_python)" ${HP_CMAKE_ARGS:-} >/dev/null
   echo "==> building ($jobs jobs)"
-  cmake --build "$HP_BUILD_DIR" -j "$jobs"
+  "$cmake" --build "$HP_BUILD_DIR" -j "$jobs"
+}
+
+hp_ctest() {
+  local cmake
+  cmake="$(hp_cmake)"
+  "$(dirname "$cmake")/ctest" --test-dir "$HP_BUILD_DIR" --output-on-failure \
+    -j "$(nproc 2>/dev/null || echo 2)" --timeout 600 "$@"
 }

@@ -4,5 +4,4 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 hp_install_missing
 hp_build
 echo "==> running the test suite"
-cd "$HP_BUILD_DIR"
-ctest --output-on-failure -j "$(nproc 2>/dev/null || echo 2)" --timeout 600
+hp_ctest "$@"

@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -20,9 +19,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "compat/file_system.h"
 #include "train/data.h"
 
 using namespace hyper_parallel::train;
+namespace compat = hyper_parallel::compat;
 
 namespace {
 
@@ -112,12 +113,11 @@ std::string error_of(const std::function<void()>& f) {
 class TempFile {
  public:
   TempFile(const std::string& name, const std::string& content)
-      : path_((std::filesystem::temp_directory_path() /
-               ("hp_data_test_" + std::to_string(::getpid()) + "_" + name))
-                  .string()) {
+      : path_(compat::join_path(compat::temp_directory(),
+                                "hp_data_test_" + std::to_string(::getpid()) + "_" + name)) {
     std::ofstream(path_, std::ios::binary) << content;
   }
-  ~TempFile() { std::filesystem::remove(path_); }
+  ~TempFile() { compat::remove_all(path_); }
   const std::string& path() const { return path_; }
 
  private:
@@ -367,7 +367,7 @@ TEST(TextFileCorpus, MissingFileIsAnErrorNamingTheFile) {
   const std::string err = error_of([&] { make_text_file_corpus(path, 100); });
   EXPECT_NE(err.find(path), std::string::npos) << err;
   EXPECT_NE(err.find("cannot read"), std::string::npos) << err;
-  const std::string dir = std::filesystem::temp_directory_path().string();
+  const std::string dir = compat::temp_directory();
   const std::string dir_err = error_of([&] { make_text_file_corpus(dir, 100); });
   EXPECT_NE(dir_err.find(dir), std::string::npos) << dir_err;
 }

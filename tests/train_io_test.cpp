@@ -10,11 +10,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
 
+#include "compat/file_system.h"
 #include "train/checkpoint_io.h"
 #include "train/metrics.h"
 #include "train/progress.h"
@@ -22,37 +22,33 @@
 namespace hyper_parallel::train {
 namespace {
 
-namespace fs = std::filesystem;
 
 // A fresh directory per test, removed afterwards.
 class TempDir : public ::testing::Test {
  protected:
   void SetUp() override {
     static int counter = 0;
-    dir_ = fs::temp_directory_path() /
-           ("hp_train_io_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = compat::join_path(compat::temp_directory(),
+                             "hp_train_io_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    compat::remove_all(dir_);
+    ASSERT_TRUE(compat::create_directories(dir_));
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { compat::remove_all(dir_); }
 
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+  std::string file(const std::string& name) const { return compat::join_path(dir_, name); }
 
   std::vector<std::string> entries() const {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
+    return compat::list_directory(dir_);
   }
 
   bool has_temp_files() const {
-    for (const auto& e : fs::recursive_directory_iterator(dir_)) {
-      if (e.path().filename().string().find(".tmp-") != std::string::npos) return true;
+    for (const auto& p : compat::list_directory_recursive(dir_)) {
+      if (p.find(".tmp-") != std::string::npos) return true;
     }
     return false;
   }
 
-  fs::path dir_;
+  std::string dir_;
 };
 
 std::string slurp(const std::string& path) {
@@ -143,7 +139,7 @@ TEST_F(TrainCheckpointIo, StoresNonContiguousViewsCompactlyUnderAnyName) {
   }
   // The slice holds 2 rows: its 1 MiB base must not be stored with it. The
   // transpose is a full 1 MiB tensor of its own, so the file is about 2 MiB.
-  EXPECT_LT(fs::file_size(path), 2u * 512 * 512 * 4 + 64 * 1024);
+  EXPECT_LT(compat::file_size(path), 2 * 512 * 512 * 4 + 64 * 1024);
 }
 
 TEST_F(TrainCheckpointIo, MetadataAndEmptyMapsRoundTrip) {
@@ -226,7 +222,7 @@ TEST_F(TrainCheckpointIo, MissingOrCorruptFilesGiveErrorsNamingTheFile) {
   spit(file("truncated.pt"), bytes.substr(0, bytes.size() / 2));
   expect_error_naming(file("truncated.pt"));
 
-  expect_error_naming(dir_.string());  // a directory
+  expect_error_naming(dir_);  // a directory
 }
 
 TEST_F(TrainCheckpointIo, StepDirectoriesAndLatestMarker) {
@@ -236,7 +232,7 @@ TEST_F(TrainCheckpointIo, StepDirectoriesAndLatestMarker) {
 
   EXPECT_EQ(read_latest_marker(folder), std::nullopt);  // folder does not exist yet
   make_directories(step_directory(folder, 5));
-  EXPECT_TRUE(fs::is_directory(step_directory(folder, 5)));
+  EXPECT_TRUE(compat::is_directory(step_directory(folder, 5)));
   make_directories(step_directory(folder, 5));  // already there: fine
   EXPECT_EQ(read_latest_marker(folder), std::nullopt);
 
@@ -333,7 +329,7 @@ TEST_F(TrainMetrics, ReadMetricsToleratesOnlyATornLastLine) {
 TEST_F(TrainMetrics, PlotWritesAPngWithTrainAndValLoss) {
   if (!gnuplot_available()) GTEST_SKIP() << "gnuplot is not installed";
   {
-    MetricsLogger logger(dir_.string());
+    MetricsLogger logger(dir_);
     for (int step = 1; step <= 60; ++step) {
       nlohmann::json r = {{"step", step}, {"loss", 8.0 * std::exp(-step / 30.0) + 2.0}, {"lr", 1e-3}};
       if (step % 20 == 0) r["val_loss"] = 8.0 * std::exp(-step / 30.0) + 2.3;
@@ -373,7 +369,7 @@ TEST_F(TrainMetrics, PlotReportsProblemsWithoutThrowing) {
   ::setenv("PATH", saved.c_str(), 1);
   EXPECT_FALSE(plotted);
   EXPECT_NE(error.find("gnuplot"), std::string::npos) << error;
-  EXPECT_FALSE(fs::exists(file("c.png")));
+  EXPECT_FALSE(compat::path_exists(file("c.png")));
   EXPECT_FALSE(has_temp_files());
 }
 

@@ -3,8 +3,8 @@
 // exactly.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 
+#include "compat/file_system.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "train/job_config.h"
@@ -42,9 +42,10 @@ JobConfig tiny_job(const std::string& dump, int64_t tp, bool disable_lp, int64_t
 }
 
 std::string fresh_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("hp_trainer_test_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  return dir.string();
+  const std::string dir =
+      compat::join_path(compat::temp_directory(), "hp_trainer_test_" + name + "_" + std::to_string(::getpid()));
+  compat::remove_all(dir);
+  return dir;
 }
 
 std::vector<StepResult> train_on(int64_t tp, JobConfig job) {

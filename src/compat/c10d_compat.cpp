@@ -10,32 +10,40 @@
 
 #include <c10/util/Exception.h>
 
+#include <initializer_list>
+
 namespace hyper_parallel::compat {
 
 namespace {
-#if TORCH_VERSION_MAJOR >= 2
-// LibTorch 2.x: a ProcessGroup is a front that forwards to one Backend per device type.
+// A ProcessGroup is a front that forwards to one Backend per device type. Gloo serves CPU
+// tensors and, for several ranks sharing one GPU (NCCL refuses that), CUDA tensors too;
+// NCCL serves CUDA tensors only.
 template <typename BackendT>
 ProcessGroupPtr wrap_backend(const StorePtr& store, int rank, int size,
-                             c10::intrusive_ptr<BackendT> backend, c10::DeviceType device,
+                             c10::intrusive_ptr<BackendT> backend,
+                             std::initializer_list<c10::DeviceType> devices,
                              c10d::ProcessGroup::BackendType type) {
   auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
   pg->setDefaultBackend(type);
-  pg->setBackend(device, type, backend);
+  for (c10::DeviceType device : devices) pg->setBackend(device, type, backend);
   return pg;
 }
-#endif
 }  // namespace
+
+bool has_nccl() {
+#if defined(USE_C10D_NCCL)
+  return true;
+#else
+  return false;
+#endif
+}
 
 std::string default_backend_for(const std::string& device_type) {
   if (device_type == "cpu") return "gloo";
   if (device_type == "cuda") {
-#if defined(USE_C10D_NCCL)
+    TORCH_CHECK(has_nccl(), "device type 'cuda' needs a LibTorch built with NCCL; this one (",
+                TORCH_VERSION, ") has none. Expected device type 'cpu', or backend 'gloo'.");
     return "nccl";
-#else
-    TORCH_CHECK(false, "device type 'cuda' needs a LibTorch built with NCCL; this one (",
-                TORCH_VERSION, ") has none. Expected device type 'cpu'.");
-#endif
   }
   TORCH_CHECK(false, "unsupported device type '", device_type, "': expected 'cpu' or 'cuda'");
 }
@@ -46,43 +54,25 @@ ProcessGroupPtr make_process_group(const std::string& backend, const StorePtr& s
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
-#if TORCH_VERSION_MAJOR >= 2
-    return wrap_backend(store, rank, size, gloo, c10::DeviceType::CPU,
+    return wrap_backend(store, rank, size, gloo, {c10::DeviceType::CPU, c10::DeviceType::CUDA},
                         c10d::ProcessGroup::BackendType::GLOO);
-#else
-    return gloo;
-#endif
   }
 #if defined(USE_C10D_NCCL)
   if (backend == "nccl") {
     auto opts = c10d::ProcessGroupNCCL::Options::create();
     opts->timeout = timeout;
     auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
-#if TORCH_VERSION_MAJOR >= 2
-    return wrap_backend(store, rank, size, nccl, c10::DeviceType::CUDA,
+    return wrap_backend(store, rank, size, nccl, {c10::DeviceType::CUDA},
                         c10d::ProcessGroup::BackendType::NCCL);
-#else
-    return nccl;
-#endif
   }
 #endif
   TORCH_CHECK(false, "unknown or unavailable process-group backend '", backend,
-              "': expected 'gloo'", 
-#if defined(USE_C10D_NCCL)
-              " or 'nccl'"
-#else
-              " (this LibTorch has no NCCL)"
-#endif
-  );
+              "': expected 'gloo'", has_nccl() ? " or 'nccl'" : " (this LibTorch has no NCCL)");
 }
 
-bool has_native_reduce_scatter(const ProcessGroupPtr& pg) {
-#if TORCH_VERSION_MAJOR >= 2
-  (void)pg;
-  return true;
-#else
-  return pg->getBackendName() != "gloo";
-#endif
+bool has_native_reduce_scatter(const ProcessGroupPtr& pg, c10::DeviceType device) {
+  // Gloo's reduce_scatter takes CPU tensors only.
+  return pg->getBackendName() != "gloo" || device == c10::DeviceType::CPU;
 }
 
 StorePtr make_tcp_store(const std::string& host, uint16_t port, int rank, int world_size,

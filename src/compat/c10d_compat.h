@@ -1,8 +1,7 @@
 // The one place that knows which LibTorch it is built against.
 //
-// LibTorch 1.13 exposes each backend (Gloo, NCCL) as a c10d::ProcessGroup
-// subclass; LibTorch >= 2.0 splits that into ProcessGroup + Backend and adds
-// native collectives Gloo lacked in 1.13 (reduce_scatter, _allgather_base).
+// LibTorch 2.x splits a process group into a ProcessGroup front and one Backend per
+// device type; which backends exist (NCCL) depends on how LibTorch was built.
 // Everything else in the project talks to `ProcessGroupPtr` through
 // src/core/communicator.cpp and never includes a backend header itself.
 #pragma once
@@ -18,6 +17,9 @@ namespace hyper_parallel::compat {
 using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
 using StorePtr = c10::intrusive_ptr<c10d::Store>;
 
+// Whether this LibTorch was built with NCCL.
+bool has_nccl();
+
 // "gloo" for cpu, "nccl" for cuda when this LibTorch has NCCL; throws otherwise.
 std::string default_backend_for(const std::string& device_type);
 
@@ -26,8 +28,9 @@ std::string default_backend_for(const std::string& device_type);
 ProcessGroupPtr make_process_group(const std::string& backend, const StorePtr& store, int rank,
                                    int size, std::chrono::milliseconds timeout);
 
-// Whether `pg` implements reduce_scatter natively (NCCL; Gloo from LibTorch 2.x).
-bool has_native_reduce_scatter(const ProcessGroupPtr& pg);
+// Whether `pg` implements reduce_scatter natively for tensors on `device` (NCCL; Gloo from
+// LibTorch 2.x for CPU tensors).
+bool has_native_reduce_scatter(const ProcessGroupPtr& pg, c10::DeviceType device);
 
 // TCPStore for multi-process rendezvous (rank 0 hosts it).
 StorePtr make_tcp_store(const std::string& host, uint16_t port, int rank, int world_size,

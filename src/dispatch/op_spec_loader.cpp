@@ -5,13 +5,13 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
 
 #include "hyper_parallel/dispatch.h"
+#include "compat/file_system.h"
 #include "hyper_parallel/distributed_op.h"
 
 namespace hyper_parallel {
@@ -163,18 +163,17 @@ void load_op_plugins(const std::string& paths) {
 std::vector<OpSpecFile> read_op_spec_dirs(const std::string& dirs) {
   std::vector<OpSpecFile> out;
   for (const auto& dir : split_paths(dirs)) {
-    namespace fs = std::filesystem;
-    TORCH_CHECK(fs::is_directory(dir), "HYPER_PARALLEL_OPS_YAML_DIR: '", dir, "' is not a directory");
-    std::vector<fs::path> files;
-    for (const auto& e : fs::directory_iterator(dir)) {
-      if (e.path().extension() == ".yaml" || e.path().extension() == ".yml") files.push_back(e.path());
-    }
-    std::sort(files.begin(), files.end());
-    for (const auto& f : files) {
+    TORCH_CHECK(compat::is_directory(dir), "HYPER_PARALLEL_OPS_YAML_DIR: '", dir, "' is not a directory");
+    auto has_suffix = [](const std::string& s, const std::string& suffix) {
+      return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    for (const auto& name : compat::list_directory(dir)) {  // sorted
+      if (!has_suffix(name, ".yaml") && !has_suffix(name, ".yml")) continue;
+      const std::string f = compat::join_path(dir, name);
       std::ifstream in(f);
       std::stringstream ss;
       ss << in.rdbuf();
-      out.push_back({f.string(), ss.str()});
+      out.push_back({f, ss.str()});
     }
   }
   return out;

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "compat/autograd_compat.h"
 #include "core/redistribute.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor.h"
@@ -23,7 +24,7 @@ bool needs_history(const at::Tensor& input) {
   return torch::autograd::GradMode::is_enabled() && input.requires_grad();
 }
 
-void attach(at::Tensor& output, const at::Tensor& input, std::shared_ptr<Node> node) {
+void attach(at::Tensor& output, const at::Tensor& input, compat::NodePtr node) {
   node->set_next_edges(torch::autograd::collect_next_edges(input));
   torch::autograd::create_gradient_edge(output, std::move(node));
 }
@@ -72,10 +73,6 @@ struct RedistributeBackward : Node {
   std::string name() const override { return "hyper_parallel::RedistributeBackward"; }
   Layout grad_layout;
 };
-
-std::shared_ptr<Node> make_node(Node* n) {
-  return std::shared_ptr<Node>(n, torch::autograd::deleteNode);
-}
 
 std::vector<int64_t> even_global_shape(const at::Tensor& local, const DeviceMesh& mesh,
                                        const Placements& placements) {
@@ -175,8 +172,8 @@ at::Tensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
   at::Tensor out = make_dtensor(local, layout);
   if (needs_history(local)) {
     attach(out, local,
-           make_node(new FromLocalBackward(layout.with_placements(
-               partial_to_replicate(layout.placements())))));
+           compat::make_node<FromLocalBackward>(layout.with_placements(
+               partial_to_replicate(layout.placements()))));
   }
   return out;
 }
@@ -187,7 +184,7 @@ at::Tensor to_local(const at::Tensor& dtensor, const std::optional<Placements>& 
   at::Tensor out = local_of(dtensor).detach();
   if (needs_history(dtensor)) {
     Layout grad_layout = grad_placements ? layout.with_placements(*grad_placements) : layout;
-    attach(out, dtensor, make_node(new ToLocalBackward(grad_layout)));
+    attach(out, dtensor, compat::make_node<ToLocalBackward>(grad_layout));
   }
   return out;
 }
@@ -201,8 +198,8 @@ at::Tensor redistribute(const at::Tensor& dtensor, const DeviceMesh& mesh,
   at::Tensor out = make_dtensor(redistribute_local(local_of(dtensor), from, to), to);
   if (needs_history(dtensor)) {
     attach(out, dtensor,
-           make_node(new RedistributeBackward(
-               from.with_placements(partial_to_replicate(from.placements())))));
+           compat::make_node<RedistributeBackward>(
+               from.with_placements(partial_to_replicate(from.placements()))));
   }
   return out;
 }

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "compat/autograd_compat.h"
 #include "core/redistribute.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor.h"
@@ -116,13 +117,13 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   const DeviceMesh& mesh = cs.layout.mesh();
   at::Tensor out = make_dtensor(loss, Layout(mesh, Placements(mesh.ndim(), Placement::replicate()), loss_shape));
   if (torch::autograd::GradMode::is_enabled() && logits.requires_grad()) {
-    auto node = std::shared_ptr<CrossEntropyParallelBackward>(new CrossEntropyParallelBackward(),
-                                                              torch::autograd::deleteNode);
+    compat::NodePtr owner = compat::make_node<CrossEntropyParallelBackward>();
+    auto* node = static_cast<CrossEntropyParallelBackward*>(owner.get());
     node->ce = std::move(ce);
     node->sharding = cs;
     node->local_shape = local_logits.sizes().vec();
     node->set_next_edges(torch::autograd::collect_next_edges(logits));
-    torch::autograd::create_gradient_edge(out, node);
+    torch::autograd::create_gradient_edge(out, std::move(owner));
   }
   return out;
 }

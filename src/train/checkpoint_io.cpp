@@ -21,16 +21,16 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
 
+#include "compat/file_system.h"
+
 namespace hyper_parallel::train {
 namespace {
 
-namespace fs = std::filesystem;
 
 constexpr const char* kFormatKey = "hp_format";
 constexpr const char* kFormatTag = "hyper_parallel.tensor_file.v1";
@@ -57,7 +57,7 @@ std::string short_message(const std::exception& e) {
 
 // fsync of the directory makes the rename itself durable, not only the data.
 void fsync_directory(const std::string& file_path) {
-  fs::path dir = fs::path(file_path).parent_path();
+  std::string dir = compat::parent_path(file_path);
   if (dir.empty()) dir = ".";
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;  // best effort: the data itself is already synced
@@ -158,9 +158,8 @@ void write_tensor_file(const std::string& path, const std::map<std::string, at::
 }
 
 TensorFile read_tensor_file(const std::string& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) throw std::runtime_error("tensor file '" + path + "' does not exist");
-  if (fs::is_directory(path, ec)) throw std::runtime_error("tensor file '" + path + "' is a directory");
+  if (!compat::path_exists(path)) throw std::runtime_error("tensor file '" + path + "' does not exist");
+  if (compat::is_directory(path)) throw std::runtime_error("tensor file '" + path + "' is a directory");
 
   torch::serialize::InputArchive archive;
   TensorFile result;
@@ -186,23 +185,23 @@ TensorFile read_tensor_file(const std::string& path) {
 }
 
 std::string step_directory(const std::string& folder, int64_t step) {
-  return (fs::path(folder) / ("step-" + std::to_string(step))).string();
+  return compat::join_path(folder, "step-" + std::to_string(step));
 }
 
 void write_latest_marker(const std::string& folder, int64_t step) {
   if (step < 0) throw std::invalid_argument("write_latest_marker: negative step " + std::to_string(step));
-  AtomicFile file((fs::path(folder) / "latest").string());
+  AtomicFile file(compat::join_path(folder, "latest"));
   const std::string text = std::to_string(step) + "\n";
   file.write(text.data(), text.size());
   file.commit();
 }
 
 std::optional<int64_t> read_latest_marker(const std::string& folder) {
-  const std::string path = (fs::path(folder) / "latest").string();
-  std::error_code ec;
-  if (!fs::exists(path, ec)) {
+  const std::string path = compat::join_path(folder, "latest");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
     // Not found is "no checkpoint yet"; anything else (permissions) is an error.
-    if (ec) throw std::runtime_error("cannot access checkpoint marker '" + path + "': " + ec.message());
+    if (errno != ENOENT) throw std::runtime_error("cannot access checkpoint marker '" + path + "': " + std::strerror(errno));
     return std::nullopt;
   }
   std::ifstream in(path, std::ios::binary);
@@ -224,10 +223,9 @@ std::optional<int64_t> read_latest_marker(const std::string& folder) {
 }
 
 void make_directories(const std::string& path) {
-  std::error_code ec;
-  fs::create_directories(path, ec);
-  if (ec) throw std::runtime_error("cannot create directory '" + path + "': " + ec.message());
-  if (!fs::is_directory(path, ec)) throw std::runtime_error("cannot create directory '" + path + "': not a directory");
+  std::string error;
+  if (!compat::create_directories(path, &error)) throw std::runtime_error(error);
+  if (!compat::is_directory(path)) throw std::runtime_error("cannot create directory '" + path + "': not a directory");
 }
 
 }  // namespace hyper_parallel::train

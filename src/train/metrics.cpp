@@ -1,6 +1,8 @@
 // metrics.cpp — JSON-lines metrics log and its gnuplot loss plot.
 #include "train/metrics.h"
 
+#include "compat/file_system.h"
+
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -9,7 +11,6 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <iterator>
 #include <sstream>
 #include <stdexcept>
@@ -21,7 +22,6 @@ extern char** environ;
 namespace hyper_parallel::train {
 namespace {
 
-namespace fs = std::filesystem;
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
@@ -65,10 +65,9 @@ bool fail(std::string* error, const std::string& message) {
 
 }  // namespace
 
-MetricsLogger::MetricsLogger(const std::string& folder) : path_((fs::path(folder) / "metrics.jsonl").string()) {
-  std::error_code ec;
-  fs::create_directories(folder, ec);
-  if (ec) throw std::runtime_error("cannot create metrics folder '" + folder + "': " + ec.message());
+MetricsLogger::MetricsLogger(const std::string& folder) : path_(compat::join_path(folder, "metrics.jsonl")) {
+  std::string error;
+  if (!compat::create_directories(folder, &error)) throw std::runtime_error("metrics folder: " + error);
   out_.open(path_, std::ios::out | std::ios::app | std::ios::binary);
   if (!out_) throw std::runtime_error("cannot open metrics file '" + path_ + "' for appending");
 }
@@ -203,8 +202,7 @@ bool plot_loss_curve(const std::string& jsonl_path, const std::string& png_path,
                                               : "was killed by signal " + std::to_string(WTERMSIG(status));
     return fail(error, "gnuplot " + how + ": " + read_text(log_path, 1000));
   }
-  std::error_code ec;
-  if (!fs::exists(tmp_png, ec) || fs::file_size(tmp_png, ec) == 0) {
+  if (compat::file_size(tmp_png) <= 0) {
     return fail(error, "gnuplot wrote no image: " + read_text(log_path, 1000));
   }
   if (::rename(tmp_png.c_str(), png_path.c_str()) != 0) {
