@@ -23,10 +23,12 @@ int main(int argc, char** argv) {
                 << hp::train::job_config_usage();
       return 0;
     }
+    hp::InitOptions init;
+    init.device_type = cfg.training.device;
     if (std::getenv("WORLD_SIZE")) {
-      hp::init_process_group();  // from hp-run's environment
+      hp::init_process_group(init);  // from hp-run's environment
     } else {
-      hp::init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1);  // one process, no launcher
+      hp::init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1, init);  // one process, no launcher
     }
     const bool rank0 = hp::get_rank() == 0;
     hp::train::Trainer trainer(cfg, rank0 ? &std::cout : nullptr);

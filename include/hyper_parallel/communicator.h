@@ -1,6 +1,6 @@
 // Communicator: the collectives one mesh dimension needs, over one c10d process group.
 //
-// It hides Gloo/NCCL differences (e.g. Gloo in LibTorch 1.13 has no reduce_scatter),
+// It hides Gloo/NCCL differences (e.g. Gloo has no reduce_scatter for CUDA tensors),
 // handles torch.chunk-style uneven pieces, and counts every collective it issues so
 // tests and benchmarks can assert communication budgets.
 #pragma once
@@ -63,7 +63,6 @@ class Communicator {
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   std::vector<int64_t> global_ranks_;
   int64_t rank_;
-  bool native_reduce_scatter_;
 };
 
 using CommunicatorPtr = std::shared_ptr<const Communicator>;

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "hyper_parallel/communicator.h"
 
 namespace hyper_parallel {
@@ -23,6 +25,9 @@ namespace hyper_parallel {
 struct MeshOptions {
   // Collective timeout of the mesh's groups; defaults to the world's.
   std::optional<std::chrono::milliseconds> timeout;
+  // Process-group backend of the mesh's groups ("gloo", "nccl"); defaults to the world's
+  // when the device types agree, else the device type's default.
+  std::optional<std::string> backend;
 };
 
 class DeviceMesh {
@@ -31,6 +36,8 @@ class DeviceMesh {
 
   bool defined() const { return data_ != nullptr; }
   const std::string& device_type() const;
+  // Where this rank's tensors of the mesh live: CPU, or its own GPU for a "cuda" mesh.
+  c10::Device device() const;
   int64_t ndim() const;
   const std::vector<int64_t>& shape() const;
   int64_t size(int64_t mesh_dim) const;

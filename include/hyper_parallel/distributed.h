@@ -5,6 +5,7 @@
 // threads of one process give each thread its own world with `per_thread = true`.
 #pragma once
 
+#include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
@@ -20,8 +21,12 @@ class ProcessGroup;
 namespace hyper_parallel {
 
 struct InitOptions {
-  // "auto" picks gloo for cpu and nccl for cuda.
+  // "auto" picks gloo for cpu and nccl for cuda. "gloo" with device type "cuda" lets
+  // several ranks share one GPU (NCCL refuses two ranks on one device); HP_BACKEND
+  // overrides this field when set.
   std::string backend = "auto";
+  // "cpu" or "cuda". With "cuda" each rank uses cuda:(LOCAL_RANK mod #GPUs) and makes it
+  // the current device.
   std::string device_type = "cpu";
   // Bound on every collective and on rendezvous: a rank that dies makes the
   // others fail after at most this long instead of waiting forever.
@@ -37,6 +42,7 @@ struct World {
   int64_t size = 1;
   std::string backend;
   std::string device_type;
+  c10::Device device = c10::Device(c10::kCPU);  // where this rank's tensors live
   std::chrono::milliseconds timeout;
   // Meshes created so far; every rank creates meshes in the same order, so the
   // counter gives each mesh's groups a rendezvous namespace of their own.
@@ -56,5 +62,10 @@ int64_t get_world_size();
 World& current_world();
 
 std::chrono::milliseconds default_collective_timeout();
+
+// The device a rank with this local rank uses for `device_type` ("cpu", or "cuda": GPU
+// local_rank mod the number of GPUs, which becomes the current device). Throws, saying so,
+// when there is no GPU or LibTorch has no CUDA.
+c10::Device select_rank_device(const std::string& device_type, int64_t local_rank);
 
 }  // namespace hyper_parallel

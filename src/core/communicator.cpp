@@ -27,8 +27,8 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 
 void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
 
-// Gloo (LibTorch 1.13) has no bfloat16: such buffers travel as float32, which holds
-// every bfloat16 value exactly.
+// Gloo's reductions are not defined for bfloat16 in every LibTorch: such buffers travel
+// as float32, which holds every bfloat16 value exactly.
 bool needs_float_wire(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 && pg->getBackendName() == "gloo";
 }
@@ -49,7 +49,6 @@ Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> pg,
     : pg_(std::move(pg)), global_ranks_(std::move(global_ranks)), rank_(pg_->getRank()) {
   TORCH_CHECK(pg_->getSize() == size(), "process group of size ", pg_->getSize(),
               " does not match the ", size(), " ranks it was created for");
-  native_reduce_scatter_ = compat::has_native_reduce_scatter(pg_);
 }
 
 Communicator::~Communicator() = default;
@@ -122,7 +121,7 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& full, int64_t dim, Red
     ++tls_counts.reduce_scatter;
     return full.narrow(dim, mine.offset, mine.length);
   }
-  if (native_reduce_scatter_ && op != ReduceOp::Avg) {
+  if (compat::has_native_reduce_scatter(pg_, full.device().type()) && op != ReduceOp::Avg) {
     ++tls_counts.reduce_scatter;
     const int64_t max_len = chunk_range(full.size(dim), size(), 0).length;
     at::Tensor moved = full.movedim(dim, 0);
@@ -145,7 +144,7 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& full, int64_t dim, Red
     wait(pg_->reduce_scatter(outs, in_lists, opts));
     return out.narrow(0, 0, mine.length).movedim(0, dim);
   }
-  // Gloo (LibTorch 1.13): all-reduce the whole buffer, keep our piece. Same result,
+  // Gloo on CUDA tensors: all-reduce the whole buffer, keep our piece. Same result,
   // counted as the all-reduce it really is.
   at::Tensor buf = full.clone(at::MemoryFormat::Contiguous);
   all_reduce_(buf, op);

@@ -15,6 +15,7 @@ namespace hyper_parallel {
 
 struct DeviceMesh::Data {
   std::string device_type;
+  c10::Device device = c10::Device(c10::kCPU);
   std::vector<int64_t> shape;
   std::vector<std::string> names;
   std::vector<int64_t> ranks;  // row-major
@@ -41,6 +42,7 @@ const DeviceMesh::Data& DeviceMesh::data() const {
 }
 
 const std::string& DeviceMesh::device_type() const { return data().device_type; }
+c10::Device DeviceMesh::device() const { return data().device; }
 int64_t DeviceMesh::ndim() const { return static_cast<int64_t>(data().shape.size()); }
 const std::vector<int64_t>& DeviceMesh::shape() const { return data().shape; }
 int64_t DeviceMesh::size(int64_t mesh_dim) const { return data().shape.at(mesh_dim); }
@@ -78,6 +80,7 @@ DeviceMesh DeviceMesh::slice(const std::vector<std::string>& names) const {
               "mesh slice names a dimension twice");
   auto sub = std::make_shared<Data>();
   sub->device_type = d.device_type;
+  sub->device = d.device;
   sub->names = names;
   for (int64_t k : dims) {
     sub->shape.push_back(d.shape[k]);
@@ -155,10 +158,12 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
               shape.size(), " mesh dims but ", dim_names.size(), " dim names");
   TORCH_CHECK(world.device_type == device_type || device_type == "cpu",
               "init_device_mesh: device type '", device_type,
-              "' differs from the world's '", world.device_type, "'");
+              "' differs from the world's '", world.device_type,
+              "'; initialise the world with InitOptions{.device_type = \"", device_type, "\"}");
 
   auto d = std::make_shared<DeviceMesh::Data>();
   d->device_type = device_type;
+  d->device = device_type == world.device_type ? world.device : c10::Device(c10::kCPU);
   d->shape = shape;
   d->names = dim_names;
   if (d->names.empty()) {
@@ -177,8 +182,8 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
   }
   const auto timeout = options.timeout.value_or(world.timeout);
   const int64_t mesh_id = world.meshes_created++;
-  const std::string backend =
-      device_type == world.device_type ? world.backend : compat::default_backend_for(device_type);
+  const std::string backend = options.backend.value_or(
+      device_type == world.device_type ? world.backend : compat::default_backend_for(device_type));
   for (size_t k = 0; k < shape.size(); ++k) {
     // Members of our group along dim k: our coordinate with coordinate[k] varied.
     std::vector<int64_t> members;

@@ -1,5 +1,8 @@
 #include "hyper_parallel/distributed.h"
 
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
@@ -45,6 +48,18 @@ std::chrono::milliseconds default_collective_timeout() {
   return std::chrono::seconds(300);
 }
 
+c10::Device select_rank_device(const std::string& device_type, int64_t local_rank) {
+  if (device_type == "cpu") return c10::Device(c10::kCPU);
+  TORCH_CHECK(device_type == "cuda", "unsupported device type '", device_type,
+              "': expected 'cpu' or 'cuda'");
+  TORCH_CHECK(at::globalContext().hasCUDA(), "device type 'cuda': no GPU is visible to this "
+              "process (or this LibTorch has no CUDA); expected at least one CUDA device");
+  const int gpus = at::detail::getCUDAHooks().getNumGPUs();
+  const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus));
+  c10::impl::VirtualGuardImpl(c10::kCUDA).setDevice(device);
+  return device;
+}
+
 void init_process_group(const InitOptions& options) {
   const int64_t rank = env_int("RANK");
   const int64_t size = env_int("WORLD_SIZE");
@@ -66,8 +81,21 @@ void init_process_group(c10::intrusive_ptr<c10d::Store> store, int64_t rank, int
   w->rank = rank;
   w->size = world_size;
   w->device_type = options.device_type;
-  w->backend = options.backend == "auto" ? compat::default_backend_for(options.device_type)
-                                         : options.backend;
+  const char* env_backend = std::getenv("HP_BACKEND");
+  const std::string backend = env_backend && *env_backend ? env_backend : options.backend;
+  w->backend = backend == "auto" ? compat::default_backend_for(options.device_type) : backend;
+  // Ranks as threads have no LOCAL_RANK of their own: their rank is their local rank.
+  const char* local = std::getenv("LOCAL_RANK");
+  const int64_t local_rank = options.per_thread || !local ? rank : std::atoll(local);
+  w->device = select_rank_device(options.device_type, local_rank);
+  if (w->backend == "nccl") {
+    const char* lws = std::getenv("LOCAL_WORLD_SIZE");
+    const int64_t ranks_here = options.per_thread || !lws ? world_size : std::atoll(lws);
+    const int gpus = at::detail::getCUDAHooks().getNumGPUs();
+    TORCH_CHECK(ranks_here <= gpus, "init_process_group: backend 'nccl' with ", ranks_here,
+                " ranks on this machine but ", gpus, " GPU(s): NCCL refuses two ranks on one GPU. "
+                "Expected at most one rank per GPU, or backend 'gloo' (HP_BACKEND=gloo) to share GPUs");
+  }
   w->timeout = options.timeout;
   if (std::getenv("HP_COLLECTIVE_TIMEOUT_S")) w->timeout = default_collective_timeout();
   install(std::move(w), options.per_thread);

@@ -56,7 +56,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   at::Tensor k = apply_rope(heads(parallel_forward(wk, x)), cos, sin).transpose(1, 2);
   at::Tensor v = heads(parallel_forward(wv, x)).transpose(1, 2);
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
-  at::Tensor causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool)).triu(1);
+  at::Tensor causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
   at::Tensor p = at::softmax(scores.masked_fill(causal, -std::numeric_limits<double>::infinity()), -1);
   at::Tensor out = at::matmul(p, v).transpose(1, 2).reshape({b, s, -1});
   return parallel_forward(wo, out);

@@ -4,13 +4,14 @@
 // declared exactly once; validate() holds the semantic rules that relate keys.
 #include "train/job_config.h"
 
+#include "compat/file_system.h"
+
 #include <toml++/toml.h>
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <optional>
@@ -106,6 +107,7 @@ const std::vector<Field>& fields() {
       HP_FIELD(training, max_norm, "gradient-norm clipping threshold"),
       HP_FIELD(training, seed, "random seed (same on every rank)"),
       HP_FIELD(training, dtype, "float32 | bfloat16 | float64"),
+      HP_FIELD(training, device, "cpu | cuda (a GPU per rank over NCCL; HP_BACKEND=gloo lets ranks share one)"),
       HP_FIELD(training, data, "text file to train on; empty: built-in synthetic corpus"),
       HP_FIELD(training, log_freq, "log metrics every this many steps"),
 
@@ -438,11 +440,10 @@ int64_t resolved_ffn_hidden_dim(const ModelConfig& model) {
 }
 
 JobConfig load_job_config_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
+  if (!compat::path_exists(path)) {
     throw std::invalid_argument(path + ": job config file not found");
   }
-  if (std::filesystem::is_directory(path, ec)) {
+  if (compat::is_directory(path)) {
     throw std::invalid_argument(path + ": is a directory, not a job config file");
   }
   std::ifstream in(path, std::ios::binary);
@@ -654,6 +655,8 @@ void validate(const JobConfig& cfg) {
   require(t.seed >= 0, "training.seed = " + std::to_string(t.seed) + " must be >= 0");
   require(t.dtype == "float32" || t.dtype == "bfloat16" || t.dtype == "float64",
           "training.dtype = " + quote(t.dtype) + " is not one of float32, bfloat16, float64");
+  require(t.device == "cpu" || t.device == "cuda",
+          "training.device = " + quote(t.device) + " is not one of cpu, cuda");
 
   const int64_t tp = cfg.parallelism.tensor_parallel_degree;
   require(tp >= 1, "parallelism.tensor_parallel_degree = " + std::to_string(tp) + " must be >= 1");

@@ -55,6 +55,7 @@ struct TrainingConfig {
   double max_norm = 1.0;          // gradient-norm clipping threshold
   int64_t seed = 42;              // RNG seed (same on every rank)
   std::string dtype = "float32";  // parameter/compute dtype: float32 | bfloat16 | float64
+  std::string device = "cpu";     // cpu | cuda (each rank on its own GPU, NCCL)
   std::string data = "";          // empty: built-in synthetic corpus; else a text file
   int64_t log_freq = 1;           // log metrics every this many steps
 };

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adamw.h>
@@ -28,10 +29,11 @@ at::ScalarType dtype_of(const std::string& name) {
   return at::kFloat;
 }
 
-// The batch's loss, inside the context: cross_entropy over all tokens.
+// The batch's loss, inside the context: cross_entropy over all tokens, on the model's device.
 at::Tensor compute_loss(Llama& model, const Batch& batch) {
-  at::Tensor logits = model->forward(batch.input);
-  return F::cross_entropy(logits.flatten(0, 1), batch.target.flatten());
+  const at::Device device = model->output->weight.device();
+  at::Tensor logits = model->forward(batch.input.to(device));
+  return F::cross_entropy(logits.flatten(0, 1), batch.target.to(device).flatten());
 }
 
 double scalar_of(const at::Tensor& loss) {
@@ -92,9 +94,14 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   model_ = Llama(llama_args(config_.model));
   model_->init_weights(static_cast<uint64_t>(config_.training.seed));
   const at::ScalarType dtype = dtype_of(config_.training.dtype);
-  if (dtype != at::kFloat) model_->to(dtype);
+  const at::Device device = is_initialized() ? current_world().device : at::Device(at::kCPU);
+  TORCH_CHECK(device.type() == (config_.training.device == "cuda" ? at::kCUDA : at::kCPU),
+              "hp-train: training.device = ", config_.training.device, " but the process group was "
+              "initialised for ", device, "; initialise it with InitOptions{.device_type = \"",
+              config_.training.device, "\"}");
+  model_->to(device, dtype);
   if (tp_enabled_) {
-    tp_mesh_ = init_device_mesh("cpu", {par.tensor_parallel_degree}, {"tp"});
+    tp_mesh_ = init_device_mesh(config_.training.device, {par.tensor_parallel_degree}, {"tp"});
     parallelize_llama(model_, *tp_mesh_, loss_parallel_enabled_);
   }
   const auto& t = config_.training;
@@ -220,7 +227,7 @@ void Trainer::save_checkpoint() const {
   const auto params = model_->parameters();
   auto& state = optimizer_->state();
   for (size_t i = 0; i < params.size(); ++i) {
-    auto it = state.find(c10::guts::to_string(params[i].unsafeGetTensorImpl()));
+    auto it = state.find(params[i].unsafeGetTensorImpl());
     if (it == state.end()) continue;
     auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
     const std::string key = "optim." + std::to_string(i) + ".";
@@ -261,17 +268,18 @@ bool Trainer::load_checkpoint() {
     const std::string key = "optim." + std::to_string(i) + ".";
     if (!file.tensors.count(key + "step")) continue;
     const at::Tensor& p = params[i];
-    auto wrap = [&](const at::Tensor& local) {
-      if (!is_dtensor(p)) return local.clone();
+    auto wrap = [&](const at::Tensor& saved) {
+      at::Tensor local = saved.to(p.device(), /*non_blocking=*/false, /*copy=*/true);
+      if (!is_dtensor(p)) return local;
       FromLocalOptions o;
       o.shape = p.sizes().vec();
-      return DTensor::from_local(local.clone(), mesh_of(p), placements_of(p), o);
+      return DTensor::from_local(local, mesh_of(p), placements_of(p), o);
     };
     auto s = std::make_unique<torch::optim::AdamWParamState>();
     s->step(file.tensors.at(key + "step").item<int64_t>());
     s->exp_avg(wrap(file.tensors.at(key + "exp_avg")));
     s->exp_avg_sq(wrap(file.tensors.at(key + "exp_avg_sq")));
-    state[c10::guts::to_string(p.unsafeGetTensorImpl())] = std::move(s);
+    state[p.unsafeGetTensorImpl()] = std::move(s);
   }
   step_ = *latest;
   return true;

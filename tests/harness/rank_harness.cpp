@@ -1,6 +1,8 @@
 #include "harness/rank_harness.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/ops/randn.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -15,8 +17,9 @@
 
 namespace hyper_parallel::testing {
 
-void run_ranks(int64_t world_size, const std::function<void(int64_t)>& fn,
-               std::chrono::milliseconds timeout) {
+namespace {
+void run_rank_threads(int64_t world_size, const std::function<void(int64_t)>& fn,
+                      std::chrono::milliseconds timeout, const InitOptions& base) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   store->setTimeout(timeout);
   std::vector<std::exception_ptr> errors(world_size);
@@ -24,7 +27,7 @@ void run_ranks(int64_t world_size, const std::function<void(int64_t)>& fn,
   for (int64_t r = 0; r < world_size; ++r) {
     threads.emplace_back([&, r] {
       try {
-        InitOptions opts;
+        InitOptions opts = base;
         opts.per_thread = true;
         opts.timeout = timeout;
         init_process_group(store, r, world_size, opts);
@@ -47,6 +50,23 @@ void run_ranks(int64_t world_size, const std::function<void(int64_t)>& fn,
     }
   }
 }
+
+}  // namespace
+
+void run_ranks(int64_t world_size, const std::function<void(int64_t)>& fn,
+               std::chrono::milliseconds timeout) {
+  run_rank_threads(world_size, fn, timeout, InitOptions{});
+}
+
+void run_cuda_ranks(int64_t world_size, const std::function<void(int64_t)>& fn,
+                    std::chrono::milliseconds timeout) {
+  InitOptions opts;
+  opts.device_type = "cuda";
+  opts.backend = "gloo";
+  run_rank_threads(world_size, fn, timeout, opts);
+}
+
+bool has_cuda() { return at::globalContext().hasCUDA() && at::detail::getCUDAHooks().getNumGPUs() > 0; }
 
 at::Tensor random_tensor(c10::IntArrayRef shape, uint64_t seed, at::ScalarType dtype) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);

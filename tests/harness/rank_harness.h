@@ -16,6 +16,19 @@ namespace hyper_parallel::testing {
 void run_ranks(int64_t world_size, const std::function<void(int64_t rank)>& fn,
                std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
+// The same with CUDA worlds: every rank-thread on cuda:(rank mod #GPUs), over Gloo so that
+// several ranks may share one GPU (NCCL refuses that). Call only when has_cuda().
+void run_cuda_ranks(int64_t world_size, const std::function<void(int64_t rank)>& fn,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// Whether a CUDA device is usable here; CUDA tests skip with `kNoCudaReason` otherwise.
+bool has_cuda();
+inline constexpr const char* kNoCudaReason =
+    "no CUDA device here (LibTorch without CUDA, or no GPU visible); the CUDA tests run on a "
+    "GPU machine through scripts/gpu_check.sh";
+#define HP_REQUIRE_CUDA() \
+  if (!::hyper_parallel::testing::has_cuda()) GTEST_SKIP() << ::hyper_parallel::testing::kNoCudaReason
+
 // Same random tensor on every rank (seeded generator, independent of thread state).
 at::Tensor random_tensor(c10::IntArrayRef shape, uint64_t seed,
                          at::ScalarType dtype = at::kDouble);

@@ -1,0 +1,138 @@
+// DTensors of CUDA tensors: collectives, redistribute, op families, loss_parallel and the
+// fused cross-entropy give what one process computes on the full tensors. Ranks are
+// threads sharing the GPU(s) over Gloo (NCCL refuses two ranks on one GPU); a one-rank
+// NCCL mesh checks the NCCL path. Every test skips, saying why, where no GPU is present:
+// they compile everywhere and run through scripts/gpu_check.sh on a GPU machine.
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
+
+#include "harness/rank_harness.h"
+#include "hyper_parallel/hyper_parallel.h"
+
+using namespace hyper_parallel;
+using hyper_parallel::testing::random_tensor;
+using hyper_parallel::testing::run_cuda_ranks;
+namespace F = torch::nn::functional;
+
+namespace {
+
+double rel_err(const at::Tensor& got, const at::Tensor& want) {
+  at::Tensor g = got.detach().cpu().to(at::kDouble), w = want.detach().cpu().to(at::kDouble);
+  return (g - w).norm().item<double>() / std::max(w.norm().item<double>(), 1e-30);
+}
+
+std::vector<Placements> placements_1d() {
+  return {{Shard(0)}, {Shard(1)}, {Replicate()}, {Partial(ReduceOp::Sum)}};
+}
+
+}  // namespace
+
+TEST(CudaMesh, RankThreadsShareTheGpuOverGloo) {
+  HP_REQUIRE_CUDA();
+  run_cuda_ranks(3, [](int64_t rank) {
+    auto mesh = init_device_mesh("cuda", {3}, {"tp"});
+    ASSERT_TRUE(mesh.device().is_cuda());
+    const Communicator& comm = mesh.comm(0);
+    at::Tensor t = at::full({5}, static_cast<double>(rank + 1), at::TensorOptions(mesh.device()).dtype(at::kDouble));
+    comm.all_reduce_(t, ReduceOp::Sum);
+    EXPECT_TRUE(t.is_cuda());
+    EXPECT_EQ(t.cpu().sum().item<double>(), 5 * 6.0);
+    at::Tensor g = comm.all_gather(t.narrow(0, 0, rank + 1), 0, {1, 2, 3});
+    EXPECT_EQ(g.size(0), 6);
+    // Gloo has no CUDA reduce_scatter: the Communicator all-reduces and keeps its piece.
+    at::Tensor rs = comm.reduce_scatter(at::ones({7, 2}, t.options()), 0, ReduceOp::Sum);
+    EXPECT_EQ(rs.size(0), chunk_range(7, 3, rank).length);
+    EXPECT_EQ(rs.cpu().max().item<double>(), 3.0);
+  });
+}
+
+TEST(CudaMesh, OneRankNcclMeshRunsCollectives) {
+  HP_REQUIRE_CUDA();
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  InitOptions opts;
+  opts.per_thread = true;
+  opts.device_type = "cuda";
+  opts.backend = "nccl";
+  init_process_group(store, 0, 1, opts);
+  auto mesh = init_device_mesh("cuda", {1}, {"tp"});
+  at::Tensor t = at::ones({4}, at::TensorOptions(mesh.device()));
+  at::Tensor d = distribute_tensor(t, mesh, {Shard(0)});
+  EXPECT_TRUE(full_tensor(redistribute(d, {Replicate()})).equal(t));
+  destroy_process_group();
+}
+
+TEST(CudaRedistribute, AllPlacementPairsGiveTheSameFullTensor) {
+  HP_REQUIRE_CUDA();
+  for (int64_t tp : {2, 3}) {
+    run_cuda_ranks(tp, [&](int64_t) {
+      auto mesh = init_device_mesh("cuda", {tp}, {"tp"});
+      at::Tensor full = random_tensor({7, 5}, 11).to(mesh.device());
+      for (const auto& from : placements_1d()) {
+        for (const auto& to : placements_1d()) {
+          if (to[0].is_partial()) continue;
+          at::Tensor d = distribute_tensor(full, mesh, from);
+          at::Tensor r = redistribute(d, to);
+          EXPECT_TRUE(to_local(r).is_cuda());
+          EXPECT_LE(rel_err(full_tensor(r), full), 1e-12) << to_string(from) << " -> " << to_string(to);
+        }
+      }
+    });
+  }
+}
+
+TEST(CudaOps, ColwiseRowwiseMlpMatchesOneProcess) {
+  HP_REQUIRE_CUDA();
+  run_cuda_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cuda", {2}, {"tp"});
+    const at::Device dev = mesh.device();
+    at::Tensor x = random_tensor({4, 8}, 1).to(dev);
+    at::Tensor w1 = random_tensor({16, 8}, 2).to(dev), w2 = random_tensor({8, 16}, 3).to(dev);
+    // One process.
+    at::Tensor rw1 = w1.clone().set_requires_grad(true), rw2 = w2.clone().set_requires_grad(true);
+    at::Tensor ref = at::linear(at::relu(at::linear(x, rw1)), rw2);
+    ref.sum().backward();
+    // Colwise -> Rowwise.
+    at::Tensor dw1 = distribute_tensor(w1, mesh, {Shard(0)}).set_requires_grad(true);
+    at::Tensor dw2 = distribute_tensor(w2, mesh, {Shard(1)}).set_requires_grad(true);
+    at::Tensor dx = distribute_tensor(x, mesh, {Replicate()});
+    at::Tensor out = at::linear(at::relu(at::linear(dx, dw1)), dw2);
+    full_tensor(out).sum().backward();
+    EXPECT_LE(rel_err(full_tensor(out), ref), 1e-12);
+    EXPECT_LE(rel_err(full_tensor(dw1.grad()), rw1.grad()), 1e-12);
+    EXPECT_LE(rel_err(full_tensor(dw2.grad()), rw2.grad()), 1e-12);
+  });
+}
+
+TEST(CudaLossParallel, FusedCrossEntropyMatchesTheFullLogits) {
+  HP_REQUIRE_CUDA();
+  for (int64_t tp : {2, 3}) {
+    for (at::ScalarType dtype : {at::kDouble, at::kFloat, at::kBFloat16}) {
+      run_cuda_ranks(tp, [&](int64_t) {
+        auto mesh = init_device_mesh("cuda", {tp}, {"tp"});
+        const at::Device dev = mesh.device();
+        const int64_t tokens = 64, vocab = 1003;
+        at::Tensor full = (random_tensor({tokens, vocab}, 5) * 3).to(dev);
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
+        at::Tensor target = at::randint(vocab, {tokens}, gen, at::kLong);
+        target.masked_fill_(at::rand({tokens}, gen, at::kDouble) < 0.3, -100);
+        target = target.to(dev);
+        at::Tensor weight = (at::rand({vocab}, gen, at::kDouble) + 0.5).to(dev);
+        for (double smoothing : {0.0, 0.1}) {
+          auto opts = F::CrossEntropyFuncOptions().label_smoothing(smoothing).weight(weight);
+          at::Tensor rx = full.clone().set_requires_grad(true);
+          at::Tensor ref = F::cross_entropy(rx, target, opts);
+          ref.backward();
+          at::Tensor x = distribute_tensor(full.to(dtype), mesh, {Shard(1)}).set_requires_grad(true);
+          auto guard = loss_parallel();
+          at::Tensor loss = F::cross_entropy(x, target, opts.weight(weight.to(dtype)));
+          loss.backward();
+          const double tol = dtype == at::kDouble ? 1e-12 : dtype == at::kFloat ? 1e-5 : 2e-2;
+          EXPECT_TRUE(to_local(loss).is_cuda());
+          EXPECT_LE(rel_err(full_tensor(loss), ref), tol) << "TP " << tp << " " << dtype;
+          EXPECT_LE(rel_err(full_tensor(x.grad()), rx.grad()), tol) << "TP " << tp << " " << dtype;
+        }
+      });
+    }
+  }
+}
