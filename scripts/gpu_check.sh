@@ -66,5 +66,5 @@ grep -E "\*\*\*Failed|Failed  |\(Failed\)" "$out/ctest.log" | head -20
 
 echo "== GPU benchmark (TP 1, one H200): cross-entropy forward+backward"
 for dtype in bfloat16 float32; do
-  "$build/bin/hp-run" --nproc-per-node 1 "$build/bin/hp-bench" --device cuda --tokens 8192 --vocab 128256 --dtype "$dtype" --vs-pytorch 2>&1 | sed 's/^\[rank0\] //'
+  "$build/bin/hp-run" --nproc-per-node 1 "$build/bin/hp-bench" --device cuda --tokens 8192 --vocab 128256 --dtype "$dtype" --vs-pytorch 2>&1 | sed "s/^\\[rank0\\]: //"
 done
