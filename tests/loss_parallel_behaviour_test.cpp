@@ -154,6 +154,22 @@ TEST(LossParallelConsumers, CrossEntropyPlusKlOnTheSameLogProbs) {
   });
 }
 
+TEST(LossParallelErrors, ChangingTheLogitsInPlaceBeforeBackwardIsAnError) {
+  // The fused node keeps the logits for backward: an in-place change in between must raise
+  // LibTorch's usual error, not give the gradient of other logits (it gave 2.15e5 for -0.129).
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2}, {"tp"});
+    at::Tensor leaf = sharded_logits(random_tensor({4, 6}, 3), mesh);
+    at::Tensor logits = leaf * 1.0;  // not a leaf, so it may be changed in place
+    at::Tensor target = at::tensor({0, 5, 2, 3}, at::kLong);
+    auto guard = loss_parallel();
+    at::Tensor loss = F::cross_entropy(logits, target);
+    logits.mul_(10);
+    const std::string err = error_of<c10::Error>([&] { loss.backward(); });
+    EXPECT_NE(err.find("modified by an inplace operation"), std::string::npos) << err;
+  });
+}
+
 TEST(LossParallelErrors, LayoutErrorsNameTheExpectedLayout) {
   run_ranks(4, [](int64_t) {
     auto mesh2d = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});

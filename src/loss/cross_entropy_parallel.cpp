@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/saved_variable.h>
 
 #include "compat/autograd_compat.h"
 #include "core/redistribute.h"
@@ -27,8 +28,12 @@ struct CrossEntropyParallelBackward : Node {
   FusedCrossEntropy ce;
   ClassSharding sharding;
   std::vector<int64_t> local_shape;  // of the local logits
+  // The logits whose rows `ce` keeps, saved so that an in-place change between forward and
+  // backward raises LibTorch's usual error instead of giving the gradient of other logits.
+  torch::autograd::SavedVariable saved_logits;
 
   variable_list apply(variable_list&& grads) override {
+    saved_logits.unpack();  // throws when the logits were modified in place, or released
     if (!grads[0].defined()) return {at::Tensor()};
     const at::Tensor g = full_value(grads[0]);
     const ClassShard shard{sharding.comm, sharding.offset, sharding.local_classes, sharding.num_classes};
@@ -36,6 +41,10 @@ struct CrossEntropyParallelBackward : Node {
     return {make_dtensor(from_rows(rows, local_shape, sharding.class_dim), sharding.layout)};
   }
   std::string name() const override { return "hyper_parallel::CrossEntropyParallelBackward"; }
+  void release_variables() override {
+    saved_logits.reset_data();
+    ce = FusedCrossEntropy{};
+  }
 };
 
 // Probability targets: this rank's class slice, as rows.
@@ -122,6 +131,7 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
     node->ce = std::move(ce);
     node->sharding = cs;
     node->local_shape = local_logits.sizes().vec();
+    node->saved_logits = torch::autograd::SavedVariable(logits, /*is_output=*/false);
     node->set_next_edges(torch::autograd::collect_next_edges(logits));
     torch::autograd::create_gradient_edge(out, std::move(owner));
   }
