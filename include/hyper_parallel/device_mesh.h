@@ -59,6 +59,14 @@ class DeviceMesh {
   DeviceMesh operator[](const std::string& name) const;
   DeviceMesh slice(const std::vector<std::string>& names) const;
 
+  // A fresh seed for the next random op on this mesh. Every rank of the mesh gets the same
+  // sequence, as long as all run the same random ops (SPMD): at first use the ranks adopt
+  // the seed of LibTorch's default generator on mesh coordinate 0 (one broadcast per mesh
+  // dim of the root mesh), unless manual_seed() set one. Sub-meshes share their root's.
+  uint64_t next_random_seed() const;
+  // Restarts the mesh's random sequence from `seed`; call it with the same seed on every rank.
+  void manual_seed(uint64_t seed) const;
+
   // Identifies the groups and the caller's place in them: two handles with the same
   // identity issue collectives on the same process groups.
   size_t identity_hash() const;

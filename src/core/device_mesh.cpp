@@ -1,9 +1,12 @@
 #include "hyper_parallel/device_mesh.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/tensor.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -12,6 +15,17 @@
 #include "hyper_parallel/distributed.h"
 
 namespace hyper_parallel {
+
+// The random sequence of a mesh, shared by its handles and sub-meshes: one seed for the
+// whole mesh, agreed over the root mesh's groups.
+struct MeshRandomState {
+  std::vector<CommunicatorPtr> root_comms;
+  c10::Device device = c10::Device(c10::kCPU);
+  std::mutex mutex;
+  bool seeded = false;
+  uint64_t seed = 0;
+  uint64_t ops = 0;  // random ops drawn so far
+};
 
 struct DeviceMesh::Data {
   std::string device_type;
@@ -22,6 +36,7 @@ struct DeviceMesh::Data {
   int64_t my_rank = 0;
   std::vector<int64_t> coordinate;
   std::vector<CommunicatorPtr> comms;  // one per mesh dim
+  std::shared_ptr<MeshRandomState> random;
 };
 
 namespace {
@@ -88,6 +103,7 @@ DeviceMesh DeviceMesh::slice(const std::vector<std::string>& names) const {
     sub->coordinate.push_back(d.coordinate[k]);
   }
   sub->my_rank = d.my_rank;
+  sub->random = d.random;
   // Ranks of the sub-mesh: vary the kept dims, fix the others at our coordinate.
   const auto strides = row_major_strides(d.shape);
   const int64_t n = product(sub->shape);
@@ -104,6 +120,33 @@ DeviceMesh DeviceMesh::slice(const std::vector<std::string>& names) const {
     sub->ranks[flat] = d.ranks[idx];
   }
   return DeviceMesh(std::move(sub));
+}
+
+uint64_t DeviceMesh::next_random_seed() const {
+  MeshRandomState& r = *data().random;
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (!r.seeded) {
+    // Coordinate 0's default seed, broadcast along each dim in turn.
+    at::Tensor seed = at::tensor({static_cast<int64_t>(at::detail::getDefaultCPUGenerator().current_seed())},
+                                 at::TensorOptions().dtype(at::kLong))
+                          .to(r.device);
+    for (const auto& c : r.root_comms) c->broadcast_(seed, 0);
+    r.seed = static_cast<uint64_t>(seed.cpu().item<int64_t>());
+    r.seeded = true;
+  }
+  // splitmix64 of (seed, op index): independent streams for consecutive ops.
+  uint64_t z = r.seed + 0x9e3779b97f4a7c15ull * (++r.ops);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+void DeviceMesh::manual_seed(uint64_t seed) const {
+  MeshRandomState& r = *data().random;
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.seeded = true;
+  r.seed = seed;
+  r.ops = 0;
 }
 
 bool DeviceMesh::operator==(const DeviceMesh& o) const {
@@ -196,6 +239,9 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
                                          static_cast<int>(shape[k]), timeout);
     d->comms.push_back(std::make_shared<Communicator>(std::move(pg), std::move(members)));
   }
+  d->random = std::make_shared<MeshRandomState>();
+  d->random->root_comms = d->comms;
+  d->random->device = d->device;
   return DeviceMesh(std::move(d));
 }
 
