@@ -1,4 +1,5 @@
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/enum_tag.h>
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
@@ -132,6 +133,42 @@ void wrap_outputs(const OpCall& call, const ShardingDecision& d, torch::jit::Sta
   for (auto& v : results) stack->push_back(std::move(v));
 }
 
+// In-place ops, out= ops and in-place view ops write into an argument. Whatever the rule
+// chose (it may have computed in another layout, into a redistributed temporary), the
+// written DTensor must end up holding the result in its own layout; an in-place view op
+// instead gives the DTensor the layout of the view. Done here, once, for every op.
+void commit_writes(const OpCall& call, const ShardingDecision& d, const torch::jit::Stack& results) {
+  const auto& schema = call.schema();
+  const bool inplace_view = call.op().hasTag(at::Tag::inplace_view);
+  for (size_t r = 0; r < results.size() && r < schema.returns().size(); ++r) {
+    const auto arg = written_argument(schema, r);
+    if (!arg || !results[r].isTensor()) continue;
+    const at::Tensor& target = call.args()[*arg].toTensor();
+    auto* impl = dtensor_impl(target);
+    TORCH_CHECK(impl, call.name(), ": the written argument '", schema.arguments()[*arg].name(),
+                "' is a plain tensor while other arguments are DTensors; expected a DTensor to write into");
+    const at::Tensor& written = results[r].toTensor();
+    const Layout& have = impl->layout();
+    const bool has_layout = r < d.output_layouts.size() && !d.output_layouts[r].empty();
+    const Layout& result_layout = has_layout ? d.output_layouts[r][0] : have;
+    if (inplace_view) {
+      TORCH_CHECK(written.unsafeGetTensorImpl() == impl->local().unsafeGetTensorImpl(), call.name(),
+                  ": an in-place view op must change this rank's piece itself (its rule redistributed self)");
+      impl->set_layout_after_inplace_view(result_layout);
+      continue;
+    }
+    TORCH_CHECK(result_layout.shape() == have.shape(), call.name(), ": the result has shape ",
+                c10::IntArrayRef(result_layout.shape()), " but the argument '", schema.arguments()[*arg].name(),
+                "' it is written into has shape ", c10::IntArrayRef(have.shape()));
+    const bool wrote_in_place = written.unsafeGetTensorImpl() == impl->local().unsafeGetTensorImpl();
+    if (wrote_in_place && result_layout.placements() == have.placements()) continue;
+    // Computed elsewhere or in another layout: bring it into the argument's layout.
+    at::Tensor value = redistribute_local(written, result_layout, have);
+    if (value.is_alias_of(impl->local())) value = value.clone();
+    impl->local().copy_(value);
+  }
+}
+
 void run_local(const OpCall& call, const ShardingDecision& d, const DistributedOp* rule,
                torch::jit::Stack* stack) {
   torch::jit::Stack local = localize_args(call, d);
@@ -142,6 +179,7 @@ void run_local(const OpCall& call, const ShardingDecision& d, const DistributedO
     call.op().callBoxed(&local);
   }
   if (rule) rule->finalize(call, d, local_args, local);
+  commit_writes(call, d, local);
   torch::jit::drop(*stack, call.schema().arguments().size());
   wrap_outputs(call, d, local, stack);
 }
@@ -166,6 +204,7 @@ void run_replicated(const OpCall& call, torch::jit::Stack* stack) {
     }
     d.output_layouts.push_back(std::move(ls));
   }
+  commit_writes(call, d, local);
   torch::jit::drop(*stack, call.schema().arguments().size());
   wrap_outputs(call, d, local, stack);
 }

@@ -28,6 +28,13 @@ void DTensorImpl::set_global_geometry() {
   set_sizes_and_strides(layout_.shape(), layout_.stride());
 }
 
+void DTensorImpl::set_layout_after_inplace_view(Layout layout) {
+  TORCH_CHECK(local_.sizes() == c10::IntArrayRef(layout.local_shape()), "in-place view: the local piece has shape ",
+              local_.sizes(), " but ", layout.str(), " gives this rank ", c10::IntArrayRef(layout.local_shape()));
+  layout_ = std::move(layout);
+  set_global_geometry();
+}
+
 c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
     const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
   auto impl = c10::make_intrusive<DTensorImpl>(local_, layout_);

@@ -18,6 +18,9 @@ class DTensorImpl : public c10::TensorImpl {
 
   const at::Tensor& local() const { return local_; }
   const Layout& layout() const { return layout_; }
+  // After an in-place view op (transpose_, unsqueeze_ ...) changed the local piece's
+  // geometry: the DTensor takes the layout the view gives it.
+  void set_layout_after_inplace_view(Layout layout);
 
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
       const c10::VariableVersion& version_counter,

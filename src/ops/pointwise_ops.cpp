@@ -87,10 +87,10 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
     TORCH_CHECK(tensors.at(0).layout, call.name(), ": in-place op on a plain tensor with DTensor "
                 "arguments; expected self to be a DTensor");
     target = tensors[0].layout->placements();
+    // A Partial self the op is not linear in is computed on its Replicate value; the
+    // dispatcher writes the result back into self's Partial layout.
     for (int64_t m = 0; m < nm; ++m) {
-      TORCH_CHECK(!target[m].is_partial() || partial_passes(m), call.name(),
-                  ": cannot run in place on a DTensor that is ", target[m].str(), " on mesh dim ",
-                  m, " (the op is not linear in it); redistribute it to Replicate first");
+      if (target[m].is_partial() && !partial_passes(m)) target[m] = Placement::replicate();
     }
   } else {
     for (int64_t m = 0; m < nm; ++m) {
