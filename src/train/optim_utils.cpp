@@ -13,14 +13,18 @@ namespace hyper_parallel::train {
 
 double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm) {
   // Squared sums bucketed by the mesh and the mesh dims that shard them: each bucket is
-  // all-reduced once over exactly those dims.
+  // all-reduced once over exactly those dims. Buckets are reduced in the order the
+  // parameters first reach them, which is the same on every rank (the same model): an
+  // order by anything rank-specific (a hash of process-group addresses) could make ranks
+  // issue collectives on different groups in different orders and deadlock.
   double replicated = 0;
   struct Bucket {
     DeviceMesh mesh;
     std::vector<int64_t> dims;
     double sum = 0;
   };
-  std::map<std::pair<size_t, std::vector<int64_t>>, Bucket> buckets;
+  std::vector<Bucket> buckets;
+  std::map<std::pair<size_t, std::vector<int64_t>>, size_t> bucket_of;  // identity -> index
   std::vector<at::Tensor> grads;
   for (const auto& p : parameters) {
     at::Tensor g = p.grad();
@@ -44,13 +48,12 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
       replicated += local;
       continue;
     }
-    auto& b = buckets[{mesh_of(g).identity_hash(), dims}];
-    b.mesh = mesh_of(g);
-    b.dims = dims;
-    b.sum += local;
+    auto [it, fresh] = bucket_of.try_emplace({mesh_of(g).identity_hash(), dims}, buckets.size());
+    if (fresh) buckets.push_back(Bucket{mesh_of(g), dims, 0.0});
+    buckets[it->second].sum += local;
   }
   double total = replicated;
-  for (auto& [key, b] : buckets) {
+  for (auto& b : buckets) {
     at::Tensor s = at::scalar_tensor(b.sum, at::kDouble);
     for (int64_t m : b.dims) b.mesh.comm(m).all_reduce_(s, ReduceOp::Sum);
     total += s.item<double>();
