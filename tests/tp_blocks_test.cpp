@@ -171,3 +171,18 @@ TEST(TensorParallelBlocks, VocabParallelEmbeddingMatchesOneProcess) {
     });
   }
 }
+
+TEST(ParallelStyles, ColwiseOutputAlreadyInItsLayoutIsNotRedistributed) {
+  // Shard(-1) and the output's Shard(1) are the same placement: no redistribute node.
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2}, {"tp"});
+    torch::nn::Linear lin(torch::nn::LinearOptions(4, 6).bias(false));
+    torch::nn::Sequential model(lin);
+    parallelize_module(*model, mesh, {{"0", ColwiseParallel::make({.output_layouts = {{Shard(-1)}}, .use_local_output = false})}});
+    at::Tensor x = at::randn({3, 4});
+    at::Tensor y = parallel_forward(lin, x);
+    ASSERT_TRUE(is_dtensor(y));
+    ASSERT_TRUE(y.grad_fn());
+    EXPECT_NE(y.grad_fn()->name(), "hyper_parallel::RedistributeBackward");
+  });
+}

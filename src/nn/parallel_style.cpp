@@ -28,6 +28,16 @@ std::unordered_map<const torch::nn::Module*, Entry>& registry() {
   return *r;
 }
 
+// Equal once negative shard dims are resolved for a tensor of `ndim` dims (Shard(-1) is
+// Shard(1) of a matrix): comparing them raw would redistribute to where it already is.
+bool same_placements(const Placements& a, const Placements& b, int64_t ndim) {
+  if (a.size() != b.size()) return false;
+  for (size_t m = 0; m < a.size(); ++m) {
+    if (!(a[m].normalized(ndim) == b[m].normalized(ndim))) return false;
+  }
+  return true;
+}
+
 Placements on_mesh(const std::optional<Placements>& given, Placement fallback, const DeviceMesh& mesh) {
   if (given) return *given;
   return Placements(mesh.ndim(), fallback);
@@ -44,7 +54,7 @@ at::Tensor shard_parameter(torch::nn::Module& module, const std::string& name, c
   // Autograd may produce a gradient in another layout (e.g. a replicated embedding
   // gradient): bring it to the parameter's own, so optimizers and clipping see one layout.
   param.register_hook([placements](const at::Tensor& grad) -> at::Tensor {
-    if (!is_dtensor(grad) || placements_of(grad) == placements) return grad;
+    if (!is_dtensor(grad) || same_placements(placements_of(grad), placements, grad.dim())) return grad;
     return redistribute(grad, placements);
   });
   return param;
@@ -109,14 +119,16 @@ ModuleLayouts PrepareModuleInput::apply(torch::nn::Module&, const std::string&, 
 
 at::Tensor prepare_module_input(const ModuleLayouts& l, const at::Tensor& input) {
   at::Tensor x = is_dtensor(input) ? input : DTensor::from_local(input, l.mesh, l.input_layouts);
-  if (placements_of(x) != l.desired_input) x = redistribute(x, l.desired_input);
+  if (!same_placements(placements_of(x), l.desired_input, x.dim())) x = redistribute(x, l.desired_input);
   return l.use_local_input ? to_local(x) : x;
 }
 
 at::Tensor prepare_module_output(const ModuleLayouts& l, const at::Tensor& output) {
   if (!is_dtensor(output)) return output;
   at::Tensor y = output;
-  if (!l.output_layouts.empty() && placements_of(y) != l.output_layouts) y = redistribute(y, l.output_layouts);
+  if (!l.output_layouts.empty() && !same_placements(placements_of(y), l.output_layouts, y.dim())) {
+    y = redistribute(y, l.output_layouts);
+  }
   return l.use_local_output ? to_local(y) : y;
 }
 
