@@ -395,6 +395,30 @@ TEST(LossParallelCache, TheSameOpAndLayoutTakeDifferentRoutesInsideAndOutside) {
   });
 }
 
+TEST(LossParallelCache, ARuleThatReadsTheConfigSeesItsChanges) {
+  // nll_loss outside the context reads loss_parallel_fallback_on_layout_error: a decision
+  // cached while it was on must not outlive it.
+  ParallelismConfig on;
+  on.loss_parallel_fallback_on_layout_error = true;
+  ConfigScope scope(on);
+  run_ranks(2, [](int64_t rank) {
+    auto mesh = init_device_mesh("cpu", {2});
+    at::Tensor full = random_tensor({5, 6}, 11);
+    at::Tensor t = torch::tensor({0, 5, 2, 3, 1});
+    at::Tensor lp = distribute_tensor(torch::log_softmax(full, 1), mesh, {Shard(1)});
+    F::nll_loss(lp, t);  // gathers: the fallback is on
+    mesh.comm(0).barrier();
+    if (rank == 0) {
+      ParallelismConfig off = parallelism_config();
+      off.loss_parallel_fallback_on_layout_error = false;
+      set_parallelism_config(off);
+    }
+    mesh.comm(0).barrier();
+    EXPECT_NE(error_of<LossParallelLayoutError>([&] { F::nll_loss(lp, t); }).find("loss_parallel()"),
+              std::string::npos);
+  });
+}
+
 TEST(LossParallelNames, TableCoversTheDecompositionAndIsExtendable) {
   auto names = loss_parallel_op_names();
   for (const char* n : {"_log_softmax", "_log_softmax_backward_data", "nll_loss_forward", "nll_loss2d_forward",

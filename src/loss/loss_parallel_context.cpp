@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "dispatch/layout_cache.h"
+#include "hyper_parallel/dispatch.h"
 #include "hyper_parallel/loss_parallel.h"
 #include "hyper_parallel/parallelism_config.h"
 
@@ -43,8 +44,12 @@ ParallelismConfig parallelism_config() {
 }
 
 void set_parallelism_config(const ParallelismConfig& config) {
-  std::lock_guard<std::mutex> lock(config_mutex);
-  global_config = config;
+  {
+    std::lock_guard<std::mutex> lock(config_mutex);
+    global_config = config;
+  }
+  // Rules read the config (nll_loss's fallback): decisions cached under the old one go.
+  clear_layout_cache();
 }
 
 LossParallelGuard::LossParallelGuard(const LossParallelOptions& options) {
