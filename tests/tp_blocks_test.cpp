@@ -153,22 +153,27 @@ INSTANTIATE_TEST_SUITE_P(Degrees, TensorParallelAttention, ::testing::Values(2, 
 
 TEST(TensorParallelBlocks, VocabParallelEmbeddingMatchesOneProcess) {
   for (int64_t tp : {2, 3}) {
-    run_ranks(tp, [tp](int64_t) {
-      auto mesh = init_device_mesh("cpu", {tp});
-      at::Tensor table = hyper_parallel::testing::random_tensor({11, 4}, 5);  // uneven shards
-      at::Tensor ids = torch::tensor({{0, 3, 10, 7}, {5, 5, 1, 9}}, torch::kLong);
-      at::Tensor c = hyper_parallel::testing::random_tensor({2, 4, 4}, 6);
-      at::Tensor ref_w = table.clone().set_requires_grad(true);
-      (torch::embedding(ref_w, ids) * c).sum().backward();
+    for (int64_t padding_idx : {int64_t{-1}, int64_t{5}}) {
+      run_ranks(tp, [tp, padding_idx](int64_t) {
+        auto mesh = init_device_mesh("cpu", {tp});
+        at::Tensor table = hyper_parallel::testing::random_tensor({11, 4}, 5);  // uneven shards
+        at::Tensor ids = torch::tensor({{0, 3, 10, 7}, {5, 5, 1, 9}}, torch::kLong);
+        at::Tensor c = hyper_parallel::testing::random_tensor({2, 4, 4}, 6);
+        at::Tensor ref_w = table.clone().set_requires_grad(true);
+        (at::embedding(ref_w, ids, padding_idx) * c).sum().backward();
 
-      at::Tensor w = distribute_tensor(table, mesh, {Shard(0)}).set_requires_grad(true);
-      at::Tensor out = torch::embedding(w, ids);
-      EXPECT_EQ(placements_of(out), Placements{Partial()});
-      at::Tensor y = full_tensor(out);
-      EXPECT_TRUE(torch::allclose(y, torch::embedding(table, ids)));
-      (y * c).sum().backward();
-      EXPECT_TRUE(torch::allclose(full_tensor(w.grad()), ref_w.grad()));
-    });
+        at::Tensor w = distribute_tensor(table, mesh, {Shard(0)}).set_requires_grad(true);
+        at::Tensor out = at::embedding(w, ids, padding_idx);
+        EXPECT_EQ(placements_of(out), Placements{Partial()});
+        at::Tensor y = full_tensor(out);
+        EXPECT_TRUE(torch::allclose(y, torch::embedding(table, ids)));
+        (y * c).sum().backward();
+        // Each rank scatters into its own rows: the gradient is born Shard(0), V/tp x D.
+        EXPECT_EQ(placements_of(w.grad()), Placements{Shard(0)});
+        EXPECT_EQ(to_local(w.grad()).sizes(), to_local(w).sizes());
+        EXPECT_TRUE(torch::allclose(full_tensor(w.grad()), ref_w.grad()));
+      });
+    }
   }
 }
 

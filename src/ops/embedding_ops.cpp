@@ -12,6 +12,7 @@ namespace hyper_parallel {
 
 namespace {
 constexpr int64_t kVocabParallel = 1;
+constexpr int64_t kVocabParallelBackward = 2;
 
 // The ids this rank owns under a vocabulary-sharded weight, and their local rows.
 struct OwnedIds {
@@ -26,7 +27,8 @@ OwnedIds own(const at::Tensor& ids, int64_t offset, int64_t rows) {
 
 std::string EmbeddingOp::rule() const {
   return "weight Shard(0) + ids Replicate -> Partial(sum) (masked lookup); weight Shard(1) -> "
-         "Shard(-1); weight Replicate -> the ids' shards";
+         "Shard(-1); weight Replicate -> the ids' shards. Backward with replicated gradient and "
+         "ids -> Shard(0) (each rank scatters into its own rows)";
 }
 
 ShardingDecision EmbeddingOp::infer_layout(const OpCall& call) const {
@@ -87,6 +89,14 @@ ShardingDecision EmbeddingOp::infer_layout(const OpCall& call) const {
       want_g[m] = g;
       want_ids[m] = i;
       out[m] = Placement::partial();
+    } else if (!g.is_shard() && !i.is_shard() && !call.arg("scale_grad_by_freq").toBool()) {
+      // Every rank has every token's gradient: each scatters only into the rows it would
+      // hold under Shard(0), the vocabulary-parallel weight's layout, so no rank ever holds
+      // the V x D gradient. (A replicated weight gets it all-gathered by its gradient hook.
+      // scale_grad_by_freq counts ids over the whole vocabulary: replicated below.)
+      want_g[m] = want_ids[m] = Placement::replicate();
+      out[m] = Placement::shard(0);
+      d.expand_tag = kVocabParallelBackward;
     } else {
       want_g[m] = want_ids[m] = out[m] = Placement::replicate();
     }
@@ -99,6 +109,20 @@ ShardingDecision EmbeddingOp::infer_layout(const OpCall& call) const {
 }
 
 void EmbeddingOp::expand(const OpCall& call, const ShardingDecision& d, torch::jit::Stack& local) const {
+  if (d.expand_tag == kVocabParallelBackward) {
+    // embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
+    // on this rank's rows: other rows' ids point at local row 0 with a zero gradient.
+    const Layout& out = d.output_layouts.at(0).at(0);
+    const int64_t offset = out.local_offset()[0], rows = out.local_shape()[0];
+    const OwnedIds owned = own(local[1].toTensor(), offset, rows);
+    const at::Tensor grad = local[0].toTensor();
+    local[0] = grad.masked_fill(owned.mask.logical_not().unsqueeze(-1), 0);
+    local[1] = owned.local_ids;
+    local[2] = rows;
+    const int64_t padding = local[3].toInt();
+    local[3] = padding >= offset && padding < offset + rows ? padding - offset : int64_t{-1};
+    return;
+  }
   if (d.expand_tag != kVocabParallel) return;
   const Layout& weight = *call.tensors().at(0).layout;
   local[1] = own(local[1].toTensor(), weight.local_offset()[0], weight.local_shape()[0]).local_ids;
