@@ -138,3 +138,22 @@ TEST(LayoutCache, ReplacingARuleClearsTheCache) {
     EXPECT_EQ(layout_cache_stats().size, 0);
   });
 }
+
+TEST(LayoutCache, IsBoundedAndDropsTheLeastRecentlyUsed) {
+  const int64_t saved = layout_cache_capacity();
+  set_layout_cache_capacity(4);
+  run_ranks(1, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {1});
+    clear_layout_cache();
+    std::vector<at::Tensor> xs;
+    for (int64_t n = 1; n <= 6; ++n) xs.push_back(distribute_tensor(random_tensor({n, 3}, 1), mesh, {Shard(0)}));
+    for (const auto& x : xs) at::exp(x);
+    EXPECT_EQ(layout_cache_stats().size, 4);
+    const int64_t misses = layout_cache_stats().misses;
+    at::exp(xs[5]);  // recent: kept
+    EXPECT_EQ(layout_cache_stats().misses, misses);
+    at::exp(xs[0]);  // oldest: dropped
+    EXPECT_EQ(layout_cache_stats().misses, misses + 1);
+  });
+  set_layout_cache_capacity(saved);
+}

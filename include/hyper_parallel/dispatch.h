@@ -59,6 +59,10 @@ struct LayoutCacheStats {
 };
 LayoutCacheStats layout_cache_stats();
 void clear_layout_cache();
+// The cache keeps at most this many decisions, dropping the least recently used
+// (default 4096; a decision holds its layouts' meshes, and so their process groups).
+void set_layout_cache_capacity(int64_t entries);
+int64_t layout_cache_capacity();
 
 // Features whose routing changes what inference means (loss_parallel) set a token
 // that becomes part of every cache key on this thread.

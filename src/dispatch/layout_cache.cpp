@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <list>
 #include <mutex>
 #include <unordered_map>
 
@@ -18,10 +19,21 @@ struct KeyHash {
   size_t operator()(const LayoutCacheKey& k) const { return k.hash; }
 };
 
+// Least recently used first out: `lru` holds the entries, most recent at the front.
 struct Cache {
+  using Entry = std::pair<LayoutCacheKey, std::shared_ptr<const ShardingDecision>>;
   std::mutex mutex;
-  std::unordered_map<LayoutCacheKey, std::shared_ptr<const ShardingDecision>, KeyHash> map;
+  std::list<Entry> lru;
+  std::unordered_map<LayoutCacheKey, std::list<Entry>::iterator, KeyHash> map;
+  int64_t capacity = 4096;
   std::atomic<int64_t> hits{0}, misses{0};
+
+  void trim() {
+    while (static_cast<int64_t>(lru.size()) > capacity) {
+      map.erase(lru.back().first);
+      lru.pop_back();
+    }
+  }
 };
 
 Cache& cache() {
@@ -118,6 +130,36 @@ bool add_ivalue(std::vector<uint64_t>& w, const c10::IValue& v) {
   return true;
 }
 
+// The groups of every mesh dim and the caller's coordinate: two meshes with the same words
+// issue collectives on the same groups. Exact, since a cached decision keeps its meshes
+// (and so their groups' addresses) alive.
+void add_mesh(std::vector<uint64_t>& w, const DeviceMesh& mesh) {
+  if (!mesh.defined()) {
+    w.push_back(0);
+    return;
+  }
+  w.push_back(static_cast<uint64_t>(mesh.ndim()));
+  for (int64_t k = 0; k < mesh.ndim(); ++k) {
+    w.push_back(reinterpret_cast<uintptr_t>(&mesh.comm(k)));
+    w.push_back(static_cast<uint64_t>(mesh.coordinate()[k]));
+  }
+}
+
+// A layout in full (mesh, placements, shape, stride), not its hash.
+void add_layout(std::vector<uint64_t>& w, const Layout& l) {
+  w.push_back(0xD7);
+  add_mesh(w, l.mesh());
+  w.push_back(l.placements().size());
+  for (const auto& p : l.placements()) {
+    w.push_back(static_cast<uint64_t>(p.kind()));
+    w.push_back(p.is_shard() ? static_cast<uint64_t>(p.dim()) : 0);
+    w.push_back(p.is_partial() ? static_cast<uint64_t>(p.reduce_op()) : 0);
+  }
+  w.push_back(l.shape().size());
+  for (int64_t s : l.shape()) w.push_back(static_cast<uint64_t>(s));
+  for (int64_t s : l.stride()) w.push_back(static_cast<uint64_t>(s));
+}
+
 }  // namespace
 
 LayoutCacheKey make_layout_cache_key(const OpCall& call) {
@@ -126,13 +168,10 @@ LayoutCacheKey make_layout_cache_key(const OpCall& call) {
   w.reserve(32);
   w.push_back(reinterpret_cast<uintptr_t>(&call.op().schema()));
   w.push_back(tls_context_token);
-  w.push_back(call.mesh().defined() ? call.mesh().identity_hash() : 0);
+  add_mesh(w, call.mesh());
   for (const auto& v : call.args()) k.cacheable = k.cacheable && add_ivalue(w, v);
   for (const auto& t : call.tensors()) {
-    if (t.layout) {
-      w.push_back(0xD7);
-      w.push_back(t.layout->hash());
-    }
+    if (t.layout) add_layout(w, *t.layout);
   }
   uint64_t h = 0;
   for (uint64_t x : w) h = mix(h, x);
@@ -149,13 +188,17 @@ std::shared_ptr<const ShardingDecision> layout_cache_find(const LayoutCacheKey& 
     return nullptr;
   }
   ++c.hits;
-  return it->second;
+  c.lru.splice(c.lru.begin(), c.lru, it->second);
+  return it->second->second;
 }
 
 void layout_cache_insert(const LayoutCacheKey& key, std::shared_ptr<const ShardingDecision> d) {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
-  c.map.emplace(key, std::move(d));
+  if (c.map.count(key)) return;
+  c.lru.emplace_front(key, std::move(d));
+  c.map.emplace(key, c.lru.begin());
+  c.trim();
 }
 
 LayoutCacheStats layout_cache_stats() {
@@ -168,8 +211,23 @@ void clear_layout_cache() {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   c.map.clear();
+  c.lru.clear();
   c.hits = 0;
   c.misses = 0;
+}
+
+void set_layout_cache_capacity(int64_t entries) {
+  TORCH_CHECK(entries >= 0, "set_layout_cache_capacity: expected a number of entries >= 0, got ", entries);
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.capacity = entries;
+  c.trim();
+}
+
+int64_t layout_cache_capacity() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.capacity;
 }
 
 uint64_t layout_cache_context_token() { return tls_context_token; }

@@ -3,7 +3,7 @@
 // Key = op identity + for every argument either its layout hash (DTensor), its shape
 // and dtype (plain tensor) or its value (static argument) + the mesh's identity (which
 // rank, which groups) + the thread's context token (loss_parallel). Keys are vectors of
-// 64-bit words compared exactly; layouts enter through their precomputed hashes.
+// 64-bit words compared exactly; layouts and meshes enter in full.
 #pragma once
 
 #include <cstdint>
