@@ -17,5 +17,8 @@ export OMP_NUM_THREADS=1
 "$python" "$here/pytorch_parity.py" inputs "$work" "$tp"
 "$python" -m torch.distributed.run --standalone --nproc-per-node "$tp" \
   "$here/pytorch_parity.py" pytorch "$work" > "$work/pytorch.log" 2>&1 || { cat "$work/pytorch.log"; exit 1; }
+for ((r = 0; r < tp; ++r)); do
+  [ -f "$work/pytorch/rank$r/done" ] || { cat "$work/pytorch.log"; echo "PyTorch rank $r did not finish"; exit 1; }
+done
 "$bin/hp-run" --nproc-per-node "$tp" "$bin/hp-parity" "$work" > "$work/ours.log" 2>&1 || { cat "$work/ours.log"; exit 1; }
 "$python" "$here/pytorch_parity.py" compare "$work"
