@@ -27,6 +27,12 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 
 void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
 
+// NCCL takes CUDA tensors only; say so here rather than in NCCL's words.
+void check_device(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.is_cuda() || pg->getBackendName() != "nccl", what, ": expected a CUDA tensor on an NCCL "
+              "group, got one on ", t.device(), "; put it on the mesh's device (DeviceMesh::device())");
+}
+
 // Gloo's reductions are not defined for bfloat16 in every LibTorch: such buffers travel
 // as float32, which holds every bfloat16 value exactly.
 bool needs_float_wire(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at::Tensor& t) {
@@ -56,6 +62,7 @@ Communicator::~Communicator() = default;
 void Communicator::all_reduce_(at::Tensor& t, ReduceOp op) const {
   ++tls_counts.all_reduce;
   if (size() == 1) return;
+  check_device(pg_, t, "all_reduce");
   // c10d requires dense contiguous buffers; reduce a contiguous copy when needed.
   at::Tensor buf = needs_float_wire(pg_, t) ? t.to(at::kFloat) : t.is_contiguous() ? t : t.contiguous();
   std::vector<at::Tensor> v{buf};
@@ -95,6 +102,7 @@ at::Tensor Communicator::all_gather(const at::Tensor& local, int64_t dim,
   }
   ++tls_counts.all_gather;
   if (size() == 1) return local;
+  check_device(pg_, local, "all_gather");
   // Gloo needs equal-sized buffers: pad every piece to the largest, then trim.
   const int64_t max_len = *std::max_element(sizes.begin(), sizes.end());
   at::Tensor send = local.movedim(dim, 0).contiguous();
@@ -121,6 +129,7 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& full, int64_t dim, Red
     ++tls_counts.reduce_scatter;
     return full.narrow(dim, mine.offset, mine.length);
   }
+  check_device(pg_, full, "reduce_scatter");
   if (compat::has_native_reduce_scatter(pg_, full.device().type()) && op != ReduceOp::Avg) {
     ++tls_counts.reduce_scatter;
     const int64_t max_len = chunk_range(full.size(dim), size(), 0).length;
@@ -154,6 +163,7 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& full, int64_t dim, Red
 void Communicator::broadcast_(at::Tensor& t, int64_t root) const {
   ++tls_counts.broadcast;
   if (size() == 1) return;
+  check_device(pg_, t, "broadcast");
   at::Tensor buf = needs_float_wire(pg_, t) ? t.to(at::kFloat) : t.is_contiguous() ? t : t.contiguous();
   std::vector<at::Tensor> v{buf};
   c10d::BroadcastOptions opts;

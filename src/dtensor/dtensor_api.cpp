@@ -90,7 +90,7 @@ void check_pieces_across_mesh(const at::Tensor& local, const Layout& layout) {
   const int64_t nd = local.dim();
   std::vector<int64_t> mine{static_cast<int64_t>(local.scalar_type()), nd};
   mine.insert(mine.end(), local.sizes().begin(), local.sizes().end());
-  at::Tensor buf = at::tensor(mine, at::kLong);
+  at::Tensor buf = at::tensor(mine, at::kLong).to(mesh.device());  // NCCL needs CUDA tensors
   // Gather along every mesh dim in turn: afterwards each rank has everyone's report.
   at::Tensor all = buf.unsqueeze(0);
   for (int64_t m = mesh.ndim() - 1; m >= 0; --m) {

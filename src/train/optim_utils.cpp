@@ -54,7 +54,7 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
   }
   double total = replicated;
   for (auto& b : buckets) {
-    at::Tensor s = at::scalar_tensor(b.sum, at::kDouble);
+    at::Tensor s = at::scalar_tensor(b.sum, at::kDouble).to(b.mesh.device());  // NCCL needs CUDA
     for (int64_t m : b.dims) b.mesh.comm(m).all_reduce_(s, ReduceOp::Sum);
     total += s.item<double>();
   }
