@@ -2,7 +2,9 @@
 #include <ATen/core/enum_tag.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <set>
@@ -26,7 +28,17 @@ struct Registry {
   std::unordered_map<std::string, DistributedOpPtr> ops;
   std::map<std::string, std::string> origins;  // op name -> YAML file:line or plugin
   std::vector<std::pair<std::string, OpDispatcher::ContextRoute>> routes;
+  // What dispatch reads on every op: an immutable copy of the routes, replaced whole when
+  // one is added, so the hot path neither locks nor copies functions.
+  std::atomic<std::shared_ptr<const std::vector<OpDispatcher::ContextRoute>>> route_snapshot{
+      std::make_shared<const std::vector<OpDispatcher::ContextRoute>>()};
   std::set<std::string> warned_implicit;
+
+  void publish_routes() {  // under mutex
+    auto v = std::make_shared<std::vector<OpDispatcher::ContextRoute>>();
+    for (const auto& r : routes) v->push_back(r.second);
+    route_snapshot.store(std::move(v));
+  }
 };
 
 Registry& registry() {
@@ -268,13 +280,16 @@ bool implicit_replication_enabled() { return implicit_replication; }
 
 void OpDispatcher::add_context_route(std::string route_name, ContextRoute route) {
   std::lock_guard<std::mutex> lock(registry().mutex);
+  bool replaced = false;
   for (auto& r : registry().routes) {
     if (r.first == route_name) {
       r.second = std::move(route);
-      return;
+      replaced = true;
+      break;
     }
   }
-  registry().routes.emplace_back(std::move(route_name), std::move(route));
+  if (!replaced) registry().routes.emplace_back(std::move(route_name), std::move(route));
+  registry().publish_routes();
 }
 
 void OpDispatcher::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -283,12 +298,8 @@ void OpDispatcher::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* st
   // 1. bypass
   if (run_bypass_op(op, name, stack)) return;
   // 2. context routes
-  std::vector<ContextRoute> routes;
-  {
-    std::lock_guard<std::mutex> lock(registry().mutex);
-    for (const auto& r : registry().routes) routes.push_back(r.second);
-  }
-  for (const auto& route : routes) {
+  const auto routes = registry().route_snapshot.load();
+  for (const auto& route : *routes) {
     if (route(op, name, stack)) return;
   }
   // 3. layout inference
