@@ -163,8 +163,9 @@ void commit_writes(const OpCall& call, const ShardingDecision& d, const torch::j
     const Layout& have = impl->layout();
     const bool has_layout = r < d.output_layouts.size() && !d.output_layouts[r].empty();
     const Layout& result_layout = has_layout ? d.output_layouts[r][0] : have;
+    const bool wrote_in_place = written.unsafeGetTensorImpl() == impl->local().unsafeGetTensorImpl();
     if (inplace_view) {
-      TORCH_CHECK(written.unsafeGetTensorImpl() == impl->local().unsafeGetTensorImpl(), call.name(),
+      TORCH_CHECK(wrote_in_place, call.name(),
                   ": an in-place view op must change this rank's piece itself (its rule redistributed self)");
       impl->set_layout_after_inplace_view(result_layout);
       continue;
@@ -172,7 +173,6 @@ void commit_writes(const OpCall& call, const ShardingDecision& d, const torch::j
     TORCH_CHECK(result_layout.shape() == have.shape(), call.name(), ": the result has shape ",
                 c10::IntArrayRef(result_layout.shape()), " but the argument '", schema.arguments()[*arg].name(),
                 "' it is written into has shape ", c10::IntArrayRef(have.shape()));
-    const bool wrote_in_place = written.unsafeGetTensorImpl() == impl->local().unsafeGetTensorImpl();
     if (wrote_in_place && result_layout.placements() == have.placements()) continue;
     // Computed elsewhere or in another layout: bring it into the argument's layout.
     at::Tensor value = redistribute_local(written, result_layout, have);

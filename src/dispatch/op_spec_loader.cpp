@@ -164,11 +164,8 @@ std::vector<OpSpecFile> read_op_spec_dirs(const std::string& dirs) {
   std::vector<OpSpecFile> out;
   for (const auto& dir : split_paths(dirs)) {
     TORCH_CHECK(compat::is_directory(dir), "HYPER_PARALLEL_OPS_YAML_DIR: '", dir, "' is not a directory");
-    auto has_suffix = [](const std::string& s, const std::string& suffix) {
-      return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-    };
     for (const auto& name : compat::list_directory(dir)) {  // sorted
-      if (!has_suffix(name, ".yaml") && !has_suffix(name, ".yml")) continue;
+      if (!name.ends_with(".yaml") && !name.ends_with(".yml")) continue;
       const std::string f = compat::join_path(dir, name);
       std::ifstream in(f);
       std::stringstream ss;

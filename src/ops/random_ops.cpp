@@ -15,18 +15,10 @@ std::string RandomOp::rule() const {
 }
 
 ShardingDecision RandomOp::infer_layout(const OpCall& call) const {
-  const TensorArg& self = call.tensors().at(0);
-  TORCH_CHECK(self.layout, call.name(), ": expected self to be a DTensor");
   TORCH_CHECK(call.tensors().size() == 1, call.name(), " (", call.schema().operator_name(),
               ") on DTensors: random ops with tensor parameters are not supported; "
               "expected scalar parameters");
-  TORCH_CHECK(!call.is_inplace() || !self.layout->has_partial(), call.name(),
-              ": cannot overwrite a Partial DTensor in place; redistribute it first");
-  ShardingDecision d;
-  d.input_placements.assign(1, std::nullopt);
-  d.output_layouts.push_back(
-      {Layout(call.mesh(), partial_to_replicate(self.layout->placements()), self.shape, self.layout->stride())});
-  return d;
+  return SameLayoutOp::infer_layout(call);
 }
 
 void RandomOp::finalize(const OpCall& call, const ShardingDecision& decision, const torch::jit::Stack& local_args,

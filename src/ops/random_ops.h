@@ -8,16 +8,18 @@
 // draws only the local piece is the known improvement.
 #pragma once
 
-#include "hyper_parallel/distributed_op.h"
+#include "ops/tensor_ops.h"
 
 namespace hyper_parallel {
 
-class RandomOp : public DistributedOp {
+// The layout is SameLayoutOp's for ops that overwrite every value (Partial -> Replicate,
+// no in-place write into a Partial); only the values are drawn differently.
+class RandomOp : public SameLayoutOp {
  public:
   // How the full tensor is drawn: "inplace" re-runs the (in-place, generator-taking) op
   // itself on the full tensor; "uniform", "normal" and "randint" draw what rand_like,
   // randn_like and randint_like draw.
-  explicit RandomOp(std::string draw) : draw_(std::move(draw)) {}
+  explicit RandomOp(std::string draw) : SameLayoutOp(/*overwrites_values=*/true), draw_(std::move(draw)) {}
   std::string class_name() const override { return "RandomOp"; }
   std::string rule() const override;
   ShardingDecision infer_layout(const OpCall& call) const override;
