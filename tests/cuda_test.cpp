@@ -136,3 +136,18 @@ TEST(CudaLossParallel, FusedCrossEntropyMatchesTheFullLogits) {
     }
   }
 }
+
+TEST(CudaMesh, ACudaWorldWithoutAGpuIsAClearError) {
+  if (hyper_parallel::testing::has_cuda()) GTEST_SKIP() << "a GPU is present: this checks the error without one";
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  InitOptions opts;
+  opts.per_thread = true;
+  opts.device_type = "cuda";
+  try {
+    init_process_group(store, 0, 1, opts);
+    ADD_FAILURE() << "a cuda world without a GPU should be refused";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no GPU is visible"), std::string::npos) << e.what();
+  }
+  destroy_process_group();
+}

@@ -81,3 +81,17 @@ TEST(RandomDTensor, APartialInputGivesAReplicatedDrawAndInPlaceOnPartialIsRefuse
     EXPECT_THROW(p.uniform_(), c10::Error);
   });
 }
+
+TEST(RandomDTensor, RandomOpsWithTensorParametersAreRefused) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2}, {"tp"});
+    at::Tensor x = distribute_tensor(at::zeros({4, 2}), mesh, {Shard(0)});
+    at::Tensor p = distribute_tensor(at::full({4, 2}, 0.5), mesh, {Shard(0)});
+    try {
+      x.bernoulli_(p);
+      ADD_FAILURE() << "bernoulli_ with a tensor p should be refused";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("random ops with tensor parameters"), std::string::npos) << e.what();
+    }
+  });
+}

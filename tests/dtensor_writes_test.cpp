@@ -57,3 +57,19 @@ TEST(DTensorWrites, InPlaceOpsKeepSelfsLayoutAndValue) {
     EXPECT_TRUE(full_tensor(p).equal(at::full({3}, 4.0))) << full_tensor(p);
   });
 }
+
+TEST(DTensorWrites, AnOutArgumentOfAnotherShapeIsAnError) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2}, {"tp"});
+    at::Tensor a = distribute_tensor(at::ones({4, 2}), mesh, {Shard(0)});
+    // [1, 2] broadcasts with the operands, so only the write step can see the mismatch
+    // (ATen would resize a plain out; a DTensor's layout cannot be resized behind it).
+    at::Tensor out = distribute_tensor(at::zeros({1, 2}), mesh, {Replicate()});
+    try {
+      at::add_out(out, a, a);
+      ADD_FAILURE() << "add_out of [4, 2] results into a [1, 2] out should be refused";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("it is written into has shape"), std::string::npos) << e.what();
+    }
+  });
+}

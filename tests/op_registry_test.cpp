@@ -156,4 +156,6 @@ TEST(LayoutCache, IsBoundedAndDropsTheLeastRecentlyUsed) {
     EXPECT_EQ(layout_cache_stats().misses, misses + 1);
   });
   set_layout_cache_capacity(saved);
+  EXPECT_THROW(set_layout_cache_capacity(-1), c10::Error);
+  EXPECT_EQ(layout_cache_capacity(), saved);
 }
