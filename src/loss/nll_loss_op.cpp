@@ -12,6 +12,8 @@ namespace {
 
 class NllLossOp : public DistributedOp {
  public:
+  // backward: nll_loss*_backward(grad_output, self, ...), whose log-probs come second.
+  explicit NllLossOp(bool backward) : backward_(backward) {}
   std::string class_name() const override { return "NllLossOp"; }
   std::string rule() const override {
     return "class-sharded input: LossParallelLayoutError (use loss_parallel()); otherwise all "
@@ -19,7 +21,7 @@ class NllLossOp : public DistributedOp {
   }
 
   ShardingDecision infer_layout(const OpCall& call) const override {
-    const bool backward = call.name().find("backward") != std::string::npos;
+    const bool backward = backward_;
     const TensorArg& self = call.tensors().at(backward ? 1 : 0);
     const int64_t class_dim = self.shape.size() == 1 ? 0 : 1;
     if (self.layout && !self.layout->mesh_dims_sharding(class_dim).empty() &&
@@ -42,10 +44,18 @@ class NllLossOp : public DistributedOp {
     }
     return d;
   }
+
+ private:
+  bool backward_;
 };
 
 }  // namespace
 
-HP_REGISTER_OP_CLASS(NllLossOp, [](const OpParams&) { return std::make_shared<NllLossOp>(); });
+HP_REGISTER_OP_CLASS(NllLossOp, [](const OpParams& p) {
+  const std::string direction = p.get("direction", "forward");
+  TORCH_CHECK(direction == "forward" || direction == "backward", p.source(), ": NllLossOp direction '",
+              direction, "' is not one of forward, backward");
+  return std::make_shared<NllLossOp>(direction == "backward");
+});
 
 }  // namespace hyper_parallel

@@ -40,7 +40,7 @@ ShardingDecision EmbeddingOp::infer_layout(const OpCall& call) const {
   ShardingDecision d;
   d.input_placements.assign(tensors.size(), std::nullopt);
   // No meta kernels here (index_select has none in LibTorch 1.13): shapes by hand.
-  if (call.name() == "embedding") {
+  if (!backward_) {
     const TensorArg& weight = tensors.at(0);
     const TensorArg& ids = tensors.at(1);
     const int64_t id_ndim = ids.shape.size();
@@ -138,6 +138,11 @@ void EmbeddingOp::finalize(const OpCall& call, const ShardingDecision& d,
   results[0] = out.masked_fill(owned.mask.logical_not().unsqueeze(-1), 0);
 }
 
-HP_REGISTER_OP_CLASS(EmbeddingOp, [](const OpParams&) { return std::make_shared<EmbeddingOp>(); });
+HP_REGISTER_OP_CLASS(EmbeddingOp, [](const OpParams& p) {
+  const std::string direction = p.get("direction", "forward");
+  TORCH_CHECK(direction == "forward" || direction == "backward", p.source(), ": EmbeddingOp direction '",
+              direction, "' is not one of forward, backward");
+  return std::make_shared<EmbeddingOp>(direction == "backward");
+});
 
 }  // namespace hyper_parallel

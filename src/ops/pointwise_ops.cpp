@@ -28,14 +28,16 @@ PointwiseOp::Linearity PointwiseOp::parse_linearity(const std::string& s) {
   if (s == "unary") return Linearity::Unary;
   if (s == "additive") return Linearity::Additive;
   if (s == "multiplicative") return Linearity::Multiplicative;
+  if (s == "quotient") return Linearity::Quotient;
   TORCH_CHECK(false, "PointwiseOp: linearity '", s,
-              "' is not one of none, unary, additive, multiplicative");
+              "' is not one of none, unary, additive, multiplicative, quotient");
 }
 
 std::string PointwiseOp::rule() const {
   const char* lin = linearity_ == Linearity::None       ? "Partial inputs are reduced first"
                     : linearity_ == Linearity::Unary    ? "Partial(sum) passes through"
                     : linearity_ == Linearity::Additive ? "Partial(sum) + Partial(sum) or Replicate -> Partial(sum)"
+                    : linearity_ == Linearity::Quotient ? "Partial(sum) / Replicate -> Partial(sum)"
                                                         : "Partial(sum) * Replicate -> Partial(sum)";
   return std::string("output follows the first input's Shard (broadcast dims replicated); ") + lin;
 }
@@ -75,9 +77,8 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
       // Replicate addends become Partial (kept on one rank, zeros elsewhere: no
       // communication); a non-tensor Scalar addend would be added on every rank.
       case Linearity::Additive: return !has_scalar_addend;
-      case Linearity::Multiplicative:
-        // Any single factor of a product; only the numerator of a quotient.
-        return partial.size() == 1 && (call.name() != "div" || partial[0] == operands[0]);
+      case Linearity::Multiplicative: return partial.size() == 1;  // any single factor
+      case Linearity::Quotient: return partial.size() == 1 && partial[0] == operands[0];  // the numerator
     }
     return false;
   };
