@@ -257,3 +257,15 @@ TEST(ShardingStrategy, MatmulTakesTheCheapestStrategyPerMeshDim) {
     }
   });
 }
+
+TEST(ShardingStrategy, PointwiseFollowsTheOperandThatIsCheaperToKeep) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2}, {"tp"});
+    const at::Tensor row = random_tensor({1, 64}, 1), big = random_tensor({64, 64}, 2);
+    // Following the first operand's shard would move the big tensor (an all-to-all of
+    // 32 KiB); following the second gathers the small row (256 B).
+    at::Tensor r = at::add(distribute_tensor(row, mesh, {Shard(1)}), distribute_tensor(big, mesh, {Shard(0)}));
+    EXPECT_EQ(placements_of(r), Placements{Shard(0)});
+    EXPECT_TRUE(at::allclose(full_tensor(r), row + big));
+  });
+}

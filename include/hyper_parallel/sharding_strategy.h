@@ -30,6 +30,11 @@ struct SelectedStrategy {
   double cost_bytes = 0;
 };
 
+// The index of the cheapest candidate on one mesh dim (ties: the earlier one). For rules
+// whose candidates on a mesh dim depend on what earlier mesh dims chose.
+size_t cheapest_strategy(const OpCall& call, int64_t mesh_dim, const std::vector<size_t>& arguments,
+                         const std::vector<DimStrategy>& candidates, double* cost_bytes = nullptr);
+
 // `arguments` index call.tensors(); every candidate lists one placement per argument.
 // Ties go to the earlier candidate, so rules list their preferred strategy first.
 SelectedStrategy select_strategy(const OpCall& call, const std::vector<size_t>& arguments,

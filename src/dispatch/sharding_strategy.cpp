@@ -23,39 +23,45 @@ double redistribute_cost_bytes(const Placement& have, const Placement& want, dou
   return bytes * (n - 1) / n + token;                            // all-gather, then zero
 }
 
+size_t cheapest_strategy(const OpCall& call, int64_t mesh_dim, const std::vector<size_t>& arguments,
+                         const std::vector<DimStrategy>& candidates, double* cost_bytes) {
+  TORCH_CHECK(!candidates.empty(), call.name(), ": a rule offered no strategy");
+  const int64_t ranks = call.mesh().size(mesh_dim);
+  size_t best = 0;
+  double best_cost = std::numeric_limits<double>::infinity();
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    const DimStrategy& s = candidates[c];
+    TORCH_CHECK(s.inputs.size() == arguments.size(), call.name(), ": a strategy lists ", s.inputs.size(),
+                " placements for ", arguments.size(), " arguments");
+    double cost = 0;
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      const TensorArg& t = call.tensors().at(arguments[i]);
+      double bytes = static_cast<double>(c10::elementSize(t.dtype));
+      for (int64_t n : t.shape) bytes *= static_cast<double>(n);
+      const Placement have = t.layout ? t.layout->placement(mesh_dim) : Placement::replicate();
+      cost += redistribute_cost_bytes(have, s.inputs[i], bytes, ranks);
+    }
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = c;
+    }
+  }
+  if (cost_bytes) *cost_bytes = best_cost;
+  return best;
+}
+
 SelectedStrategy select_strategy(const OpCall& call, const std::vector<size_t>& arguments,
                                  const std::vector<DimStrategy>& candidates) {
-  TORCH_CHECK(!candidates.empty(), call.name(), ": a rule offered no strategy");
-  const DeviceMesh& mesh = call.mesh();
-  const int64_t nm = mesh.ndim();
-  std::vector<double> bytes;
-  for (size_t a : arguments) {
-    const TensorArg& t = call.tensors().at(a);
-    double n = static_cast<double>(c10::elementSize(t.dtype));
-    for (int64_t s : t.shape) n *= static_cast<double>(s);
-    bytes.push_back(n);
-  }
+  const int64_t nm = call.mesh().ndim();
   SelectedStrategy out;
   out.inputs.assign(arguments.size(), Placements(nm, Placement::replicate()));
   out.output = Placements(nm, Placement::replicate());
   for (int64_t m = 0; m < nm; ++m) {
-    double best = std::numeric_limits<double>::infinity();
-    for (const DimStrategy& s : candidates) {
-      TORCH_CHECK(s.inputs.size() == arguments.size(), call.name(), ": a strategy lists ", s.inputs.size(),
-                  " placements for ", arguments.size(), " arguments");
-      double cost = 0;
-      for (size_t i = 0; i < arguments.size(); ++i) {
-        const TensorArg& t = call.tensors()[arguments[i]];
-        const Placement have = t.layout ? t.layout->placement(m) : Placement::replicate();
-        cost += redistribute_cost_bytes(have, s.inputs[i], bytes[i], mesh.size(m));
-      }
-      if (cost < best) {
-        best = cost;
-        for (size_t i = 0; i < arguments.size(); ++i) out.inputs[i][m] = s.inputs[i];
-        out.output[m] = s.output;
-      }
-    }
-    out.cost_bytes += best;
+    double cost = 0;
+    const DimStrategy& s = candidates[cheapest_strategy(call, m, arguments, candidates, &cost)];
+    for (size_t i = 0; i < arguments.size(); ++i) out.inputs[i][m] = s.inputs[i];
+    out.output[m] = s.output;
+    out.cost_bytes += cost;
   }
   return out;
 }
