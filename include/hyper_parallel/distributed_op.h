@@ -30,7 +30,7 @@ struct TensorArg {
   size_t arg_index;                 // position in the schema's arguments
   std::optional<size_t> list_index; // position inside a Tensor[] / Tensor?[] argument
   const Layout* layout;             // nullptr: a plain tensor (treated as replicated)
-  std::vector<int64_t> shape;       // global shape
+  c10::IntArrayRef shape;           // global shape (the argument's sizes: valid during the call)
   c10::ScalarType dtype;
 };
 

@@ -20,8 +20,7 @@ OpCall::OpCall(const c10::OperatorHandle& op, const std::string& name, c10::Arra
   tensors_.reserve(args.size());
   auto add = [&](const at::Tensor& t, size_t arg_index, std::optional<size_t> list_index) {
     if (!t.defined()) return;
-    TensorArg ta{arg_index, list_index, nullptr, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
-                 t.scalar_type()};
+    TensorArg ta{arg_index, list_index, nullptr, t.sizes(), t.scalar_type()};
     if (auto* impl = dtensor_impl(t)) {
       ta.layout = &impl->layout();
       if (!mesh_.defined()) {

@@ -67,7 +67,7 @@ at::Tensor local_input(const at::Tensor& t, const TensorArg& info,
                        const std::optional<Placements>& target, const DeviceMesh& mesh) {
   if (!target) return info.layout ? local_of(t) : t;
   if (info.layout && *target == info.layout->placements()) return local_of(t);  // no move
-  return local_piece(t, info.layout ? info.layout->with_placements(*target) : Layout(mesh, *target, info.shape));
+  return local_piece(t, info.layout ? info.layout->with_placements(*target) : Layout(mesh, *target, info.shape.vec()));
 }
 
 torch::jit::Stack localize_args(const OpCall& call, const ShardingDecision& d) {

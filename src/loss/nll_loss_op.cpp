@@ -35,10 +35,10 @@ class NllLossOp : public DistributedOp {
     ShardingDecision d;
     d.input_placements = replicate_dtensor_inputs(call);
     if (backward) {
-      d.output_layouts.push_back({Layout(call.mesh(), rep, self.shape)});
+      d.output_layouts.push_back({Layout(call.mesh(), rep, self.shape.vec())});
     } else {
       const bool none = call.arg("reduction").toInt() == at::Reduction::None;
-      const std::vector<int64_t> out = none ? call.tensors().at(1).shape : std::vector<int64_t>{};
+      const std::vector<int64_t> out = none ? call.tensors().at(1).shape.vec() : std::vector<int64_t>{};
       d.output_layouts.push_back({Layout(call.mesh(), rep, out)});
       d.output_layouts.push_back({Layout(call.mesh(), rep, {})});
     }

@@ -64,7 +64,7 @@ ShardingDecision EmbeddingOp::infer_layout(const OpCall& call) const {
     }
     d.input_placements[0] = want_w;
     d.input_placements[1] = want_ids;
-    std::vector<int64_t> shape = ids.shape;
+    std::vector<int64_t> shape = ids.shape.vec();
     shape.push_back(weight.shape.at(1));
     d.output_layouts.push_back({Layout(call.mesh(), out, shape)});
     return d;

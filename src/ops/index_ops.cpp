@@ -47,7 +47,7 @@ ShardingDecision GatherOp::infer_layout(const OpCall& call) const {
   d.input_placements.assign(call.tensors().size(), std::nullopt);
   d.input_placements[0] = want_self;
   d.input_placements[1] = want_index;
-  d.output_layouts.push_back({Layout(call.mesh(), out, index.shape)});
+  d.output_layouts.push_back({Layout(call.mesh(), out, index.shape.vec())});
   return d;
 }
 

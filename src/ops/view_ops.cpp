@@ -117,7 +117,7 @@ ShardingDecision ReshapeOp::infer_layout(const OpCall& call) const {
         const int64_t d = in[m].dim();
         if (self.shape[d] == out_shape[d + shift]) od = d + shift;
       } else {
-        od = reshaped_shard_dim(self.shape, out_shape, in[m].dim(), call.mesh().size(m));
+        od = reshaped_shard_dim(self.shape.vec(), out_shape, in[m].dim(), call.mesh().size(m));
       }
     }
     if (od < 0) {
