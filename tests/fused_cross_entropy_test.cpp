@@ -309,3 +309,22 @@ TEST(FusedCrossEntropyKernel, StatisticsAndGradientMatchAtenOnAwkwardRows) {
     EXPECT_TRUE(out.narrow(1, cols, ld - cols).equal(storage.narrow(1, cols, ld - cols))) << "wrote past the rows";
   }
 }
+
+// A training loop's next step finds the previous step's gradient buffer free again and
+// writes into it, instead of faulting in a fresh logits-sized buffer.
+TEST(FusedCrossEntropy, TrainingStepsReuseTheGradientBuffer) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2});
+    const at::Tensor full = random_tensor({64, 16384}, 2, at::kFloat);
+    const at::Tensor t = at::randint(16384, {64}, at::kLong);
+    auto step = [&] {
+      at::Tensor x = distribute_tensor(full, mesh, {Shard(1)}).set_requires_grad(true);
+      auto guard = loss_parallel();
+      F::cross_entropy(x, t).backward();
+      return to_local(x.grad()).const_data_ptr();
+    };
+    const void* first = step();
+    EXPECT_EQ(step(), first);
+    EXPECT_EQ(step(), first);
+  });
+}
