@@ -11,7 +11,7 @@
 // cross_entropy / log_softmax / nll_loss decompose into) to distributed kernels:
 //   K1 distributed stable log-softmax   (all-reduce MAX + all-reduce SUM)
 //   K2 index NLL with ignore_index, class weights, none/mean/sum (one all-reduce)
-//   K3 a fused cross-entropy backward    (no collective)
+//   K3 the fused cross_entropy           (one all-gather forward, none backward)
 // A log_softmax whose output feeds anything else (KL, a log-prob gather, a sum) gets the
 // correct backward with one all-reduce. Backward kernels are chosen by the layout of
 // their inputs, not by the guard, so backward may run on any thread.
