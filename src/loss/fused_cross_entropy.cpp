@@ -7,6 +7,9 @@
 #include <limits>
 
 #include "loss/cross_entropy_cpu_kernel.h"
+#if defined(HP_CE_HAVE_CUDA)
+#include "loss/cross_entropy_cuda_kernel.h"
+#endif
 #include "loss/gradient_buffer.h"
 
 namespace hyper_parallel {
@@ -28,6 +31,14 @@ at::Tensor local_weight(const FusedCrossEntropy& ce, const ClassShard& shard) {
 }
 
 const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
+
+// Whether x's device has a kernel of its own (else the ATen-op path below runs).
+bool has_kernel(const at::Tensor& x) {
+#if defined(HP_CE_HAVE_CUDA)
+  if (x.is_cuda()) return true;
+#endif
+  return x.device().is_cpu();
+}
 
 // Devices without a dedicated kernel: the same statistics and gradient with ATen ops,
 // rows in blocks so that temporaries stay near 4 M elements.
@@ -130,7 +141,7 @@ void write_gradient(const FusedCrossEntropy& ce, const at::Tensor& x, const at::
   if (shard.local == 0 || x.size(0) == 0) return;
   const Coefficients co = coefficients(ce, g_rows, shard);
   const at::Tensor w = local_weight(ce, shard);
-  if (!x.device().is_cpu()) return backward_aten(ce, x, out, co, w);
+  if (!has_kernel(x)) return backward_aten(ce, x, out, co, w);
   k::BackwardArgs args;
   args.dtype = x.scalar_type();
   args.x = x.const_data_ptr();
@@ -151,6 +162,9 @@ void write_gradient(const FusedCrossEntropy& ce, const at::Tensor& x, const at::
     args.q = ce.q.const_data_ptr();
     args.ldq = row_stride(ce.q);
   }
+#if defined(HP_CE_HAVE_CUDA)
+  if (x.is_cuda()) return k::cuda_backward(args);
+#endif
   k::backward(args);
 }
 
@@ -204,11 +218,16 @@ at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& 
     args.smoothing_sum = eps > 0;
   }
   at::Tensor stats = at::empty({k::kStats, rows}, opts);
-  if (shard.local > 0 && !x.device().is_cpu()) {
+  if (shard.local > 0 && !has_kernel(x)) {
     forward_stats_aten(ce, x, w_local, stats, 1 - eps, eps / C);
   } else if (shard.local > 0) {
     args.stats = stats.data_ptr();
+#if defined(HP_CE_HAVE_CUDA)
+    if (x.is_cuda()) k::cuda_forward_stats(args);
+    else k::forward_stats(args);
+#else
     k::forward_stats(args);
+#endif
   } else {
     // An empty piece (more ranks than classes): -inf max, nothing summed.
     stats.zero_();
