@@ -18,7 +18,12 @@ for tp in ${HP_ROOFLINE_TP:-1 2}; do
   "$build/bin/hp-run" --nproc-per-node "$tp" "$build/bin/hp-bench" --grid --json "$out.jsonl" "$@"
 done
 python="${HP_PYTHON:-python3}"
-"$python" - "$out" <<'PY' || echo "(no plot: $python lacks matplotlib)"
+if ! "$python" -c "import matplotlib" 2>/dev/null; then
+  echo "(no plot: $python lacks matplotlib)"
+  echo "wrote $out.jsonl"
+  exit 0
+fi
+"$python" - "$out" <<'PY'
 import json, sys
 import matplotlib
 matplotlib.use("Agg")
