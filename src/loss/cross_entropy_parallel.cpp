@@ -12,6 +12,7 @@
 #include "hyper_parallel/dtensor.h"
 #include "loss/class_sharding.h"
 #include "loss/cross_entropy_kernels.h"
+#include "loss/fused_cross_entropy.h"
 #include "loss/loss_parallel_dispatch.h"
 
 namespace hyper_parallel {
@@ -23,7 +24,8 @@ using torch::autograd::variable_list;
 
 // The gradient of the cross entropy with respect to the class-sharded logits. Holds the
 // logits' rows, the per-row log-sum-exp and weights: everything backward needs, so it
-// runs without a collective and without the loss_parallel context.
+// runs without a collective and without the loss_parallel context. With
+// gradient_in_forward it holds the gradient already written over the logits instead.
 struct CrossEntropyParallelBackward : Node {
   FusedCrossEntropy ce;
   ClassSharding sharding;
@@ -33,7 +35,9 @@ struct CrossEntropyParallelBackward : Node {
   torch::autograd::SavedVariable saved_logits;
 
   variable_list apply(variable_list&& grads) override {
-    saved_logits.unpack();  // throws when the logits were modified in place, or released
+    // Throws when the logits were modified in place, or released. (Not saved when the
+    // gradient was written over them: their storage is the gradient.)
+    if (!ce.gradient_in_forward) saved_logits.unpack();
     if (!grads[0].defined()) return {at::Tensor()};
     const at::Tensor g = full_value(grads[0]);
     const ClassShard shard{sharding.comm, sharding.offset, sharding.local_classes, sharding.num_classes};
@@ -93,6 +97,16 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   ce.reduction = reduction;
   ce.ignore_index = ignore_index;
   ce.label_smoothing = label_smoothing;
+  const LossParallelOptions options = current_loss_parallel_options();
+  TORCH_CHECK(options.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: off), got ", options.logit_softcap);
+  ce.z_loss_weight = options.z_loss_weight;
+  ce.softcap = options.logit_softcap;
+  const bool wants_grad = torch::autograd::GradMode::is_enabled() && logits.requires_grad();
+  // Writing the gradient over the logits needs their storage as plain rows.
+  ce.gradient_in_forward = options.gradient_in_forward && wants_grad &&
+                           ce.x_rows.is_alias_of(local_logits) &&
+                           (ce.x_rows.size(1) <= 1 || ce.x_rows.stride(1) == 1) &&
+                           local_logits.is_non_overlapping_and_dense();
   if (weight && weight->defined()) {
     at::Tensor w = replicated_value(*weight, "class weight", op);
     TORCH_CHECK(w.dim() == 1 && w.size(0) == cs.num_classes, op, ": expected a class weight of shape [",
@@ -125,13 +139,18 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   }
   const DeviceMesh& mesh = cs.layout.mesh();
   at::Tensor out = make_dtensor(loss, Layout(mesh, Placements(mesh.ndim(), Placement::replicate()), loss_shape));
-  if (torch::autograd::GradMode::is_enabled() && logits.requires_grad()) {
+  if (ce.gradient_in_forward) {
+    // The logits now hold the gradient: any other saved user of them must raise.
+    torch::autograd::impl::bump_version(local_logits);
+    if (!local_logits.is_same(logits)) torch::autograd::impl::bump_version(logits);
+  }
+  if (wants_grad) {
     compat::NodePtr owner = compat::make_node<CrossEntropyParallelBackward>();
     auto* node = static_cast<CrossEntropyParallelBackward*>(owner.get());
     node->ce = std::move(ce);
     node->sharding = cs;
     node->local_shape = local_logits.sizes().vec();
-    node->saved_logits = torch::autograd::SavedVariable(logits, /*is_output=*/false);
+    if (!node->ce.gradient_in_forward) node->saved_logits = torch::autograd::SavedVariable(logits, /*is_output=*/false);
     node->set_next_edges(torch::autograd::collect_next_edges(logits));
     torch::autograd::create_gradient_edge(out, std::move(owner));
   }
