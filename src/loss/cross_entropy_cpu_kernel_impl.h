@@ -21,6 +21,7 @@
 #include <mutex>
 
 #include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/logits_dtype_dispatch.h"
 
 #ifndef CPU_CAPABILITY
 #error "define CPU_CAPABILITY before including cross_entropy_cpu_kernel_impl.h"
@@ -244,21 +245,10 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
   }
 }
 
-template <typename Fn>
-void dispatch_type(c10::ScalarType t, Fn&& fn) {
-  switch (t) {
-    case c10::ScalarType::Float: return fn(float{});
-    case c10::ScalarType::Double: return fn(double{});
-    case c10::ScalarType::BFloat16: return fn(c10::BFloat16{});
-    case c10::ScalarType::Half: return fn(c10::Half{});
-    default: TORCH_CHECK(false, "fused cross-entropy: unsupported logits dtype ", t);
-  }
-}
-
 }  // namespace
 
 void forward_stats(const ForwardArgs& args) {
-  dispatch_type(args.dtype, [&](auto tag) {
+  fused_ce::dispatch_logits_dtype(args.dtype, [&](auto tag) {
     using scalar_t = decltype(tag);
     at::parallel_for(0, args.rows, grain_rows(args.cols),
                      [&](int64_t r0, int64_t r1) { forward_rows<scalar_t>(args, r0, r1); });
@@ -266,7 +256,7 @@ void forward_stats(const ForwardArgs& args) {
 }
 
 void backward(const BackwardArgs& args) {
-  dispatch_type(args.dtype, [&](auto tag) {
+  fused_ce::dispatch_logits_dtype(args.dtype, [&](auto tag) {
     using scalar_t = decltype(tag);
     at::parallel_for(0, args.rows, grain_rows(args.cols),
                      [&](int64_t r0, int64_t r1) { backward_rows<scalar_t>(args, r0, r1); });

@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/logits_dtype_dispatch.h"
 
 namespace hyper_parallel::ce_kernel {
 
@@ -141,22 +142,11 @@ __global__ void backward_kernel(BackwardArgs args) {
   }
 }
 
-template <typename Fn>
-void dispatch_type(c10::ScalarType t, Fn&& fn) {
-  switch (t) {
-    case c10::ScalarType::Float: return fn(float{});
-    case c10::ScalarType::Double: return fn(double{});
-    case c10::ScalarType::BFloat16: return fn(c10::BFloat16{});
-    case c10::ScalarType::Half: return fn(c10::Half{});
-    default: TORCH_CHECK(false, "fused cross-entropy: unsupported logits dtype ", t);
-  }
-}
-
 }  // namespace
 
 void cuda_forward_stats(const ForwardArgs& args) {
   if (args.rows == 0) return;
-  dispatch_type(args.dtype, [&](auto tag) {
+  fused_ce::dispatch_logits_dtype(args.dtype, [&](auto tag) {
     using scalar_t = decltype(tag);
     forward_kernel<scalar_t><<<args.rows, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -165,7 +155,7 @@ void cuda_forward_stats(const ForwardArgs& args) {
 
 void cuda_backward(const BackwardArgs& args) {
   if (args.rows == 0) return;
-  dispatch_type(args.dtype, [&](auto tag) {
+  fused_ce::dispatch_logits_dtype(args.dtype, [&](auto tag) {
     using scalar_t = decltype(tag);
     backward_kernel<scalar_t><<<args.rows, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
