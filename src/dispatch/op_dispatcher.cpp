@@ -155,38 +155,40 @@ void commit_writes(const OpCall& call, const OpResolution& res, const ShardingDe
     const at::Tensor& target = call.args()[*arg].toTensor();
     auto* impl = dtensor_impl(target);
     const at::Tensor& written = results[r].toTensor();
-    if (!impl) {
-      // A plain tensor written with DTensor operands (autograd formulas do this, e.g.
-      // zeros(sizes).scatter_(dim, indices, grad)): it receives the full result, as one
-      // process would compute it.
-      TORCH_CHECK(!res.inplace_view && r < d.output_layouts.size() && !d.output_layouts[r].empty(), call.name(),
-                  ": cannot write into the plain argument '", schema.arguments()[*arg].name(),
-                  "' (an in-place view, or a rule that gave no output layout); expected a DTensor");
-      const Layout& result_layout = d.output_layouts[r][0];
-      const Layout full(call.mesh(), Placements(call.mesh().ndim(), Placement::replicate()), result_layout.shape());
-      at::Tensor value = redistribute_local(written, result_layout, full);
-      if (value.is_alias_of(target)) value = value.clone();
-      const_cast<at::Tensor&>(target).copy_(value);
-      continue;
-    }
-    const Layout& have = impl->layout();
     const bool has_layout = r < d.output_layouts.size() && !d.output_layouts[r].empty();
-    const Layout& result_layout = has_layout ? d.output_layouts[r][0] : have;
-    const bool wrote_in_place = written.unsafeGetTensorImpl() == impl->local().unsafeGetTensorImpl();
+    // Where the result goes, and in which layout: a DTensor keeps its own; a plain tensor
+    // written with DTensor operands (autograd formulas do this, e.g.
+    // zeros(sizes).scatter_(dim, indices, grad)) receives the full result, as one process
+    // would compute it.
+    at::Tensor dest;
+    Layout dest_layout;
+    if (!impl) {
+      TORCH_CHECK(!res.inplace_view && has_layout, call.name(), ": cannot write into the plain argument '",
+                  schema.arguments()[*arg].name(),
+                  "' (an in-place view, or a rule that gave no output layout); expected a DTensor");
+      dest = target;
+      dest_layout = Layout(call.mesh(), Placements(call.mesh().ndim(), Placement::replicate()),
+                           d.output_layouts[r][0].shape());
+    } else {
+      dest = impl->local();
+      dest_layout = impl->layout();
+    }
+    const Layout& result_layout = has_layout ? d.output_layouts[r][0] : dest_layout;
+    const bool wrote_in_place = impl && written.unsafeGetTensorImpl() == dest.unsafeGetTensorImpl();
     if (res.inplace_view) {
       TORCH_CHECK(wrote_in_place, call.name(),
                   ": an in-place view op must change this rank's piece itself (its rule redistributed self)");
       impl->set_layout_after_inplace_view(result_layout);
       continue;
     }
-    TORCH_CHECK(result_layout.shape() == have.shape(), call.name(), ": the result has shape ",
+    TORCH_CHECK(result_layout.shape() == dest_layout.shape(), call.name(), ": the result has shape ",
                 c10::IntArrayRef(result_layout.shape()), " but the argument '", schema.arguments()[*arg].name(),
-                "' it is written into has shape ", c10::IntArrayRef(have.shape()));
-    if (wrote_in_place && result_layout.placements() == have.placements()) continue;
-    // Computed elsewhere or in another layout: bring it into the argument's layout.
-    at::Tensor value = redistribute_local(written, result_layout, have);
-    if (value.is_alias_of(impl->local())) value = value.clone();
-    impl->local().copy_(value);
+                "' it is written into has shape ", c10::IntArrayRef(dest_layout.shape()));
+    if (wrote_in_place && result_layout.placements() == dest_layout.placements()) continue;
+    // Computed elsewhere or in another layout: bring it into the destination's layout.
+    at::Tensor value = redistribute_local(written, result_layout, dest_layout);
+    if (value.is_alias_of(dest)) value = value.clone();
+    dest.copy_(value);
   }
 }
 
