@@ -95,6 +95,13 @@ TEST(OpRegistry, DuplicateOpNameNamesBothFiles) {
   EXPECT_NE(msg.find("'add'"), std::string::npos) << msg;
 }
 
+TEST(OpRegistry, AnUnknownClassParameterValueNamesEntryKeyAndChoices) {
+  RegistryEnv env((kData + "/bad_choice_yaml").c_str(), nullptr);
+  const std::string msg = error_of([] { reload_distributed_ops(); });
+  EXPECT_NE(msg.find("bad_kind.yaml:2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("PermuteOp kind 'diagonal' is not one of permute, transpose, t"), std::string::npos) << msg;
+}
+
 TEST(OpRegistry, PluginWithoutEntryPointNamesTheSymbol) {
   RegistryEnv env(nullptr, HP_TEST_BAD_PLUGIN_PATH);
   const std::string msg = error_of([] { reload_distributed_ops(); });

@@ -2,6 +2,8 @@
 #include <ATen/core/Reduction.h>
 #include <c10/util/Exception.h>
 
+#include "dispatch/op_param_choice.h"
+
 #include "hyper_parallel/distributed_op.h"
 #include "hyper_parallel/loss_parallel.h"
 #include "hyper_parallel/parallelism_config.h"
@@ -52,10 +54,7 @@ class NllLossOp : public DistributedOp {
 }  // namespace
 
 HP_REGISTER_OP_CLASS(NllLossOp, [](const OpParams& p) {
-  const std::string direction = p.get("direction", "forward");
-  TORCH_CHECK(direction == "forward" || direction == "backward", p.source(), ": NllLossOp direction '",
-              direction, "' is not one of forward, backward");
-  return std::make_shared<NllLossOp>(direction == "backward");
+  return std::make_shared<NllLossOp>(param_choice(p, "NllLossOp", "direction", {"forward", "backward"}) == 1);
 });
 
 }  // namespace hyper_parallel

@@ -8,6 +8,8 @@
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 
+#include "dispatch/op_param_choice.h"
+
 namespace hyper_parallel {
 
 namespace {
@@ -139,10 +141,7 @@ void EmbeddingOp::finalize(const OpCall& call, const ShardingDecision& d,
 }
 
 HP_REGISTER_OP_CLASS(EmbeddingOp, [](const OpParams& p) {
-  const std::string direction = p.get("direction", "forward");
-  TORCH_CHECK(direction == "forward" || direction == "backward", p.source(), ": EmbeddingOp direction '",
-              direction, "' is not one of forward, backward");
-  return std::make_shared<EmbeddingOp>(direction == "backward");
+  return std::make_shared<EmbeddingOp>(param_choice(p, "EmbeddingOp", "direction", {"forward", "backward"}) == 1);
 });
 
 }  // namespace hyper_parallel

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "dispatch/op_param_choice.h"
 #include "hyper_parallel/sharding_strategy.h"
 
 namespace hyper_parallel {
@@ -62,15 +63,9 @@ ShardingDecision MatmulOp::infer_layout(const OpCall& call) const {
   return d;
 }
 
-MatmulOp::Form MatmulOp::parse_form(const std::string& s) {
-  if (s == "mm") return Form::Mm;
-  if (s == "bmm") return Form::Bmm;
-  if (s == "addmm") return Form::Addmm;
-  TORCH_CHECK(false, "MatmulOp: form '", s, "' is not one of mm, bmm, addmm");
-}
-
 HP_REGISTER_OP_CLASS(MatmulOp, [](const OpParams& p) {
-  return std::make_shared<MatmulOp>(MatmulOp::parse_form(p.get("form", "mm")));
+  return std::make_shared<MatmulOp>(
+      static_cast<MatmulOp::Form>(param_choice(p, "MatmulOp", "form", {"mm", "bmm", "addmm"})));
 });
 
 }  // namespace hyper_parallel

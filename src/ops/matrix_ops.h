@@ -12,7 +12,6 @@ class MatmulOp : public DistributedOp {
   // The operand order of the schema: mm(a, b), bmm(a, b) batched, addmm(bias, a, b).
   enum class Form { Mm, Bmm, Addmm };
   explicit MatmulOp(Form form = Form::Mm) : form_(form) {}
-  static Form parse_form(const std::string& s);
 
   std::string class_name() const override { return "MatmulOp"; }
   std::string rule() const override;

@@ -1,6 +1,6 @@
 #include "ops/view_ops.h"
 
-#include <c10/util/StringUtil.h>
+#include "dispatch/op_param_choice.h"
 
 #include <ATen/TensorUtils.h>
 #include <c10/util/Exception.h>
@@ -256,34 +256,22 @@ ShardingDecision ConcatOp::infer_layout(const OpCall& call) const {
   return d;
 }
 
-namespace {
-// The value of `key` among `choices` (index), or an error naming the YAML entry.
-size_t choice(const OpParams& p, const std::string& cls, const std::string& key,
-              const std::vector<std::string>& choices) {
-  const std::string v = p.get(key, choices.front());
-  for (size_t i = 0; i < choices.size(); ++i) {
-    if (choices[i] == v) return i;
-  }
-  TORCH_CHECK(false, p.source(), ": ", cls, " ", key, " '", v, "' is not one of ", c10::Join(", ", choices));
-}
-}  // namespace
-
 HP_REGISTER_OP_CLASS(ReshapeOp, [](const OpParams& p) {
-  return std::make_shared<ReshapeOp>(choice(p, "ReshapeOp", "kind", {"reshape", "expand"}) == 1);
+  return std::make_shared<ReshapeOp>(param_choice(p, "ReshapeOp", "kind", {"reshape", "expand"}) == 1);
 });
 HP_REGISTER_OP_CLASS(PermuteOp, [](const OpParams& p) {
   return std::make_shared<PermuteOp>(
-      static_cast<PermuteOp::Kind>(choice(p, "PermuteOp", "kind", {"permute", "transpose", "t"})));
+      static_cast<PermuteOp::Kind>(param_choice(p, "PermuteOp", "kind", {"permute", "transpose", "t"})));
 });
 HP_REGISTER_OP_CLASS(IndexingViewOp, [](const OpParams& p) {
   return std::make_shared<IndexingViewOp>(static_cast<IndexingViewOp::Kind>(
-      choice(p, "IndexingViewOp", "kind", {"select", "slice", "select_backward", "slice_backward"})));
+      param_choice(p, "IndexingViewOp", "kind", {"select", "slice", "select_backward", "slice_backward"})));
 });
 HP_REGISTER_OP_CLASS(SplitOp, [](const OpParams& p) {
-  return std::make_shared<SplitOp>(choice(p, "SplitOp", "kind", {"split", "unbind"}) == 1);
+  return std::make_shared<SplitOp>(param_choice(p, "SplitOp", "kind", {"split", "unbind"}) == 1);
 });
 HP_REGISTER_OP_CLASS(ConcatOp, [](const OpParams& p) {
-  return std::make_shared<ConcatOp>(choice(p, "ConcatOp", "kind", {"cat", "stack"}) == 1);
+  return std::make_shared<ConcatOp>(param_choice(p, "ConcatOp", "kind", {"cat", "stack"}) == 1);
 });
 
 }  // namespace hyper_parallel
