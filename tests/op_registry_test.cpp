@@ -218,11 +218,12 @@ TEST(OpResolution, AnOverloadsOwnRuleServesThatOverloadOnly) {
 TEST(LayoutCache, CachedDecisionsKeepNoProcessGroupAlive) {
   // On this thread, like a user's program: the cache entries outlive the world.
   const int64_t before = thread_count();
+  DeviceMesh mesh;
   {
     InitOptions o;
     o.per_thread = true;
     init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1, o);
-    auto mesh = init_device_mesh("cpu", {1}, {"tp"});
+    mesh = init_device_mesh("cpu", {1}, {"tp"});
     at::Tensor a = distribute_tensor(random_tensor({4, 6}, 1), mesh, {Shard(0)});
     (void)at::exp(a).sum(1);
     EXPECT_GT(layout_cache_stats().size, 0);
@@ -231,6 +232,8 @@ TEST(LayoutCache, CachedDecisionsKeepNoProcessGroupAlive) {
   destroy_process_group();
   EXPECT_EQ(thread_count(), before) << "a process group (and its Gloo threads) outlived destroy_process_group()";
   EXPECT_GT(layout_cache_stats().size, 0) << "the cached decisions are still there";
+  EXPECT_NE(error_of([&] { (void)mesh.comm(0); }).find("was destroyed (destroy_process_group())"), std::string::npos)
+      << "a mesh outliving its world says so when it would communicate";
   clear_layout_cache();
 }
 
