@@ -25,11 +25,6 @@ at::Tensor unit_class_stride(const at::Tensor& rows) {
 
 int64_t row_stride(const at::Tensor& rows) { return rows.size(0) <= 1 ? rows.size(1) : rows.stride(0); }
 
-at::Tensor local_weight(const FusedCrossEntropy& ce, const ClassShard& shard) {
-  if (!ce.weight) return at::Tensor();
-  return ce.weight->narrow(0, shard.offset, shard.local).contiguous();
-}
-
 const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
 
 // Whether x's device has a kernel of its own (else the ATen-op path below runs).
@@ -50,9 +45,32 @@ void for_row_blocks(int64_t rows, int64_t cols, Fn&& fn) {
 
 at::Tensor capped(const at::Tensor& x, double cap) { return cap > 0 ? (x / cap).tanh_().mul_(cap) : x; }
 
-void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const at::Tensor& w, at::Tensor& stats,
+// One block's slice of the per-row and per-class inputs: rows [r0, r0 + n), local classes
+// [c0, c0 + nc). Target columns become block-local (-1 where the target lies outside).
+struct BlockView {
+  at::Tensor target_col, q, w;
+};
+
+BlockView block_view(const FusedCrossEntropy& ce, int64_t r0, int64_t n, int64_t c0, int64_t nc,
+                     const ClassShard& shard) {
+  BlockView v;
+  if (ce.soft) {
+    v.q = ce.q.narrow(0, r0, n).narrow(1, c0, nc);
+  } else {
+    v.target_col = ce.target_col.narrow(0, r0, n);
+    if (c0 != 0 || nc != shard.local) {
+      const at::Tensor& t = v.target_col;
+      v.target_col = at::where(t.ge(c0).logical_and(t.lt(c0 + nc)), t - c0, at::full_like(t, -1)).contiguous();
+    }
+  }
+  if (ce.weight) v.w = ce.weight->narrow(0, shard.offset + c0, nc).contiguous();
+  return v;
+}
+
+void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const BlockView& v, at::Tensor& stats,
                         double q_scale, double q_shift) {
   const at::ScalarType ct = stats.scalar_type();
+  const at::Tensor& w = v.w;
   for_row_blocks(x.size(0), x.size(1), [&](int64_t r0, int64_t n) {
     const at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.softcap);
     const at::Tensor m = y.amax(1);
@@ -60,12 +78,12 @@ void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const 
     stats[k::kMax].narrow(0, r0, n).copy_(m);
     stats[k::kSumExp].narrow(0, r0, n).copy_((y - shift.unsqueeze(1)).exp().sum(1));
     if (ce.soft) {
-      at::Tensor wq = ce.q.narrow(0, r0, n) * q_scale + q_shift;
+      at::Tensor wq = v.q.narrow(0, r0, n) * q_scale + q_shift;
       if (w.defined()) wq = wq * w.unsqueeze(0);
       stats[k::kV1].narrow(0, r0, n).copy_(wq.sum(1));
       stats[k::kV2].narrow(0, r0, n).copy_((wq * y).sum(1));
     } else {
-      const at::Tensor col = ce.target_col.narrow(0, r0, n);
+      const at::Tensor col = v.target_col.narrow(0, r0, n);
       const at::Tensor picked = y.gather(1, col.clamp_min(0).unsqueeze(1)).squeeze(1);
       stats[k::kV1].narrow(0, r0, n).copy_(at::where(col.ge(0), picked, at::zeros_like(picked)));
       if (ce.label_smoothing > 0) {
@@ -77,10 +95,7 @@ void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const 
   });
 }
 
-// Per-row coefficients of the backward kernel for the per-row incoming gradient `g`.
-struct Coefficients {
-  at::Tensor a, b, c, t;
-};
+using Coefficients = FusedCrossEntropyCoefficients;
 
 Coefficients coefficients(const FusedCrossEntropy& ce, const at::Tensor& g_rows, const ClassShard& shard) {
   const double eps = ce.label_smoothing;
@@ -113,59 +128,30 @@ Coefficients coefficients(const FusedCrossEntropy& ce, const at::Tensor& g_rows,
   return k;
 }
 
+// The block's rows of a per-row array (undefined stays undefined).
+at::Tensor rows_of(const at::Tensor& t, int64_t r0, int64_t n) { return t.defined() ? t.narrow(0, r0, n) : t; }
+
 void backward_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const at::Tensor& out, const Coefficients& co,
-                   const at::Tensor& w) {
-  const at::ScalarType ct = ce.lse.scalar_type();
+                   const BlockView& v, const at::Tensor& lse) {
+  const at::ScalarType ct = lse.scalar_type();
+  const at::Tensor& w = v.w;
   for_row_blocks(x.size(0), x.size(1), [&](int64_t r0, int64_t n) {
     auto rows = [&](const at::Tensor& t) { return t.narrow(0, r0, n).unsqueeze(1); };
     const at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.softcap);
-    at::Tensor g = (y - rows(ce.lse)).exp_().mul_(rows(co.a));
+    at::Tensor g = (y - rows(lse)).exp_().mul_(rows(co.a));
     if (co.b.defined() || co.c.defined()) {
       at::Tensor sub = co.b.defined() ? rows(co.b) : at::zeros({n, 1}, g.options());
-      if (co.c.defined()) sub = sub + rows(co.c) * ce.q.narrow(0, r0, n);
+      if (co.c.defined()) sub = sub + rows(co.c) * v.q.narrow(0, r0, n);
       g.sub_(w.defined() ? sub * w.unsqueeze(0) : sub);
     }
     if (co.t.defined()) {
-      const at::Tensor col = ce.target_col.narrow(0, r0, n);
+      const at::Tensor col = v.target_col.narrow(0, r0, n);
       const at::Tensor hit = at::where(col.ge(0), co.t.narrow(0, r0, n), at::zeros_like(co.t.narrow(0, r0, n)));
       g.scatter_add_(1, col.clamp_min(0).unsqueeze(1), -hit.unsqueeze(1));
     }
     if (ce.softcap > 0) g.mul_(1 - (y / ce.softcap).square());
     out.narrow(0, r0, n).copy_(g);
   });
-}
-
-// Runs the backward kernel into `out` (which may be x itself).
-void write_gradient(const FusedCrossEntropy& ce, const at::Tensor& x, const at::Tensor& out,
-                    const at::Tensor& g_rows, const ClassShard& shard) {
-  if (shard.local == 0 || x.size(0) == 0) return;
-  const Coefficients co = coefficients(ce, g_rows, shard);
-  const at::Tensor w = local_weight(ce, shard);
-  if (!has_kernel(x)) return backward_aten(ce, x, out, co, w);
-  k::BackwardArgs args;
-  args.dtype = x.scalar_type();
-  args.x = x.const_data_ptr();
-  args.out = out.data_ptr();
-  args.rows = x.size(0);
-  args.cols = x.size(1);
-  args.ldx = row_stride(x);
-  args.ldo = row_stride(out);
-  args.softcap = ce.softcap;
-  args.lse = ce.lse.const_data_ptr();
-  args.a = co.a.const_data_ptr();
-  args.b = ptr_or_null(co.b);
-  args.c = ptr_or_null(co.c);
-  args.t_coef = ptr_or_null(co.t);
-  args.target_col = ce.soft ? nullptr : ce.target_col.const_data_ptr<int64_t>();
-  args.weight = ptr_or_null(w);
-  if (ce.soft) {
-    args.q = ce.q.const_data_ptr();
-    args.ldq = row_stride(ce.q);
-  }
-#if defined(HP_CE_HAVE_CUDA)
-  if (x.is_cuda()) return k::cuda_backward(args);
-#endif
-  k::backward(args);
 }
 
 // The incoming gradient as one value per row.
@@ -175,66 +161,95 @@ at::Tensor per_row(const at::Tensor& g, int64_t rows, int64_t reduction) {
 
 }  // namespace
 
-at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& shard) {
+void fused_cross_entropy_prepare(FusedCrossEntropy& ce, int64_t rows, const ClassShard& shard,
+                                 const at::TensorOptions& opts) {
   TORCH_CHECK(ce.softcap >= 0, "cross_entropy: logit_softcap must be >= 0 (0: off), got ", ce.softcap);
-  const at::Tensor x = unit_class_stride(ce.x_rows);
-  TORCH_CHECK(!ce.gradient_in_forward || x.is_same(ce.x_rows),
-              "fused cross-entropy: gradient_in_forward needs logits rows with a unit class stride");
-  const at::ScalarType ct = compute_type(x.scalar_type());
-  const auto opts = x.options().dtype(ct);
-  const int64_t rows = x.size(0);
-  const double eps = ce.label_smoothing;
-  const double C = static_cast<double>(shard.total);
-  const at::Tensor w_local = local_weight(ce, shard);
-
-  k::ForwardArgs args;
-  args.dtype = x.scalar_type();
-  args.x = x.const_data_ptr();
-  args.rows = rows;
-  args.cols = shard.local;
-  args.ldx = row_stride(x);
-  args.softcap = ce.softcap;
-  args.weight = ptr_or_null(w_local);
+  const at::ScalarType ct = opts.dtype().toScalarType();
   if (ce.soft) {
     ce.q = unit_class_stride(ce.target.to(ct));
-    args.q = ce.q.const_data_ptr();
-    args.ldq = row_stride(ce.q);
-    args.q_scale = 1 - eps;
-    args.q_shift = eps / C;
     ce.valid = at::ones({rows}, opts);
-  } else {
-    const at::Tensor& t = ce.target;
-    const at::Tensor valid = t.ne(ce.ignore_index);
-    const at::Tensor owned = valid.logical_and(t.ge(shard.offset)).logical_and(t.lt(shard.offset + shard.local));
-    ce.target_col = at::where(owned, t - shard.offset, at::full_like(t, -1)).contiguous();
-    ce.valid = valid.to(ct);
-    if (ce.weight) {
-      at::Tensor idx = at::where(valid, t, at::zeros_like(t)).clamp(0, shard.total - 1);
-      ce.row_weight = ce.weight->index_select(0, idx) * ce.valid;
-    } else {
-      ce.row_weight = ce.valid;
-    }
-    args.target_col = ce.target_col.const_data_ptr<int64_t>();
-    args.smoothing_sum = eps > 0;
+    return;
   }
-  at::Tensor stats = at::empty({k::kStats, rows}, opts);
-  if (shard.local > 0 && !has_kernel(x)) {
-    forward_stats_aten(ce, x, w_local, stats, 1 - eps, eps / C);
-  } else if (shard.local > 0) {
-    args.stats = stats.data_ptr();
-#if defined(HP_CE_HAVE_CUDA)
-    if (x.is_cuda()) k::cuda_forward_stats(args);
-    else k::forward_stats(args);
-#else
-    k::forward_stats(args);
-#endif
+  const at::Tensor& t = ce.target;
+  const at::Tensor valid = t.ne(ce.ignore_index);
+  const at::Tensor owned = valid.logical_and(t.ge(shard.offset)).logical_and(t.lt(shard.offset + shard.local));
+  ce.target_col = at::where(owned, t - shard.offset, at::full_like(t, -1)).contiguous();
+  ce.valid = valid.to(ct);
+  if (ce.weight) {
+    at::Tensor idx = at::where(valid, t, at::zeros_like(t)).clamp(0, shard.total - 1);
+    ce.row_weight = ce.weight->index_select(0, idx) * ce.valid;
   } else {
+    ce.row_weight = ce.valid;
+  }
+}
+
+at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at::Tensor& x_in, int64_t r0,
+                                           int64_t c0, const ClassShard& shard) {
+  const at::Tensor x = unit_class_stride(x_in);
+  const int64_t n = x.size(0), nc = x.size(1);
+  const at::ScalarType ct = compute_type(x.scalar_type());
+  at::Tensor stats = at::empty({k::kStats, n}, x.options().dtype(ct));
+  if (nc == 0) {
     // An empty piece (more ranks than classes): -inf max, nothing summed.
     stats.zero_();
     stats[k::kMax].fill_(-std::numeric_limits<double>::infinity());
+    return stats;
   }
+  if (n == 0) return stats;
+  const double eps = ce.label_smoothing;
+  const double C = static_cast<double>(shard.total);
+  const BlockView v = block_view(ce, r0, n, c0, nc, shard);
+  if (!has_kernel(x)) {
+    forward_stats_aten(ce, x, v, stats, 1 - eps, eps / C);
+    return stats;
+  }
+  k::ForwardArgs args;
+  args.dtype = x.scalar_type();
+  args.x = x.const_data_ptr();
+  args.rows = n;
+  args.cols = nc;
+  args.ldx = row_stride(x);
+  args.softcap = ce.softcap;
+  args.weight = ptr_or_null(v.w);
+  if (ce.soft) {
+    args.q = v.q.const_data_ptr();
+    args.ldq = row_stride(v.q);
+    args.q_scale = 1 - eps;
+    args.q_shift = eps / C;
+  } else {
+    args.target_col = v.target_col.const_data_ptr<int64_t>();
+    args.smoothing_sum = eps > 0;
+  }
+  args.stats = stats.data_ptr();
+#if defined(HP_CE_HAVE_CUDA)
+  if (x.is_cuda()) k::cuda_forward_stats(args);
+  else k::forward_stats(args);
+#else
+  k::forward_stats(args);
+#endif
+  return stats;
+}
+
+void merge_block_stats(at::Tensor& acc, const at::Tensor& block) {
+  const at::Tensor m1 = acc[k::kMax], m2 = block[k::kMax];
+  const at::Tensor top = at::maximum(m1, m2);
+  // Rows whose max is -inf in both have nothing summed: shift them by 0, not by -inf.
+  const at::Tensor shift = at::where(at::isinf(top), at::zeros_like(top), top);
+  acc[k::kSumExp].copy_(acc[k::kSumExp] * (m1 - shift).exp() + block[k::kSumExp] * (m2 - shift).exp());
+  acc[k::kMax].copy_(top);
+  acc[k::kV1].add_(block[k::kV1]);
+  acc[k::kV2].add_(block[k::kV2]);
+}
+
+at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& stats, const ClassShard& shard) {
+  const int64_t rows = stats.size(1);
+  const auto opts = stats.options();
+  const double eps = ce.label_smoothing;
+  const double C = static_cast<double>(shard.total);
   // The forward's one collective: every rank's per-row statistics, [P, kStats, M].
-  const at::Tensor all = shard.comm->all_gather(stats.unsqueeze(0), 0, std::vector<int64_t>(shard.comm->size(), 1));
+  const at::Tensor all = shard.comm ? shard.comm->all_gather(stats.unsqueeze(0), 0,
+                                                             std::vector<int64_t>(shard.comm->size(), 1))
+                                    : stats.unsqueeze(0);
   const at::Tensor m = all.select(1, k::kMax), s = all.select(1, k::kSumExp);
   at::Tensor top = m.amax(0);
   // Rows whose max is -inf (all -inf) would give nan in m - top; shift them by 0.
@@ -263,21 +278,71 @@ at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& 
   if (ce.z_loss_weight != 0) {
     z_rows = at::where(valid_b, ce.z_loss_weight * ce.lse * ce.lse, at::zeros_like(ce.lse));
   }
-  at::Tensor loss;
-  if (ce.reduction == at::Reduction::None) {
-    loss = z_rows.defined() ? ce_rows + z_rows : ce_rows;
-  } else {
-    loss = ce_rows.sum();
-    at::Tensor z = z_rows.defined() ? z_rows.sum() : at::Tensor();
-    if (ce.reduction == at::Reduction::Mean) {
-      loss = loss / ce.ce_denominator;
-      if (z.defined()) z = z / ce.z_denominator;
-    }
-    if (z.defined()) loss = loss + z;
+  if (ce.reduction == at::Reduction::None) return z_rows.defined() ? ce_rows + z_rows : ce_rows;
+  at::Tensor loss = ce_rows.sum();
+  at::Tensor z = z_rows.defined() ? z_rows.sum() : at::Tensor();
+  if (ce.reduction == at::Reduction::Mean) {
+    loss = loss / ce.ce_denominator;
+    if (z.defined()) z = z / ce.z_denominator;
   }
+  return z.defined() ? loss + z : loss;
+}
+
+FusedCrossEntropyCoefficients fused_cross_entropy_coefficients(const FusedCrossEntropy& ce,
+                                                               const at::Tensor& grad_loss,
+                                                               const ClassShard& shard) {
+  const int64_t rows = ce.lse.size(0);
+  return coefficients(ce, per_row(grad_loss.to(ce.lse.scalar_type()), rows, ce.reduction).contiguous(), shard);
+}
+
+void fused_cross_entropy_block_gradient(const FusedCrossEntropy& ce, const Coefficients& co, const at::Tensor& x,
+                                        const at::Tensor& out, int64_t r0, int64_t c0, const ClassShard& shard) {
+  const int64_t n = x.size(0), nc = x.size(1);
+  if (n == 0 || nc == 0) return;
+  TORCH_CHECK(nc <= 1 || (x.stride(1) == 1 && out.stride(1) == 1),
+              "fused cross-entropy: gradient blocks need a unit class stride");
+  const BlockView v = block_view(ce, r0, n, c0, nc, shard);
+  const Coefficients b{rows_of(co.a, r0, n), rows_of(co.b, r0, n), rows_of(co.c, r0, n), rows_of(co.t, r0, n)};
+  const at::Tensor lse = ce.lse.narrow(0, r0, n);
+  if (!has_kernel(x)) return backward_aten(ce, x, out, b, v, lse);
+  k::BackwardArgs args;
+  args.dtype = x.scalar_type();
+  args.x = x.const_data_ptr();
+  args.out = out.data_ptr();
+  args.rows = n;
+  args.cols = nc;
+  args.ldx = row_stride(x);
+  args.ldo = row_stride(out);
+  args.softcap = ce.softcap;
+  args.lse = lse.const_data_ptr();
+  args.a = b.a.const_data_ptr();
+  args.b = ptr_or_null(b.b);
+  args.c = ptr_or_null(b.c);
+  args.t_coef = ptr_or_null(b.t);
+  args.target_col = ce.soft ? nullptr : v.target_col.const_data_ptr<int64_t>();
+  args.weight = ptr_or_null(v.w);
+  if (ce.soft) {
+    args.q = v.q.const_data_ptr();
+    args.ldq = row_stride(v.q);
+  }
+#if defined(HP_CE_HAVE_CUDA)
+  if (x.is_cuda()) return k::cuda_backward(args);
+#endif
+  k::backward(args);
+}
+
+at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& shard) {
+  const at::Tensor x = unit_class_stride(ce.x_rows);
+  TORCH_CHECK(!ce.gradient_in_forward || x.is_same(ce.x_rows),
+              "fused cross-entropy: gradient_in_forward needs logits rows with a unit class stride");
+  const auto opts = x.options().dtype(compute_type(x.scalar_type()));
+  const int64_t rows = x.size(0);
+  fused_cross_entropy_prepare(ce, rows, shard, opts);
+  const at::Tensor loss = fused_cross_entropy_combine(ce, fused_cross_entropy_block_stats(ce, x, 0, 0, shard), shard);
   if (ce.gradient_in_forward) {
     // d loss / d x for a unit incoming gradient, over the logits: backward only scales it.
-    write_gradient(ce, x, x, per_row(at::ones({}, opts), rows, at::Reduction::Sum), shard);
+    const Coefficients co = coefficients(ce, per_row(at::ones({}, opts), rows, at::Reduction::Sum), shard);
+    fused_cross_entropy_block_gradient(ce, co, x, x, 0, 0, shard);
     ce.grad_rows = x;
   }
   return loss;
@@ -301,7 +366,9 @@ at::Tensor fused_cross_entropy_backward(const FusedCrossEntropy& ce, const at::T
   const at::Tensor x = unit_class_stride(ce.x_rows);
   at::Tensor out = x.device().is_cpu() ? reusable_gradient_buffer(rows, shard.local, x.scalar_type())
                                        : at::empty({rows, shard.local}, x.options());
-  write_gradient(ce, x, out, g.contiguous(), shard);
+  if (shard.local > 0 && rows > 0) {
+    fused_cross_entropy_block_gradient(ce, coefficients(ce, g.contiguous(), shard), x, out, 0, 0, shard);
+  }
   return out;
 }
 

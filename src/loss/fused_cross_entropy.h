@@ -40,6 +40,33 @@ struct FusedCrossEntropy {
 
 // Returns the loss (compute type): [M] for none, a scalar otherwise. One all-gather.
 at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& shard);
+
+// The same forward in steps, for callers that produce the logits a block at a time and
+// never hold them whole (the fused linear + cross-entropy). x_rows stays unset.
+// 1. Per-row target bookkeeping for `rows` rows (target_col, valid, row_weight; q).
+void fused_cross_entropy_prepare(FusedCrossEntropy& ce, int64_t rows, const ClassShard& shard,
+                                 const at::TensorOptions& compute_options);
+// 2. Statistics [kStats, n] of logits block x = rows [r0, r0 + n), local classes
+//    [c0, c0 + x.size(1)); blocks of the same rows merge with merge_block_stats.
+at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at::Tensor& x, int64_t r0,
+                                           int64_t c0, const ClassShard& shard);
+// acc <- the statistics of acc's columns and block's columns together (same rows).
+void merge_block_stats(at::Tensor& acc, const at::Tensor& block);
+// 3. The one all-gather of the statistics [kStats, M] of this rank's classes, and the loss.
+//    A null shard.comm means one rank (no collective).
+at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& stats, const ClassShard& shard);
+
+// Backward in blocks: per-row coefficients for an incoming loss gradient, then the
+// gradient of each logits block (`out` may be x itself). No collective.
+struct FusedCrossEntropyCoefficients {
+  at::Tensor a, b, c, t;  // [M] compute type, or undefined (0)
+};
+FusedCrossEntropyCoefficients fused_cross_entropy_coefficients(const FusedCrossEntropy& ce,
+                                                               const at::Tensor& grad_loss,
+                                                               const ClassShard& shard);
+void fused_cross_entropy_block_gradient(const FusedCrossEntropy& ce, const FusedCrossEntropyCoefficients& co,
+                                        const at::Tensor& x, const at::Tensor& out, int64_t r0, int64_t c0,
+                                        const ClassShard& shard);
 // The gradient rows for an incoming loss gradient ([M] for none, scalar otherwise). No
 // collective. With gradient_in_forward the result is x_rows' storage, scaled in place.
 at::Tensor fused_cross_entropy_backward(const FusedCrossEntropy& ce, const at::Tensor& grad_loss,
