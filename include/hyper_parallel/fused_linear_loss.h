@@ -1,0 +1,49 @@
+// The output head's matmul and the cross-entropy in one, vocabulary-parallel and chunked,
+// so that the [tokens, V / tp] logits never exist (docs/loss_parallel.md, "Fused linear +
+// cross-entropy").
+//
+//   // weight: the ColwiseParallel head's Shard(0) DTensor [V, dim]; hidden [tokens, dim]
+//   at::Tensor loss = hp::fused_linear_cross_entropy(hidden, head->weight, targets);
+//   loss.backward();  // gradients of hidden (all-reduced over TP) and of the weight shard
+//
+// Forward computes the logits one block (token chunk x vocabulary block) at a time and
+// keeps per-token statistics only (max, sum of exp, target logit, smoothing sum); the
+// ranks exchange them in ONE all-gather for the whole forward. Backward recomputes each
+// block's logits, turns them into d loss / d logits in place and accumulates the
+// gradients of hidden and weight from it; one all-reduce of the hidden's gradient.
+#pragma once
+
+#include <ATen/core/Reduction.h>
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+#include "hyper_parallel/loss_parallel.h"  // LossParallelLayoutError, LossParallelUnsupportedError
+
+namespace hyper_parallel {
+
+struct FusedLinearCrossEntropyOptions {
+  // The options of cross_entropy under loss_parallel (LossParallelOptions for the last two).
+  int64_t ignore_index = -100;
+  std::optional<at::Tensor> class_weight;  // [V], plain or Replicate; no gradient
+  int64_t reduction = at::Reduction::Mean;  // at::Reduction: None, Mean or Sum
+  double label_smoothing = 0.0;
+  double z_loss_weight = 0.0;  // + z * lse^2 per counted token
+  double logit_softcap = 0.0;  // > 0: logits -> cap * tanh(logits / cap)
+  // Block sizes; 0 chooses them so that one block holds about 16 M logits.
+  int64_t chunk_tokens = 0;  // tokens per chunk
+  int64_t vocab_block = 0;   // of this rank's classes per block (whole shard for fp32/64)
+};
+
+// hidden: [tokens, dim], a plain tensor (the same on every TP rank) or a Replicate DTensor
+// on the weight's mesh. weight: [V, dim], a Shard(0) DTensor on a 1-D mesh (the TP head) or
+// a plain tensor (one process). target: [tokens] class indices, plain or Replicate.
+// Returns the loss ([tokens] for None, a scalar otherwise) in hidden's dtype: a Replicate
+// DTensor when weight is a DTensor. hidden's gradient is its type's: plain for plain,
+// Replicate for Replicate. Bad input raises LossParallelLayoutError (layouts),
+// LossParallelUnsupportedError (probability targets, gradients of target or class weight)
+// or c10::Error naming what was expected, the same on every rank.
+at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
+                                      const FusedLinearCrossEntropyOptions& options = {});
+
+}  // namespace hyper_parallel

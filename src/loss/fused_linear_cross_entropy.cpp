@@ -1,0 +1,272 @@
+// fused_linear_cross_entropy (include/hyper_parallel/fused_linear_loss.h): the head matmul
+// and the fused cross-entropy (fused_cross_entropy.h) one logits block at a time, with a
+// custom autograd node that recomputes the blocks in backward.
+#include "hyper_parallel/fused_linear_loss.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/saved_variable.h>
+
+#include <algorithm>
+#include <string>
+
+#include "compat/autograd_compat.h"
+#include "core/redistribute.h"
+#include "dtensor/dtensor_impl.h"
+#include "hyper_parallel/dtensor.h"
+#include "loss/class_sharding.h"
+#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/cross_entropy_kernels.h"
+#include "loss/fused_cross_entropy.h"
+
+namespace hyper_parallel {
+
+namespace {
+
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+
+constexpr const char* kOp = "fused_linear_cross_entropy";
+// Logits per block when the caller does not choose: 16 M (64 MiB in fp32), a few percent of
+// the unfused logits at LLM sizes while keeping each matmul large.
+constexpr int64_t kBlockElements = int64_t{1} << 24;
+// bf16/fp16 accumulate the weight gradient of one vocabulary block in fp32: blocks of this
+// many classes keep that accumulator small.
+constexpr int64_t kLowPrecisionVocabBlock = 8192;
+
+struct Blocks {
+  int64_t tokens, vocab;  // per block
+};
+
+Blocks block_sizes(const FusedLinearCrossEntropyOptions& o, int64_t tokens, int64_t local_classes,
+                   at::ScalarType dtype) {
+  Blocks b;
+  const bool low = compute_type(dtype) != dtype;
+  b.vocab = o.vocab_block > 0 ? o.vocab_block : low ? kLowPrecisionVocabBlock : local_classes;
+  b.vocab = std::max<int64_t>(1, std::min(b.vocab, local_classes));
+  b.tokens = o.chunk_tokens > 0 ? o.chunk_tokens : std::max<int64_t>(1, kBlockElements / b.vocab);
+  b.tokens = std::max<int64_t>(1, std::min(b.tokens, tokens));
+  return b;
+}
+
+// Calls fn(start, length) over [0, total) in steps of `step`; once with length 0 when
+// total is 0 (an empty vocabulary shard still contributes its -inf statistics).
+template <typename Fn>
+void for_blocks(int64_t total, int64_t step, Fn&& fn) {
+  if (total == 0) return fn(int64_t{0}, int64_t{0});
+  for (int64_t s = 0; s < total; s += step) fn(s, std::min(step, total - s));
+}
+
+// Where the inputs live and how the vocabulary is split, after validation.
+struct Inputs {
+  at::Tensor h, w, target;       // local pieces: [T, D], [V_l, D], [T] int64
+  c10::optional<at::Tensor> class_weight;
+  ClassShard shard{nullptr, 0, 0, 0};
+  c10::optional<Layout> weight_layout, hidden_layout;  // set for DTensor inputs
+};
+
+std::string describe(const at::Tensor& t) {
+  if (auto* impl = dtensor_impl(t)) {
+    return "a DTensor " + to_string(impl->layout().placements()) + " on " + impl->layout().mesh().str() +
+           " of shape " + c10::str(t.sizes());
+  }
+  return "a plain tensor of shape " + c10::str(t.sizes());
+}
+
+Inputs validate(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
+                const FusedLinearCrossEntropyOptions& o) {
+  const std::string op = kOp;
+  TORCH_CHECK(hidden.defined() && weight.defined() && target.defined(), op, ": hidden, weight and target must be defined");
+  TORCH_CHECK(weight.dim() == 2, op, ": expected the weight [V, dim], got ", describe(weight));
+  Inputs in;
+  if (auto* impl = dtensor_impl(weight)) {
+    const Layout& l = impl->layout();
+    if (l.mesh().ndim() != 1 || !l.placements()[0].is_shard(0)) {
+      throw LossParallelLayoutError(op + ": expected the weight to be the ColwiseParallel head, a DTensor [Shard(0)] "
+                                    "on a 1-D tensor-parallel mesh (or a plain tensor), got " + describe(weight));
+    }
+    in.weight_layout = l;
+    in.w = impl->local();
+    in.shard = ClassShard{&l.mesh().comm(0), l.local_offset()[0], l.local_shape()[0], l.shape()[0]};
+  } else {
+    in.w = weight;
+    in.shard = ClassShard{nullptr, 0, weight.size(0), weight.size(0)};
+  }
+  if (auto* impl = dtensor_impl(hidden)) {
+    const Layout& l = impl->layout();
+    if (!l.is_replicated() || !in.weight_layout || !(l.mesh() == in.weight_layout->mesh())) {
+      throw LossParallelLayoutError(op + ": expected hidden to be a plain tensor or a Replicate DTensor on the "
+                                    "weight's mesh, got " + describe(hidden) + " (weight: " + describe(weight) + ")");
+    }
+    in.hidden_layout = l;
+    in.h = impl->local();
+  } else {
+    in.h = hidden;
+  }
+  TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == weight.size(1), op, ": expected hidden [tokens, ",
+              weight.size(1), "] for a weight of shape ", weight.sizes(), ", got ", describe(hidden));
+  TORCH_CHECK(at::isFloatingType(hidden.scalar_type()) && hidden.scalar_type() == weight.scalar_type(), op,
+              ": expected hidden and weight of one floating dtype, got ", hidden.scalar_type(), " and ",
+              weight.scalar_type());
+  TORCH_CHECK(in.h.device() == in.w.device(), op, ": hidden is on ", in.h.device(), ", the weight on ",
+              in.w.device());
+  if (target.is_floating_point()) {
+    throw LossParallelUnsupportedError(op + ": probability targets are not supported (they are [tokens, V], "
+                                       "what this loss exists to avoid); give class indices [tokens]");
+  }
+  if (target.requires_grad() || (o.class_weight && o.class_weight->defined() && o.class_weight->requires_grad())) {
+    throw LossParallelUnsupportedError(op + ": gradients with respect to the target or the class weights are not "
+                                       "supported");
+  }
+  in.target = replicated_value(target, "target", op);
+  TORCH_CHECK(in.target.dim() == 1 && in.target.size(0) == hidden.size(0), op, ": expected a target [",
+              hidden.size(0), "] (one class per token of hidden), got ", describe(target));
+  in.target = in.target.to(in.h.device(), at::kLong);
+  check_targets(in.target, in.shard.total, o.ignore_index);
+  TORCH_CHECK(o.reduction == at::Reduction::None || o.reduction == at::Reduction::Mean ||
+                  o.reduction == at::Reduction::Sum,
+              op, ": reduction must be at::Reduction::None, Mean or Sum, got ", o.reduction);
+  TORCH_CHECK(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, op, ": label_smoothing must be in [0, 1], got ",
+              o.label_smoothing);
+  TORCH_CHECK(o.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: off), got ", o.logit_softcap);
+  TORCH_CHECK(o.chunk_tokens >= 0 && o.vocab_block >= 0, op, ": chunk_tokens and vocab_block must be >= 0 "
+              "(0: automatic), got ", o.chunk_tokens, " and ", o.vocab_block);
+  if (o.class_weight && o.class_weight->defined()) {
+    at::Tensor cw = replicated_value(*o.class_weight, "class weight", op);
+    TORCH_CHECK(cw.dim() == 1 && cw.size(0) == in.shard.total, op, ": expected a class weight of shape [",
+                in.shard.total, "], got ", describe(*o.class_weight));
+    in.class_weight = cw.to(in.h.device(), compute_type(in.h.scalar_type()));
+  }
+  return in;
+}
+
+// Everything backward needs: the inputs' local pieces, the per-token statistics, and the
+// block sizes; no logits.
+struct FusedLinearCrossEntropyBackward : Node {
+  FusedCrossEntropy ce;
+  Inputs in;
+  Blocks blocks{1, 1};
+  // Saved so that an in-place change of hidden or weight before backward raises.
+  torch::autograd::SavedVariable saved_hidden, saved_weight;
+
+  variable_list apply(variable_list&& grads) override {
+    saved_hidden.unpack();
+    saved_weight.unpack();
+    const bool want_h = task_should_compute_output(0), want_w = task_should_compute_output(1);
+    if (!grads[0].defined() || (!want_h && !want_w)) return {at::Tensor(), at::Tensor()};
+    const at::Tensor& h = in.h;
+    const at::Tensor& w = in.w;
+    const at::ScalarType dt = h.scalar_type(), ct = compute_type(dt);
+    const bool low = ct != dt;
+    const FusedCrossEntropyCoefficients co = fused_cross_entropy_coefficients(ce, full_value(grads[0]), in.shard);
+    const int64_t T = h.size(0), D = h.size(1), Vl = w.size(0);
+    // Accumulators in the compute type: bf16/fp16 gradients are summed over blocks in fp32.
+    at::Tensor gh = want_h ? at::zeros({T, D}, h.options().dtype(ct)) : at::Tensor();
+    at::Tensor gw = want_w ? at::empty({Vl, D}, w.options()) : at::Tensor();
+    at::Tensor gw_block = want_w && low ? at::empty({std::min(blocks.vocab, Vl), D}, w.options().dtype(ct))
+                                        : at::Tensor();
+    for_blocks(Vl, blocks.vocab, [&](int64_t c0, int64_t nc) {
+      if (nc == 0) return;
+      const at::Tensor wb = w.narrow(0, c0, nc);
+      at::Tensor acc = want_w ? (low ? gw_block.narrow(0, 0, nc) : gw.narrow(0, c0, nc)) : at::Tensor();
+      if (acc.defined()) acc.zero_();
+      for_blocks(T, blocks.tokens, [&](int64_t r0, int64_t n) {
+        const at::Tensor hc = h.narrow(0, r0, n);
+        at::Tensor d = at::mm(hc, wb.t());  // the block's logits, then d loss / d logits over them
+        fused_cross_entropy_block_gradient(ce, co, d, d, r0, c0, in.shard);
+        if (want_h) {
+          at::Tensor rows = gh.narrow(0, r0, n);
+          if (low) rows.add_(at::mm(d, wb));
+          else rows.addmm_(d, wb);
+        }
+        if (want_w) {
+          if (low) acc.add_(at::mm(d.t(), hc));
+          else acc.addmm_(d.t(), hc);
+        }
+      });
+      if (want_w && low) gw.narrow(0, c0, nc).copy_(acc);
+    });
+    at::Tensor grad_h, grad_w;
+    if (want_h) {
+      // Each rank has its vocabulary shard's part of d loss / d hidden: the sum over TP is
+      // the gradient, as the unfused ColwiseParallel head's Partial -> Replicate gives.
+      if (in.shard.comm) in.shard.comm->all_reduce_(gh, ReduceOp::Sum);
+      gh = gh.to(dt);
+      grad_h = in.hidden_layout ? make_dtensor(gh, *in.hidden_layout) : gh;
+    }
+    if (want_w) grad_w = in.weight_layout ? make_dtensor(gw, *in.weight_layout) : gw;
+    return {grad_h, grad_w};
+  }
+  std::string name() const override { return "hyper_parallel::FusedLinearCrossEntropyBackward"; }
+  void release_variables() override {
+    saved_hidden.reset_data();
+    saved_weight.reset_data();
+    ce = FusedCrossEntropy{};
+    in = Inputs{};
+  }
+};
+
+}  // namespace
+
+at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
+                                      const FusedLinearCrossEntropyOptions& options) {
+  Inputs in = validate(hidden, weight, target, options);
+  const at::Tensor& h = in.h;
+  const at::Tensor& w = in.w;
+  const at::ScalarType dt = h.scalar_type(), ct = compute_type(dt);
+  const int64_t T = h.size(0), Vl = w.size(0);
+  const Blocks blocks = block_sizes(options, T, Vl, dt);
+
+  FusedCrossEntropy ce;
+  ce.target = in.target;
+  ce.weight = in.class_weight;
+  ce.reduction = options.reduction;
+  ce.ignore_index = options.ignore_index;
+  ce.label_smoothing = options.label_smoothing;
+  ce.z_loss_weight = options.z_loss_weight;
+  ce.softcap = options.logit_softcap;
+  fused_cross_entropy_prepare(ce, T, in.shard, h.options().dtype(ct));
+
+  // Per-token statistics of this rank's classes, block by block; the logits of one block
+  // at a time exist.
+  at::Tensor stats = at::empty({ce_kernel::kStats, T}, h.options().dtype(ct));
+  {
+    at::NoGradGuard no_grad;
+    for_blocks(T, blocks.tokens, [&](int64_t r0, int64_t n) {
+      const at::Tensor hc = h.narrow(0, r0, n);
+      at::Tensor acc;
+      for_blocks(Vl, blocks.vocab, [&](int64_t c0, int64_t nc) {
+        const at::Tensor s =
+            fused_cross_entropy_block_stats(ce, at::mm(hc, w.narrow(0, c0, nc).t()), r0, c0, in.shard);
+        if (acc.defined()) merge_block_stats(acc, s);
+        else acc = s;
+      });
+      stats.narrow(1, r0, n).copy_(acc);
+    });
+  }
+  // The forward's one collective (an all-gather of 4 x tokens values), and the loss.
+  at::Tensor loss = fused_cross_entropy_combine(ce, stats, in.shard).to(dt);
+  if (in.weight_layout) {
+    const DeviceMesh& mesh = in.weight_layout->mesh();
+    std::vector<int64_t> shape = loss.sizes().vec();
+    loss = make_dtensor(loss, Layout(mesh, Placements(mesh.ndim(), Placement::replicate()), shape));
+  }
+  const bool wants_grad =
+      torch::autograd::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  if (wants_grad) {
+    compat::NodePtr owner = compat::make_node<FusedLinearCrossEntropyBackward>();
+    auto* node = static_cast<FusedLinearCrossEntropyBackward*>(owner.get());
+    node->ce = std::move(ce);
+    node->in = std::move(in);
+    node->blocks = blocks;
+    node->saved_hidden = torch::autograd::SavedVariable(hidden, /*is_output=*/false);
+    node->saved_weight = torch::autograd::SavedVariable(weight, /*is_output=*/false);
+    node->set_next_edges(torch::autograd::collect_next_edges(hidden, weight));
+    torch::autograd::create_gradient_edge(loss, std::move(owner));
+  }
+  return loss;
+}
+
+}  // namespace hyper_parallel
