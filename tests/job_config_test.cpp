@@ -73,6 +73,7 @@ void expect_same(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.training.max_norm, b.training.max_norm);
   EXPECT_EQ(a.training.seed, b.training.seed);
   EXPECT_EQ(a.training.dtype, b.training.dtype);
+  EXPECT_EQ(a.training.fused_linear_loss, b.training.fused_linear_loss);
   EXPECT_EQ(a.training.data, b.training.data);
   EXPECT_EQ(a.training.log_freq, b.training.log_freq);
   EXPECT_EQ(a.parallelism.tensor_parallel_degree, b.parallelism.tensor_parallel_degree);
@@ -451,6 +452,7 @@ TEST(JobConfig, ToTomlRoundTripsEveryField) {
   c.training.dtype = "bfloat16";
   c.training.data = "data/corpus.txt";
   c.training.log_freq = 7;
+  c.training.fused_linear_loss = true;
   c.parallelism.tensor_parallel_degree = 3;
   c.parallelism.disable_loss_parallel = true;
   c.parallelism.loss_parallel_strict_mesh = false;
@@ -503,7 +505,7 @@ TEST(JobConfig, UsageListsEveryKeyWithTypeAndDefault) {
     EXPECT_THAT(usage, HasSubstr(flag));
     ++keys;
   }
-  EXPECT_EQ(keys, 41);
+  EXPECT_EQ(keys, 42);
   EXPECT_THAT(usage, HasSubstr("--training.lr FLOAT"));
   EXPECT_THAT(usage, HasSubstr("default 0.003"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.resume BOOL"));
@@ -548,6 +550,12 @@ TEST(JobConfig, ValidateErrorsNameTheKey) {
        "parallelism.tensor_parallel_degree = 0 must be >= 1"},
       {[](JobConfig& c) { c.parallelism.tensor_parallel_degree = 3; },
        "model.n_heads = 8 must be divisible by parallelism.tensor_parallel_degree = 3"},
+      {[](JobConfig& c) {
+         c.training.fused_linear_loss = true;
+         c.parallelism.tensor_parallel_degree = 2;
+         c.parallelism.disable_loss_parallel = true;
+       },
+       "training.fused_linear_loss = true needs loss parallel at parallelism.tensor_parallel_degree = 2"},
       {[](JobConfig& c) { c.checkpoint.interval = 0; }, "checkpoint.interval = 0 must be > 0"},
       {[](JobConfig& c) { c.checkpoint.folder = ""; }, "checkpoint.folder must not be empty"},
       {[](JobConfig& c) { c.validation.freq = 0; }, "validation.freq = 0 must be > 0"},

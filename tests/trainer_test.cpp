@@ -2,6 +2,7 @@
 // (spec §8 regression, issue "Must show"), and resuming from a checkpoint continues
 // exactly.
 #include <gtest/gtest.h>
+#include <iostream>
 
 
 #include "compat/file_system.h"
@@ -81,6 +82,25 @@ TEST(Trainer, LossCurvesAgreeForTp1Tp2WithAndWithoutLossParallel) {
   EXPECT_LT(tp1.back().loss, tp1.front().loss - 0.5) << "the loss falls";
   expect_same_curves(tp2_lp, tp1, 1e-4, "TP 2 with loss parallel vs TP 1");
   expect_same_curves(tp2_no, tp1, 1e-4, "TP 2 without loss parallel vs TP 1");
+}
+
+// --training.fused_linear_loss: the head matmul and the loss fused (no logits tensor) train
+// as the head + cross_entropy do. Float32; the two differ only in summation order, so
+// per-step losses (and validation losses) agree to 1e-4 relative over 20 AdamW steps.
+TEST(Trainer, FusedLinearLossTrainsAsTheUnfusedHeadAtTp1Tp2Tp4) {
+  const int64_t steps = 20;
+  for (int64_t tp : {1, 2, 4}) {
+    auto unfused = train_on(tp, tiny_job(fresh_dir("unfused" + std::to_string(tp)), tp, false, steps));
+    JobConfig job = tiny_job(fresh_dir("fused" + std::to_string(tp)), tp, false, steps);
+    job.training.fused_linear_loss = true;
+    auto fused = train_on(tp, job);
+    ASSERT_EQ(fused.size(), static_cast<size_t>(steps));
+    EXPECT_LT(fused.back().loss, fused.front().loss - 0.5) << "the loss falls";
+    expect_same_curves(fused, unfused, 1e-4, "fused linear loss vs head + cross_entropy at TP " + std::to_string(tp));
+    double worst = 0;
+    for (size_t i = 0; i < fused.size(); ++i) worst = std::max(worst, std::abs(fused[i].loss / unfused[i].loss - 1));
+    std::cout << "TP " << tp << ": largest relative loss difference over " << steps << " steps: " << worst << std::endl;
+  }
 }
 
 TEST(Trainer, ResumingFromACheckpointContinuesExactly) {

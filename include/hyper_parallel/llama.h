@@ -76,6 +76,9 @@ class LlamaImpl : public torch::nn::Module {
   // tokens [batch, seq] -> logits [batch, seq, vocab] (a Shard(-1) DTensor under loss
   // parallel, a plain tensor otherwise).
   at::Tensor forward(const at::Tensor& tokens);
+  // The final norm's output [batch, seq, dim]: what the head reads. A fused linear loss
+  // (fused_linear_loss.h) takes it with output->weight, so the logits are never made.
+  at::Tensor hidden_states(const at::Tensor& tokens);
   // Deterministic initialisation from a seed (the same on every rank, independent of
   // the global RNG), scaled like TorchTitan's (std 0.02, output projections by depth).
   void init_weights(uint64_t seed);

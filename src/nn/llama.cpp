@@ -100,12 +100,14 @@ LlamaImpl::LlamaImpl(const LlamaArgs& a) : args_(a) {
   rope_sin_ = register_buffer("rope_sin", angles.sin().to(at::kFloat));
 }
 
-at::Tensor LlamaImpl::forward(const at::Tensor& tokens) {
+at::Tensor LlamaImpl::forward(const at::Tensor& tokens) { return parallel_forward(output, hidden_states(tokens)); }
+
+at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(1) <= args_.max_seq_len, "Llama: expected tokens [batch, seq] with seq <= ",
               args_.max_seq_len, ", got ", tokens.sizes());
   at::Tensor h = parallel_forward(tok_embeddings, tokens);
   for (const auto& layer : *layers) h = layer->as<TransformerBlockImpl>()->forward(h, rope_cos_, rope_sin_);
-  return parallel_forward(output, norm->forward(h));
+  return norm->forward(h);
 }
 
 void LlamaImpl::init_weights(uint64_t seed) {

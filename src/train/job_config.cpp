@@ -110,6 +110,7 @@ const std::vector<Field>& fields() {
       HP_FIELD(training, device, "cpu | cuda (a GPU per rank over NCCL; HP_BACKEND=gloo lets ranks share one)"),
       HP_FIELD(training, data, "text file to train on; empty: built-in synthetic corpus"),
       HP_FIELD(training, log_freq, "log metrics every this many steps"),
+      HP_FIELD(training, fused_linear_loss, "head matmul + cross-entropy fused, in chunks: no logits tensor"),
 
       HP_FIELD(parallelism, tensor_parallel_degree, "tensor-parallel ranks"),
       HP_FIELD(parallelism, disable_loss_parallel, "gather the logits instead of loss_parallel"),
@@ -665,6 +666,10 @@ void validate(const JobConfig& cfg) {
                                      " must be divisible by parallelism.tensor_parallel_degree = " +
                                      std::to_string(tp));
   }
+  // The fused head + loss is vocabulary-parallel itself; a replicated head contradicts it.
+  require(!(t.fused_linear_loss && tp > 1 && cfg.parallelism.disable_loss_parallel),
+          "training.fused_linear_loss = true needs loss parallel at parallelism.tensor_parallel_degree = " +
+              std::to_string(tp) + "; unset parallelism.disable_loss_parallel or training.fused_linear_loss");
 
   non_empty("checkpoint.folder", cfg.checkpoint.folder);
   positive("checkpoint.interval", cfg.checkpoint.interval);

@@ -58,6 +58,9 @@ struct TrainingConfig {
   std::string device = "cpu";     // cpu | cuda (each rank on its own GPU, NCCL)
   std::string data = "";          // empty: built-in synthetic corpus; else a text file
   int64_t log_freq = 1;           // log metrics every this many steps
+  // The head matmul and the loss fused (fused_linear_cross_entropy): the [tokens, vocab]
+  // logits are never materialised. Needs loss parallel when TP > 1 (it is vocabulary-parallel).
+  bool fused_linear_loss = false;
 };
 
 // [checkpoint]: periodic save / resume. folder is relative to job.dump_folder.

@@ -11,6 +11,7 @@
 
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/parallelism_config.h"
 #include "train/checkpoint_io.h"
 #include "train/metrics.h"
@@ -30,10 +31,17 @@ at::ScalarType dtype_of(const std::string& name) {
 }
 
 // The batch's loss, inside the context: cross_entropy over all tokens, on the model's device.
-at::Tensor compute_loss(Llama& model, const Batch& batch) {
+// fused: the head's matmul and the loss in one (fused_linear_loss.h), no logits tensor;
+// the head's weight is the plan's Shard(0) DTensor under TP, a plain tensor at TP 1.
+at::Tensor compute_loss(Llama& model, const Batch& batch, bool fused) {
   const at::Device device = model->output->weight.device();
+  const at::Tensor target = batch.target.to(device).flatten();
+  if (fused) {
+    at::Tensor hidden = model->hidden_states(batch.input.to(device));
+    return fused_linear_cross_entropy(hidden.flatten(0, 1), model->output->weight, target);
+  }
   at::Tensor logits = model->forward(batch.input.to(device));
-  return F::cross_entropy(logits.flatten(0, 1), batch.target.to(device).flatten());
+  return F::cross_entropy(logits.flatten(0, 1), target);
 }
 
 double scalar_of(const at::Tensor& loss) {
@@ -61,6 +69,7 @@ LlamaArgs llama_args(const ModelConfig& m) {
 Validator::Validator(const ValidationConfig& config, const TrainingConfig& training, const at::Tensor& tokens,
                      TrainContext validation_context)
     : config_(config),
+      fused_linear_loss_(training.fused_linear_loss),
       sampler_(tokens, training.batch_size, training.seq_len, static_cast<uint64_t>(training.seed) + 1),
       context_(validation_context) {}
 
@@ -69,7 +78,7 @@ double Validator::validate(Llama& model) const {
   double total = 0;
   for (int64_t i = 0; i < config_.steps; ++i) {
     auto guard = context_();
-    total += scalar_of(compute_loss(model, sampler_.batch_at(i)));
+    total += scalar_of(compute_loss(model, sampler_.batch_at(i), fused_linear_loss_));
   }
   return total / static_cast<double>(std::max<int64_t>(1, config_.steps));
 }
@@ -124,7 +133,8 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
     *log_ << "hp-train: " << corpus_->describe() << "\n"
           << "hp-train: llama dim " << config_.model.dim << ", " << config_.model.n_layers << " layers, "
           << config_.model.n_heads << " heads, vocab " << config_.model.vocab_size << "; TP "
-          << par.tensor_parallel_degree << ", loss parallel " << (loss_parallel_enabled_ ? "on" : "off") << std::endl;
+          << par.tensor_parallel_degree << ", loss parallel " << (loss_parallel_enabled_ ? "on" : "off")
+          << (config_.training.fused_linear_loss ? ", fused linear loss" : "") << std::endl;
   }
   if (config_.checkpoint.enable && config_.checkpoint.resume) {
     const bool loaded = load_checkpoint();
@@ -145,7 +155,7 @@ std::string Trainer::metrics_folder() const { return join(config_.dump_folder, c
 double Trainer::forward_backward(const Batch& batch) {
   // The loss and its backward inside the train context (§6.2).
   auto guard = train_context_();
-  at::Tensor loss = compute_loss(model_, batch);
+  at::Tensor loss = compute_loss(model_, batch, config_.training.fused_linear_loss);
   loss.backward();
   return scalar_of(loss);
 }

@@ -38,6 +38,7 @@ class Validator {
 
  private:
   ValidationConfig config_;
+  bool fused_linear_loss_;
   BatchSampler sampler_;
   TrainContext context_;
 };
