@@ -30,7 +30,8 @@ struct FusedLinearCrossEntropyOptions {
   double label_smoothing = 0.0;
   double z_loss_weight = 0.0;  // + z * lse^2 per counted token
   double logit_softcap = 0.0;  // > 0: logits -> cap * tanh(logits / cap)
-  // Block sizes; 0 chooses them so that one block holds about 16 M logits.
+  // Block sizes; 0 chooses them so that one block holds about 32 M logits (vocabulary blocks
+  // of 4096 classes for bf16/fp16, whose weight gradient is accumulated per block in fp32).
   int64_t chunk_tokens = 0;  // tokens per chunk
   int64_t vocab_block = 0;   // of this rank's classes per block (whole shard for fp32/64)
 };

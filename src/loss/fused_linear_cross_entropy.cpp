@@ -20,6 +20,7 @@
 #include "loss/cross_entropy_cpu_kernel.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/fused_cross_entropy.h"
+#include "loss/gradient_buffer.h"
 
 namespace hyper_parallel {
 
@@ -29,12 +30,12 @@ using torch::autograd::Node;
 using torch::autograd::variable_list;
 
 constexpr const char* kOp = "fused_linear_cross_entropy";
-// Logits per block when the caller does not choose: 16 M (64 MiB in fp32), a few percent of
+// Logits per block when the caller does not choose: 32 M (128 MiB in fp32), a few percent of
 // the unfused logits at LLM sizes while keeping each matmul large.
-constexpr int64_t kBlockElements = int64_t{1} << 24;
+constexpr int64_t kBlockElements = int64_t{1} << 25;
 // bf16/fp16 accumulate the weight gradient of one vocabulary block in fp32: blocks of this
 // many classes keep that accumulator small.
-constexpr int64_t kLowPrecisionVocabBlock = 8192;
+constexpr int64_t kLowPrecisionVocabBlock = 4096;
 
 struct Blocks {
   int64_t tokens, vocab;  // per block
@@ -57,6 +58,19 @@ template <typename Fn>
 void for_blocks(int64_t total, int64_t step, Fn&& fn) {
   if (total == 0) return fn(int64_t{0}, int64_t{0});
   for (int64_t s = 0; s < total; s += step) fn(s, std::min(step, total - s));
+}
+
+// Storage for one logits block, reused by every block of a call. On the CPU it is the
+// thread's cached gradient buffer (gradient_buffer.h): a fresh multi-MiB tensor per block
+// would fault in new pages every time, which costs more than the block's matmul.
+at::Tensor block_buffer(const Blocks& b, const at::Tensor& like) {
+  return like.device().is_cpu() ? reusable_gradient_buffer(b.tokens, b.vocab, like.scalar_type())
+                                : at::empty({b.tokens, b.vocab}, like.options());
+}
+
+// A contiguous [rows, cols] tensor at the start of `buffer`'s storage.
+at::Tensor view_of(const at::Tensor& buffer, int64_t rows, int64_t cols) {
+  return buffer.view({-1}).narrow(0, 0, rows * cols).view({rows, cols});
 }
 
 // Where the inputs live and how the vocabulary is split, after validation.
@@ -167,6 +181,10 @@ struct FusedLinearCrossEntropyBackward : Node {
     at::Tensor gw = want_w ? at::empty({Vl, D}, w.options()) : at::Tensor();
     at::Tensor gw_block = want_w && low ? at::empty({std::min(blocks.vocab, Vl), D}, w.options().dtype(ct))
                                         : at::Tensor();
+    // Products of one block in bf16/fp16, before they are added to the fp32 accumulators.
+    at::Tensor gh_product = want_h && low ? at::empty({blocks.tokens, D}, h.options()) : at::Tensor();
+    at::Tensor gw_product = want_w && low ? at::empty({blocks.vocab, D}, w.options()) : at::Tensor();
+    const at::Tensor tile = block_buffer(blocks, h);
     for_blocks(Vl, blocks.vocab, [&](int64_t c0, int64_t nc) {
       if (nc == 0) return;
       const at::Tensor wb = w.narrow(0, c0, nc);
@@ -174,15 +192,22 @@ struct FusedLinearCrossEntropyBackward : Node {
       if (acc.defined()) acc.zero_();
       for_blocks(T, blocks.tokens, [&](int64_t r0, int64_t n) {
         const at::Tensor hc = h.narrow(0, r0, n);
-        at::Tensor d = at::mm(hc, wb.t());  // the block's logits, then d loss / d logits over them
+        at::Tensor d = view_of(tile, n, nc);
+        at::mm_out(d, hc, wb.t());  // the block's logits, then d loss / d logits over them
         fused_cross_entropy_block_gradient(ce, co, d, d, r0, c0, in.shard);
         if (want_h) {
           at::Tensor rows = gh.narrow(0, r0, n);
-          if (low) rows.add_(at::mm(d, wb));
+          if (low) {
+            at::Tensor product = view_of(gh_product, n, D);
+            rows.add_(at::mm_out(product, d, wb));
+          }
           else rows.addmm_(d, wb);
         }
         if (want_w) {
-          if (low) acc.add_(at::mm(d.t(), hc));
+          if (low) {
+            at::Tensor product = view_of(gw_product, nc, D);
+            acc.add_(at::mm_out(product, d.t(), hc));
+          }
           else acc.addmm_(d.t(), hc);
         }
       });
@@ -234,12 +259,14 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
   at::Tensor stats = at::empty({ce_kernel::kStats, T}, h.options().dtype(ct));
   {
     at::NoGradGuard no_grad;
+    const at::Tensor tile = block_buffer(blocks, h);
     for_blocks(T, blocks.tokens, [&](int64_t r0, int64_t n) {
       const at::Tensor hc = h.narrow(0, r0, n);
       at::Tensor acc;
       for_blocks(Vl, blocks.vocab, [&](int64_t c0, int64_t nc) {
-        const at::Tensor s =
-            fused_cross_entropy_block_stats(ce, at::mm(hc, w.narrow(0, c0, nc).t()), r0, c0, in.shard);
+        at::Tensor logits = view_of(tile, n, nc);
+        at::mm_out(logits, hc, w.narrow(0, c0, nc).t());
+        const at::Tensor s = fused_cross_entropy_block_stats(ce, logits, r0, c0, in.shard);
         if (acc.defined()) merge_block_stats(acc, s);
         else acc = s;
       });
