@@ -4,6 +4,9 @@
 //   hp-run --nproc-per-node 2 build/bin/hp-bench [--tokens 4096] [--vocab 32000]
 //          [--dtype float32|bfloat16] [--iters 5] [--device cpu|cuda] [--threads N]
 //          [--vs-pytorch [--python PY]]
+//   hp-run --nproc-per-node 2 build/bin/hp-bench --linear DIM [--tokens N] [--vocab V]
+//          [--chunk-tokens N] [--vocab-block N]   (apps/hp_bench_linear.cpp: fused linear +
+//          cross-entropy against head matmul + fused cross-entropy)
 //
 // Per rank, forward + backward of the loss on [tokens, vocab] logits:
 //   single      cross_entropy on the full logits (what one process does; the baseline)
@@ -45,6 +48,7 @@
 #include <unistd.h>
 
 #include "bench/memory_probe.h"
+#include "hp_bench_linear.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "loss/cross_entropy_cpu_kernel.h"
 #include "loss/gradient_buffer.h"
@@ -96,6 +100,8 @@ struct Args {
   std::string python = HP_DEFAULT_PYTHON;
   bool grid = false, full_grid = false;
   std::string json;
+  int64_t linear_dim = 0;  // > 0: the --linear mode
+  int64_t chunk_tokens = 0, vocab_block = 0;
 };
 
 Args parse(int argc, char** argv) {
@@ -117,9 +123,12 @@ Args parse(int argc, char** argv) {
     else if (s == "--grid") a.grid = true;
     else if (s == "--full-grid") a.grid = a.full_grid = true;
     else if (s == "--json") a.json = next();
+    else if (s == "--linear") a.linear_dim = std::stoll(next());
+    else if (s == "--chunk-tokens") a.chunk_tokens = std::stoll(next());
+    else if (s == "--vocab-block") a.vocab_block = std::stoll(next());
     else throw std::invalid_argument("unknown argument '" + s + "'; expected --tokens N --vocab V --iters K "
                                      "--threads T --dtype float32|bfloat16 --device cpu|cuda --vs-pytorch --python PY "
-                                     "--grid --full-grid --json PATH");
+                                     "--grid --full-grid --json PATH --linear DIM --chunk-tokens N --vocab-block N");
   }
   if (a.dtype != "float32" && a.dtype != "bfloat16") throw std::invalid_argument("--dtype: expected float32 or bfloat16, got " + a.dtype);
   if (a.device != "cpu" && a.device != "cuda") throw std::invalid_argument("--device: expected cpu or cuda, got " + a.device);
@@ -397,6 +406,17 @@ int main(int argc, char** argv) {
   auto mesh = hp::init_device_mesh(a.device, {hp::get_world_size()}, {"tp"});
   const c10::Device device = mesh.device();
   const int64_t rank = mesh.get_rank();
+  if (a.linear_dim > 0) {
+    hp_bench::LinearArgs la;
+    la.tokens = a.tokens;
+    la.vocab = a.vocab;
+    la.dim = a.linear_dim;
+    la.iters = a.iters;
+    la.dtype = a.dtype;
+    la.chunk_tokens = a.chunk_tokens;
+    la.vocab_block = a.vocab_block;
+    return hp_bench::run_linear_bench(la, mesh);
+  }
   if (a.grid) {
     if (a.device != "cpu") {
       std::cerr << "hp-bench: --grid measures the CPU kernel's roofline; run it with --device cpu" << std::endl;
