@@ -6,49 +6,67 @@
 
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
 
 namespace {
 
+class CountingAllocator;
+CountingAllocator* probe = nullptr;
+std::once_flag installed;
+
+// The context of every DataPtr it returns is the data pointer itself (what
+// Allocator::raw_allocate requires: oneDNN's bf16 matmul scratch comes through it); the base
+// allocation and its size are kept in a table keyed by that pointer.
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
 
   c10::DataPtr allocate(size_t n) override {
-    auto* ctx = new Context{base_->allocate(n), n, this};
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    if (data == nullptr) return inner;  // nothing allocated, nothing to count
+    const c10::Device device = inner.device();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_.emplace(data, Entry{std::move(inner), n});
+    }
     const int64_t now = current_ += static_cast<int64_t>(n);
     int64_t peak = peak_.load();
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
     }
-    void* data = ctx->inner.get();
-    const c10::Device device = ctx->inner.device();
-    return {data, ctx, &release, device};
+    return {data, data, &release, device};
   }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
   void reset_peak() { peak_ = current_.load(); }
   int64_t current() const { return current_; }
   int64_t peak() const { return peak_; }
 
  private:
-  struct Context {
+  struct Entry {
     c10::DataPtr inner;
     size_t bytes;
-    CountingAllocator* owner;
   };
-  static void release(void* p) {
-    auto* ctx = static_cast<Context*>(p);
-    ctx->owner->current_ -= static_cast<int64_t>(ctx->bytes);
-    delete ctx;
+  static void release(void* data) {
+    Entry e{};
+    {
+      std::lock_guard<std::mutex> lock(probe->mu_);
+      auto it = probe->live_.find(data);
+      if (it == probe->live_.end()) return;
+      e = std::move(it->second);
+      probe->live_.erase(it);
+    }
+    probe->current_ -= static_cast<int64_t>(e.bytes);
+    // e.inner frees the base allocation here, outside the lock.
   }
   c10::Allocator* base_;
   std::atomic<int64_t> current_{0}, peak_{0};
+  std::mutex mu_;
+  std::unordered_map<void*, Entry> live_;
 };
-
-CountingAllocator* probe = nullptr;
-std::once_flag installed;
 
 CountingAllocator& the_probe() {
   std::call_once(installed, [] {
