@@ -7,6 +7,7 @@
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel/distributed_op.h"
 #include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/layout.h"
 #include "hyper_parallel/loss_parallel.h"
 #include "hyper_parallel/module_utils.h"

@@ -62,7 +62,7 @@ void for_blocks(int64_t total, int64_t step, Fn&& fn) {
 
 // Storage for one logits block, reused by every block of a call. On the CPU it is the
 // thread's cached gradient buffer (gradient_buffer.h): a fresh multi-MiB tensor per block
-// would fault in new pages every time, which costs more than the block's matmul.
+// faults in new pages every time (hp-bench --linear showed it as a large part of the step).
 at::Tensor block_buffer(const Blocks& b, const at::Tensor& like) {
   return like.device().is_cpu() ? reusable_gradient_buffer(b.tokens, b.vocab, like.scalar_type())
                                 : at::empty({b.tokens, b.vocab}, like.options());
