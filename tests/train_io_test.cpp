@@ -16,6 +16,7 @@
 
 #include "compat/file_system.h"
 #include "train/checkpoint_io.h"
+#include "train/crc32c.h"
 #include "train/metrics.h"
 #include "train/progress.h"
 
@@ -223,6 +224,60 @@ TEST_F(TrainCheckpointIo, MissingOrCorruptFilesGiveErrorsNamingTheFile) {
   expect_error_naming(file("truncated.pt"));
 
   expect_error_naming(dir_);  // a directory
+}
+
+TEST(Crc32c, MatchesTheStandardCheckValueAndContinues) {
+  const std::string text = "123456789";
+  EXPECT_EQ(crc32c(text.data(), text.size()), 0xE3069283u);  // RFC 3720's check value
+  EXPECT_EQ(crc32c(nullptr, 0), 0u);
+  const std::string long_text(1000, 'x');
+  const uint32_t whole = crc32c(long_text.data(), long_text.size());
+  EXPECT_EQ(crc32c(long_text.data() + 333, 667, crc32c(long_text.data(), 333)), whole);
+  EXPECT_EQ(crc32c_hex(0xE3069283u), "e3069283");
+}
+
+TEST_F(TrainCheckpointIo, FlippedTensorBytesAreNamedOnRead) {
+  // A large tensor of distinct values, so that flipping bytes mid-file hits its data.
+  write_tensor_file(file("w.pt"), {{"layer.weight", at::arange(100000, at::kFloat)}}, "{}");
+  std::string bytes = slurp(file("w.pt"));
+  const size_t mid = bytes.size() / 2;
+  for (size_t i = mid; i < mid + 16; ++i) bytes[i] = static_cast<char>(~bytes[i]);
+  spit(file("w.pt"), bytes);
+  try {
+    read_tensor_file(file("w.pt"));
+    FAIL() << "flipped bytes were loaded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(file("w.pt")), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tensor 'layer.weight' is corrupt"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(TrainCheckpointIo, ChecksumFileAgreesWithWhatWasWritten) {
+  const FileChecksum written = write_tensor_file(file("a.pt"), {{"w", at::randn({64})}}, "{}");
+  const FileChecksum read = checksum_file(file("a.pt"));
+  EXPECT_EQ(written.bytes, compat::file_size(file("a.pt")));
+  EXPECT_EQ(written.bytes, read.bytes);
+  EXPECT_EQ(written.crc32c, read.crc32c);
+  try {
+    checksum_file(file("missing.pt"));
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("No such file or directory"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(TrainCheckpointIo, RemoveTempFilesDeletesOnlyTheLeftoversOfSaves) {
+  ASSERT_TRUE(compat::create_directories(file("step-2")));
+  spit(file("latest.tmp-123"), "2");
+  spit(file("step-2/rank-0.pt.tmp-4567"), "partial");
+  spit(file("step-2/rank-0.pt"), "kept");
+  spit(file("notes.tmp-x"), "not a temp file of ours");
+  const auto removed = remove_temp_files(dir_);
+  EXPECT_EQ(removed.size(), 2u);
+  EXPECT_FALSE(has_temp_files() && compat::path_exists(file("latest.tmp-123")));
+  EXPECT_FALSE(compat::path_exists(file("step-2/rank-0.pt.tmp-4567")));
+  EXPECT_TRUE(compat::path_exists(file("step-2/rank-0.pt")));
+  EXPECT_TRUE(compat::path_exists(file("notes.tmp-x")));
 }
 
 TEST_F(TrainCheckpointIo, StepDirectoriesAndLatestMarker) {

@@ -121,6 +121,7 @@ const std::vector<Field>& fields() {
       HP_FIELD(checkpoint, folder, "checkpoint folder, relative to job.dump_folder"),
       HP_FIELD(checkpoint, interval, "save every this many steps"),
       HP_FIELD(checkpoint, resume, "resume from the latest checkpoint in the folder"),
+      HP_FIELD(checkpoint, overwrite, "start over in a folder with checkpoints, deleting them"),
 
       HP_FIELD(validation, enable, "run validation"),
       HP_FIELD(validation, freq, "validate every this many steps"),
@@ -667,6 +668,9 @@ void validate(const JobConfig& cfg) {
   }
 
   non_empty("checkpoint.folder", cfg.checkpoint.folder);
+  require(!(cfg.checkpoint.resume && cfg.checkpoint.overwrite),
+          "checkpoint.resume and checkpoint.overwrite contradict each other: resume continues the "
+          "checkpoints in the folder, overwrite deletes them; choose one");
   positive("checkpoint.interval", cfg.checkpoint.interval);
   positive("validation.freq", cfg.validation.freq);
   positive("validation.steps", cfg.validation.steps);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "hyper_parallel/llama.h"
+#include "train/checkpoint_manifest.h"
 #include "train/data.h"
 #include "train/job_config.h"
 #include "train/train_context.h"
@@ -68,11 +69,26 @@ class Trainer {
   Llama& model() { return model_; }
   const JobConfig& config() const { return config_; }
 
+  // The save protocol of checkpoint_manifest.h; a failure on any rank is an error
+  // on every rank (naming the file and the OS reason on the rank that failed).
   void save_checkpoint() const;
-  // Loads the latest checkpoint; false when there is none.
+  // Loads the latest checkpoint after verifying it (checkpoint_manifest.h); false
+  // when there is none. A mismatch on any rank is an error on every rank.
   bool load_checkpoint();
+  // Chosen by rank 0 at start (or taken from the checkpoint resumed), the same on all ranks.
+  const std::string& run_id() const { return run_id_; }
 
  private:
+  // What this job's checkpoints are (step: the current one).
+  CheckpointIdentity identity() const;
+  // Temp files of interrupted saves; refuses (or with overwrite, clears) a folder
+  // holding an earlier run's checkpoints when this run does not resume.
+  void prepare_checkpoint_folder();
+  // Collective: every rank throws when any rank's `own_error` is non-empty, with its own
+  // error or, on the others, which ranks failed at `what`.
+  void agree_or_throw(const std::string& own_error, const std::string& what) const;
+  // Verifies and loads step `step` of the checkpoint folder (throws on this rank only).
+  void load_step(int64_t step);
   double forward_backward(const Batch& batch);
   std::string checkpoint_folder() const;
   std::string metrics_folder() const;
@@ -91,6 +107,7 @@ class Trainer {
   std::unique_ptr<Validator> validator_;
   std::unique_ptr<MetricsLogger> metrics_;
   int64_t step_ = 0;
+  std::string run_id_;
 };
 
 // The model arguments of a job's [model] section.
