@@ -360,6 +360,31 @@ TEST_F(TrainMetrics, LoggerWritesJsonLinesThatReadMetricsReads) {
   EXPECT_EQ(records[3]["step"], 4);
 }
 
+TEST_F(TrainMetrics, AContinuedLogDropsATornLastLineBeforeAppending) {
+  ASSERT_TRUE(compat::create_directories(file("m")));
+  spit(file("m/metrics.jsonl"), "{\"step\":1,\"loss\":2}\n{\"step\":2,\"lo");
+  MetricsLogger logger(file("m"));
+  EXPECT_EQ(logger.dropped_records(), 1);
+  logger.log({{"step", 3}, {"loss", 1.0}});
+  const auto records = read_metrics(file("m/metrics.jsonl"));
+  ASSERT_EQ(records.size(), 2u) << slurp(file("m/metrics.jsonl"));
+  EXPECT_EQ(records[1]["step"], 3);
+}
+
+TEST_F(TrainMetrics, AResumedLogDropsTheStepsItRunsAgainAndAFreshRunStartsEmpty) {
+  ASSERT_TRUE(compat::create_directories(file("m")));
+  spit(file("m/metrics.jsonl"), "{\"step\":1}\n{\"step\":2}\n{\"step\":3}\n{\"step\":4}\n");
+  {
+    MetricsLogger resumed(file("m"), /*resume_step=*/2);
+    EXPECT_EQ(resumed.dropped_records(), 2);
+    resumed.log({{"step", 3}});
+  }
+  EXPECT_EQ(slurp(file("m/metrics.jsonl")), "{\"step\":1}\n{\"step\":2}\n{\"step\":3}\n");
+  MetricsLogger fresh(file("m"), /*resume_step=*/0);
+  EXPECT_EQ(fresh.dropped_records(), 3);
+  EXPECT_EQ(slurp(file("m/metrics.jsonl")), "");
+}
+
 TEST_F(TrainMetrics, ReadMetricsToleratesOnlyATornLastLine) {
   spit(file("torn.jsonl"), "{\"step\":1,\"loss\":2}\n\n{\"step\":2,\"loss\":1.5}\n{\"step\":3,\"lo");
   EXPECT_EQ(read_metrics(file("torn.jsonl")).size(), 2u);

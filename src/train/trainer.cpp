@@ -298,9 +298,22 @@ StepResult Trainer::train_step(int64_t step) {
 std::vector<StepResult> Trainer::train() {
   const auto& t = config_.training;
   std::vector<StepResult> results;
-  if (rank_ == 0) {
-    make_directories(metrics_folder());
-    metrics_ = std::make_unique<MetricsLogger>(metrics_folder());
+  {
+    std::string error;
+    try {
+      if (rank_ == 0) {
+        make_directories(metrics_folder());
+        metrics_ = std::make_unique<MetricsLogger>(metrics_folder(), step_);
+        if (metrics_->dropped_records() > 0 && log_) {
+          *log_ << "hp-train: " << metrics_->path() << ": cut " << metrics_->dropped_records()
+                << " line(s) after step " << step_ << " (a torn line, or records of steps this run does again)"
+                << std::endl;
+        }
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    agree_or_throw(error, "opening the metrics file");
   }
   std::unique_ptr<ProgressLine> progress;
   if (rank_ == 0 && log_) progress = std::make_unique<ProgressLine>(t.steps, *log_, is_terminal(*log_));
@@ -316,11 +329,20 @@ std::vector<StepResult> Trainer::train() {
     if (config_.checkpoint.enable && (r.step % config_.checkpoint.interval == 0 || r.step == t.steps)) {
       save_checkpoint();
     }
-    if (metrics_ && (r.step % t.log_freq == 0 || r.val_loss || r.step == t.steps)) {
-      nlohmann::json rec = {{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
-                            {"tokens_per_s", tokens_per_s}, {"peak_memory_mb", peak_memory_mib()}};
-      if (r.val_loss) rec["val_loss"] = *r.val_loss;
-      metrics_->log(rec);
+    // The same decision on every rank, so that a failed write on rank 0 stops them all.
+    if (r.step % t.log_freq == 0 || r.val_loss || r.step == t.steps) {
+      std::string error;
+      if (metrics_) {
+        nlohmann::json rec = {{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
+                              {"tokens_per_s", tokens_per_s}, {"peak_memory_mb", peak_memory_mib()}};
+        if (r.val_loss) rec["val_loss"] = *r.val_loss;
+        try {
+          metrics_->log(rec);
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+      }
+      agree_or_throw(error, "writing the metrics of step " + std::to_string(r.step));
     }
     if (progress) {
       progress->update(r.step, r.loss, tokens_per_s, peak_memory_mib());
