@@ -387,3 +387,74 @@ TEST(TextFileCorpus, TooShortFileIsAnErrorNamingTheFile) {
   EXPECT_NE(window_err.find("too short"), std::string::npos) << window_err;
   EXPECT_NE(window_err.find("65"), std::string::npos) << window_err;
 }
+
+TEST(TextFileCorpus, ABinaryFileIsRejectedWithTheReason) {
+  std::string bytes(kSmallText);
+  bytes += std::string("\x7f" "ELF\x02\x01\x01\x00\x00\x00\x00", 11);
+  for (int i = 0; i < 200; ++i) bytes += static_cast<char>(i % 7);
+  TempFile binary("binary.bin", bytes);
+  const std::string err = error_of([&] { make_text_file_corpus(binary.path(), 100); });
+  EXPECT_NE(err.find(binary.path()), std::string::npos) << err;
+  EXPECT_NE(err.find("is not text"), std::string::npos) << err;
+  EXPECT_NE(err.find("NUL byte at offset " + std::to_string(std::string(kSmallText).size() + 7)), std::string::npos)
+      << err;
+}
+
+TEST(TextFileCorpus, InvalidUtf8IsRejectedButValidUtf8IsText) {
+  std::string latin1(kSmallText);
+  for (int i = 0; i < 50; ++i) latin1 += "caf\xe9 ";  // Latin-1, not UTF-8
+  TempFile bad("latin1.txt", latin1);
+  const std::string err = error_of([&] { make_text_file_corpus(bad.path(), 100); });
+  EXPECT_NE(err.find("not valid UTF-8"), std::string::npos) << err;
+  std::string utf8(kSmallText);
+  for (int i = 0; i < 50; ++i) utf8 += "caf\xc3\xa9 ";
+  TempFile good("utf8.txt", utf8);
+  EXPECT_NO_THROW(make_text_file_corpus(good.path(), 100));
+}
+
+// --- the streamed synthetic corpus ----------------------------------------------------
+
+TEST(SyntheticStream, BatchesDependOnlyOnSeedAndStepAndStayInTheVocabulary) {
+  SyntheticBatchStream a(kVocab, 4, 32, /*seed=*/7, /*split=*/0);
+  SyntheticBatchStream b(kVocab, 4, 32, /*seed=*/7, /*split=*/0);
+  const Batch late = a.batch_at(1'000'000'000);  // any step, without generating the ones before
+  EXPECT_TRUE(at::equal(late.input, b.batch_at(1'000'000'000).input));
+  EXPECT_TRUE(at::equal(a.batch_at(3).input, b.batch_at(3).input));
+  EXPECT_FALSE(at::equal(a.batch_at(3).input, a.batch_at(4).input));
+  SyntheticBatchStream validation(kVocab, 4, 32, 7, /*split=*/1);
+  EXPECT_FALSE(at::equal(a.batch_at(3).input, validation.batch_at(3).input)) << "train and validation differ";
+  EXPECT_EQ(late.input.sizes(), (std::vector<int64_t>{4, 32}));
+  EXPECT_GE(late.input.min().item<int64_t>(), 0);
+  EXPECT_LT(late.input.max().item<int64_t>(), kVocab);
+  // Target is input shifted by one token.
+  EXPECT_TRUE(at::equal(late.input.narrow(1, 1, 31), late.target.narrow(1, 0, 31)));
+}
+
+TEST(SyntheticStream, DataParallelShardsAreTheRowsOfTheGlobalBatch) {
+  SyntheticBatchStream whole(kVocab, 8, 16, 3, 0);
+  SyntheticBatchStream first(kVocab, 8, 16, 3, 0, /*dp_rank=*/0, /*dp_size=*/2);
+  SyntheticBatchStream second(kVocab, 8, 16, 3, 0, /*dp_rank=*/1, /*dp_size=*/2);
+  const Batch all = whole.batch_at(5);
+  EXPECT_TRUE(at::equal(first.batch_at(5).input, all.input.narrow(0, 0, 4)));
+  EXPECT_TRUE(at::equal(second.batch_at(5).input, all.input.narrow(0, 4, 4)));
+  EXPECT_NE(error_of([] { SyntheticBatchStream(kVocab, 8, 16, 3, 0, 0, 3); }).find("divisible"), std::string::npos);
+}
+
+TEST(SyntheticStream, IsAsLearnableAsTheCorpus) {
+  // The next token is predictable from the current one, as in the materialized corpus.
+  SyntheticBatchStream s(kVocab, 64, 128, 0, 0);
+  std::unordered_map<int64_t, std::unordered_map<int64_t, int64_t>> next;
+  int64_t pairs = 0;
+  for (int64_t step = 0; step < 40; ++step) {
+    const Batch batch = s.batch_at(step);
+    const auto in = to_vector(batch.input.flatten()), tg = to_vector(batch.target.flatten());
+    for (size_t i = 0; i < in.size(); ++i) ++next[in[i]][tg[i]], ++pairs;
+  }
+  double top = 0;  // share of pairs whose target is the current token's most frequent successor
+  for (const auto& [cur, successors] : next) {
+    int64_t best = 0;
+    for (const auto& [t, n] : successors) best = std::max(best, n);
+    top += static_cast<double>(best);
+  }
+  EXPECT_GT(top / static_cast<double>(pairs), 0.4);
+}

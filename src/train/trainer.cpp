@@ -96,16 +96,21 @@ LlamaArgs llama_args(const ModelConfig& m) {
 
 Validator::Validator(const ValidationConfig& config, const TrainingConfig& training, const at::Tensor& tokens,
                      TrainContext validation_context)
-    : config_(config),
-      sampler_(tokens, training.batch_size, training.seq_len, static_cast<uint64_t>(training.seed) + 1),
-      context_(validation_context) {}
+    : Validator(config,
+                std::make_shared<BatchSampler>(tokens, training.batch_size, training.seq_len,
+                                               static_cast<uint64_t>(training.seed) + 1),
+                validation_context) {}
+
+Validator::Validator(const ValidationConfig& config, std::shared_ptr<const BatchSource> batches,
+                     TrainContext validation_context)
+    : config_(config), batches_(std::move(batches)), context_(validation_context) {}
 
 double Validator::validate(Llama& model) const {
   at::NoGradGuard no_grad;
   double total = 0;
   for (int64_t i = 0; i < config_.steps; ++i) {
     auto guard = context_();
-    total += scalar_of(compute_loss(model, sampler_.batch_at(i)));
+    total += scalar_of(compute_loss(model, batches_->batch_at(i)));
   }
   return total / static_cast<double>(std::max<int64_t>(1, config_.steps));
 }
@@ -145,19 +150,32 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
       model_->parameters(),
       torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(t.weight_decay));
 
+  // Every TP rank builds the same batch (data parallelism, when it comes, shards the rows).
+  std::string data_description;
   if (t.data.empty()) {
-    const int64_t tokens = std::max<int64_t>(200000, 4 * t.batch_size * (t.seq_len + 1) * t.steps);
-    corpus_ = make_synthetic_corpus(config_.model.vocab_size, tokens, static_cast<uint64_t>(t.seed));
+    // Generated per batch: memory and start-up do not depend on training.steps.
+    auto train_stream = std::make_shared<SyntheticBatchStream>(config_.model.vocab_size, t.batch_size, t.seq_len,
+                                                               static_cast<uint64_t>(t.seed), /*split=*/0);
+    data_description = train_stream->describe();
+    batches_ = train_stream;
+    if (config_.validation.enable) {
+      validator_ = std::make_unique<Validator>(
+          config_.validation,
+          std::make_shared<SyntheticBatchStream>(config_.model.vocab_size, t.batch_size, t.seq_len,
+                                                 static_cast<uint64_t>(t.seed), /*split=*/1),
+          train_context_);
+    }
   } else {
     corpus_ = make_text_file_corpus(t.data, config_.model.vocab_size, t.seq_len + 1);
-  }
-  sampler_ = std::make_unique<BatchSampler>(corpus_->train_tokens(), t.batch_size, t.seq_len,
-                                            static_cast<uint64_t>(t.seed));
-  if (config_.validation.enable) {
-    validator_ = std::make_unique<Validator>(config_.validation, t, corpus_->validation_tokens(), train_context_);
+    data_description = corpus_->describe();
+    batches_ = std::make_shared<BatchSampler>(corpus_->train_tokens(), t.batch_size, t.seq_len,
+                                              static_cast<uint64_t>(t.seed));
+    if (config_.validation.enable) {
+      validator_ = std::make_unique<Validator>(config_.validation, t, corpus_->validation_tokens(), train_context_);
+    }
   }
   if (rank_ == 0 && log_) {
-    *log_ << "hp-train: " << corpus_->describe() << "\n"
+    *log_ << "hp-train: " << data_description << "\n"
           << "hp-train: llama dim " << config_.model.dim << ", " << config_.model.n_layers << " layers, "
           << config_.model.n_heads << " heads, vocab " << config_.model.vocab_size << "; TP "
           << par.tensor_parallel_degree << ", loss parallel " << (loss_parallel_enabled_ ? "on" : "off") << std::endl;
@@ -288,7 +306,7 @@ StepResult Trainer::train_step(int64_t step) {
   r.lr = learning_rate_at(step, t.steps, t.warmup_steps, t.lr, t.min_lr_ratio);
   for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(r.lr);
   optimizer_->zero_grad();
-  r.loss = forward_backward(sampler_->batch_at(step - 1));
+  r.loss = forward_backward(batches_->batch_at(step - 1));
   r.grad_norm = clip_grad_norm_(model_->parameters(), t.max_norm);
   optimizer_->step();
   step_ = step;

@@ -32,14 +32,18 @@ class MetricsLogger;
 
 class Validator {
  public:
+  // Batches from `tokens` (a held-out token stream, sampled with seed training.seed + 1).
   Validator(const ValidationConfig& config, const TrainingConfig& training, const at::Tensor& tokens,
+            TrainContext validation_context);
+  // Batches 0 .. config.steps - 1 of `batches` (e.g. the synthetic stream's validation split).
+  Validator(const ValidationConfig& config, std::shared_ptr<const BatchSource> batches,
             TrainContext validation_context);
   // Mean loss over config.steps fixed batches, without gradients.
   double validate(Llama& model) const;
 
  private:
   ValidationConfig config_;
-  BatchSampler sampler_;
+  std::shared_ptr<const BatchSource> batches_;
   TrainContext context_;
 };
 
@@ -101,8 +105,8 @@ class Trainer {
   std::optional<DeviceMesh> tp_mesh_;
   Llama model_{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer_;
-  std::unique_ptr<TokenCorpus> corpus_;
-  std::unique_ptr<BatchSampler> sampler_;
+  std::unique_ptr<TokenCorpus> corpus_;  // a text file's tokens; null for the synthetic stream
+  std::shared_ptr<const BatchSource> batches_;
   TrainContext train_context_;
   std::unique_ptr<Validator> validator_;
   std::unique_ptr<MetricsLogger> metrics_;
