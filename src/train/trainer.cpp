@@ -233,7 +233,7 @@ void Trainer::agree_or_throw(const std::string& own_error, const std::string& wh
   }
   const int64_t world = config_.parallelism.tensor_parallel_degree;
   at::Tensor failed = at::zeros({world}, at::TensorOptions().dtype(at::kLong).device(tp_mesh_->device()));
-  if (!own_error.empty()) failed[rank_].fill_(1);
+  if (!own_error.empty()) failed[tp_mesh_->comm(0).rank()].fill_(1);
   tp_mesh_->comm(0).all_reduce_(failed, ReduceOp::Sum);
   failed = failed.cpu();
   std::string ranks;
