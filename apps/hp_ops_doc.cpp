@@ -15,7 +15,7 @@ namespace {
 const std::map<std::string, std::string>& loss_parallel_semantics() {
   static const std::map<std::string, std::string> m = {
       {"cross_entropy_loss", "the whole loss, taken at the AutogradPrivateUse1 key before it decomposes: fused "
-                             "kernel (3 all-reduces forward, none backward), Replicate loss"},
+                             "kernel (3 all-reduces forward + 1 agreeing on the inputs, none backward), Replicate loss"},
       {"_log_softmax", "K1: distributed stable log-softmax over the sharded dim (all-reduce MAX + SUM)"},
       {"_log_softmax_backward_data", "g - exp(out) * sum(g) with one all-reduce; picked by layout, any thread"},
       {"nll_loss_forward", "K2: index NLL on class-sharded log-probs, one all-reduce"},
