@@ -165,6 +165,14 @@ TEST(CheckpointVerify, FlippedBytesAreRefused) {
   expect_refused(construction_errors(resumed(job, 6), 2), {"step-4/rank-1.pt"});
 }
 
+TEST(CheckpointVerify, AForgedRankFileIsRefusedBeforeItsTensorsAreRead) {
+  JobConfig job = job_in(fresh_dir("forged"), 1, 4);
+  train_job(job);
+  // Metadata {"rank":0} only, and a tensor that overruns its buffer (found by fuzzing).
+  copy_file(std::string(HP_SOURCE_DIR) + "/tests/data/checkpoint_storage_too_small.pt", ckpt(job, "step-4/rank-0.pt"));
+  expect_refused(construction_errors(resumed(job, 6), 1), {"step-4/rank-0.pt", "missing field 'run_id'"});
+}
+
 TEST(CheckpointVerify, ADtypeChangeNamesTheField) {
   JobConfig job = job_in(fresh_dir("dtype"), 2, 4);
   train_job(job);

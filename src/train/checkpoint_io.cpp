@@ -10,6 +10,7 @@
 // are not valid attribute names.
 #include "train/checkpoint_io.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
@@ -42,6 +43,21 @@ constexpr const char* kFormatTagV1 = "hyper_parallel.tensor_file.v1";
 constexpr const char* kMetadataKey = "metadata";
 constexpr const char* kTensorsKey = "tensors";
 constexpr const char* kChecksumsKey = "checksums";
+
+// A tensor read from a damaged or forged archive may claim more elements than its storage
+// holds; touching its data would read past the buffer.
+void check_fits_storage(const std::string& name, const at::Tensor& t) {
+  for (int64_t s : t.strides()) {
+    if (s < 0) throw std::runtime_error("tensor '" + name + "' has a negative stride");
+  }
+  const size_t needed = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.element_size(),
+                                                         static_cast<size_t>(t.storage_offset()));
+  const size_t held = t.storage().nbytes();
+  if (needed > held) {
+    throw std::runtime_error("tensor '" + name + "' needs " + std::to_string(needed) + " bytes but its storage holds " +
+                             std::to_string(held) + " (the file is corrupt)");
+  }
+}
 
 uint32_t tensor_crc(const at::Tensor& t) {
   const at::Tensor c = t.contiguous();
@@ -225,6 +241,7 @@ TensorFile read_tensor_file(const std::string& path) {
     for (const auto& entry : tensors.toGenericDict()) {
       const std::string& name = entry.key().toStringRef();
       const at::Tensor& t = entry.value().toTensor();
+      check_fits_storage(name, t);
       const auto sum = sums.find(name);
       if (sum == sums.end()) throw std::runtime_error("tensor '" + name + "' has no stored checksum");
       const auto expected = static_cast<uint32_t>(sum->value().toInt());
@@ -248,6 +265,25 @@ TensorFile read_tensor_file(const std::string& path) {
 
 std::string step_directory(const std::string& folder, int64_t step) {
   return compat::join_path(folder, "step-" + std::to_string(step));
+}
+
+std::string read_tensor_file_metadata(const std::string& path) {
+  if (!compat::path_exists(path)) throw std::runtime_error("tensor file '" + path + "' does not exist");
+  if (compat::is_directory(path)) throw std::runtime_error("tensor file '" + path + "' is a directory");
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(path, c10::Device(c10::kCPU));
+    c10::IValue format;
+    if (!archive.try_read(kFormatKey, format) || !format.isString() || format.toStringRef() != kFormatTag) {
+      throw std::runtime_error("not a HyperParallel tensor file of format " + std::string(kFormatTag));
+    }
+    c10::IValue metadata;
+    archive.read(kMetadataKey, metadata);
+    if (!metadata.isString()) throw std::runtime_error("its metadata is not a string");
+    return metadata.toStringRef();
+  } catch (const std::exception& e) {
+    throw std::runtime_error("cannot read tensor file '" + path + "': " + short_message(e));
+  }
 }
 
 FileChecksum checksum_file(const std::string& path) {

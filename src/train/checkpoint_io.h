@@ -55,7 +55,14 @@ struct TensorFile {
 // std::runtime_error naming `path` when it is missing, unreadable, truncated,
 // corrupt (a tensor whose bytes do not match its stored CRC-32C is named) or not
 // a tensor file of this format.
+// Only for files whose bytes are known to be what was written (the trainer checks the
+// whole file's CRC-32C against the step manifest first): LibTorch's archive reader can
+// give tensors larger than their buffer on a forged archive.
 TensorFile read_tensor_file(const std::string& path);
+
+// The metadata JSON of a tensor file, without touching its tensors' data: safe on any
+// input (the fuzz target runs it). Errors as read_tensor_file.
+std::string read_tensor_file_metadata(const std::string& path);
 
 // Size and CRC-32C of the file at `path`; std::runtime_error naming it and the OS
 // reason when it cannot be read.
