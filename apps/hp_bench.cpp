@@ -14,6 +14,14 @@
 // --vs-pytorch then runs PyTorch's own loss_parallel and gather-then-cross_entropy on the
 // same shapes, seeds and thread count (apps/bench_pytorch_ce.py through torchrun, after
 // ours, so the two never share the cores) and prints ours / PyTorch.
+// Then the roofline of the fused kernel, measured in the same run on the same threads:
+// the kernel's own vectorised exp throughput, read and write bandwidth over as many
+// elements as the rank's logits hold; the binding bound for forward + backward (two exps
+// per logit; two reads and one write of the logits) and the fused kernel's % of it, with
+// and without LossParallelOptions::gradient_in_forward. --grid runs that roofline for
+// every case of V x tokens x dtype x gradient_in_forward at this TP (a reduced grid on
+// machines with <= 4 cores, which says so; --full-grid forces all); --json PATH appends one
+// JSON line per case. scripts/bench_loss_roofline.sh runs the grid for several TP degrees.
 // Memory is the peak above what was allocated before (the logits piece excluded): on the
 // CPU through a counting wrapper of LibTorch's allocator (libhp_memory_probe, which the
 // PyTorch side loads too), on a GPU from the caching allocator's statistics, on both sides.
@@ -32,11 +40,14 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <thread>
 
 #include <unistd.h>
 
 #include "bench/memory_probe.h"
 #include "hyper_parallel/hyper_parallel.h"
+#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/gradient_buffer.h"
 
 namespace hp = hyper_parallel;
 namespace F = torch::nn::functional;
@@ -64,7 +75,10 @@ Measure run(const std::string& name, int iters, c10::Device device, const std::f
     hp::bench::synchronize(device);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (i > 0) times.push_back(ms);
-    m.peak_mb = static_cast<double>(hp::bench::peak_memory_bytes(device) - before) / (1 << 20);
+    // The fused loss keeps its gradient buffer between steps (reused, no page faults):
+    // memory it holds, so counted although it was allocated before this step.
+    m.peak_mb = static_cast<double>(hp::bench::peak_memory_bytes(device) - before +
+                                    hp::cached_gradient_buffer_bytes()) / (1 << 20);
     m.collectives = hp::collective_counts().total();
   }
   std::sort(times.begin(), times.end());
@@ -80,6 +94,8 @@ struct Args {
   std::string device = "cpu";
   bool vs_pytorch = false;
   std::string python = HP_DEFAULT_PYTHON;
+  bool grid = false, full_grid = false;
+  std::string json;
 };
 
 Args parse(int argc, char** argv) {
@@ -98,8 +114,12 @@ Args parse(int argc, char** argv) {
     else if (s == "--device") a.device = next();
     else if (s == "--vs-pytorch") a.vs_pytorch = true;
     else if (s == "--python") a.python = next();
+    else if (s == "--grid") a.grid = true;
+    else if (s == "--full-grid") a.grid = a.full_grid = true;
+    else if (s == "--json") a.json = next();
     else throw std::invalid_argument("unknown argument '" + s + "'; expected --tokens N --vocab V --iters K "
-                                     "--threads T --dtype float32|bfloat16 --device cpu|cuda --vs-pytorch --python PY");
+                                     "--threads T --dtype float32|bfloat16 --device cpu|cuda --vs-pytorch --python PY "
+                                     "--grid --full-grid --json PATH");
   }
   if (a.dtype != "float32" && a.dtype != "bfloat16") throw std::invalid_argument("--dtype: expected float32 or bfloat16, got " + a.dtype);
   if (a.device != "cpu" && a.device != "cuda") throw std::invalid_argument("--device: expected cpu or cuda, got " + a.device);
@@ -178,6 +198,182 @@ void print_versus(const std::vector<Measure>& ours, const std::map<std::string, 
   }
 }
 
+// ---- The roofline of the fused kernel, measured here and now ----
+
+struct Limits {
+  double exp_per_s = 0;     // the kernel's vectorised exp, all of this rank's threads
+  double read_gb_s = 0;     // vectorised sum over a logits-sized buffer
+  double write_gb_s = 0;    // fill of a logits-sized, already-touched buffer
+};
+
+// Measures the limits for n elements of `dtype` on this rank's threads; once per step of
+// the kernel, interleaved with it, so both see the same (shared, noisy) machine.
+class LimitProbe {
+ public:
+  LimitProbe(int64_t n, at::ScalarType dtype)
+      : n_(n),
+        resident_((int64_t{1} << 16) * at::get_num_threads()),
+        exp_buf_(at::rand({resident_}, at::kFloat)),
+        // The same bytes as the rank's logits, touched now: no page faults when timed.
+        big_(at::rand({n * static_cast<int64_t>(c10::elementSize(dtype)) / 4}, at::kFloat)) {}
+
+  Limits once() {
+    Limits l;
+    // exp: a cache-resident slice per thread, passed over until n exps are done.
+    const int reps = static_cast<int>(std::max<int64_t>(1, n_ / resident_));
+    double ms = time([&] { sink_ = sink_ + hp::ce_kernel::exp_throughput_probe(exp_buf_.data_ptr<float>(), resident_, reps); });
+    l.exp_per_s = static_cast<double>(resident_) * reps / (ms * 1e-3);
+    const double bytes = static_cast<double>(big_.numel()) * 4;
+    ms = time([&] { sink_ = sink_ + hp::ce_kernel::read_probe(big_.data_ptr<float>(), big_.numel()); });
+    l.read_gb_s = bytes / (ms * 1e-3) / 1e9;
+    ms = time([&] { big_.fill_(0.5); });
+    l.write_gb_s = bytes / (ms * 1e-3) / 1e9;
+    return l;
+  }
+
+ private:
+  template <typename Fn>
+  static double time(Fn&& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  int64_t n_, resident_;
+  at::Tensor exp_buf_, big_;
+  volatile double sink_ = 0;
+};
+
+struct RooflineCase {
+  int64_t tokens, vocab;
+  std::string dtype;
+  bool gradient_in_forward;
+};
+
+// Fused forward + backward (median), split into forward and backward, plus its bounds.
+nlohmann::json roofline_case(const RooflineCase& c, const hp::DeviceMesh& mesh, int iters) {
+  const at::ScalarType dtype = c.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  const int64_t tp = mesh.size();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  const hp::ChunkRange mine = hp::chunk_range(c.vocab, tp, mesh.get_rank());
+  // This rank's piece only (the full logits need not fit in memory).
+  at::Tensor original = (at::randn({c.tokens, mine.length}, gen, at::kFloat) * 2).to(dtype);
+  at::Tensor target = at::randint(c.vocab, {c.tokens}, gen, at::kLong);
+  mesh.comm(0).broadcast_(target, 0);
+  at::Tensor work = original.clone();
+  hp::FromLocalOptions from_local;
+  from_local.shape = std::vector<int64_t>{c.tokens, c.vocab};
+  hp::LossParallelOptions options;
+  options.gradient_in_forward = c.gradient_in_forward;
+  double loss_value = 0;
+  int64_t fwd_coll = 0, bwd_coll = 0;
+  const int64_t n = c.tokens * mine.length;
+  const double bytes = static_cast<double>(n) * original.element_size();
+  LimitProbe probe(n, dtype);
+  std::vector<double> fwds, bwds, totals, exp_rates, reads, writes, exp_bounds, traffic_bounds, percents;
+  for (int i = 0; i < iters + 1; ++i) {
+    if (c.gradient_in_forward) work.copy_(original);  // the previous step overwrote it
+    at::Tensor x = hp::DTensor::from_local(work, mesh, {hp::Shard(1)}, from_local).detach().set_requires_grad(true);
+    mesh.comm(0).barrier();
+    hp::reset_collective_counts();
+    const auto t0 = std::chrono::steady_clock::now();
+    at::Tensor loss;
+    {
+      auto guard = hp::loss_parallel(options);
+      loss = F::cross_entropy(x, target);
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    fwd_coll = hp::collective_counts().total();
+    hp::reset_collective_counts();
+    loss.backward();
+    const auto t2 = std::chrono::steady_clock::now();
+    bwd_coll = hp::collective_counts().total();
+    loss_value = hp::to_local(loss).item<double>();
+    x = loss = at::Tensor();
+    mesh.comm(0).barrier();
+    const Limits l = probe.once();
+    if (i == 0) continue;  // warm-up
+    fwds.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    bwds.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+    totals.push_back(fwds.back() + bwds.back());
+    exp_rates.push_back(l.exp_per_s);
+    reads.push_back(l.read_gb_s);
+    writes.push_back(l.write_gb_s);
+    exp_bounds.push_back(2.0 * n / l.exp_per_s * 1e3);  // one exp per logit forward, one backward
+    traffic_bounds.push_back((2 * bytes / (l.read_gb_s * 1e9) + bytes / (l.write_gb_s * 1e9)) * 1e3);
+    percents.push_back(100.0 * std::max(exp_bounds.back(), traffic_bounds.back()) / totals.back());
+  }
+  auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+  work = at::Tensor();
+  hp::release_gradient_buffers();
+  const double exp_bound = med(exp_bounds), traffic_bound = med(traffic_bounds);
+  nlohmann::json j;
+  j["tokens"] = c.tokens;
+  j["vocab"] = c.vocab;
+  j["tp"] = tp;
+  j["dtype"] = c.dtype;
+  j["gradient_in_forward"] = c.gradient_in_forward;
+  j["threads_per_rank"] = at::get_num_threads();
+  j["kernel"] = hp::ce_kernel::capability_name();
+  j["logits_per_rank"] = n;
+  j["forward_ms"] = med(fwds);
+  j["backward_ms"] = med(bwds);
+  j["total_ms"] = med(totals);
+  j["exp_per_s"] = med(exp_rates);
+  j["read_gb_s"] = med(reads);
+  j["write_gb_s"] = med(writes);
+  j["exp_bound_ms"] = exp_bound;
+  j["traffic_bound_ms"] = traffic_bound;
+  j["binding"] = exp_bound >= traffic_bound ? "exp" : "traffic";
+  // The median over steps of (binding bound measured right after the step) / (the step).
+  j["percent_of_bound"] = med(percents);
+  j["collectives_forward"] = fwd_coll;
+  j["collectives_backward"] = bwd_coll;
+  j["loss"] = loss_value;
+  return j;
+}
+
+void print_roofline_header() {
+  std::printf("%-7s %6s %5s %3s %4s %9s %9s %9s %9s %9s %8s %9s %9s %7s %6s\n", "tokens", "vocab", "TP", "gif",
+              "dt", "fwd ms", "bwd ms", "total ms", "G exp/s", "rd GB/s", "wr GB/s", "exp bnd", "mem bnd", "% bnd",
+              "coll");
+}
+
+void print_roofline_row(const nlohmann::json& j) {
+  std::printf("%-7lld %6lld %5lld %3s %4s %9.2f %9.2f %9.2f %9.2f %9.2f %8.2f %9.2f %9.2f %6.0f%% %3lld/%lld\n",
+              j["tokens"].get<long long>(), j["vocab"].get<long long>(), j["tp"].get<long long>(),
+              j["gradient_in_forward"].get<bool>() ? "yes" : "no", j["dtype"].get<std::string>() == "bfloat16" ? "bf16" : "f32",
+              j["forward_ms"].get<double>(), j["backward_ms"].get<double>(), j["total_ms"].get<double>(),
+              j["exp_per_s"].get<double>() / 1e9, j["read_gb_s"].get<double>(), j["write_gb_s"].get<double>(),
+              j["exp_bound_ms"].get<double>(), j["traffic_bound_ms"].get<double>(), j["percent_of_bound"].get<double>(),
+              j["collectives_forward"].get<long long>(), j["collectives_backward"].get<long long>());
+}
+
+int run_roofline(const Args& a, const hp::DeviceMesh& mesh, const std::vector<RooflineCase>& cases, const std::string& note) {
+  const bool leader = mesh.get_rank() == 0;
+  if (leader) {
+    std::printf("hp-bench roofline: fused cross-entropy forward+backward per rank vs limits measured in this run "
+                "(%s kernel, %d threads per rank, TP %lld)\n%s", hp::ce_kernel::capability_name(), at::get_num_threads(),
+                static_cast<long long>(mesh.size()), note.c_str());
+    print_roofline_header();
+  }
+  for (const auto& c : cases) {
+    nlohmann::json j = roofline_case(c, mesh, a.iters);
+    if (!leader) continue;
+    print_roofline_row(j);
+    std::fflush(stdout);
+    if (!a.json.empty()) {
+      std::ofstream out(a.json, std::ios::app);
+      out << j.dump() << "\n";
+    }
+  }
+  if (leader) {
+    std::printf("(exp bnd: 2 exps per logit at the measured rate; mem bnd: 2 reads + 1 write of the logits at the "
+                "measured bandwidths; %% bnd: median over steps of max(bounds measured right after the step) / "
+                "the step; medians of %d steps; coll = collectives forward/backward)\n", a.iters);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -201,6 +397,26 @@ int main(int argc, char** argv) {
   auto mesh = hp::init_device_mesh(a.device, {hp::get_world_size()}, {"tp"});
   const c10::Device device = mesh.device();
   const int64_t rank = mesh.get_rank();
+  if (a.grid) {
+    if (a.device != "cpu") {
+      std::cerr << "hp-bench: --grid measures the CPU kernel's roofline; run it with --device cpu" << std::endl;
+      return 2;
+    }
+    std::vector<int64_t> vocabs{32000, 128256}, tokens{4096, 16384};
+    std::string note;
+    if (!a.full_grid && std::thread::hardware_concurrency() <= 4) {
+      vocabs = {32000};
+      tokens = {4096};
+      note = "(reduced grid: this machine has " + std::to_string(std::thread::hardware_concurrency()) +
+             " cores; --full-grid adds vocab 128256 and 16384 tokens)\n";
+    }
+    std::vector<RooflineCase> cases;
+    for (int64_t v : vocabs)
+      for (int64_t t : tokens)
+        for (const char* dt : {"float32", "bfloat16"})
+          for (bool gif : {false, true}) cases.push_back({t, v, dt, gif});
+    return run_roofline(a, mesh, cases, note);
+  }
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   at::Tensor full = (at::randn({a.tokens, a.vocab}, gen, at::kFloat) * 2).to(dtype).to(device);
   at::Tensor target = at::randint(a.vocab, {a.tokens}, gen, at::kLong).to(device);
@@ -234,8 +450,20 @@ int main(int argc, char** argv) {
     return hp::full_tensor(loss).item<double>();
   }));
   mesh.comm(0).barrier();
+  // The roofline of this case's fused kernel (CPU), same run.
+  if (a.device == "cpu") {
+    full = sharded = at::Tensor();
+    std::vector<RooflineCase> cases{{a.tokens, a.vocab, a.dtype, false}, {a.tokens, a.vocab, a.dtype, true}};
+    if (rank == 0) {
+      print_ours(results, a, mesh.size());
+      std::printf("\n");
+    }
+    run_roofline(a, mesh, cases, "");
+    mesh.comm(0).barrier();
+  } else if (rank == 0) {
+    print_ours(results, a, mesh.size());
+  }
   if (rank != 0) return 0;
-  print_ours(results, a, mesh.size());
   if (a.vs_pytorch) {
     // Free our tensors first: the PyTorch side runs on this machine right after.
     full = target = sharded = at::Tensor();

@@ -3,6 +3,8 @@
 function(hp_embed_op_specs out_file)
   file(GLOB specs CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/ops/*.yaml")
   list(SORT specs)
+  # The GLOB notices added or removed files only; editing a spec must re-run CMake too.
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${specs})
   set(body "")
   foreach(spec IN LISTS specs)
     file(READ "${spec}" text)

@@ -113,8 +113,8 @@ void check_case(const DeviceMesh& mesh, const Case& c, const Data& d, const Refe
   reset_collective_counts();
   at::Tensor loss = F::cross_entropy(logits, target, options_for(c, weight));
   const auto forward = collective_counts();
-  EXPECT_LE(forward.all_reduce, 4);  // the fused kernel (<= 3) + 1 agreeing on the inputs
-  EXPECT_EQ(forward.total(), forward.all_reduce);
+  EXPECT_EQ(forward.all_gather, 1) << "one all-gather of the per-row statistics";
+  EXPECT_EQ(forward.total(), 1);
   ASSERT_TRUE(is_dtensor(loss));
   EXPECT_TRUE(layout_of(loss).is_replicated()) << to_string(placements_of(loss));
   reset_collective_counts();

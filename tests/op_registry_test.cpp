@@ -2,10 +2,14 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
 #include <cstdlib>
 
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
+#include "hyper_parallel/sharding_strategy.h"
 
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
@@ -91,6 +95,13 @@ TEST(OpRegistry, DuplicateOpNameNamesBothFiles) {
   EXPECT_NE(msg.find("'add'"), std::string::npos) << msg;
 }
 
+TEST(OpRegistry, AnUnknownClassParameterValueNamesEntryKeyAndChoices) {
+  RegistryEnv env((kData + "/bad_choice_yaml").c_str(), nullptr);
+  const std::string msg = error_of([] { reload_distributed_ops(); });
+  EXPECT_NE(msg.find("bad_kind.yaml:2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("PermuteOp kind 'diagonal' is not one of permute, transpose, t"), std::string::npos) << msg;
+}
+
 TEST(OpRegistry, PluginWithoutEntryPointNamesTheSymbol) {
   RegistryEnv env(nullptr, HP_TEST_BAD_PLUGIN_PATH);
   const std::string msg = error_of([] { reload_distributed_ops(); });
@@ -158,4 +169,113 @@ TEST(LayoutCache, IsBoundedAndDropsTheLeastRecentlyUsed) {
   set_layout_cache_capacity(saved);
   EXPECT_THROW(set_layout_cache_capacity(-1), c10::Error);
   EXPECT_EQ(layout_cache_capacity(), saved);
+}
+
+namespace {
+
+// A rule that refuses every call, naming itself: shows which rule an op resolved to.
+class RefusingOp : public DistributedOp {
+ public:
+  explicit RefusingOp(std::string tag) : tag_(std::move(tag)) {}
+  std::string class_name() const override { return "RefusingOp"; }
+  std::string rule() const override { return "refuses"; }
+  ShardingDecision infer_layout(const OpCall& call) const override {
+    TORCH_CHECK(false, "rule ", tag_, " called for ", call.schema().operator_name());
+  }
+
+ private:
+  std::string tag_;
+};
+
+int64_t thread_count() {
+  int64_t n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST(OpResolution, AnOverloadsOwnRuleServesThatOverloadOnly) {
+  run_ranks(1, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {1});
+    at::Tensor a = distribute_tensor(random_tensor({4, 6}, 1), mesh, {Shard(0)});
+    register_distributed_op("mul.Scalar", std::make_shared<RefusingOp>("mul.Scalar"));
+    EXPECT_NE(error_of([&] { (void)(a * 2.0); }).find("rule mul.Scalar called for aten::mul.Scalar"),
+              std::string::npos);
+    EXPECT_TRUE(full_tensor(a * a).equal(full_tensor(a).square())) << "mul.Tensor keeps the rule of mul";
+    // The in-place form of the overload resolves to the functional overload's rule through "mul".
+    at::Tensor b = a.clone();
+    b.mul_(a);
+    EXPECT_TRUE(full_tensor(b).equal(full_tensor(a).square()));
+    reload_distributed_ops();
+    EXPECT_TRUE(full_tensor(a * 2.0).equal(full_tensor(a) * 2.0)) << "reloading drops the resolution";
+  });
+}
+
+TEST(LayoutCache, CachedDecisionsKeepNoProcessGroupAlive) {
+  // On this thread, like a user's program: the cache entries outlive the world.
+  const int64_t before = thread_count();
+  DeviceMesh mesh;
+  {
+    InitOptions o;
+    o.per_thread = true;
+    init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1, o);
+    mesh = init_device_mesh("cpu", {1}, {"tp"});
+    at::Tensor a = distribute_tensor(random_tensor({4, 6}, 1), mesh, {Shard(0)});
+    (void)at::exp(a).sum(1);
+    EXPECT_GT(layout_cache_stats().size, 0);
+    EXPECT_GT(thread_count(), before) << "Gloo runs threads while the world lives";
+  }
+  destroy_process_group();
+  EXPECT_EQ(thread_count(), before) << "a process group (and its Gloo threads) outlived destroy_process_group()";
+  EXPECT_GT(layout_cache_stats().size, 0) << "the cached decisions are still there";
+  EXPECT_NE(error_of([&] { (void)mesh.comm(0); }).find("was destroyed (destroy_process_group())"), std::string::npos)
+      << "a mesh outliving its world says so when it would communicate";
+  clear_layout_cache();
+}
+
+TEST(ShardingStrategy, CostModelChargesBytesMovedPerRank) {
+  const double bytes = 1000;
+  auto cost = [&](Placement a, Placement b, int64_t n) { return redistribute_cost_bytes(a, b, bytes, n); };
+  EXPECT_EQ(cost(Shard(0), Shard(0), 4), 0);
+  EXPECT_EQ(cost(Shard(0), Replicate(), 1), 0) << "one rank moves nothing";
+  EXPECT_LT(cost(Replicate(), Shard(0), 4), cost(Shard(0), Replicate(), 4)) << "chunking is local";
+  EXPECT_DOUBLE_EQ(cost(Shard(0), Replicate(), 4), 750) << "all-gather: (n-1)/n of the tensor";
+  EXPECT_DOUBLE_EQ(cost(Partial(), Replicate(), 4), 1500) << "all-reduce: twice that";
+  EXPECT_DOUBLE_EQ(cost(Partial(), Shard(1), 4), 750) << "reduce-scatter";
+  EXPECT_LT(cost(Shard(0), Shard(1), 4), cost(Shard(0), Replicate(), 4)) << "all-to-all moves a piece";
+  EXPECT_GT(cost(Shard(0), Replicate(), 8), cost(Shard(0), Replicate(), 2)) << "grows with the mesh";
+}
+
+TEST(ShardingStrategy, MatmulTakesTheCheapestStrategyPerMeshDim) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2}, {"tp"});
+    const at::Tensor fa = random_tensor({6, 8}, 1), fb = random_tensor({8, 4}, 2);
+    struct Case {
+      Placements a, b, out;
+    };
+    for (const Case& c : {Case{{Shard(1)}, {Shard(0)}, {Partial()}},  // contraction: nothing moves
+                          Case{{Shard(0)}, {Replicate()}, {Shard(0)}},  // rows
+                          Case{{Replicate()}, {Shard(1)}, {Shard(1)}},  // columns
+                          Case{{Replicate()}, {Replicate()}, {Replicate()}}}) {
+      at::Tensor r = at::mm(distribute_tensor(fa, mesh, c.a), distribute_tensor(fb, mesh, c.b));
+      EXPECT_EQ(placements_of(r), c.out) << to_string(c.a) << " x " << to_string(c.b);
+      EXPECT_TRUE(at::allclose(full_tensor(r), at::mm(fa, fb)));
+    }
+  });
+}
+
+TEST(ShardingStrategy, PointwiseFollowsTheOperandThatIsCheaperToKeep) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2}, {"tp"});
+    const at::Tensor row = random_tensor({1, 64}, 1), big = random_tensor({64, 64}, 2);
+    // Following the first operand's shard would move the big tensor (an all-to-all of
+    // 32 KiB); following the second gathers the small row (256 B).
+    at::Tensor r = at::add(distribute_tensor(row, mesh, {Shard(1)}), distribute_tensor(big, mesh, {Shard(0)}));
+    EXPECT_EQ(placements_of(r), Placements{Shard(0)});
+    EXPECT_TRUE(at::allclose(full_tensor(r), row + big));
+  });
 }

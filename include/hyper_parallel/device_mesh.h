@@ -70,6 +70,9 @@ class DeviceMesh {
   // Identifies the groups and the caller's place in them: two handles with the same
   // identity issue collectives on the same process groups.
   size_t identity_hash() const;
+  // Never reused within the process (unlike an address): the same id means the same mesh
+  // object (same groups, same place in them). Sub-meshes get ids of their own.
+  uint64_t uid() const;
 
   bool operator==(const DeviceMesh& o) const;
   bool operator!=(const DeviceMesh& o) const { return !(*this == o); }

@@ -30,15 +30,21 @@ class OpDispatcher {
  public:
   static void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-  // A context route sees every op first; it returns true when it handled the call.
+  // A context route sees the ops it claims before layout inference; it returns true when
+  // it handled the call. `claims(op_name)` is asked once per operator (empty: every op);
+  // call clear_layout_cache() when the answer changes.
   using ContextRoute = std::function<bool(const c10::OperatorHandle&, const std::string& name,
                                           torch::jit::Stack*)>;
-  static void add_context_route(std::string route_name, ContextRoute route);
+  using RouteClaim = std::function<bool(const std::string& op_name)>;
+  static void add_context_route(std::string route_name, ContextRoute route, RouteClaim claims = {});
 };
 
 // --- rule registry -----------------------------------------------------------------
+// `op_name` is get_op_name(op) ("add": every overload of add and, unless they have rules
+// of their own, its in-place variant add_ and out= overloads) or "name.overload"
+// ("add.Tensor": that overload only; it wins over "add").
 void register_distributed_op(const std::string& op_name, DistributedOpPtr op);
-// nullptr when the op has no rule.
+// The rule registered under exactly this name; nullptr when none.
 DistributedOpPtr find_distributed_op(const std::string& op_name);
 std::vector<std::string> registered_op_names();
 
@@ -57,10 +63,14 @@ struct LayoutCacheStats {
   int64_t misses = 0;
   int64_t size = 0;
 };
+// Summed over threads. Each thread (rank) has a cache of its own: lookups take no lock.
 LayoutCacheStats layout_cache_stats();
+// Drops every thread's cached decisions and per-operator resolutions (each thread on its
+// next op) and zeroes the counters.
 void clear_layout_cache();
-// The cache keeps at most this many decisions, dropping the least recently used
-// (default 4096; a decision holds its layouts' meshes, and so their process groups).
+// Each thread's cache keeps at most this many decisions, dropping the least recently used
+// (default 4096). Decisions hold layouts and meshes, never process groups: the world owns
+// those, and keys name meshes by DeviceMesh::uid(), which is never reused.
 void set_layout_cache_capacity(int64_t entries);
 int64_t layout_cache_capacity();
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace c10d {
 class Store;
@@ -19,6 +20,8 @@ class ProcessGroup;
 }  // namespace c10d
 
 namespace hyper_parallel {
+
+class Communicator;
 
 struct InitOptions {
   // "auto" picks gloo for cpu and nccl for cuda. "gloo" with device type "cuda" lets
@@ -47,6 +50,9 @@ struct World {
   // Meshes created so far; every rank creates meshes in the same order, so the
   // counter gives each mesh's groups a rendezvous namespace of their own.
   int64_t meshes_created = 0;
+  // The groups of every mesh created in this world: owned here, so that they live until
+  // destroy_process_group() however many handles and cached layouts refer to a mesh.
+  std::vector<std::shared_ptr<Communicator>> groups;
 };
 
 // Initialises from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (TCPStore hosted by rank 0).

@@ -30,18 +30,19 @@ struct TensorArg {
   size_t arg_index;                 // position in the schema's arguments
   std::optional<size_t> list_index; // position inside a Tensor[] / Tensor?[] argument
   const Layout* layout;             // nullptr: a plain tensor (treated as replicated)
-  std::vector<int64_t> shape;       // global shape
+  c10::IntArrayRef shape;           // global shape (the argument's sizes: valid during the call)
   c10::ScalarType dtype;
 };
 
 class OpCall {
  public:
-  OpCall(const c10::OperatorHandle& op, std::string name, const torch::jit::Stack& args);
+  // `args` are the call's arguments on the dispatcher's stack; `name` must outlive the call.
+  OpCall(const c10::OperatorHandle& op, const std::string& name, c10::ArrayRef<c10::IValue> args);
 
   const c10::OperatorHandle& op() const { return *op_; }
-  const std::string& name() const { return name_; }
+  const std::string& name() const { return *name_; }
   const c10::FunctionSchema& schema() const { return op_->schema(); }
-  const torch::jit::Stack& args() const { return *args_; }
+  c10::ArrayRef<c10::IValue> args() const { return args_; }
   const std::vector<TensorArg>& tensors() const { return tensors_; }
   // The DTensor arguments only (indices into tensors()).
   const std::vector<size_t>& dtensor_indices() const { return dtensors_; }
@@ -58,8 +59,8 @@ class OpCall {
 
  private:
   const c10::OperatorHandle* op_;
-  std::string name_;
-  const torch::jit::Stack* args_;
+  const std::string* name_;
+  c10::ArrayRef<c10::IValue> args_;
   std::vector<TensorArg> tensors_;
   std::vector<size_t> dtensors_;
   DeviceMesh mesh_;
@@ -97,6 +98,9 @@ class DistributedOp {
                         const torch::jit::Stack& local_args, torch::jit::Stack& local_results) const {
     (void)call; (void)decision; (void)local_args; (void)local_results;
   }
+  // True when finalize() is overridden: the dispatcher then keeps a copy of the local
+  // arguments for it (a cost the other rules do not pay).
+  virtual bool uses_finalize() const { return false; }
 };
 
 using DistributedOpPtr = std::shared_ptr<const DistributedOp>;

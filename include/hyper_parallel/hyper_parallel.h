@@ -13,5 +13,6 @@
 #include "hyper_parallel/parallel_style.h"
 #include "hyper_parallel/parallelism_config.h"
 #include "hyper_parallel/placement.h"
+#include "hyper_parallel/sharding_strategy.h"
 
 namespace hp = hyper_parallel;

@@ -11,7 +11,7 @@
 // cross_entropy / log_softmax / nll_loss decompose into) to distributed kernels:
 //   K1 distributed stable log-softmax   (all-reduce MAX + all-reduce SUM)
 //   K2 index NLL with ignore_index, class weights, none/mean/sum (one all-reduce)
-//   K3 a fused cross-entropy backward    (no collective)
+//   K3 the fused cross_entropy           (one all-gather forward, none backward)
 // A log_softmax whose output feeds anything else (KL, a log-prob gather, a sum) gets the
 // correct backward with one all-reduce. Backward kernels are chosen by the layout of
 // their inputs, not by the guard, so backward may run on any thread.
@@ -49,6 +49,26 @@ struct LossParallelOptions {
   // LossParallelLayoutError. false: other mesh dims are gathered with a warning.
   // Unset: ParallelismConfig::loss_parallel_strict_mesh (default true).
   std::optional<bool> strict;
+
+  // Options of cross_entropy under this guard (the fused kernel; docs/loss_parallel.md).
+  // log_softmax / nll_loss under a guard that sets z_loss_weight or logit_softcap raise
+  // LossParallelUnsupportedError rather than silently ignoring them.
+  //
+  // z-loss (PaLM, TorchTitan): adds z_loss_weight * lse^2 for every counted row (not
+  // ignored), lse = log sum_c exp(logit_c). Not scaled by class weights; with 'mean' the
+  // z-loss sum is divided by the number of counted rows (the cross-entropy sum by the
+  // total target weight, as PyTorch does).
+  double z_loss_weight = 0.0;
+  // Logit soft-capping (Gemma 2): > 0 replaces every logit x by cap * tanh(x / cap)
+  // before the softmax (and the z-loss), gradients included. 0: off.
+  double logit_softcap = 0.0;
+  // Allows the loss to write d loss / d logits into the logits' own storage during
+  // forward (no logits-sized gradient buffer; backward only scales it). The logits'
+  // version counter is bumped, so any other autograd user that saved them raises instead
+  // of reading the gradient; reading the logits after the loss gives the gradient. Used
+  // when the logits require grad and their local rows are contiguous in the class dim;
+  // otherwise the loss runs as without it.
+  bool gradient_in_forward = false;
 };
 
 class LossParallelGuard {

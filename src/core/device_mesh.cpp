@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <numeric>
 #include <set>
@@ -19,7 +20,7 @@ namespace hyper_parallel {
 // The random sequence of a mesh, shared by its handles and sub-meshes: one seed for the
 // whole mesh, agreed over the root mesh's groups.
 struct MeshRandomState {
-  std::vector<CommunicatorPtr> root_comms;
+  std::vector<std::weak_ptr<Communicator>> root_comms;
   c10::Device device = c10::Device(c10::kCPU);
   std::mutex mutex;
   bool seeded = false;
@@ -35,8 +36,17 @@ struct DeviceMesh::Data {
   std::vector<int64_t> ranks;  // row-major
   int64_t my_rank = 0;
   std::vector<int64_t> coordinate;
-  std::vector<CommunicatorPtr> comms;  // one per mesh dim
+  // One per mesh dim. The world owns the groups (as PyTorch's registry does): a mesh, or a
+  // layout cached by the dispatcher, does not keep process groups and their threads alive
+  // after destroy_process_group().
+  std::vector<std::weak_ptr<Communicator>> comms;
   std::shared_ptr<MeshRandomState> random;
+  uint64_t uid = next_uid();
+
+  static uint64_t next_uid() {
+    static std::atomic<uint64_t> counter{1};
+    return counter.fetch_add(1, std::memory_order_relaxed);
+  }
 };
 
 namespace {
@@ -70,8 +80,15 @@ const std::vector<int64_t>& DeviceMesh::coordinate() const { return data().coord
 const Communicator& DeviceMesh::comm(int64_t mesh_dim) const {
   TORCH_CHECK(mesh_dim >= 0 && mesh_dim < ndim(), "mesh dim ", mesh_dim,
               " is out of range for a ", ndim(), "-D mesh");
-  return *data().comms[mesh_dim];
+  // The reference stays valid while the world lives; after destroy_process_group() the
+  // mesh cannot communicate any more.
+  const auto c = data().comms[mesh_dim].lock();
+  TORCH_CHECK(c, str(), ": the process group of mesh dim ", mesh_dim, " was destroyed "
+              "(destroy_process_group()); create a new mesh in the new world");
+  return *c;
 }
+
+uint64_t DeviceMesh::uid() const { return data_ ? data_->uid : 0; }
 
 int64_t DeviceMesh::mesh_dim_index(const std::string& name) const {
   const auto& names = data().names;
@@ -130,7 +147,11 @@ uint64_t DeviceMesh::next_random_seed() const {
     at::Tensor seed = at::tensor({static_cast<int64_t>(at::detail::getDefaultCPUGenerator().current_seed())},
                                  at::TensorOptions().dtype(at::kLong))
                           .to(r.device);
-    for (const auto& c : r.root_comms) c->broadcast_(seed, 0);
+    for (const auto& c : r.root_comms) {
+      const auto comm = c.lock();
+      TORCH_CHECK(comm, "next_random_seed: the mesh's process groups were destroyed (destroy_process_group())");
+      comm->broadcast_(seed, 0);
+    }
     r.seed = static_cast<uint64_t>(seed.cpu().item<int64_t>());
     r.seeded = true;
   }
@@ -166,7 +187,7 @@ size_t DeviceMesh::hash() const {
 
 size_t DeviceMesh::identity_hash() const {
   size_t h = hash();
-  for (const auto& c : data().comms) h = h * 1000003u ^ reinterpret_cast<uintptr_t>(c.get());
+  for (const auto& c : data().comms) h = h * 1000003u ^ reinterpret_cast<uintptr_t>(c.lock().get());
   for (int64_t c : data().coordinate) h = h * 131u ^ static_cast<size_t>(c);
   return h;
 }
@@ -237,7 +258,9 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
     auto store = c10::make_intrusive<c10d::PrefixStore>(ns, world.store);
     auto pg = compat::make_process_group(backend, store, static_cast<int>(d->coordinate[k]),
                                          static_cast<int>(shape[k]), timeout);
-    d->comms.push_back(std::make_shared<Communicator>(std::move(pg), std::move(members)));
+    auto comm = std::make_shared<Communicator>(std::move(pg), std::move(members));
+    world.groups.push_back(comm);
+    d->comms.push_back(comm);
   }
   d->random = std::make_shared<MeshRandomState>();
   d->random->root_comms = d->comms;

@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "compat/c10d_compat.h"
+#include "hyper_parallel/communicator.h"
 
 namespace hyper_parallel {
 

@@ -3,7 +3,6 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
-#include <functional>
 #include <unordered_map>
 
 #include "core/redistribute.h"
@@ -13,8 +12,6 @@
 namespace hyper_parallel {
 
 namespace {
-
-using Handler = std::function<void(const c10::OperatorHandle&, torch::jit::Stack*)>;
 
 // Same layout, op applied to the local piece (detach, alias, lift_fresh).
 void same_layout(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -83,8 +80,8 @@ void copy_(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   stack->push_back(self);
 }
 
-const std::unordered_map<std::string, Handler>& handlers() {
-  static const auto* table = new std::unordered_map<std::string, Handler>{
+const std::unordered_map<std::string, BypassHandler>& handlers() {
+  static const auto* table = new std::unordered_map<std::string, BypassHandler>{
       {"detach", same_layout},
       {"alias", same_layout},
       {"lift_fresh", same_layout},
@@ -97,11 +94,9 @@ const std::unordered_map<std::string, Handler>& handlers() {
 
 }  // namespace
 
-bool run_bypass_op(const c10::OperatorHandle& op, const std::string& name, torch::jit::Stack* stack) {
+BypassHandler find_bypass_op(const std::string& name) {
   auto it = handlers().find(name);
-  if (it == handlers().end()) return false;
-  it->second(op, stack);
-  return true;
+  return it == handlers().end() ? nullptr : it->second;
 }
 
 std::vector<std::string> bypass_op_names() {

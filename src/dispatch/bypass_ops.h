@@ -11,7 +11,9 @@
 
 namespace hyper_parallel {
 
-bool run_bypass_op(const c10::OperatorHandle& op, const std::string& name, torch::jit::Stack* stack);
+using BypassHandler = void (*)(const c10::OperatorHandle&, torch::jit::Stack*);
+// nullptr when `name` is not a bypass op. Looked up once per operator (op_resolution).
+BypassHandler find_bypass_op(const std::string& name);
 std::vector<std::string> bypass_op_names();
 
 }  // namespace hyper_parallel

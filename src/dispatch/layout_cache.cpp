@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -9,36 +10,98 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "dispatch/op_resolution.h"
 #include "hyper_parallel/dispatch.h"
 
 namespace hyper_parallel {
 
 namespace {
 
+// Looks keys up by their words without building a LayoutCacheKey (no allocation on a hit).
+struct KeyView {
+  const uint64_t* data;
+  size_t size;
+  uint64_t hash;
+};
 struct KeyHash {
+  using is_transparent = void;
   size_t operator()(const LayoutCacheKey& k) const { return k.hash; }
+  size_t operator()(const KeyView& k) const { return k.hash; }
+};
+struct KeyEqual {
+  using is_transparent = void;
+  static bool same(const uint64_t* a, size_t na, const uint64_t* b, size_t nb) {
+    return na == nb && std::memcmp(a, b, na * sizeof(uint64_t)) == 0;
+  }
+  bool operator()(const LayoutCacheKey& a, const LayoutCacheKey& b) const { return a == b; }
+  bool operator()(const KeyView& a, const LayoutCacheKey& b) const {
+    return a.hash == b.hash && same(a.data, a.size, b.words.data(), b.words.size());
+  }
+  bool operator()(const LayoutCacheKey& a, const KeyView& b) const { return (*this)(b, a); }
 };
 
-// Least recently used first out: `lru` holds the entries, most recent at the front.
-struct Cache {
-  using Entry = std::pair<LayoutCacheKey, std::shared_ptr<const ShardingDecision>>;
-  std::mutex mutex;
-  std::list<Entry> lru;
-  std::unordered_map<LayoutCacheKey, std::list<Entry>::iterator, KeyHash> map;
-  int64_t capacity = 4096;
-  std::atomic<int64_t> hits{0}, misses{0};
+std::atomic<uint64_t> cache_generation{1};  // bumped by clear_layout_cache()
+std::atomic<int64_t> capacity_per_thread{4096};
 
+// One thread's cache. Least recently used first out: `lru` holds the entries, most recent
+// at the front. The counters are atomics only so that layout_cache_stats() can read them
+// from another thread; the owner is their only writer.
+struct ThreadCache {
+  using Entry = std::pair<LayoutCacheKey, std::shared_ptr<const ShardingDecision>>;
+  uint64_t generation = 0;
+  std::list<Entry> lru;
+  std::unordered_map<LayoutCacheKey, std::list<Entry>::iterator, KeyHash, KeyEqual> map;
+  std::atomic<int64_t> hits{0}, misses{0}, size{0};
+
+  ThreadCache();
+  ~ThreadCache();
+
+  void drop_if_stale() {
+    const uint64_t now = generation_now();
+    if (generation == now) return;
+    map.clear();
+    lru.clear();
+    size.store(0, std::memory_order_relaxed);
+    generation = now;
+  }
   void trim() {
-    while (static_cast<int64_t>(lru.size()) > capacity) {
+    const int64_t cap = capacity_per_thread.load(std::memory_order_relaxed);
+    while (static_cast<int64_t>(lru.size()) > cap) {
       map.erase(lru.back().first);
       lru.pop_back();
     }
+    size.store(static_cast<int64_t>(lru.size()), std::memory_order_relaxed);
   }
+  static uint64_t generation_now() { return cache_generation.load(std::memory_order_acquire); }
 };
 
-Cache& cache() {
-  static Cache* c = new Cache();  // leaked: used from static destructors of other TUs
-  return *c;
+// Every live thread cache, for the statistics; counts of exited threads are folded in.
+struct AllCaches {
+  std::mutex mutex;
+  std::vector<ThreadCache*> live;
+  int64_t exited_hits = 0, exited_misses = 0;
+};
+AllCaches& all_caches() {
+  static AllCaches* a = new AllCaches();  // leaked: thread caches outlive static destructors
+  return *a;
+}
+
+ThreadCache::ThreadCache() {
+  std::lock_guard<std::mutex> lock(all_caches().mutex);
+  all_caches().live.push_back(this);
+}
+ThreadCache::~ThreadCache() {
+  AllCaches& a = all_caches();
+  std::lock_guard<std::mutex> lock(a.mutex);
+  a.live.erase(std::find(a.live.begin(), a.live.end(), this));
+  a.exited_hits += hits.load();
+  a.exited_misses += misses.load();
+}
+
+ThreadCache& thread_cache() {
+  thread_local ThreadCache c;
+  c.drop_if_stale();
+  return c;
 }
 
 thread_local uint64_t tls_context_token = 0;
@@ -130,20 +193,9 @@ bool add_ivalue(std::vector<uint64_t>& w, const c10::IValue& v) {
   return true;
 }
 
-// The groups of every mesh dim and the caller's coordinate: two meshes with the same words
-// issue collectives on the same groups. Exact, since a cached decision keeps its meshes
-// (and so their groups' addresses) alive.
-void add_mesh(std::vector<uint64_t>& w, const DeviceMesh& mesh) {
-  if (!mesh.defined()) {
-    w.push_back(0);
-    return;
-  }
-  w.push_back(static_cast<uint64_t>(mesh.ndim()));
-  for (int64_t k = 0; k < mesh.ndim(); ++k) {
-    w.push_back(reinterpret_cast<uintptr_t>(&mesh.comm(k)));
-    w.push_back(static_cast<uint64_t>(mesh.coordinate()[k]));
-  }
-}
+// A mesh by its uid: never reused, so equal words mean the same mesh object (same groups,
+// same coordinate), and a cached decision need not keep the mesh alive to stay exact.
+void add_mesh(std::vector<uint64_t>& w, const DeviceMesh& mesh) { w.push_back(mesh.uid()); }
 
 // A layout in full (mesh, placements, shape, stride), not its hash.
 void add_layout(std::vector<uint64_t>& w, const Layout& l) {
@@ -162,10 +214,11 @@ void add_layout(std::vector<uint64_t>& w, const Layout& l) {
 
 }  // namespace
 
-LayoutCacheKey make_layout_cache_key(const OpCall& call) {
-  LayoutCacheKey k;
+const LayoutCacheKey& make_layout_cache_key(const OpCall& call) {
+  thread_local LayoutCacheKey k;
   auto& w = k.words;
-  w.reserve(32);
+  w.clear();
+  k.cacheable = true;
   w.push_back(reinterpret_cast<uintptr_t>(&call.op().schema()));
   w.push_back(tls_context_token);
   add_mesh(w, call.mesh());
@@ -180,55 +233,59 @@ LayoutCacheKey make_layout_cache_key(const OpCall& call) {
 }
 
 std::shared_ptr<const ShardingDecision> layout_cache_find(const LayoutCacheKey& key) {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  auto it = c.map.find(key);
+  ThreadCache& c = thread_cache();
+  auto it = c.map.find(KeyView{key.words.data(), key.words.size(), key.hash});
   if (it == c.map.end()) {
-    ++c.misses;
+    c.misses.store(c.misses.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     return nullptr;
   }
-  ++c.hits;
-  c.lru.splice(c.lru.begin(), c.lru, it->second);
+  c.hits.store(c.hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  if (it->second != c.lru.begin()) c.lru.splice(c.lru.begin(), c.lru, it->second);
   return it->second->second;
 }
 
 void layout_cache_insert(const LayoutCacheKey& key, std::shared_ptr<const ShardingDecision> d) {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
+  ThreadCache& c = thread_cache();
   if (c.map.count(key)) return;
   c.lru.emplace_front(key, std::move(d));
-  c.map.emplace(key, c.lru.begin());
+  c.map.emplace(c.lru.front().first, c.lru.begin());
   c.trim();
 }
 
 LayoutCacheStats layout_cache_stats() {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  return {c.hits.load(), c.misses.load(), static_cast<int64_t>(c.map.size())};
+  AllCaches& a = all_caches();
+  std::lock_guard<std::mutex> lock(a.mutex);
+  LayoutCacheStats s{a.exited_hits, a.exited_misses, 0};
+  const uint64_t now = ThreadCache::generation_now();
+  for (const ThreadCache* c : a.live) {
+    s.hits += c->hits.load(std::memory_order_relaxed);
+    s.misses += c->misses.load(std::memory_order_relaxed);
+    if (c->generation == now) s.size += c->size.load(std::memory_order_relaxed);
+  }
+  return s;
 }
 
 void clear_layout_cache() {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  c.map.clear();
-  c.lru.clear();
-  c.hits = 0;
-  c.misses = 0;
+  cache_generation.fetch_add(1, std::memory_order_acq_rel);
+  invalidate_op_resolutions();
+  // The calling thread's entries go now (they may hold the last handle on a mesh).
+  thread_cache();
+  AllCaches& a = all_caches();
+  std::lock_guard<std::mutex> lock(a.mutex);
+  a.exited_hits = a.exited_misses = 0;
+  for (ThreadCache* c : a.live) {
+    c->hits.store(0, std::memory_order_relaxed);
+    c->misses.store(0, std::memory_order_relaxed);
+  }
 }
 
 void set_layout_cache_capacity(int64_t entries) {
   TORCH_CHECK(entries >= 0, "set_layout_cache_capacity: expected a number of entries >= 0, got ", entries);
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  c.capacity = entries;
-  c.trim();
+  capacity_per_thread.store(entries);
+  thread_cache().trim();
 }
 
-int64_t layout_cache_capacity() {
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  return c.capacity;
-}
+int64_t layout_cache_capacity() { return capacity_per_thread.load(); }
 
 uint64_t layout_cache_context_token() { return tls_context_token; }
 

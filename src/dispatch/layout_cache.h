@@ -1,9 +1,9 @@
 // LayoutCache: memoised ShardingDecisions (internal).
 //
-// Key = op identity + for every argument either its layout hash (DTensor), its shape
-// and dtype (plain tensor) or its value (static argument) + the mesh's identity (which
-// rank, which groups) + the thread's context token (loss_parallel). Keys are vectors of
-// 64-bit words compared exactly; layouts and meshes enter in full.
+// Key = op identity + for every argument either its layout (DTensor), its shape and dtype
+// (plain tensor) or its value (static argument) + the mesh's uid + the thread's context
+// token (loss_parallel). Keys are vectors of 64-bit words compared exactly; layouts enter
+// in full. One cache per thread (ranks are threads in tests): no lock on the hot path.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,8 @@ struct LayoutCacheKey {
   bool operator==(const LayoutCacheKey& o) const { return hash == o.hash && words == o.words; }
 };
 
-LayoutCacheKey make_layout_cache_key(const OpCall& call);
+// Built into a buffer of the calling thread, valid until its next call.
+const LayoutCacheKey& make_layout_cache_key(const OpCall& call);
 
 std::shared_ptr<const ShardingDecision> layout_cache_find(const LayoutCacheKey& key);
 // Sets this thread's context token, returning the previous one (loss_parallel guard).

@@ -1,4 +1,5 @@
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
@@ -14,18 +15,18 @@ std::string get_op_name(const c10::OperatorHandle& op) {
   return pos == std::string::npos ? full : full.substr(pos + 2);
 }
 
-OpCall::OpCall(const c10::OperatorHandle& op, std::string name, const torch::jit::Stack& args)
-    : op_(&op), name_(std::move(name)), args_(&args) {
+OpCall::OpCall(const c10::OperatorHandle& op, const std::string& name, c10::ArrayRef<c10::IValue> args)
+    : op_(&op), name_(&name), args_(args) {
+  tensors_.reserve(args.size());
   auto add = [&](const at::Tensor& t, size_t arg_index, std::optional<size_t> list_index) {
     if (!t.defined()) return;
-    TensorArg ta{arg_index, list_index, nullptr, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
-                 t.scalar_type()};
+    TensorArg ta{arg_index, list_index, nullptr, t.sizes(), t.scalar_type()};
     if (auto* impl = dtensor_impl(t)) {
       ta.layout = &impl->layout();
       if (!mesh_.defined()) {
         mesh_ = ta.layout->mesh();
       } else {
-        TORCH_CHECK(ta.layout->mesh() == mesh_, name_, ": DTensor arguments live on different "
+        TORCH_CHECK(ta.layout->mesh() == mesh_, *name_, ": DTensor arguments live on different "
                     "meshes (", mesh_.str(), " and ", ta.layout->mesh().str(),
                     "); expected one mesh");
       }
@@ -33,7 +34,11 @@ OpCall::OpCall(const c10::OperatorHandle& op, std::string name, const torch::jit
     }
     tensors_.push_back(std::move(ta));
   };
+  const auto& schema_args = op.schema().arguments();
   for (size_t i = 0; i < args.size(); ++i) {
+    // An out= argument is not an operand: the rule infers the functional op's layout and
+    // the dispatcher writes the result into `out` in out's own layout (commit_writes).
+    if (schema_args[i].is_out()) continue;
     const c10::IValue& v = args[i];
     if (v.isTensor()) {
       add(v.toTensor(), i, std::nullopt);
@@ -55,12 +60,12 @@ bool OpCall::has_arg(const std::string& name) const {
 
 const c10::IValue& OpCall::arg(const std::string& name) const {
   auto idx = schema().argumentIndexWithName(name);
-  TORCH_CHECK(idx.has_value(), name_, ": schema ", schema(), " has no argument '", name, "'");
-  return (*args_)[*idx];
+  TORCH_CHECK(idx.has_value(), *name_, ": schema ", schema(), " has no argument '", name, "'");
+  return args_[*idx];
 }
 
 const Layout& OpCall::first_layout() const {
-  TORCH_CHECK(!dtensors_.empty(), name_, ": no DTensor argument");
+  TORCH_CHECK(!dtensors_.empty(), *name_, ": no DTensor argument");
   return *tensors_[dtensors_.front()].layout;
 }
 
@@ -85,7 +90,7 @@ std::vector<std::optional<Placements>> replicate_dtensor_inputs(const OpCall& ca
 }
 
 std::vector<std::vector<std::vector<int64_t>>> infer_output_shapes(const OpCall& call) {
-  torch::jit::Stack meta_args = call.args();
+  torch::jit::Stack meta_args(call.args().begin(), call.args().end());
   auto to_meta = [](const at::Tensor& t) -> at::Tensor {
     if (!t.defined()) return t;
     return at::empty_strided(t.sizes(), t.strides(),
@@ -117,11 +122,25 @@ std::vector<std::vector<std::vector<int64_t>>> infer_output_shapes(const OpCall&
   }
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
+    torch::jit::Stack fallback = meta_args;
     try {
       call.op().callBoxed(&meta_args);
-    } catch (const c10::Error& e) {
-      TORCH_CHECK(false, call.name(), ": cannot infer output shapes on meta tensors (",
-                  e.what_without_backtrace(), "); its DistributedOp must compute them itself");
+    } catch (const c10::Error& meta_error) {
+      // No meta kernel (logsumexp, index_select ...): run on zero-filled CPU tensors that own
+      // one element each, expanded to the global shapes (no global-sized input exists).
+      for (auto& v : fallback) {
+        if (!v.isTensor() || !v.toTensor().defined()) continue;
+        const at::Tensor& m = v.toTensor();
+        v = at::zeros({1}, at::TensorOptions().dtype(m.scalar_type())).expand(m.sizes());
+      }
+      try {
+        call.op().callBoxed(&fallback);
+      } catch (const c10::Error& e) {
+        TORCH_CHECK(false, call.name(), ": cannot infer output shapes on meta tensors (",
+                    meta_error.what_without_backtrace(), ") nor on expanded CPU tensors (",
+                    e.what_without_backtrace(), "); its DistributedOp must compute them itself");
+      }
+      meta_args = std::move(fallback);
     }
   }
   std::vector<std::vector<std::vector<int64_t>>> shapes;

@@ -1,4 +1,5 @@
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/ops/empty.h>
 #include <ATen/core/enum_tag.h>
 #include <c10/util/Exception.h>
 
@@ -14,6 +15,7 @@
 #include "core/redistribute.h"
 #include "dispatch/bypass_ops.h"
 #include "dispatch/layout_cache.h"
+#include "dispatch/op_resolution.h"
 #include "dispatch/op_spec_loader.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dispatch.h"
@@ -27,18 +29,13 @@ struct Registry {
   std::mutex mutex;
   std::unordered_map<std::string, DistributedOpPtr> ops;
   std::map<std::string, std::string> origins;  // op name -> YAML file:line or plugin
-  std::vector<std::pair<std::string, OpDispatcher::ContextRoute>> routes;
-  // What dispatch reads on every op: an immutable copy of the routes, replaced whole when
-  // one is added, so the hot path neither locks nor copies functions.
-  std::atomic<std::shared_ptr<const std::vector<OpDispatcher::ContextRoute>>> route_snapshot{
-      std::make_shared<const std::vector<OpDispatcher::ContextRoute>>()};
+  struct Route {
+    std::string name;
+    OpDispatcher::ContextRoute route;
+    OpDispatcher::RouteClaim claims;
+  };
+  std::vector<Route> routes;
   std::set<std::string> warned_implicit;
-
-  void publish_routes() {  // under mutex
-    auto v = std::make_shared<std::vector<OpDispatcher::ContextRoute>>();
-    for (const auto& r : routes) v->push_back(r.second);
-    route_snapshot.store(std::move(v));
-  }
 };
 
 Registry& registry() {
@@ -69,11 +66,21 @@ std::string describe_inputs(const OpCall& call) {
 at::Tensor local_input(const at::Tensor& t, const TensorArg& info,
                        const std::optional<Placements>& target, const DeviceMesh& mesh) {
   if (!target) return info.layout ? local_of(t) : t;
-  return local_piece(t, info.layout ? info.layout->with_placements(*target) : Layout(mesh, *target, info.shape));
+  if (info.layout && *target == info.layout->placements()) return local_of(t);  // no move
+  return local_piece(t, info.layout ? info.layout->with_placements(*target) : Layout(mesh, *target, info.shape.vec()));
 }
 
 torch::jit::Stack localize_args(const OpCall& call, const ShardingDecision& d) {
-  torch::jit::Stack local = call.args();
+  torch::jit::Stack local(call.args().begin(), call.args().end());
+  // out= arguments: the op writes into an empty local tensor of out's dtype (ATen resizes
+  // it to the result's local shape); commit_writes then brings that into out's layout.
+  const auto& schema_args = call.schema().arguments();
+  for (size_t i = 0; i < local.size(); ++i) {
+    if (!schema_args[i].is_out() || !local[i].isTensor()) continue;
+    const at::Tensor& out = local[i].toTensor();
+    const at::Tensor& piece = dtensor_impl(out) ? local_of(out) : out;
+    local[i] = at::empty({0}, piece.options());
+  }
   const auto& tensors = call.tensors();
   for (size_t k = 0; k < tensors.size(); ++k) {
     const TensorArg& info = tensors[k];
@@ -95,17 +102,6 @@ torch::jit::Stack localize_args(const OpCall& call, const ShardingDecision& d) {
   return local;
 }
 
-// Which argument a return aliases with write access (in-place / out=), if any.
-std::optional<size_t> written_argument(const c10::FunctionSchema& schema, size_t ret) {
-  const auto* ainfo = schema.returns()[ret].alias_info();
-  if (!ainfo || !ainfo->isWrite()) return std::nullopt;
-  for (size_t i = 0; i < schema.arguments().size(); ++i) {
-    const auto* a = schema.arguments()[i].alias_info();
-    if (a && a->isWrite() && a->beforeSets() == ainfo->beforeSets()) return i;
-  }
-  return std::nullopt;
-}
-
 at::Tensor wrap_one(const OpCall& call, const at::Tensor& local, const Layout& layout) {
   TORCH_CHECK(local.sizes() == c10::IntArrayRef(layout.local_shape()), call.name(),
               ": the local result has shape ", local.sizes(), " but the inferred output ",
@@ -114,20 +110,21 @@ at::Tensor wrap_one(const OpCall& call, const at::Tensor& local, const Layout& l
   return make_dtensor(local, layout);
 }
 
-void wrap_outputs(const OpCall& call, const ShardingDecision& d, torch::jit::Stack& results,
-                  torch::jit::Stack* stack) {
+// Turns the local results into DTensors, in place. A written argument (in-place, out=)
+// is handed back as the caller's DTensor, which commit_writes has updated.
+void wrap_outputs(const OpCall& call, const OpResolution& res, const ShardingDecision& d,
+                  torch::jit::Stack& results) {
   const auto& schema = call.schema();
   TORCH_CHECK(results.size() == schema.returns().size(), call.name(), ": expected ",
               schema.returns().size(), " results, got ", results.size());
   for (size_t r = 0; r < results.size(); ++r) {
     c10::IValue& v = results[r];
-    if (auto arg = written_argument(schema, r)) {
-      // In-place / out=: the local piece was written; hand back the caller's DTensor.
+    if (const auto arg = res.written_argument[r]) {
       v = call.args()[*arg];
       continue;
     }
-    const auto& layouts = r < d.output_layouts.size() ? d.output_layouts[r]
-                                                      : std::vector<Layout>{};
+    static const std::vector<Layout> none;
+    const auto& layouts = r < d.output_layouts.size() ? d.output_layouts[r] : none;
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       if (!t.defined()) continue;
@@ -142,63 +139,88 @@ void wrap_outputs(const OpCall& call, const ShardingDecision& d, torch::jit::Sta
       v = wrapped;
     }
   }
-  for (auto& v : results) stack->push_back(std::move(v));
 }
 
 // In-place ops, out= ops and in-place view ops write into an argument. Whatever the rule
 // chose (it may have computed in another layout, into a redistributed temporary), the
 // written DTensor must end up holding the result in its own layout; an in-place view op
 // instead gives the DTensor the layout of the view. Done here, once, for every op.
-void commit_writes(const OpCall& call, const ShardingDecision& d, const torch::jit::Stack& results) {
+void commit_writes(const OpCall& call, const OpResolution& res, const ShardingDecision& d,
+                   const torch::jit::Stack& results) {
+  if (!res.writes) return;
   const auto& schema = call.schema();
-  const bool inplace_view = call.op().hasTag(at::Tag::inplace_view);
   for (size_t r = 0; r < results.size() && r < schema.returns().size(); ++r) {
-    const auto arg = written_argument(schema, r);
+    const auto arg = res.written_argument[r];
     if (!arg || !results[r].isTensor()) continue;
     const at::Tensor& target = call.args()[*arg].toTensor();
     auto* impl = dtensor_impl(target);
-    TORCH_CHECK(impl, call.name(), ": the written argument '", schema.arguments()[*arg].name(),
-                "' is a plain tensor while other arguments are DTensors; expected a DTensor to write into");
     const at::Tensor& written = results[r].toTensor();
-    const Layout& have = impl->layout();
     const bool has_layout = r < d.output_layouts.size() && !d.output_layouts[r].empty();
-    const Layout& result_layout = has_layout ? d.output_layouts[r][0] : have;
-    const bool wrote_in_place = written.unsafeGetTensorImpl() == impl->local().unsafeGetTensorImpl();
-    if (inplace_view) {
+    // Where the result goes, and in which layout: a DTensor keeps its own; a plain tensor
+    // written with DTensor operands (autograd formulas do this, e.g.
+    // zeros(sizes).scatter_(dim, indices, grad)) receives the full result, as one process
+    // would compute it.
+    at::Tensor dest;
+    Layout dest_layout;
+    if (!impl) {
+      TORCH_CHECK(!res.inplace_view && has_layout, call.name(), ": cannot write into the plain argument '",
+                  schema.arguments()[*arg].name(),
+                  "' (an in-place view, or a rule that gave no output layout); expected a DTensor");
+      dest = target;
+      dest_layout = Layout(call.mesh(), Placements(call.mesh().ndim(), Placement::replicate()),
+                           d.output_layouts[r][0].shape());
+    } else {
+      dest = impl->local();
+      dest_layout = impl->layout();
+    }
+    const Layout& result_layout = has_layout ? d.output_layouts[r][0] : dest_layout;
+    const bool wrote_in_place = impl && written.unsafeGetTensorImpl() == dest.unsafeGetTensorImpl();
+    if (res.inplace_view) {
       TORCH_CHECK(wrote_in_place, call.name(),
                   ": an in-place view op must change this rank's piece itself (its rule redistributed self)");
       impl->set_layout_after_inplace_view(result_layout);
       continue;
     }
-    TORCH_CHECK(result_layout.shape() == have.shape(), call.name(), ": the result has shape ",
+    TORCH_CHECK(result_layout.shape() == dest_layout.shape(), call.name(), ": the result has shape ",
                 c10::IntArrayRef(result_layout.shape()), " but the argument '", schema.arguments()[*arg].name(),
-                "' it is written into has shape ", c10::IntArrayRef(have.shape()));
-    if (wrote_in_place && result_layout.placements() == have.placements()) continue;
-    // Computed elsewhere or in another layout: bring it into the argument's layout.
-    at::Tensor value = redistribute_local(written, result_layout, have);
-    if (value.is_alias_of(impl->local())) value = value.clone();
-    impl->local().copy_(value);
+                "' it is written into has shape ", c10::IntArrayRef(dest_layout.shape()));
+    if (wrote_in_place && result_layout.placements() == dest_layout.placements()) continue;
+    // Computed elsewhere or in another layout: bring it into the destination's layout.
+    at::Tensor value = redistribute_local(written, result_layout, dest_layout);
+    if (value.is_alias_of(dest)) value = value.clone();
+    dest.copy_(value);
   }
 }
 
-void run_local(const OpCall& call, const ShardingDecision& d, const DistributedOp* rule,
+// Replaces the call's arguments on the stack with its results. Last: until here the
+// OpCall reads its arguments from the stack.
+void finish(const OpCall& call, const OpResolution& res, const ShardingDecision& d,
+            torch::jit::Stack& results, torch::jit::Stack* stack) {
+  commit_writes(call, res, d, results);
+  wrap_outputs(call, res, d, results);
+  torch::jit::drop(*stack, call.schema().arguments().size());
+  for (auto& v : results) stack->push_back(std::move(v));
+}
+
+void run_local(const OpCall& call, const OpResolution& res, const ShardingDecision& d,
                torch::jit::Stack* stack) {
+  const DistributedOp& rule = *res.rule;
   torch::jit::Stack local = localize_args(call, d);
-  const torch::jit::Stack local_args = local;  // for finalize: before expand, not consumed
-  if (rule) rule->expand(call, d, local);
+  // finalize() sees the arguments as they were before expand() and the op consumed them.
+  std::optional<torch::jit::Stack> local_args;
+  if (rule.uses_finalize()) local_args = local;
+  rule.expand(call, d, local);
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     call.op().callBoxed(&local);
   }
-  if (rule) rule->finalize(call, d, local_args, local);
-  commit_writes(call, d, local);
-  torch::jit::drop(*stack, call.schema().arguments().size());
-  wrap_outputs(call, d, local, stack);
+  if (local_args) rule.finalize(call, d, *local_args, local);
+  finish(call, res, d, local, stack);
 }
 
 // No rule, explicit opt-in: replicate every DTensor input, run locally, and call the
 // outputs replicated (their local shapes are then the global ones).
-void run_replicated(const OpCall& call, torch::jit::Stack* stack) {
+void run_replicated(const OpCall& call, const OpResolution& res, torch::jit::Stack* stack) {
   ShardingDecision d;
   const DeviceMesh& mesh = call.mesh();
   const Placements rep(mesh.ndim(), Placement::replicate());
@@ -216,9 +238,7 @@ void run_replicated(const OpCall& call, torch::jit::Stack* stack) {
     }
     d.output_layouts.push_back(std::move(ls));
   }
-  commit_writes(call, d, local);
-  torch::jit::drop(*stack, call.schema().arguments().size());
-  wrap_outputs(call, d, local, stack);
+  finish(call, res, d, local, stack);
 }
 
 }  // namespace
@@ -229,20 +249,22 @@ void register_distributed_op(const std::string& op_name, DistributedOpPtr op) {
     std::lock_guard<std::mutex> lock(registry().mutex);
     registry().ops[op_name] = std::move(op);
   }
-  clear_layout_cache();  // cached decisions may have come from the rule just replaced
+  clear_layout_cache();  // cached decisions and resolutions may name the rule just replaced
 }
 
 DistributedOpPtr find_distributed_op(const std::string& op_name) {
   std::lock_guard<std::mutex> lock(registry().mutex);
   auto it = registry().ops.find(op_name);
-  if (it != registry().ops.end()) return it->second;
-  // An in-place variant (add_) shares its functional op's rule unless it has its own;
-  // the rule sees OpCall::is_inplace() and keeps self's layout.
-  if (op_name.size() > 1 && op_name.back() == '_' && op_name[op_name.size() - 2] != '_') {
-    it = registry().ops.find(op_name.substr(0, op_name.size() - 1));
-    if (it != registry().ops.end()) return it->second;
+  return it == registry().ops.end() ? nullptr : it->second;
+}
+
+std::vector<OpDispatcher::ContextRoute> context_routes_claiming(const std::string& op_name) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  std::vector<OpDispatcher::ContextRoute> out;
+  for (const auto& r : registry().routes) {
+    if (!r.claims || r.claims(op_name)) out.push_back(r.route);
   }
-  return nullptr;
+  return out;
 }
 
 std::vector<std::string> registered_op_names() {
@@ -278,57 +300,61 @@ void reload_distributed_ops() {
 void set_implicit_replication(bool enabled) { implicit_replication = enabled; }
 bool implicit_replication_enabled() { return implicit_replication; }
 
-void OpDispatcher::add_context_route(std::string route_name, ContextRoute route) {
-  std::lock_guard<std::mutex> lock(registry().mutex);
-  bool replaced = false;
-  for (auto& r : registry().routes) {
-    if (r.first == route_name) {
-      r.second = std::move(route);
-      replaced = true;
-      break;
+void OpDispatcher::add_context_route(std::string route_name, ContextRoute route, RouteClaim claims) {
+  {
+    std::lock_guard<std::mutex> lock(registry().mutex);
+    bool replaced = false;
+    for (auto& r : registry().routes) {
+      if (r.name == route_name) {
+        r.route = std::move(route);
+        r.claims = std::move(claims);
+        replaced = true;
+        break;
+      }
     }
+    if (!replaced) registry().routes.push_back({std::move(route_name), std::move(route), std::move(claims)});
   }
-  if (!replaced) registry().routes.emplace_back(std::move(route_name), std::move(route));
-  registry().publish_routes();
+  invalidate_op_resolutions();
 }
 
 void OpDispatcher::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const std::string name = get_op_name(op);
-  const size_t nargs = op.schema().arguments().size();
+  const std::shared_ptr<const OpResolution> res = resolve_op(op);
   // 1. bypass
-  if (run_bypass_op(op, name, stack)) return;
-  // 2. context routes
-  const auto routes = registry().route_snapshot.load();
-  for (const auto& route : *routes) {
-    if (route(op, name, stack)) return;
+  if (res->bypass) {
+    res->bypass(op, stack);
+    return;
+  }
+  // 2. context routes that claim this op
+  for (const auto& route : res->routes) {
+    if (route(op, res->name, stack)) return;
   }
   // 3. layout inference
-  torch::jit::Stack args(stack->end() - nargs, stack->end());
-  OpCall call(op, name, args);
-  DistributedOpPtr rule = find_distributed_op(name);
-  if (rule) {
-    LayoutCacheKey key = make_layout_cache_key(call);
+  const size_t nargs = op.schema().arguments().size();
+  const OpCall call(op, res->name, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nargs, nargs));
+  if (res->rule) {
+    const LayoutCacheKey& key = make_layout_cache_key(call);
     auto decision = key.cacheable ? layout_cache_find(key) : nullptr;
     if (!decision) {
-      decision = std::make_shared<const ShardingDecision>(rule->infer_layout(call));
-      if (key.cacheable) layout_cache_insert(key, decision);
+      const LayoutCacheKey owned = key;  // a rule may dispatch, and so rebuild the thread's key
+      decision = std::make_shared<const ShardingDecision>(res->rule->infer_layout(call));
+      if (owned.cacheable) layout_cache_insert(owned, decision);
     }
-    run_local(call, *decision, rule.get(), stack);
+    run_local(call, *res, *decision, stack);
     return;
   }
   // 4. no rule
-  TORCH_CHECK(implicit_replication, "DTensor: no sharding rule for op '", name, "' (",
+  TORCH_CHECK(implicit_replication, "DTensor: no sharding rule for op '", res->name, "' (",
               op.schema().operator_name(), ") with inputs ", describe_inputs(call),
               ". Register a DistributedOp for it (YAML in HYPER_PARALLEL_OPS_YAML_DIR or a plugin in "
               "HYPER_PARALLEL_OPS_PLUGIN_PATH), or opt in to set_implicit_replication(true)");
   {
     std::lock_guard<std::mutex> lock(registry().mutex);
-    if (registry().warned_implicit.insert(name).second) {
-      TORCH_WARN("DTensor: op '", name, "' has no sharding rule; replicating its inputs ",
+    if (registry().warned_implicit.insert(res->name).second) {
+      TORCH_WARN("DTensor: op '", res->name, "' has no sharding rule; replicating its inputs ",
                  describe_inputs(call), " and running it locally (implicit replication)");
     }
   }
-  run_replicated(call, stack);
+  run_replicated(call, *res, stack);
 }
 
 }  // namespace hyper_parallel

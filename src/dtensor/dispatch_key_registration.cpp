@@ -11,10 +11,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dispatch.h"
-#include "loss/loss_parallel_dispatch.h"
 
 namespace hyper_parallel {
 
@@ -31,7 +31,38 @@ bool needs_explicit_kernel(const c10::OperatorHandle& op) {
          op.hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional);
 }
 
+struct Initializers {
+  std::mutex mutex;
+  std::vector<void (*)()> pending;
+  bool kernels_installed = false;
+};
+Initializers& initializers() {
+  static auto* i = new Initializers();
+  return *i;
+}
+
+void run_initializers() {
+  std::vector<void (*)()> todo;
+  {
+    std::lock_guard<std::mutex> lock(initializers().mutex);
+    initializers().kernels_installed = true;
+    todo.swap(initializers().pending);
+  }
+  for (auto* init : todo) init();
+}
+
 }  // namespace
+
+void add_dtensor_dispatch_initializer(void (*init)()) {
+  {
+    std::lock_guard<std::mutex> lock(initializers().mutex);
+    if (!initializers().kernels_installed) {
+      initializers().pending.push_back(init);
+      return;
+    }
+  }
+  init();
+}
 
 void ensure_dtensor_dispatch_registered() {
   static std::once_flag once;
@@ -58,8 +89,8 @@ void ensure_dtensor_dispatch_registered() {
       if (!name.overload_name.empty()) qualified += "." + name.overload_name;
       lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&dtensor_kernel>());
     }
+    run_initializers();
   });
-  ensure_loss_parallel_registered();
   // Separate from the kernels: if a spec fails to load, every later use reports it
   // again instead of half-registering the kernels twice.
   static std::once_flag ops_once;

@@ -76,7 +76,10 @@ at::Tensor make_dtensor(const at::Tensor& local, const Layout& layout) {
 
 DTensorImpl* dtensor_impl(const at::Tensor& t) {
   if (!t.defined() || !t.key_set().has(c10::DispatchKey::PrivateUse1)) return nullptr;
-  return dynamic_cast<DTensorImpl*>(t.unsafeGetTensorImpl());
+  // The key is ours: the DTensor kernels are registered as PrivateUse1's fallback for the
+  // whole process, so no other backend's tensors can use it alongside. (A dynamic_cast
+  // here cost ~5 % of a small op: this runs several times per dispatched op.)
+  return static_cast<DTensorImpl*>(t.unsafeGetTensorImpl());
 }
 
 const at::Tensor& local_of(const at::Tensor& dtensor) {

@@ -47,5 +47,12 @@ const at::Tensor& local_of(const at::Tensor& dtensor);
 
 // Installs the dispatch-key kernels (once per process); called on first DTensor creation.
 void ensure_dtensor_dispatch_registered();
+// Features built on the dispatcher (loss_parallel) hook themselves up here instead of
+// being called by name from the generic code: `init` runs once, right after the kernels
+// are installed (or at once if they already are).
+void add_dtensor_dispatch_initializer(void (*init)());
+// Registers an initializer at library load: HP_DTENSOR_DISPATCH_INITIALIZER(fn).
+#define HP_DTENSOR_DISPATCH_INITIALIZER(FN) \
+  static const bool hp_dispatch_initializer_##FN = (::hyper_parallel::add_dtensor_dispatch_initializer(&FN), true)
 
 }  // namespace hyper_parallel

@@ -5,6 +5,9 @@
 #include <c10/util/Exception.h>
 
 #include <limits>
+#include <string>
+
+#include "hyper_parallel/loss_parallel.h"
 
 namespace hyper_parallel {
 
@@ -63,6 +66,18 @@ void for_row_blocks(int64_t rows, int64_t classes, Fn&& fn) {
   for (int64_t r0 = 0; r0 < rows; r0 += step) fn(r0, std::min(step, rows - r0));
 }
 
+// z-loss and soft-capping are options of the fused cross_entropy only: the decomposed
+// routes (log_softmax, nll_loss) would silently compute something else.
+void reject_cross_entropy_only_options(const char* op) {
+  if (!is_loss_parallel_active()) return;
+  const LossParallelOptions o = current_loss_parallel_options();
+  if (o.z_loss_weight != 0 || o.logit_softcap != 0) {
+    throw LossParallelUnsupportedError(std::string(op) + " under loss_parallel with z_loss_weight or logit_softcap "
+                                       "set: these options apply to cross_entropy only; call cross_entropy, or "
+                                       "open a guard without them");
+  }
+}
+
 }  // namespace
 
 at::ScalarType compute_type(at::ScalarType t) {
@@ -100,6 +115,7 @@ at::Tensor distributed_logsumexp(const at::Tensor& x_rows, const ClassShard& sha
 }
 
 at::Tensor distributed_log_softmax(const at::Tensor& x_rows, const ClassShard& shard) {
+  reject_cross_entropy_only_options("log_softmax");
   at::Tensor lse = distributed_logsumexp(x_rows, shard);
   return x_rows.to(lse.scalar_type()) - lse.unsqueeze(1);
 }
@@ -127,6 +143,7 @@ std::pair<at::Tensor, at::Tensor> distributed_nll_forward(const at::Tensor& logp
                                                           const c10::optional<at::Tensor>& weight,
                                                           int64_t reduction, int64_t ignore_index,
                                                           const ClassShard& shard) {
+  reject_cross_entropy_only_options("nll_loss");
   const at::ScalarType ct = compute_type(logp_rows.scalar_type());
   check_targets(target, shard.total, ignore_index);
   Targets t = split_targets(target, ignore_index, shard);
@@ -164,123 +181,6 @@ at::Tensor nll_backward_rows(const at::Tensor& grad_output, int64_t rows, const 
   if (shard.local > 0) out.scatter_(1, t.local_col.unsqueeze(1), (-scale).unsqueeze(1));
   // scatter_ wrote 0 for rows not owned (scale is 0 there): nothing else to clear.
   return out.to(dtype);
-}
-
-at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& shard) {
-  const at::ScalarType ct = compute_type(ce.x_rows.scalar_type());
-  const int64_t rows = ce.x_rows.size(0);
-  const double eps = ce.label_smoothing;
-  const double C = static_cast<double>(shard.total);
-  ce.lse = distributed_logsumexp(ce.x_rows, shard);
-  at::Tensor w_local;
-  if (ce.weight) w_local = ce.weight->narrow(0, shard.offset, shard.local);
-  const at::Tensor& x = ce.x_rows;  // converted to ct block by block where needed
-  at::Tensor partial;  // this rank's share of every row's loss
-  at::Tensor reduced;  // after the all-reduce
-  if (!ce.soft) {
-    Targets t = split_targets(ce.target, ce.ignore_index, shard);
-    ce.row_weight = target_weights(ce.target, t.valid, ce.weight, shard.total, ct);
-    // -log p_t = lse - x_t, counted on the rank that owns t.
-    at::Tensor nll = (picked(x, t, ct).neg() + ce.lse * t.owned.to(ct)) * ce.row_weight;
-    partial = (1 - eps) * nll;
-    if (eps > 0) {
-      // -sum_c w_c log p_c = W * lse - sum_c w_c x_c; lse counted once (on the first rank).
-      at::Tensor wx = at::zeros({rows}, ce.lse.options());
-      for_row_blocks(rows, shard.local, [&](int64_t r0, int64_t n) {
-        at::Tensor xb = x.narrow(0, r0, n).to(ct);
-        wx.narrow(0, r0, n).copy_(ce.weight ? (xb * w_local.unsqueeze(0)).sum(1) : xb.sum(1));
-      });
-      at::Tensor smooth = -wx;
-      if (shard.comm->rank() == 0) {
-        const at::Tensor W = ce.weight ? ce.weight->sum() : at::scalar_tensor(C, ce.lse.options());
-        smooth = smooth + W * ce.lse;
-      }
-      partial = partial + (eps / C) * smooth * t.valid.to(ct);
-    }
-    if (ce.reduction == at::Reduction::Mean) ce.denominator = ce.row_weight.sum();
-  } else {
-    // q' = (1 - eps) q + eps / C; loss = -sum_c w_c q'_c log p_c = A lse - sum_c w_c q'_c x_c.
-    at::Tensor q = ce.target.to(ct);
-    if (eps > 0) q = q * (1 - eps) + eps / C;
-    at::Tensor wq = ce.weight ? q * w_local.unsqueeze(0) : q;
-    at::Tensor a_part = wq.sum(1);
-    at::Tensor loss_part = a_part * ce.lse - (wq * x.to(ct)).sum(1);
-    at::Tensor both = at::stack({loss_part, a_part});
-    shard.comm->all_reduce_(both, ReduceOp::Sum);
-    ce.row_weight = both[1];
-    reduced = both[0];
-    if (ce.reduction == at::Reduction::Mean) ce.denominator = at::scalar_tensor(static_cast<double>(rows), ce.lse.options());
-  }
-  if (!reduced.defined()) {
-    if (ce.reduction == at::Reduction::None) {
-      reduced = partial;
-      shard.comm->all_reduce_(reduced, ReduceOp::Sum);
-    } else {
-      reduced = partial.sum();
-      shard.comm->all_reduce_(reduced, ReduceOp::Sum);
-    }
-  }
-  if (ce.reduction == at::Reduction::None) return reduced;
-  at::Tensor total = reduced.dim() == 0 ? reduced : reduced.sum();
-  return ce.reduction == at::Reduction::Mean ? total / ce.denominator : total;
-}
-
-at::Tensor fused_cross_entropy_backward(const FusedCrossEntropy& ce, const at::Tensor& grad_loss,
-                                        const ClassShard& shard) {
-  const at::ScalarType ct = compute_type(ce.x_rows.scalar_type());
-  const double eps = ce.label_smoothing;
-  const double C = static_cast<double>(shard.total);
-  at::Tensor g = grad_loss.to(ct);
-  // Per-row scale of the loss gradient.
-  at::Tensor s = ce.reduction == at::Reduction::None ? g.reshape({-1}) : g.expand({ce.x_rows.size(0)});
-  if (ce.reduction == at::Reduction::Mean) s = s / ce.denominator;
-  if (!ce.soft) {
-    // Ignored rows get exactly 0, even when the mean divided by a total weight of 0.
-    at::Tensor valid = ce.target.ne(ce.ignore_index);
-    s = at::where(valid, s, at::zeros_like(s));
-  }
-  at::Tensor w_local;
-  if (ce.weight) w_local = ce.weight->narrow(0, shard.offset, shard.local);
-  const int64_t rows = ce.x_rows.size(0);
-  const at::ScalarType out_type = ce.x_rows.scalar_type();
-  at::Tensor grad = at::empty({rows, shard.local}, ce.x_rows.options());
-  if (shard.local == 0) return grad;
-  // Per row: grad = p * row_coef - sub_j (index: eps/C w_j; soft: w_j q'_j), times s;
-  // then the target column of owned rows gets -(1-eps) s w_t. Written block by block
-  // straight into the result.
-  at::Tensor row_coef;
-  Targets t;
-  if (!ce.soft) {
-    t = split_targets(ce.target, ce.ignore_index, shard);
-    row_coef = (1 - eps) * ce.row_weight;
-    if (eps > 0) {
-      const at::Tensor W = ce.weight ? ce.weight->sum() : at::scalar_tensor(C, s.options());
-      row_coef = row_coef + (eps / C) * W * t.valid.to(ct);
-    }
-  } else {
-    row_coef = ce.row_weight;  // A = sum_c w_c q'_c
-  }
-  row_coef = row_coef * s;
-  at::Tensor wj;
-  if (!ce.soft && eps > 0) wj = (ce.weight ? w_local : at::ones({shard.local}, s.options())) * (eps / C);
-  for_row_blocks(rows, shard.local, [&](int64_t r0, int64_t n) {
-    at::Tensor gb = (ce.x_rows.narrow(0, r0, n).to(ct) - ce.lse.narrow(0, r0, n).unsqueeze(1)).exp_();
-    gb.mul_(row_coef.narrow(0, r0, n).unsqueeze(1));
-    const at::Tensor sb = s.narrow(0, r0, n).unsqueeze(1);
-    if (ce.soft) {
-      at::Tensor q = ce.target.narrow(0, r0, n).to(ct);
-      if (eps > 0) q = q * (1 - eps) + eps / C;
-      gb.sub_((ce.weight ? q * w_local.unsqueeze(0) : q) * sb);
-    } else if (wj.defined()) {
-      gb.sub_(sb * wj.unsqueeze(0));
-    }
-    grad.narrow(0, r0, n).copy_(gb);
-  });
-  if (!ce.soft) {
-    at::Tensor hit = ((1 - eps) * s * ce.row_weight * t.owned.to(ct)).to(out_type).unsqueeze(1);
-    grad.scatter_add_(1, t.local_col.unsqueeze(1), -hit);
-  }
-  return grad;
 }
 
 }  // namespace hyper_parallel

@@ -4,9 +4,8 @@
 //
 //   K1  distributed_log_softmax         all-reduce MAX + all-reduce SUM
 //   K2  distributed_nll_forward         one all-reduce (the picked log-probs)
-//   K3  fused cross-entropy backward    no collective
-// plus the log_softmax backward for any consumer (one all-reduce), and the fused
-// cross-entropy forward (label smoothing and probability targets included).
+// plus the log_softmax backward for any consumer (one all-reduce). The fused
+// cross-entropy (K3: one all-gather forward, nothing backward) is fused_cross_entropy.h.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -52,27 +51,5 @@ at::Tensor nll_backward_rows(const at::Tensor& grad_output, int64_t rows, const 
                              const c10::optional<at::Tensor>& weight, int64_t reduction,
                              int64_t ignore_index, const at::Tensor& total_weight,
                              at::ScalarType dtype, const ClassShard& shard);
-
-// Fused cross_entropy (index or probability targets, class weights, label smoothing,
-// ignore_index, none/mean/sum). Three all-reduces forward; backward needs none.
-struct FusedCrossEntropy {
-  // Inputs, kept for backward.
-  at::Tensor x_rows;      // logits rows (input dtype; a view of the local logits when possible)
-  at::Tensor target;      // index targets [M] (int64), or probability rows [M, C_l]
-  bool soft = false;
-  c10::optional<at::Tensor> weight;  // full [C], compute type
-  int64_t reduction = 1;  // at::Reduction
-  int64_t ignore_index = -100;
-  double label_smoothing = 0.0;
-  // Forward results, kept for backward.
-  at::Tensor lse;         // [M]
-  at::Tensor row_weight;  // index: w[t] (0 where ignored); soft: sum_c w_c q'_c, both [M]
-  at::Tensor denominator; // mean: what the summed loss was divided by
-};
-// Returns the loss (compute type): [M] for none, a scalar otherwise.
-at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& shard);
-// The gradient rows for an incoming loss gradient ([M] for none, scalar otherwise).
-at::Tensor fused_cross_entropy_backward(const FusedCrossEntropy& ce, const at::Tensor& grad_loss,
-                                        const ClassShard& shard);
 
 }  // namespace hyper_parallel

@@ -6,17 +6,14 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
-#include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
-
 #include "compat/autograd_compat.h"
 #include "core/redistribute.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor.h"
 #include "loss/class_sharding.h"
 #include "loss/cross_entropy_kernels.h"
+#include "loss/fused_cross_entropy.h"
+#include "loss/input_agreement.h"
 #include "loss/loss_parallel_dispatch.h"
 
 namespace hyper_parallel {
@@ -28,7 +25,8 @@ using torch::autograd::variable_list;
 
 // The gradient of the cross entropy with respect to the class-sharded logits. Holds the
 // logits' rows, the per-row log-sum-exp and weights: everything backward needs, so it
-// runs without a collective and without the loss_parallel context.
+// runs without a collective and without the loss_parallel context. With
+// gradient_in_forward it holds the gradient already written over the logits instead.
 struct CrossEntropyParallelBackward : Node {
   FusedCrossEntropy ce;
   ClassSharding sharding;
@@ -38,7 +36,9 @@ struct CrossEntropyParallelBackward : Node {
   torch::autograd::SavedVariable saved_logits;
 
   variable_list apply(variable_list&& grads) override {
-    saved_logits.unpack();  // throws when the logits were modified in place, or released
+    // Throws when the logits were modified in place, or released. (Not saved when the
+    // gradient was written over them: their storage is the gradient.)
+    if (!ce.gradient_in_forward) saved_logits.unpack();
     if (!grads[0].defined()) return {at::Tensor()};
     const at::Tensor g = full_value(grads[0]);
     const ClassShard shard{sharding.comm, sharding.offset, sharding.local_classes, sharding.num_classes};
@@ -85,92 +85,6 @@ void check_on_logits_mesh(const at::Tensor& t, const ClassSharding& cs, const st
   }
 }
 
-// FNV-1a of a tensor's bytes: equal on every rank iff the values are (for the check below).
-uint64_t bytes_hash(const at::Tensor& t) {
-  const at::Tensor c = t.to(at::kCPU).contiguous();
-  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < c.nbytes(); ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
-bool check_replicated_enabled() {
-  const char* v = std::getenv("HYPER_PARALLEL_CHECK_REPLICATED");
-  return v && std::string(v) == "1";
-}
-
-// Runs the input checks on every rank of the class-sharding group and agrees on the outcome
-// (one small all_reduce of n * 512 bytes), so that inputs which differ between ranks give the same error on
-// every rank instead of an error on one and a hang in the loss's collectives on the others.
-// With HYPER_PARALLEL_CHECK_REPLICATED=1 it also compares the target across ranks.
-void check_inputs_on_every_rank(const ClassSharding& cs, const at::Tensor& target, const std::string& op,
-                                const std::function<void()>& checks) {
-  std::exception_ptr own;
-  std::string message;
-  try {
-    checks();
-  } catch (const c10::Error& e) {
-    own = std::current_exception();
-    message = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    own = std::current_exception();
-    message = e.what();
-  }
-  if (!cs.comm || cs.comm->size() == 1) {
-    if (own) std::rethrow_exception(own);
-    return;
-  }
-  // Per rank: [failed, target hash (8 bytes), message (truncated)].
-  constexpr int64_t kRecord = 512;
-  const bool compare = check_replicated_enabled();
-  std::vector<uint8_t> record(kRecord, 0);
-  record[0] = own ? 1 : 0;
-  // A target laid out like the logits (soft, sharded) legitimately differs: compare only
-  // plain and replicated targets.
-  const auto* target_impl = dtensor_impl(target);
-  const bool comparable = !target_impl || target_impl->layout().is_replicated();
-  const uint64_t hash =
-      compare && comparable && !own ? bytes_hash(target_impl ? target_impl->local() : target) : 0;
-  std::memcpy(record.data() + 1, &hash, sizeof hash);
-  std::memcpy(record.data() + 9, message.data(), std::min<size_t>(message.size(), kRecord - 10));
-  // One all_reduce (a sum in which each rank fills only its own slot) gathers the records.
-  const int64_t n = cs.comm->size();
-  at::Tensor slots = at::zeros({n * kRecord}, at::kByte);
-  slots.narrow(0, cs.comm->rank() * kRecord, kRecord).copy_(at::from_blob(record.data(), {kRecord}, at::kByte));
-  slots = slots.to(cs.layout.mesh().device());
-  cs.comm->all_reduce_(slots, ReduceOp::Sum);
-  const at::Tensor all = slots.cpu();
-  const auto* bytes = all.data_ptr<uint8_t>();
-  std::string failed, first_message;
-  bool same_messages = true;
-  for (int64_t r = 0; r < n; ++r) {
-    const uint8_t* rec = bytes + r * kRecord;
-    if (!rec[0]) continue;
-    const std::string m(reinterpret_cast<const char*>(rec + 9));
-    if (failed.empty()) first_message = m;
-    same_messages = same_messages && m == first_message;
-    failed += (failed.empty() ? "" : ", ") + std::to_string(r);
-  }
-  if (!failed.empty()) {
-    const bool all_failed = static_cast<int64_t>(std::count(failed.begin(), failed.end(), ',')) + 1 == n;
-    // Inputs equal on every rank fail equally everywhere: keep the error's own type then.
-    if (own && all_failed && same_messages) std::rethrow_exception(own);
-    TORCH_CHECK(false, op, " under loss_parallel: the inputs were refused on rank(s) ", failed,
-                " of the loss's group (an input that should be replicated differs between ranks?); on rank ",
-                failed.substr(0, failed.find(',')), ": ", first_message);
-  }
-  if (!compare) return;
-  std::string differ;
-  for (int64_t r = 1; r < n; ++r) {
-    if (std::memcmp(bytes + r * kRecord + 1, bytes + 1, sizeof hash) != 0) {
-      differ += (differ.empty() ? "" : ", ") + std::to_string(r);
-    }
-  }
-  TORCH_CHECK(differ.empty(), op, " under loss_parallel (HYPER_PARALLEL_CHECK_REPLICATED=1): the target differs "
-              "between ranks: rank(s) ", differ, " of the loss's group hold a different target than rank 0; "
-              "a replicated target must be identical on every rank");
-}
-
 }  // namespace
 
 at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor& target,
@@ -192,9 +106,19 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   ce.reduction = reduction;
   ce.ignore_index = ignore_index;
   ce.label_smoothing = label_smoothing;
+  const LossParallelOptions options = current_loss_parallel_options();
+  TORCH_CHECK(options.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: off), got ", options.logit_softcap);
+  ce.z_loss_weight = options.z_loss_weight;
+  ce.softcap = options.logit_softcap;
+  const bool wants_grad = torch::autograd::GradMode::is_enabled() && logits.requires_grad();
+  // Writing the gradient over the logits needs their storage as plain rows.
+  ce.gradient_in_forward = options.gradient_in_forward && wants_grad &&
+                           ce.x_rows.is_alias_of(local_logits) &&
+                           (ce.x_rows.size(1) <= 1 || ce.x_rows.stride(1) == 1) &&
+                           local_logits.is_non_overlapping_and_dense();
   std::vector<int64_t> loss_shape;
   ce.soft = target.is_floating_point();
-  check_inputs_on_every_rank(cs, target, op, [&] {
+  const InputAgreement agreement(op, target, [&] {
     TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
                 ": label_smoothing must be in [0, 1], got ", label_smoothing);
     check_on_logits_mesh(target, cs, "target", op);
@@ -224,8 +148,16 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
       loss_shape = expect;
     }
   });
+  if (agreement.refused()) {
+    // Inputs this rank cannot use: it still joins the forward's all-gather (which settles the
+    // refusal the same way on every rank) with inputs that touch nothing.
+    ce.soft = false;
+    ce.weight = c10::nullopt;
+    ce.target = at::full({ce.x_rows.size(0)}, ignore_index, ce.x_rows.options().dtype(at::kLong));
+    ce.gradient_in_forward = false;
+  }
   const ClassShard shard{cs.comm, cs.offset, cs.local_classes, cs.num_classes};
-  at::Tensor loss = fused_cross_entropy_forward(ce, shard).to(local_logits.scalar_type());
+  at::Tensor loss = fused_cross_entropy_forward(ce, shard, &agreement).to(local_logits.scalar_type());
   if (reduction == at::Reduction::None) {
     loss = loss.reshape(loss_shape);
   } else {
@@ -233,13 +165,18 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   }
   const DeviceMesh& mesh = cs.layout.mesh();
   at::Tensor out = make_dtensor(loss, Layout(mesh, Placements(mesh.ndim(), Placement::replicate()), loss_shape));
-  if (torch::autograd::GradMode::is_enabled() && logits.requires_grad()) {
+  if (ce.gradient_in_forward) {
+    // The logits now hold the gradient: any other saved user of them must raise.
+    torch::autograd::impl::bump_version(local_logits);
+    if (!local_logits.is_same(logits)) torch::autograd::impl::bump_version(logits);
+  }
+  if (wants_grad) {
     compat::NodePtr owner = compat::make_node<CrossEntropyParallelBackward>();
     auto* node = static_cast<CrossEntropyParallelBackward*>(owner.get());
     node->ce = std::move(ce);
     node->sharding = cs;
     node->local_shape = local_logits.sizes().vec();
-    node->saved_logits = torch::autograd::SavedVariable(logits, /*is_output=*/false);
+    if (!node->ce.gradient_in_forward) node->saved_logits = torch::autograd::SavedVariable(logits, /*is_output=*/false);
     node->set_next_edges(torch::autograd::collect_next_edges(logits));
     torch::autograd::create_gradient_edge(out, std::move(owner));
   }

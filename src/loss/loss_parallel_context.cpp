@@ -28,12 +28,16 @@ ParallelismConfig global_config;
 
 bool same_options(const LossParallelOptions& a, const LossParallelOptions& b) {
   const bool mesh_ok = a.mesh.has_value() == b.mesh.has_value() && (!a.mesh || *a.mesh == *b.mesh);
-  return mesh_ok && a.strict == b.strict;
+  return mesh_ok && a.strict == b.strict && a.z_loss_weight == b.z_loss_weight &&
+         a.logit_softcap == b.logit_softcap && a.gradient_in_forward == b.gradient_in_forward;
 }
 
 std::string describe(const LossParallelOptions& o) {
   return std::string("{mesh = ") + (o.mesh ? o.mesh->str() : "none") +
-         ", strict = " + (o.strict ? (*o.strict ? "true" : "false") : "unset") + "}";
+         ", strict = " + (o.strict ? (*o.strict ? "true" : "false") : "unset") +
+         ", z_loss_weight = " + std::to_string(o.z_loss_weight) + ", logit_softcap = " +
+         std::to_string(o.logit_softcap) + ", gradient_in_forward = " + (o.gradient_in_forward ? "true" : "false") +
+         "}";
 }
 
 }  // namespace
@@ -64,7 +68,7 @@ LossParallelGuard::LossParallelGuard(const LossParallelOptions& options) {
   ContextState& s = tls_state;
   if (s.depth > 0) {
     // An inner guard may repeat the outer options or give none; it may not change them.
-    const bool no_options = !options.mesh && !options.strict;
+    const bool no_options = same_options(options, LossParallelOptions{});
     if (!no_options && !same_options(options, s.options)) {
       throw LossParallelLayoutError("loss_parallel(): a nested guard with options " + describe(options) +
                                     " contradicts the enclosing guard's " + describe(s.options) +

@@ -168,8 +168,8 @@ const std::unordered_map<std::string, Kernel>& kernels() {
   return *k;
 }
 
+// Only the ops in the table reach it (the route claims them, see ensure_loss_parallel_registered).
 bool loss_parallel_route(const c10::OperatorHandle& op, const std::string& name, torch::jit::Stack* stack) {
-  if (!in_table(name)) return false;
   if (!is_loss_parallel_active() && !backward_names().count(name)) return false;
   return dispatch_loss_parallel(op, name, stack);
 }
@@ -241,11 +241,14 @@ void register_loss_parallel_op_names(const std::vector<std::string>& names) {
 void ensure_loss_parallel_registered() {
   static std::once_flag once;
   std::call_once(once, [] {
-    OpDispatcher::add_context_route("loss_parallel", loss_parallel_route);
+    OpDispatcher::add_context_route("loss_parallel", loss_parallel_route, in_table);
     static auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1,
                                           __FILE__, __LINE__);
     lib->impl("cross_entropy_loss", torch::CppFunction::makeFromBoxedFunction<&cross_entropy_loss_kernel>());
   });
 }
+
+// The DTensor kernels know nothing of loss_parallel: it plugs itself in when they are installed.
+HP_DTENSOR_DISPATCH_INITIALIZER(ensure_loss_parallel_registered);
 
 }  // namespace hyper_parallel

@@ -2,6 +2,8 @@
 #include <ATen/core/Reduction.h>
 #include <c10/util/Exception.h>
 
+#include "dispatch/op_param_choice.h"
+
 #include "hyper_parallel/distributed_op.h"
 #include "hyper_parallel/loss_parallel.h"
 #include "hyper_parallel/parallelism_config.h"
@@ -12,6 +14,8 @@ namespace {
 
 class NllLossOp : public DistributedOp {
  public:
+  // backward: nll_loss*_backward(grad_output, self, ...), whose log-probs come second.
+  explicit NllLossOp(bool backward) : backward_(backward) {}
   std::string class_name() const override { return "NllLossOp"; }
   std::string rule() const override {
     return "class-sharded input: LossParallelLayoutError (use loss_parallel()); otherwise all "
@@ -19,7 +23,7 @@ class NllLossOp : public DistributedOp {
   }
 
   ShardingDecision infer_layout(const OpCall& call) const override {
-    const bool backward = call.name().find("backward") != std::string::npos;
+    const bool backward = backward_;
     const TensorArg& self = call.tensors().at(backward ? 1 : 0);
     const int64_t class_dim = self.shape.size() == 1 ? 0 : 1;
     if (self.layout && !self.layout->mesh_dims_sharding(class_dim).empty() &&
@@ -33,19 +37,24 @@ class NllLossOp : public DistributedOp {
     ShardingDecision d;
     d.input_placements = replicate_dtensor_inputs(call);
     if (backward) {
-      d.output_layouts.push_back({Layout(call.mesh(), rep, self.shape)});
+      d.output_layouts.push_back({Layout(call.mesh(), rep, self.shape.vec())});
     } else {
       const bool none = call.arg("reduction").toInt() == at::Reduction::None;
-      const std::vector<int64_t> out = none ? call.tensors().at(1).shape : std::vector<int64_t>{};
+      const std::vector<int64_t> out = none ? call.tensors().at(1).shape.vec() : std::vector<int64_t>{};
       d.output_layouts.push_back({Layout(call.mesh(), rep, out)});
       d.output_layouts.push_back({Layout(call.mesh(), rep, {})});
     }
     return d;
   }
+
+ private:
+  bool backward_;
 };
 
 }  // namespace
 
-HP_REGISTER_OP_CLASS(NllLossOp, [](const OpParams&) { return std::make_shared<NllLossOp>(); });
+HP_REGISTER_OP_CLASS(NllLossOp, [](const OpParams& p) {
+  return std::make_shared<NllLossOp>(param_choice(p, "NllLossOp", "direction", {"forward", "backward"}) == 1);
+});
 
 }  // namespace hyper_parallel

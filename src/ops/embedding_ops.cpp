@@ -8,6 +8,8 @@
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 
+#include "dispatch/op_param_choice.h"
+
 namespace hyper_parallel {
 
 namespace {
@@ -40,7 +42,7 @@ ShardingDecision EmbeddingOp::infer_layout(const OpCall& call) const {
   ShardingDecision d;
   d.input_placements.assign(tensors.size(), std::nullopt);
   // No meta kernels here (index_select has none in LibTorch 1.13): shapes by hand.
-  if (call.name() == "embedding") {
+  if (!backward_) {
     const TensorArg& weight = tensors.at(0);
     const TensorArg& ids = tensors.at(1);
     const int64_t id_ndim = ids.shape.size();
@@ -64,7 +66,7 @@ ShardingDecision EmbeddingOp::infer_layout(const OpCall& call) const {
     }
     d.input_placements[0] = want_w;
     d.input_placements[1] = want_ids;
-    std::vector<int64_t> shape = ids.shape;
+    std::vector<int64_t> shape = ids.shape.vec();
     shape.push_back(weight.shape.at(1));
     d.output_layouts.push_back({Layout(call.mesh(), out, shape)});
     return d;
@@ -138,6 +140,8 @@ void EmbeddingOp::finalize(const OpCall& call, const ShardingDecision& d,
   results[0] = out.masked_fill(owned.mask.logical_not().unsqueeze(-1), 0);
 }
 
-HP_REGISTER_OP_CLASS(EmbeddingOp, [](const OpParams&) { return std::make_shared<EmbeddingOp>(); });
+HP_REGISTER_OP_CLASS(EmbeddingOp, [](const OpParams& p) {
+  return std::make_shared<EmbeddingOp>(param_choice(p, "EmbeddingOp", "direction", {"forward", "backward"}) == 1);
+});
 
 }  // namespace hyper_parallel

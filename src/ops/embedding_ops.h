@@ -14,12 +14,18 @@ namespace hyper_parallel {
 
 class EmbeddingOp : public DistributedOp {
  public:
+  // forward: embedding(weight, ids); backward: embedding_dense_backward(grad, ids, num_weights ...).
+  explicit EmbeddingOp(bool backward = false) : backward_(backward) {}
   std::string class_name() const override { return "EmbeddingOp"; }
   std::string rule() const override;
   ShardingDecision infer_layout(const OpCall& call) const override;
   void expand(const OpCall& call, const ShardingDecision& d, torch::jit::Stack& local) const override;
+  bool uses_finalize() const override { return true; }
   void finalize(const OpCall& call, const ShardingDecision& d, const torch::jit::Stack& local_args,
                 torch::jit::Stack& local_results) const override;
+
+ private:
+  bool backward_;
 };
 
 }  // namespace hyper_parallel

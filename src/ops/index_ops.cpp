@@ -38,15 +38,16 @@ ShardingDecision GatherOp::infer_layout(const OpCall& call) const {
       want_self[m] = p;
       out[m] = Placement::partial();
       d.expand_tag = kMaskedGather;
-    } else if (p.is_shard() && index.shape == self.shape) {
-      // Same shape: index and self split alike off the gathered dim.
+    } else if (p.is_shard() && !p.is_shard(dim) && index.shape == self.shape) {
+      // Same shape: index and self split alike off the gathered dim (never along it: the
+      // indices are global positions in that dim).
       want_self[m] = want_index[m] = out[m] = p;
     }
   }
   d.input_placements.assign(call.tensors().size(), std::nullopt);
   d.input_placements[0] = want_self;
   d.input_placements[1] = want_index;
-  d.output_layouts.push_back({Layout(call.mesh(), out, index.shape)});
+  d.output_layouts.push_back({Layout(call.mesh(), out, index.shape.vec())});
   return d;
 }
 

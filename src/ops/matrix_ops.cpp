@@ -2,33 +2,12 @@
 
 #include <c10/util/Exception.h>
 
-#include <limits>
+#include "dispatch/op_param_choice.h"
+#include "hyper_parallel/sharding_strategy.h"
 
 namespace hyper_parallel {
 
 namespace {
-
-struct Strategy {
-  Placement a, b, out;
-};
-
-// Rough bytes moved to bring an operand from `cur` to `want` (elements, really).
-double move_cost(const Placement& cur, const Placement& want, double numel) {
-  if (cur == want) return 0;
-  if (cur.is_replicate()) return 0.01 * numel;  // a local chunk or zeroing
-  if (cur.is_partial() && want.is_replicate()) return 2 * numel;
-  return numel;  // all-gather, reduce-scatter, shard -> shard
-}
-
-double numel_of(const std::vector<int64_t>& shape) {
-  double n = 1;
-  for (int64_t s : shape) n *= static_cast<double>(s);
-  return n;
-}
-
-Placement current(const TensorArg& t, int64_t m) {
-  return t.layout ? t.layout->placement(m) : Placement::replicate();
-}
 
 // Placement of addmm's bias (broadcast against [m, n]) for an output placement.
 Placement bias_placement(const TensorArg& bias, const Placement& out, int64_t out_ndim) {
@@ -48,45 +27,32 @@ std::string MatmulOp::rule() const {
 }
 
 ShardingDecision MatmulOp::infer_layout(const OpCall& call) const {
-  const bool has_bias = call.name() == "addmm";
+  const bool has_bias = form_ == Form::Addmm;
   const auto& tensors = call.tensors();
   TORCH_CHECK(tensors.size() == (has_bias ? 3u : 2u), call.name(), ": expected ",
               has_bias ? 3 : 2, " tensor arguments");
-  const TensorArg& a = tensors[has_bias ? 1 : 0];
-  const TensorArg& b = tensors[has_bias ? 2 : 1];
-  const bool batched = call.name() == "bmm";
+  const bool batched = form_ == Form::Bmm;
   const int64_t o = batched ? 1 : 0;
   const int64_t out_ndim = 2 + o;
-  std::vector<Strategy> strategies = {
-      {Placement::shard(o), Placement::replicate(), Placement::shard(o)},          // rows
-      {Placement::replicate(), Placement::shard(o + 1), Placement::shard(o + 1)},  // columns
-      {Placement::shard(o + 1), Placement::shard(o), Placement::partial()},        // contraction
-      {Placement::partial(), Placement::replicate(), Placement::partial()},
-      {Placement::replicate(), Placement::partial(), Placement::partial()},
-      {Placement::replicate(), Placement::replicate(), Placement::replicate()},
+  // Candidates per mesh dim for (a, b) -> out; the shared selector charges each the bytes
+  // its redistributions move and keeps the cheapest (earlier ones win ties).
+  std::vector<DimStrategy> strategies = {
+      {{Placement::shard(o), Placement::replicate()}, Placement::shard(o)},          // rows
+      {{Placement::replicate(), Placement::shard(o + 1)}, Placement::shard(o + 1)},  // columns
+      {{Placement::shard(o + 1), Placement::shard(o)}, Placement::partial()},        // contraction
+      {{Placement::partial(), Placement::replicate()}, Placement::partial()},
+      {{Placement::replicate(), Placement::partial()}, Placement::partial()},
+      {{Placement::replicate(), Placement::replicate()}, Placement::replicate()},
   };
-  if (batched) strategies.insert(strategies.begin(), {Placement::shard(0), Placement::shard(0), Placement::shard(0)});
-
+  if (batched) strategies.insert(strategies.begin(), {{Placement::shard(0), Placement::shard(0)}, Placement::shard(0)});
+  const size_t ia = has_bias ? 1 : 0, ib = has_bias ? 2 : 1;
+  const SelectedStrategy chosen = select_strategy(call, {ia, ib}, strategies);
   const int64_t nm = call.mesh().ndim();
-  const double na = numel_of(a.shape), nb = numel_of(b.shape);
-  Placements want_a(nm, Placement::replicate()), want_b = want_a, out = want_a;
-  for (int64_t m = 0; m < nm; ++m) {
-    const Placement ca = current(a, m), cb = current(b, m);
-    double best = std::numeric_limits<double>::infinity();
-    for (const auto& s : strategies) {
-      const double c = move_cost(ca, s.a, na) + move_cost(cb, s.b, nb);
-      if (c < best) {
-        best = c;
-        want_a[m] = s.a;
-        want_b[m] = s.b;
-        out[m] = s.out;
-      }
-    }
-  }
+  const Placements& out = chosen.output;
   ShardingDecision d;
   d.input_placements.assign(tensors.size(), std::nullopt);
-  d.input_placements[has_bias ? 1 : 0] = want_a;
-  d.input_placements[has_bias ? 2 : 1] = want_b;
+  d.input_placements[ia] = chosen.inputs[0];
+  d.input_placements[ib] = chosen.inputs[1];
   if (has_bias) {
     Placements want_bias(nm, Placement::replicate());
     for (int64_t m = 0; m < nm; ++m) want_bias[m] = bias_placement(tensors[0], out[m], out_ndim);
@@ -97,6 +63,9 @@ ShardingDecision MatmulOp::infer_layout(const OpCall& call) const {
   return d;
 }
 
-HP_REGISTER_OP_CLASS(MatmulOp, [](const OpParams&) { return std::make_shared<MatmulOp>(); });
+HP_REGISTER_OP_CLASS(MatmulOp, [](const OpParams& p) {
+  return std::make_shared<MatmulOp>(
+      static_cast<MatmulOp::Form>(param_choice(p, "MatmulOp", "form", {"mm", "bmm", "addmm"})));
+});
 
 }  // namespace hyper_parallel

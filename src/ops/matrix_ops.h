@@ -9,9 +9,16 @@ namespace hyper_parallel {
 
 class MatmulOp : public DistributedOp {
  public:
+  // The operand order of the schema: mm(a, b), bmm(a, b) batched, addmm(bias, a, b).
+  enum class Form { Mm, Bmm, Addmm };
+  explicit MatmulOp(Form form = Form::Mm) : form_(form) {}
+
   std::string class_name() const override { return "MatmulOp"; }
   std::string rule() const override;
   ShardingDecision infer_layout(const OpCall& call) const override;
+
+ private:
+  Form form_;
 };
 
 }  // namespace hyper_parallel

@@ -1,5 +1,7 @@
 #include "ops/pointwise_ops.h"
 
+#include "hyper_parallel/sharding_strategy.h"
+
 #include <ATen/ExpandUtils.h>
 #include <c10/util/Exception.h>
 
@@ -28,14 +30,16 @@ PointwiseOp::Linearity PointwiseOp::parse_linearity(const std::string& s) {
   if (s == "unary") return Linearity::Unary;
   if (s == "additive") return Linearity::Additive;
   if (s == "multiplicative") return Linearity::Multiplicative;
+  if (s == "quotient") return Linearity::Quotient;
   TORCH_CHECK(false, "PointwiseOp: linearity '", s,
-              "' is not one of none, unary, additive, multiplicative");
+              "' is not one of none, unary, additive, multiplicative, quotient");
 }
 
 std::string PointwiseOp::rule() const {
   const char* lin = linearity_ == Linearity::None       ? "Partial inputs are reduced first"
                     : linearity_ == Linearity::Unary    ? "Partial(sum) passes through"
                     : linearity_ == Linearity::Additive ? "Partial(sum) + Partial(sum) or Replicate -> Partial(sum)"
+                    : linearity_ == Linearity::Quotient ? "Partial(sum) / Replicate -> Partial(sum)"
                                                         : "Partial(sum) * Replicate -> Partial(sum)";
   return std::string("output follows the first input's Shard (broadcast dims replicated); ") + lin;
 }
@@ -75,11 +79,23 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
       // Replicate addends become Partial (kept on one rank, zeros elsewhere: no
       // communication); a non-tensor Scalar addend would be added on every rank.
       case Linearity::Additive: return !has_scalar_addend;
-      case Linearity::Multiplicative:
-        // Any single factor of a product; only the numerator of a quotient.
-        return partial.size() == 1 && (call.name() != "div" || partial[0] == operands[0]);
+      case Linearity::Multiplicative: return partial.size() == 1;  // any single factor
+      case Linearity::Quotient: return partial.size() == 1 && partial[0] == operands[0];  // the numerator
     }
     return false;
+  };
+
+  // What operand `t` must be on mesh dim m for the output placement `o`.
+  auto operand_placement = [&](const TensorArg& t, const Placement& o, int64_t m, const std::vector<int64_t>& shape) {
+    if (o.is_shard()) {
+      const int64_t id = input_dim(t, o.dim(), shape);
+      return id >= 0 ? Placement::shard(id) : Placement::replicate();  // broadcast: replicated
+    }
+    if (o.is_partial()) {
+      if (t.layout && t.layout->placement(m).is_partial()) return t.layout->placement(m);
+      if (linearity_ == Linearity::Additive) return Placement::partial(ReduceOp::Sum);
+    }
+    return Placement::replicate();
   };
 
   Placements target(nm, Placement::replicate());
@@ -93,9 +109,11 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
       if (target[m].is_partial() && !partial_passes(m)) target[m] = Placement::replicate();
     }
   } else {
+    // Per mesh dim, the candidates are: the output sharded where an operand's shard lands
+    // (in argument order), Partial(sum) if the op is linear in the partial operands, and
+    // Replicate; the shared cost model keeps the one that moves the fewest bytes.
     for (int64_t m = 0; m < nm; ++m) {
-      // A shard of any operand, in argument order, decides the mesh dim.
-      bool decided = false;
+      std::vector<Placement> outputs;
       for (size_t k : operands) {
         const TensorArg& t = tensors[k];
         if (!t.layout || !t.layout->placement(m).is_shard()) continue;
@@ -104,14 +122,18 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
         // The same output dim may not be sharded twice (nesting is an input's business).
         bool taken = false;
         for (int64_t j = 0; j < m; ++j) taken |= target[j].is_shard(od);
-        if (taken) continue;
-        target[m] = Placement::shard(od);
-        decided = true;
-        break;
+        const Placement p = Placement::shard(od);
+        if (!taken && std::find(outputs.begin(), outputs.end(), p) == outputs.end()) outputs.push_back(p);
       }
-      if (decided) continue;
-      // Otherwise Partial survives if the op is linear in the partial operands.
-      if (partial_passes(m)) target[m] = Placement::partial(ReduceOp::Sum);
+      if (partial_passes(m)) outputs.push_back(Placement::partial(ReduceOp::Sum));
+      outputs.push_back(Placement::replicate());
+      std::vector<DimStrategy> candidates;
+      for (const Placement& o : outputs) {
+        DimStrategy s{{}, o};
+        for (size_t k : operands) s.inputs.push_back(operand_placement(tensors[k], o, m, out));
+        candidates.push_back(std::move(s));
+      }
+      target[m] = outputs[cheapest_strategy(call, m, operands, candidates)];
     }
   }
 
@@ -124,18 +146,7 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
       continue;
     }
     Placements want(nm, Placement::replicate());
-    for (int64_t m = 0; m < nm; ++m) {
-      if (target[m].is_shard()) {
-        const int64_t id = input_dim(t, target[m].dim(), out);
-        if (id >= 0) want[m] = Placement::shard(id);
-      } else if (target[m].is_partial()) {
-        if (t.layout && t.layout->placement(m).is_partial()) {
-          want[m] = t.layout->placement(m);
-        } else if (linearity_ == Linearity::Additive) {
-          want[m] = Placement::partial(ReduceOp::Sum);
-        }
-      }
-    }
+    for (int64_t m = 0; m < nm; ++m) want[m] = operand_placement(t, target[m], m, out);
     if (!t.layout && (t.shape.empty() && linearity_ != Linearity::Additive)) {
       d.input_placements.emplace_back(std::nullopt);  // a scalar: as it is
     } else if (!t.layout && want == Placements(nm, Placement::replicate())) {

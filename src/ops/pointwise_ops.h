@@ -12,8 +12,9 @@ class PointwiseOp : public DistributedOp {
   //   None            never: partial inputs are reduced first (gelu, exp, max ...)
   //   Unary           f(sum x_i) = sum f(x_i) for the one tensor input (neg, clone)
   //   Additive        all tensor inputs Partial(sum) (add, sub)
-  //   Multiplicative  exactly one Partial(sum) input, in the numerator (mul, div)
-  enum class Linearity { None, Unary, Additive, Multiplicative };
+  //   Multiplicative  exactly one Partial(sum) input (mul)
+  //   Quotient        exactly one Partial(sum) input, the numerator (div)
+  enum class Linearity { None, Unary, Additive, Multiplicative, Quotient };
   explicit PointwiseOp(Linearity linearity = Linearity::None) : linearity_(linearity) {}
 
   std::string class_name() const override { return "PointwiseOp"; }

@@ -28,7 +28,7 @@ ShardingDecision SameLayoutOp::infer_layout(const OpCall& call) const {
       d.input_placements[k] = Placements(call.mesh().ndim(), Placement::replicate());
     }
   }
-  d.output_layouts.push_back({Layout(call.mesh(), out, self.shape, self.layout->stride())});
+  d.output_layouts.push_back({Layout(call.mesh(), out, self.shape.vec(), self.layout->stride())});
   return d;
 }
 

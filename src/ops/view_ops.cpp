@@ -1,5 +1,7 @@
 #include "ops/view_ops.h"
 
+#include "dispatch/op_param_choice.h"
+
 #include <ATen/TensorUtils.h>
 #include <c10/util/Exception.h>
 
@@ -105,7 +107,7 @@ ShardingDecision ReshapeOp::infer_layout(const OpCall& call) const {
   const Placements& in = self.layout->placements();
   Placements want = in, out = in;
   const bool nested = self.layout->has_nested_shards();
-  const bool is_expand = call.name() == "expand";
+  const bool is_expand = expanding_;
   for (size_t m = 0; m < in.size(); ++m) {
     if (!in[m].is_shard()) continue;
     int64_t od = -1;
@@ -115,7 +117,7 @@ ShardingDecision ReshapeOp::infer_layout(const OpCall& call) const {
         const int64_t d = in[m].dim();
         if (self.shape[d] == out_shape[d + shift]) od = d + shift;
       } else {
-        od = reshaped_shard_dim(self.shape, out_shape, in[m].dim(), call.mesh().size(m));
+        od = reshaped_shard_dim(self.shape.vec(), out_shape, in[m].dim(), call.mesh().size(m));
       }
     }
     if (od < 0) {
@@ -137,7 +139,7 @@ void ReshapeOp::expand(const OpCall& call, const ShardingDecision& d, torch::jit
   if (!idx) return;
   const std::vector<int64_t>& local_shape = d.output_layouts[0][0].local_shape();
   local[*idx] = int_list(local_shape);
-  if (call.name() == "expand") return;
+  if (expanding_) return;
   const at::Tensor& self = local[0].toTensor();
   auto stride = at::detail::computeStride(self.sizes(), self.strides(), local_shape);
   if (!stride) {
@@ -154,10 +156,10 @@ ShardingDecision PermuteOp::infer_layout(const OpCall& call) const {
   const int64_t ndim = self.shape.size();
   std::vector<int64_t> perm(ndim);
   std::iota(perm.begin(), perm.end(), 0);
-  if (call.name() == "permute") {
+  if (kind_ == Kind::Permute) {
     perm = call.arg("dims").toIntVector();
     for (auto& p : perm) p = norm_dim(p, ndim);
-  } else if (call.name() == "transpose") {
+  } else if (kind_ == Kind::Transpose) {
     std::swap(perm[norm_dim(call.arg("dim0").toInt(), ndim)], perm[norm_dim(call.arg("dim1").toInt(), ndim)]);
   } else if (ndim == 2) {  // t
     std::swap(perm[0], perm[1]);
@@ -171,10 +173,9 @@ ShardingDecision PermuteOp::infer_layout(const OpCall& call) const {
 
 ShardingDecision IndexingViewOp::infer_layout(const OpCall& call) const {
   const TensorArg& self = dtensor_self(call);
-  const std::string& n = call.name();
-  const bool backward = n == "select_backward" || n == "slice_backward";
-  const bool removes_dim = n == "select";
-  const bool adds_dim = n == "select_backward";
+  const bool backward = kind_ == Kind::SelectBackward || kind_ == Kind::SliceBackward;
+  const bool removes_dim = kind_ == Kind::Select;
+  const bool adds_dim = kind_ == Kind::SelectBackward;
   // The dim indexed, in the coordinates of self.
   int64_t ndim_ref = adds_dim ? self.shape.size() + 1 : self.shape.size();
   int64_t dim = norm_dim(call.arg("dim").toInt(), ndim_ref);
@@ -187,7 +188,7 @@ ShardingDecision IndexingViewOp::infer_layout(const OpCall& call) const {
     } else if (d == dim) {
       // Indexing a sharded dim: only a full slice can keep it.
       bool whole = false;
-      if (n == "slice" || n == "slice_backward") {
+      if (kind_ == Kind::Slice || kind_ == Kind::SliceBackward) {
         const int64_t size = backward ? call.arg("input_sizes").toIntVector()[dim] : self.shape[dim];
         const auto start = call.arg("start"), end = call.arg("end");
         int64_t s = start.isNone() ? 0 : start.toInt(), e = end.isNone() ? size : end.toInt();
@@ -216,7 +217,7 @@ ShardingDecision SplitOp::infer_layout(const OpCall& call) const {
     if (!want[m].is_shard()) continue;
     if (want[m].dim() == dim) {
       want[m] = out[m] = Placement::replicate();
-    } else if (call.name() == "unbind" && want[m].dim() > dim) {
+    } else if (removes_dim_ && want[m].dim() > dim) {
       out[m] = Placement::shard(want[m].dim() - 1);
     }
   }
@@ -227,7 +228,7 @@ ShardingDecision ConcatOp::infer_layout(const OpCall& call) const {
   TORCH_CHECK(!call.dtensor_indices().empty(), call.name(), ": no DTensor input");
   const Layout& first = call.first_layout();
   const int64_t in_ndim = first.ndim();
-  const bool stacking = call.name() == "stack";
+  const bool stacking = stacking_;
   const int64_t out_ndim = stacking ? in_ndim + 1 : in_ndim;
   const int64_t dim = norm_dim(call.has_arg("dim") ? call.arg("dim").toInt() : 0, out_ndim);
   Placements want = first.placements();
@@ -255,10 +256,22 @@ ShardingDecision ConcatOp::infer_layout(const OpCall& call) const {
   return d;
 }
 
-HP_REGISTER_OP_CLASS(ReshapeOp, [](const OpParams&) { return std::make_shared<ReshapeOp>(); });
-HP_REGISTER_OP_CLASS(PermuteOp, [](const OpParams&) { return std::make_shared<PermuteOp>(); });
-HP_REGISTER_OP_CLASS(IndexingViewOp, [](const OpParams&) { return std::make_shared<IndexingViewOp>(); });
-HP_REGISTER_OP_CLASS(SplitOp, [](const OpParams&) { return std::make_shared<SplitOp>(); });
-HP_REGISTER_OP_CLASS(ConcatOp, [](const OpParams&) { return std::make_shared<ConcatOp>(); });
+HP_REGISTER_OP_CLASS(ReshapeOp, [](const OpParams& p) {
+  return std::make_shared<ReshapeOp>(param_choice(p, "ReshapeOp", "kind", {"reshape", "expand"}) == 1);
+});
+HP_REGISTER_OP_CLASS(PermuteOp, [](const OpParams& p) {
+  return std::make_shared<PermuteOp>(
+      static_cast<PermuteOp::Kind>(param_choice(p, "PermuteOp", "kind", {"permute", "transpose", "t"})));
+});
+HP_REGISTER_OP_CLASS(IndexingViewOp, [](const OpParams& p) {
+  return std::make_shared<IndexingViewOp>(static_cast<IndexingViewOp::Kind>(
+      param_choice(p, "IndexingViewOp", "kind", {"select", "slice", "select_backward", "slice_backward"})));
+});
+HP_REGISTER_OP_CLASS(SplitOp, [](const OpParams& p) {
+  return std::make_shared<SplitOp>(param_choice(p, "SplitOp", "kind", {"split", "unbind"}) == 1);
+});
+HP_REGISTER_OP_CLASS(ConcatOp, [](const OpParams& p) {
+  return std::make_shared<ConcatOp>(param_choice(p, "ConcatOp", "kind", {"cat", "stack"}) == 1);
+});
 
 }  // namespace hyper_parallel

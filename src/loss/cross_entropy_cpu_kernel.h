@@ -1,0 +1,87 @@
+// The fused cross-entropy CPU kernels on raw rows (internal): one pass over the logits
+// in forward (per-row statistics), one pass in backward (read logits, write gradient).
+// Compiled once per CPU capability (DEFAULT, AVX2, AVX512 on x86) and dispatched at run
+// time like ATen's own kernels, so the library does not require AVX at build time.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+
+namespace hyper_parallel::ce_kernel {
+
+// Per-row statistics, [kStats, rows] in the compute type (float for float/half/bfloat16,
+// double for double): what the ranks exchange in the forward's one all-gather.
+enum Stat : int64_t {
+  kMax = 0,     // max over this rank's classes of y (y = softcap(x))
+  kSumExp = 1,  // sum of exp(y - max) over them
+  kV1 = 2,      // index targets: y at the target when this rank owns it, else 0
+                // probability targets: A = sum_c w_c q'_c
+  kV2 = 3,      // index + label smoothing: sum_c w_c y_c; probability targets: sum_c w_c q'_c y_c
+  kStats = 4,
+};
+
+struct ForwardArgs {
+  c10::ScalarType dtype;  // of x
+  const void* x;          // [rows, cols] with row stride ldx, unit class stride
+  int64_t rows = 0, cols = 0, ldx = 0;
+  double softcap = 0;             // > 0: y = softcap * tanh(x / softcap)
+  const int64_t* target_col = nullptr;  // [rows], local column or -1 (index targets)
+  bool smoothing_sum = false;     // fill kV2 = sum_c w_c y_c (index targets)
+  const void* weight = nullptr;   // [cols] compute type, or null (all ones)
+  const void* q = nullptr;        // probability targets [rows, cols], compute type, row stride ldq
+  int64_t ldq = 0;
+  double q_scale = 1, q_shift = 0;  // q' = q * q_scale + q_shift (label smoothing)
+  void* stats = nullptr;          // [kStats, rows], compute type
+};
+
+// grad_j = cap'(x_j) * (a_r exp(y_j - lse_r) - w_j (b_r + c_r q_j) - [j == t_r] t_coef_r),
+// with cap' = 1 - tanh^2(x/cap) (1 without soft-capping). Rows with a = b = c = t_coef = 0
+// get exact zeros. out may be x itself (the gradient written over the logits).
+struct BackwardArgs {
+  c10::ScalarType dtype;  // of x and out
+  const void* x;
+  void* out;
+  int64_t rows = 0, cols = 0, ldx = 0, ldo = 0;
+  double softcap = 0;
+  const void* lse = nullptr;                 // [rows] compute type
+  const void* a = nullptr;                   // [rows] compute type
+  const void* b = nullptr;                   // [rows] or null (0)
+  const void* c = nullptr;                   // [rows] or null (0); needs q
+  const void* t_coef = nullptr;              // [rows] or null (0)
+  const int64_t* target_col = nullptr;       // [rows] or null
+  const void* weight = nullptr;              // [cols] or null (ones)
+  const void* q = nullptr;
+  int64_t ldq = 0;
+};
+
+void forward_stats(const ForwardArgs& args);
+void backward(const BackwardArgs& args);
+
+// Which variant runs here ("DEFAULT", "AVX2", "AVX512"): benchmarks print it.
+const char* capability_name();
+
+// The per-capability entry points (cross_entropy_cpu_kernel_impl.h instantiates them).
+#define HP_CE_DECLARE(CAP)                               \
+  namespace CAP {                                        \
+  void forward_stats(const ForwardArgs& args);           \
+  void backward(const BackwardArgs& args);               \
+  double exp_throughput_probe(float* buf, int64_t n, int reps); \
+  double read_probe(const float* buf, int64_t n);        \
+  }
+HP_CE_DECLARE(DEFAULT)
+#if defined(HP_CE_HAVE_AVX2)
+HP_CE_DECLARE(AVX2)
+#endif
+#if defined(HP_CE_HAVE_AVX512)
+HP_CE_DECLARE(AVX512)
+#endif
+#undef HP_CE_DECLARE
+
+// Sum over `reps` passes of exp(buf[i] - 1) with the kernel's own vectorised exp, for the
+// benchmark's exp-throughput limit; returns the sum (so the work is not optimised away).
+double exp_throughput_probe(float* buf, int64_t n, int reps);
+// Sum of buf[0, n) with vectorised loads on ATen's threads: the benchmark's read bandwidth.
+double read_probe(const float* buf, int64_t n);
+
+}  // namespace hyper_parallel::ce_kernel

@@ -1,0 +1,318 @@
+#include "loss/fused_cross_entropy.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/Reduction.h>
+#include <c10/util/Exception.h>
+
+#include <limits>
+
+#include "loss/cross_entropy_cpu_kernel.h"
+#if defined(HP_CE_HAVE_CUDA)
+#include "loss/cross_entropy_cuda_kernel.h"
+#endif
+#include "loss/gradient_buffer.h"
+
+namespace hyper_parallel {
+
+namespace {
+
+namespace k = ce_kernel;
+
+// The kernel reads rows with a unit class stride; anything else is copied once.
+at::Tensor unit_class_stride(const at::Tensor& rows) {
+  return rows.size(1) <= 1 || rows.stride(1) == 1 ? rows : rows.contiguous();
+}
+
+int64_t row_stride(const at::Tensor& rows) { return rows.size(0) <= 1 ? rows.size(1) : rows.stride(0); }
+
+at::Tensor local_weight(const FusedCrossEntropy& ce, const ClassShard& shard) {
+  if (!ce.weight) return at::Tensor();
+  return ce.weight->narrow(0, shard.offset, shard.local).contiguous();
+}
+
+const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
+
+// Whether x's device has a kernel of its own (else the ATen-op path below runs).
+bool has_kernel(const at::Tensor& x) {
+#if defined(HP_CE_HAVE_CUDA)
+  if (x.is_cuda()) return true;
+#endif
+  return x.device().is_cpu();
+}
+
+// Devices without a dedicated kernel: the same statistics and gradient with ATen ops,
+// rows in blocks so that temporaries stay near 4 M elements.
+template <typename Fn>
+void for_row_blocks(int64_t rows, int64_t cols, Fn&& fn) {
+  const int64_t step = std::max<int64_t>(1, (int64_t{1} << 22) / std::max<int64_t>(1, cols));
+  for (int64_t r0 = 0; r0 < rows; r0 += step) fn(r0, std::min(step, rows - r0));
+}
+
+at::Tensor capped(const at::Tensor& x, double cap) { return cap > 0 ? (x / cap).tanh_().mul_(cap) : x; }
+
+void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const at::Tensor& w, at::Tensor& stats,
+                        double q_scale, double q_shift) {
+  const at::ScalarType ct = stats.scalar_type();
+  for_row_blocks(x.size(0), x.size(1), [&](int64_t r0, int64_t n) {
+    const at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.softcap);
+    const at::Tensor m = y.amax(1);
+    const at::Tensor shift = at::where(at::isinf(m), at::zeros_like(m), m);
+    stats[k::kMax].narrow(0, r0, n).copy_(m);
+    stats[k::kSumExp].narrow(0, r0, n).copy_((y - shift.unsqueeze(1)).exp().sum(1));
+    if (ce.soft) {
+      at::Tensor wq = ce.q.narrow(0, r0, n) * q_scale + q_shift;
+      if (w.defined()) wq = wq * w.unsqueeze(0);
+      stats[k::kV1].narrow(0, r0, n).copy_(wq.sum(1));
+      stats[k::kV2].narrow(0, r0, n).copy_((wq * y).sum(1));
+    } else {
+      const at::Tensor col = ce.target_col.narrow(0, r0, n);
+      const at::Tensor picked = y.gather(1, col.clamp_min(0).unsqueeze(1)).squeeze(1);
+      stats[k::kV1].narrow(0, r0, n).copy_(at::where(col.ge(0), picked, at::zeros_like(picked)));
+      if (ce.label_smoothing > 0) {
+        stats[k::kV2].narrow(0, r0, n).copy_((w.defined() ? y * w.unsqueeze(0) : y).sum(1));
+      } else {
+        stats[k::kV2].narrow(0, r0, n).zero_();
+      }
+    }
+  });
+}
+
+// Per-row coefficients of the backward kernel for the per-row incoming gradient `g`.
+struct Coefficients {
+  at::Tensor a, b, c, t;
+};
+
+Coefficients coefficients(const FusedCrossEntropy& ce, const at::Tensor& g_rows, const ClassShard& shard) {
+  const double eps = ce.label_smoothing;
+  const double C = static_cast<double>(shard.total);
+  at::Tensor sc = g_rows, sz = g_rows;
+  if (ce.reduction == at::Reduction::Mean) {
+    sc = sc / ce.ce_denominator;
+    sz = sz / ce.z_denominator;
+  }
+  // Ignored rows get exactly 0, even when a mean divided by a total weight of 0.
+  sc = at::where(ce.valid.to(at::kBool), sc, at::zeros_like(sc));
+  sz = at::where(ce.valid.to(at::kBool), sz, at::zeros_like(sz));
+  Coefficients k;
+  if (ce.soft) {
+    k.a = sc * ce.row_weight;
+    k.c = sc * (1 - eps);
+  } else {
+    k.a = sc * ((1 - eps) * ce.row_weight);
+    if (eps > 0) {
+      const at::Tensor W = ce.weight ? ce.weight->sum() : at::scalar_tensor(C, sc.options());
+      k.a = k.a + sc * ((eps / C) * W);
+    }
+    k.t = sc * ((1 - eps) * ce.row_weight);
+  }
+  if (eps > 0) k.b = sc * (eps / C);
+  if (ce.z_loss_weight != 0) k.a = k.a + sz * (2 * ce.z_loss_weight) * ce.lse;
+  for (at::Tensor* p : {&k.a, &k.b, &k.c, &k.t}) {
+    if (p->defined()) *p = p->contiguous();
+  }
+  return k;
+}
+
+void backward_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const at::Tensor& out, const Coefficients& co,
+                   const at::Tensor& w) {
+  const at::ScalarType ct = ce.lse.scalar_type();
+  for_row_blocks(x.size(0), x.size(1), [&](int64_t r0, int64_t n) {
+    auto rows = [&](const at::Tensor& t) { return t.narrow(0, r0, n).unsqueeze(1); };
+    const at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.softcap);
+    at::Tensor g = (y - rows(ce.lse)).exp_().mul_(rows(co.a));
+    if (co.b.defined() || co.c.defined()) {
+      at::Tensor sub = co.b.defined() ? rows(co.b) : at::zeros({n, 1}, g.options());
+      if (co.c.defined()) sub = sub + rows(co.c) * ce.q.narrow(0, r0, n);
+      g.sub_(w.defined() ? sub * w.unsqueeze(0) : sub);
+    }
+    if (co.t.defined()) {
+      const at::Tensor col = ce.target_col.narrow(0, r0, n);
+      const at::Tensor hit = at::where(col.ge(0), co.t.narrow(0, r0, n), at::zeros_like(co.t.narrow(0, r0, n)));
+      g.scatter_add_(1, col.clamp_min(0).unsqueeze(1), -hit.unsqueeze(1));
+    }
+    if (ce.softcap > 0) g.mul_(1 - (y / ce.softcap).square());
+    out.narrow(0, r0, n).copy_(g);
+  });
+}
+
+// Runs the backward kernel into `out` (which may be x itself).
+void write_gradient(const FusedCrossEntropy& ce, const at::Tensor& x, const at::Tensor& out,
+                    const at::Tensor& g_rows, const ClassShard& shard) {
+  if (shard.local == 0 || x.size(0) == 0) return;
+  const Coefficients co = coefficients(ce, g_rows, shard);
+  const at::Tensor w = local_weight(ce, shard);
+  if (!has_kernel(x)) return backward_aten(ce, x, out, co, w);
+  k::BackwardArgs args;
+  args.dtype = x.scalar_type();
+  args.x = x.const_data_ptr();
+  args.out = out.data_ptr();
+  args.rows = x.size(0);
+  args.cols = x.size(1);
+  args.ldx = row_stride(x);
+  args.ldo = row_stride(out);
+  args.softcap = ce.softcap;
+  args.lse = ce.lse.const_data_ptr();
+  args.a = co.a.const_data_ptr();
+  args.b = ptr_or_null(co.b);
+  args.c = ptr_or_null(co.c);
+  args.t_coef = ptr_or_null(co.t);
+  args.target_col = ce.soft ? nullptr : ce.target_col.const_data_ptr<int64_t>();
+  args.weight = ptr_or_null(w);
+  if (ce.soft) {
+    args.q = ce.q.const_data_ptr();
+    args.ldq = row_stride(ce.q);
+  }
+#if defined(HP_CE_HAVE_CUDA)
+  if (x.is_cuda()) return k::cuda_backward(args);
+#endif
+  k::backward(args);
+}
+
+// The incoming gradient as one value per row.
+at::Tensor per_row(const at::Tensor& g, int64_t rows, int64_t reduction) {
+  return reduction == at::Reduction::None ? g.reshape({-1}) : g.reshape({}).expand({rows});
+}
+
+}  // namespace
+
+at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& shard,
+                                       const InputAgreement* agreement) {
+  TORCH_CHECK(ce.softcap >= 0, "cross_entropy: logit_softcap must be >= 0 (0: off), got ", ce.softcap);
+  const at::Tensor x = unit_class_stride(ce.x_rows);
+  TORCH_CHECK(!ce.gradient_in_forward || x.is_same(ce.x_rows),
+              "fused cross-entropy: gradient_in_forward needs logits rows with a unit class stride");
+  const at::ScalarType ct = compute_type(x.scalar_type());
+  const auto opts = x.options().dtype(ct);
+  const int64_t rows = x.size(0);
+  const double eps = ce.label_smoothing;
+  const double C = static_cast<double>(shard.total);
+  const at::Tensor w_local = local_weight(ce, shard);
+
+  k::ForwardArgs args;
+  args.dtype = x.scalar_type();
+  args.x = x.const_data_ptr();
+  args.rows = rows;
+  args.cols = shard.local;
+  args.ldx = row_stride(x);
+  args.softcap = ce.softcap;
+  args.weight = ptr_or_null(w_local);
+  if (ce.soft) {
+    ce.q = unit_class_stride(ce.target.to(ct));
+    args.q = ce.q.const_data_ptr();
+    args.ldq = row_stride(ce.q);
+    args.q_scale = 1 - eps;
+    args.q_shift = eps / C;
+    ce.valid = at::ones({rows}, opts);
+  } else {
+    const at::Tensor& t = ce.target;
+    const at::Tensor valid = t.ne(ce.ignore_index);
+    const at::Tensor owned = valid.logical_and(t.ge(shard.offset)).logical_and(t.lt(shard.offset + shard.local));
+    ce.target_col = at::where(owned, t - shard.offset, at::full_like(t, -1)).contiguous();
+    ce.valid = valid.to(ct);
+    if (ce.weight) {
+      at::Tensor idx = at::where(valid, t, at::zeros_like(t)).clamp(0, shard.total - 1);
+      ce.row_weight = ce.weight->index_select(0, idx) * ce.valid;
+    } else {
+      ce.row_weight = ce.valid;
+    }
+    args.target_col = ce.target_col.const_data_ptr<int64_t>();
+    args.smoothing_sum = eps > 0;
+  }
+  // The statistics and, after them, this rank's input-agreement record: one buffer, one all-gather.
+  const int64_t record_size = agreement ? InputAgreement::kRecordSize : 0;
+  const at::Tensor sent = at::empty({k::kStats * rows + record_size}, opts);
+  at::Tensor stats = sent.narrow(0, 0, k::kStats * rows).view({k::kStats, rows});
+  if (agreement) agreement->write_record(sent.narrow(0, k::kStats * rows, record_size));
+  if (agreement && agreement->refused()) {
+    stats.zero_();  // settled below: never combined
+  } else if (shard.local > 0 && !has_kernel(x)) {
+    forward_stats_aten(ce, x, w_local, stats, 1 - eps, eps / C);
+  } else if (shard.local > 0) {
+    args.stats = stats.data_ptr();
+#if defined(HP_CE_HAVE_CUDA)
+    if (x.is_cuda()) k::cuda_forward_stats(args);
+    else k::forward_stats(args);
+#else
+    k::forward_stats(args);
+#endif
+  } else {
+    // An empty piece (more ranks than classes): -inf max, nothing summed.
+    stats.zero_();
+    stats[k::kMax].fill_(-std::numeric_limits<double>::infinity());
+  }
+  // The forward's one collective: every rank's per-row statistics (and record), [P, ...].
+  const at::Tensor gathered =
+      shard.comm->all_gather(sent.unsqueeze(0), 0, std::vector<int64_t>(shard.comm->size(), 1));
+  if (agreement) agreement->settle(gathered.narrow(1, k::kStats * rows, record_size), *shard.comm);
+  const at::Tensor all = gathered.narrow(1, 0, k::kStats * rows).view({gathered.size(0), k::kStats, rows});
+  const at::Tensor m = all.select(1, k::kMax), s = all.select(1, k::kSumExp);
+  at::Tensor top = m.amax(0);
+  // Rows whose max is -inf (all -inf) would give nan in m - top; shift them by 0.
+  top = at::where(at::isinf(top), at::zeros_like(top), top);
+  ce.lse = (s * (m - top).exp()).sum(0).log_().add_(top).contiguous();
+  const at::Tensor v1 = all.select(1, k::kV1).sum(0), v2 = all.select(1, k::kV2).sum(0);
+
+  const at::Tensor valid_b = ce.valid.to(at::kBool);
+  at::Tensor ce_rows;
+  if (ce.soft) {
+    ce.row_weight = v1;                  // A = sum_c w_c q'_c
+    ce_rows = v1 * ce.lse - v2;          // -sum_c w_c q'_c log p_c
+    ce.ce_denominator = at::scalar_tensor(static_cast<double>(rows), opts);
+    ce.z_denominator = ce.ce_denominator;
+  } else {
+    ce_rows = (1 - eps) * ce.row_weight * (ce.lse - v1);  // v1: the target's y
+    if (eps > 0) {
+      const at::Tensor W = ce.weight ? ce.weight->sum() : at::scalar_tensor(C, opts);
+      ce_rows = ce_rows + (eps / C) * (W * ce.lse - v2);  // -sum_c w_c log p_c, v2 = sum_c w_c y_c
+    }
+    ce_rows = at::where(valid_b, ce_rows, at::zeros_like(ce_rows));
+    ce.ce_denominator = ce.row_weight.sum();
+    ce.z_denominator = ce.valid.sum();
+  }
+  at::Tensor z_rows;
+  if (ce.z_loss_weight != 0) {
+    z_rows = at::where(valid_b, ce.z_loss_weight * ce.lse * ce.lse, at::zeros_like(ce.lse));
+  }
+  at::Tensor loss;
+  if (ce.reduction == at::Reduction::None) {
+    loss = z_rows.defined() ? ce_rows + z_rows : ce_rows;
+  } else {
+    loss = ce_rows.sum();
+    at::Tensor z = z_rows.defined() ? z_rows.sum() : at::Tensor();
+    if (ce.reduction == at::Reduction::Mean) {
+      loss = loss / ce.ce_denominator;
+      if (z.defined()) z = z / ce.z_denominator;
+    }
+    if (z.defined()) loss = loss + z;
+  }
+  if (ce.gradient_in_forward) {
+    // d loss / d x for a unit incoming gradient, over the logits: backward only scales it.
+    write_gradient(ce, x, x, per_row(at::ones({}, opts), rows, at::Reduction::Sum), shard);
+    ce.grad_rows = x;
+  }
+  return loss;
+}
+
+at::Tensor fused_cross_entropy_backward(const FusedCrossEntropy& ce, const at::Tensor& grad_loss,
+                                        const ClassShard& shard) {
+  const at::ScalarType ct = compute_type(ce.x_rows.scalar_type());
+  const int64_t rows = ce.x_rows.size(0);
+  const at::Tensor g = per_row(grad_loss.to(ct), rows, ce.reduction);
+  if (ce.grad_rows.defined()) {
+    at::Tensor grad = ce.grad_rows;
+    // Usually the loss is the root (gradient 1): then nothing is left to do.
+    if (ce.reduction == at::Reduction::None) {
+      if (!g.eq(1).all().item<bool>()) grad.mul_(g.unsqueeze(1));
+    } else if (grad_loss.item<double>() != 1.0) {
+      grad.mul_(grad_loss.to(ct).reshape({}));
+    }
+    return grad;
+  }
+  const at::Tensor x = unit_class_stride(ce.x_rows);
+  at::Tensor out = x.device().is_cpu() ? reusable_gradient_buffer(rows, shard.local, x.scalar_type())
+                                       : at::empty({rows, shard.local}, x.options());
+  write_gradient(ce, x, out, g.contiguous(), shard);
+  return out;
+}
+
+}  // namespace hyper_parallel

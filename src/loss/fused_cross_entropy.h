@@ -1,0 +1,52 @@
+// The fused, class-sharded cross-entropy (internal): one pass over the local logits and
+// ONE all-gather of per-row statistics in forward, one pass and no collective in backward.
+//
+// Each rank computes per row: its local max m_p and sum_p exp(y - m_p), the target's y
+// when it owns the target, and the sums label smoothing / probability targets need
+// (y = x, or cap * tanh(x / cap) with soft-capping). After the all-gather every rank has
+// all ranks' values and combines them the same way: lse = M + log sum_p s_p exp(m_p - M).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include "loss/cross_entropy_kernels.h"
+#include "loss/input_agreement.h"
+
+namespace hyper_parallel {
+
+struct FusedCrossEntropy {
+  // Inputs, kept for backward.
+  at::Tensor x_rows;      // logits rows [M, C_l] (input dtype; a view of the local logits when possible)
+  at::Tensor target;      // index targets [M] (int64), or probability rows [M, C_l]
+  bool soft = false;
+  c10::optional<at::Tensor> weight;  // full [C], compute type
+  int64_t reduction = 1;  // at::Reduction
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
+  double z_loss_weight = 0.0;  // adds z * lse^2 per counted row
+  double softcap = 0.0;        // > 0: logits -> softcap * tanh(x / softcap) first
+  // Write d loss / d x (for a unit incoming gradient) over x_rows during forward; backward
+  // then only scales it. The caller checks that x_rows is the logits' own storage.
+  bool gradient_in_forward = false;
+  // Forward results, kept for backward ([M], compute type unless said).
+  at::Tensor lse;
+  at::Tensor row_weight;  // index: w[t] (0 where ignored); soft: A = sum_c w_c q'_c
+  at::Tensor valid;       // 1 for counted rows, 0 for ignored ones
+  at::Tensor target_col;  // index: local column of an owned target, else -1 (int64)
+  at::Tensor q;           // soft: the probability rows in compute type, unit class stride
+  at::Tensor ce_denominator, z_denominator;  // mean: what the sums are divided by
+  at::Tensor grad_rows;   // gradient_in_forward: the gradient written in forward
+};
+
+// Returns the loss (compute type): [M] for none, a scalar otherwise. One all-gather, which
+// also carries `agreement`'s record (when given): it is settled before anything is combined,
+// and a rank that refused its inputs computes no statistics (its target may be anything).
+at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& shard,
+                                       const InputAgreement* agreement = nullptr);
+// The gradient rows for an incoming loss gradient ([M] for none, scalar otherwise). No
+// collective. With gradient_in_forward the result is x_rows' storage, scaled in place.
+at::Tensor fused_cross_entropy_backward(const FusedCrossEntropy& ce, const at::Tensor& grad_loss,
+                                        const ClassShard& shard);
+
+}  // namespace hyper_parallel

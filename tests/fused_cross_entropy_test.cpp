@@ -1,0 +1,330 @@
+// The fused cross-entropy's own options and properties: z-loss and logit soft-capping
+// against a single-process float64 reference (TP 1-4, 3 = uneven shards; loss and
+// gradients; every reduction, ignore_index, class weights, label smoothing, probability
+// targets), the gradient written in forward (exact, autograd-safe), one all-gather in
+// forward and none in backward, gradient-buffer reuse, and the CPU kernel on rows that
+// exercise its block rescaling, tails and strides.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+
+#include "harness/rank_harness.h"
+#include "hyper_parallel/hyper_parallel.h"
+#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/gradient_buffer.h"
+
+using namespace hyper_parallel;
+using hyper_parallel::testing::random_tensor;
+using hyper_parallel::testing::run_ranks;
+namespace F = torch::nn::functional;
+
+namespace {
+
+struct Case {
+  int64_t rows = 12, classes = 19;
+  int64_t reduction = at::Reduction::Mean;
+  bool weighted = false;
+  bool soft = false;
+  double label_smoothing = 0.0;
+  double ignored_fraction = 0.0;
+  double z_loss = 0.0;
+  double softcap = 0.0;
+  std::string name() const {
+    return c10::str(rows, "x", classes, reduction == at::Reduction::None ? " none" : reduction == at::Reduction::Sum ? " sum" : " mean",
+                    weighted ? " weighted" : "", soft ? " soft" : "", " eps=", label_smoothing, " ignored=", ignored_fraction,
+                    " z=", z_loss, " cap=", softcap);
+  }
+};
+
+struct Data {
+  at::Tensor logits, target, weight;
+};
+
+Data make_data(const Case& c, uint64_t seed) {
+  Data d;
+  d.logits = random_tensor({c.rows, c.classes}, seed) * 4;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
+  if (c.soft) {
+    d.target = torch::softmax(random_tensor({c.rows, c.classes}, seed + 2) * 2, 1);
+  } else {
+    d.target = at::randint(c.classes, {c.rows}, gen, at::kLong);
+    if (c.ignored_fraction > 0) d.target.masked_fill_(at::rand({c.rows}, gen, at::kDouble) < c.ignored_fraction, -100);
+  }
+  if (c.weighted) d.weight = at::rand({c.classes}, gen, at::kDouble) + 0.5;
+  return d;
+}
+
+F::CrossEntropyFuncOptions ce_options(const Case& c, const at::Tensor& weight, F::CrossEntropyFuncOptions::reduction_t r) {
+  auto o = F::CrossEntropyFuncOptions().reduction(r).label_smoothing(c.label_smoothing);
+  if (weight.defined()) o = o.weight(weight);
+  return o;
+}
+
+// The definition, in float64 on the full logits: y = cap tanh(x / cap); cross_entropy(y)
+// plus z * lse(y)^2 per counted row; 'mean' divides the z-loss sum by the counted rows.
+at::Tensor reference_loss(const Case& c, const at::Tensor& x, const Data& d) {
+  const at::Tensor y = c.softcap > 0 ? c.softcap * torch::tanh(x / c.softcap) : x;
+  at::Tensor valid = c.soft ? torch::ones({c.rows}, torch::kDouble) : d.target.ne(-100).to(torch::kDouble);
+  at::Tensor z_rows = c.z_loss * torch::logsumexp(y, 1).square() * valid;
+  if (c.reduction == at::Reduction::None) return F::cross_entropy(y, d.target, ce_options(c, d.weight, torch::kNone)) + z_rows;
+  if (c.reduction == at::Reduction::Sum) return F::cross_entropy(y, d.target, ce_options(c, d.weight, torch::kSum)) + z_rows.sum();
+  return F::cross_entropy(y, d.target, ce_options(c, d.weight, torch::kMean)) + z_rows.sum() / valid.sum();
+}
+
+double rel_err(const at::Tensor& got, const at::Tensor& want) {
+  at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
+  return (g - w).norm().item<double>() / std::max(w.norm().item<double>(), 1e-30);
+}
+
+double tolerance(at::ScalarType t) { return t == at::kDouble ? 1e-12 : t == at::kFloat ? 2e-5 : 2e-2; }
+
+LossParallelOptions guard_options(const Case& c, bool grad_in_forward) {
+  LossParallelOptions o;
+  o.z_loss_weight = c.z_loss;
+  o.logit_softcap = c.softcap;
+  o.gradient_in_forward = grad_in_forward;
+  return o;
+}
+
+void check(const DeviceMesh& mesh, const Case& c, const Data& d, const at::Tensor& ref_loss, const at::Tensor& ref_grad,
+           const at::Tensor& c_loss, at::ScalarType dtype, bool grad_in_forward) {
+  SCOPED_TRACE(c.name() + " " + c10::toString(dtype) + " TP " + std::to_string(mesh.size()) +
+               (grad_in_forward ? " gradient_in_forward" : ""));
+  at::Tensor logits = distribute_tensor(d.logits.to(dtype), mesh, {Shard(1)}).set_requires_grad(true);
+  const at::Tensor target = c.soft ? d.target.to(dtype) : d.target;
+  const at::Tensor weight = d.weight.defined() ? d.weight.to(dtype) : at::Tensor();
+  const F::CrossEntropyFuncOptions::reduction_t r =
+      c.reduction == at::Reduction::None ? F::CrossEntropyFuncOptions::reduction_t(torch::kNone)
+      : c.reduction == at::Reduction::Sum ? F::CrossEntropyFuncOptions::reduction_t(torch::kSum)
+                                          : F::CrossEntropyFuncOptions::reduction_t(torch::kMean);
+  auto guard = loss_parallel(guard_options(c, grad_in_forward));
+  reset_collective_counts();
+  at::Tensor loss = F::cross_entropy(logits, target, ce_options(c, weight, r));
+  EXPECT_EQ(collective_counts().all_gather, 1);
+  EXPECT_EQ(collective_counts().total(), 1) << "one collective in forward";
+  EXPECT_LE(rel_err(to_local(loss), ref_loss), tolerance(dtype)) << to_local(loss) << " vs " << ref_loss;
+  reset_collective_counts();
+  (to_local(loss) * c_loss.to(dtype)).sum().backward();
+  EXPECT_EQ(collective_counts().total(), 0) << "no collective in backward";
+  const Layout& l = layout_of(logits);
+  at::Tensor want = ref_grad.narrow(1, l.local_offset()[1], l.local_shape()[1]);
+  if (want.numel() > 0) EXPECT_LE(rel_err(to_local(logits.grad()), want), tolerance(dtype));
+}
+
+void run_grid(const std::vector<Case>& cases, const std::vector<int64_t>& degrees) {
+  std::vector<Data> data;
+  std::vector<at::Tensor> ref_loss, ref_grad, c_loss;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    data.push_back(make_data(cases[i], 500 + i));
+    at::Tensor x = data.back().logits.clone().set_requires_grad(true);
+    at::Tensor loss = reference_loss(cases[i], x, data.back());
+    c_loss.push_back(random_tensor(loss.sizes(), 9000 + i));
+    (loss * c_loss.back()).sum().backward();
+    ref_loss.push_back(loss.detach());
+    ref_grad.push_back(x.grad());
+  }
+  for (int64_t tp : degrees) {
+    run_ranks(tp, [&](int64_t) {
+      auto mesh = init_device_mesh("cpu", {tp}, {"tp"});
+      for (size_t i = 0; i < cases.size(); ++i) {
+        for (auto dtype : {at::kDouble, at::kFloat, at::kBFloat16}) {
+          for (bool gif : {false, true}) check(mesh, cases[i], data[i], ref_loss[i], ref_grad[i], c_loss[i], dtype, gif);
+        }
+      }
+    });
+  }
+}
+
+std::vector<Case> option_grid() {
+  std::vector<Case> cases;
+  for (int64_t r : {at::Reduction::None, at::Reduction::Mean, at::Reduction::Sum}) {
+    for (bool w : {false, true}) {
+      for (auto [z, cap] : std::vector<std::pair<double, double>>{{0, 0}, {1e-2, 0}, {0, 5}, {0.1, 3}}) {
+        Case base;
+        base.reduction = r;
+        base.weighted = w;
+        base.z_loss = z;
+        base.softcap = cap;
+        cases.push_back(base);
+        Case ign = base; ign.ignored_fraction = 0.3; cases.push_back(ign);
+        Case ls = ign; ls.label_smoothing = 0.1; cases.push_back(ls);
+        Case soft = base; soft.soft = true; cases.push_back(soft);
+        Case soft_ls = soft; soft_ls.label_smoothing = 0.2; cases.push_back(soft_ls);
+      }
+    }
+  }
+  return cases;
+}
+
+}  // namespace
+
+TEST(FusedCrossEntropy, ZLossAndSoftcapMatchTheFloat64DefinitionAtEveryDegree) {
+  run_grid(option_grid(), {1, 2, 3, 4});
+}
+
+// Rows longer than the kernel's 2048-class blocks, with the max in a later block (the
+// running sum is rescaled), class counts off the vector width, an uneven TP 3.
+TEST(FusedCrossEntropy, LongRowsAcrossBlocksMatchTheDefinition) {
+  Case c;
+  c.rows = 6;
+  c.classes = 6151;
+  c.ignored_fraction = 0.2;
+  c.z_loss = 1e-3;
+  Case capped = c;
+  capped.softcap = 30;
+  capped.label_smoothing = 0.1;
+  capped.weighted = true;
+  run_grid({c, capped}, {1, 3});
+}
+
+TEST(FusedCrossEntropy, GradientInForwardBumpsTheVersionSoOtherSavedUsersRaise) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2});
+    at::Tensor logits = distribute_tensor(random_tensor({4, 10}, 1), mesh, {Shard(1)}).set_requires_grad(true);
+    at::Tensor h = logits * 1.0;  // a non-leaf, as logits are in a model
+    at::Tensor other = (h * h).sum();  // saves h
+    LossParallelOptions o;
+    o.gradient_in_forward = true;
+    auto guard = loss_parallel(o);
+    at::Tensor loss = F::cross_entropy(h, torch::tensor({1, 2, 3, 9}));
+    loss.backward();  // ours: fine
+    try {
+      other.backward();
+      ADD_FAILURE() << "the other user of the overwritten logits did not raise";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("modified by an inplace operation"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(FusedCrossEntropy, GradientInForwardIsScaledByTheIncomingGradient) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2});
+    const at::Tensor full = random_tensor({5, 9}, 4);
+    const at::Tensor t = torch::tensor({0, 8, 3, -100, 4});
+    at::Tensor ref_x = full.clone().set_requires_grad(true);
+    (F::cross_entropy(ref_x, t) * 2.5).backward();
+    at::Tensor x = distribute_tensor(full, mesh, {Shard(1)}).set_requires_grad(true);
+    LossParallelOptions o;
+    o.gradient_in_forward = true;
+    auto guard = loss_parallel(o);
+    (to_local(F::cross_entropy(x * 1.0, t)) * 2.5).backward();
+    EXPECT_TRUE(at::allclose(full_tensor(x.grad()), ref_x.grad(), 1e-12, 1e-14));
+  });
+}
+
+TEST(FusedCrossEntropy, GradientBufferIsReusedOnceThePreviousOneIsFree) {
+  release_gradient_buffers();
+  at::Tensor a = reusable_gradient_buffer(64, 8192, at::kFloat);
+  const void* p = a.data_ptr();
+  at::Tensor b = reusable_gradient_buffer(64, 8192, at::kFloat);
+  EXPECT_NE(b.data_ptr(), p) << "a buffer still in use is not handed out again";
+  a = at::Tensor();
+  b = at::Tensor();
+  at::Tensor c = reusable_gradient_buffer(64, 8192, at::kFloat);
+  at::Tensor d = reusable_gradient_buffer(8192, 64, at::kFloat);
+  EXPECT_TRUE(c.data_ptr() != p || d.data_ptr() != p);
+  c = at::Tensor();
+  d = at::Tensor();
+  // Once free, the same storage comes back (no fresh pages to fault in).
+  at::Tensor e = reusable_gradient_buffer(64, 8192, at::kFloat);
+  const void* q = e.data_ptr();
+  e = at::Tensor();
+  EXPECT_EQ(reusable_gradient_buffer(64, 8192, at::kFloat).data_ptr(), q);
+  release_gradient_buffers();
+}
+
+TEST(FusedCrossEntropy, ZLossAndSoftcapAreRefusedOnTheDecomposedRoutes) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2});
+    at::Tensor x = distribute_tensor(random_tensor({4, 10}, 1), mesh, {Shard(1)});
+    LossParallelOptions o;
+    o.logit_softcap = 10;
+    auto guard = loss_parallel(o);
+    EXPECT_THROW(torch::log_softmax(x, 1), LossParallelUnsupportedError);
+  });
+}
+
+// The kernel alone, on strided rows with -inf entries, an all -inf row and a row whose
+// max sits in its last block, in every dtype: the statistics ATen's ops give.
+TEST(FusedCrossEntropyKernel, StatisticsAndGradientMatchAtenOnAwkwardRows) {
+  const int64_t rows = 5, cols = 4099, ld = 4111;
+  at::Tensor base = random_tensor({rows, ld}, 3) * 3;
+  base[1].fill_(-std::numeric_limits<double>::infinity());
+  base[2].narrow(0, 0, 100).fill_(-std::numeric_limits<double>::infinity());
+  base[3][cols - 2] = 40;
+  for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const at::Tensor storage = base.to(dtype);
+    const at::Tensor x = storage.narrow(1, 0, cols);
+    const at::ScalarType ct = dtype == at::kDouble ? at::kDouble : at::kFloat;
+    const at::Tensor xd = x.to(at::kDouble);
+    const at::Tensor col = torch::tensor(std::vector<int64_t>{5, -1, 4098, cols - 2, 0});
+    at::Tensor stats = at::empty({ce_kernel::kStats, rows}, at::TensorOptions().dtype(ct));
+    ce_kernel::ForwardArgs f;
+    f.dtype = dtype;
+    f.x = x.const_data_ptr();
+    f.rows = rows;
+    f.cols = cols;
+    f.ldx = ld;
+    f.target_col = col.const_data_ptr<int64_t>();
+    f.smoothing_sum = true;
+    f.stats = stats.data_ptr();
+    ce_kernel::forward_stats(f);
+    const at::Tensor sd = stats.to(at::kDouble);
+    const at::Tensor lse = sd[0] + sd[1].log();
+    const at::Tensor want = torch::logsumexp(xd, 1);
+    const double tol = dtype == at::kDouble ? 1e-12 : 1e-5;
+    EXPECT_TRUE(torch::isneginf(lse[1]).item<bool>()) << lse;
+    for (int64_t r : {0, 2, 3, 4}) EXPECT_NEAR(lse[r].item<double>(), want[r].item<double>(), tol * std::abs(want[r].item<double>()));
+    EXPECT_EQ(sd[2][3].item<double>(), xd[3][cols - 2].item<double>());
+    EXPECT_EQ(sd[2][1].item<double>(), 0.0);
+    EXPECT_NEAR(sd[3][0].item<double>(), xd[0].sum().item<double>(), 1e-4 * xd[0].abs().sum().item<double>());
+    // Backward: a p - b - [t] t_coef, written over a copy of the rows in place.
+    at::Tensor out = storage.clone();
+    at::Tensor lse_ct = torch::where(torch::isneginf(lse), torch::zeros_like(lse), lse).to(ct).contiguous();
+    const at::Tensor a = torch::tensor({1.0, 0.0, 2.0, 0.5, 1.0}).to(ct), b = torch::tensor({0.01, 0.0, 0.0, 0.0, 0.02}).to(ct);
+    const at::Tensor tc = torch::tensor({1.0, 0.0, 2.0, 0.5, 1.0}).to(ct);
+    ce_kernel::BackwardArgs g;
+    g.dtype = dtype;
+    g.x = out.const_data_ptr();
+    g.out = out.data_ptr();
+    g.rows = rows;
+    g.cols = cols;
+    g.ldx = g.ldo = ld;
+    g.lse = lse_ct.const_data_ptr();
+    g.a = a.const_data_ptr();
+    g.b = b.const_data_ptr();
+    g.t_coef = tc.const_data_ptr();
+    g.target_col = col.const_data_ptr<int64_t>();
+    ce_kernel::backward(g);
+    at::Tensor expect = (xd - lse_ct.to(at::kDouble).unsqueeze(1)).exp() * a.to(at::kDouble).unsqueeze(1) - b.to(at::kDouble).unsqueeze(1);
+    expect[1].zero_();  // a = b = t = 0: exact zeros
+    for (int64_t r : {0, 2, 3, 4}) expect[r][col[r].item<int64_t>()] -= tc[r].item<double>();
+    const double gtol = dtype == at::kDouble ? 1e-12 : dtype == at::kFloat ? 1e-5 : 1e-2;
+    EXPECT_LE(rel_err(out.narrow(1, 0, cols), expect), gtol);
+    EXPECT_TRUE(out[1].narrow(0, 0, cols).eq(0).all().item<bool>());
+    EXPECT_TRUE(out.narrow(1, cols, ld - cols).equal(storage.narrow(1, cols, ld - cols))) << "wrote past the rows";
+  }
+}
+
+// A training loop's next step finds the previous step's gradient buffer free again and
+// writes into it, instead of faulting in a fresh logits-sized buffer.
+TEST(FusedCrossEntropy, TrainingStepsReuseTheGradientBuffer) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2});
+    const at::Tensor full = random_tensor({64, 16384}, 2, at::kFloat);
+    const at::Tensor t = at::randint(16384, {64}, at::kLong);
+    auto step = [&] {
+      at::Tensor x = distribute_tensor(full, mesh, {Shard(1)}).set_requires_grad(true);
+      auto guard = loss_parallel();
+      F::cross_entropy(x, t).backward();
+      return to_local(x.grad()).const_data_ptr();
+    };
+    const void* first = step();
+    EXPECT_EQ(step(), first);
+    EXPECT_EQ(step(), first);
+  });
+}
