@@ -166,6 +166,17 @@ TEST(Trainer, ResumeWithoutCheckpointingIsRefused) {
   });
 }
 
+TEST(Trainer, ItsParallelismSettingsEndWithIt) {
+  // A Trainer used to leave its ParallelismConfig behind: a later loss_parallel() guard in
+  // the same process then silently activated nothing (disable_loss_parallel).
+  const ParallelismConfig before = parallelism_config();
+  run_ranks(1, [&](int64_t) {
+    Trainer t(tiny_job(fresh_dir("settings"), 1, /*disable_lp=*/true, 2));
+    EXPECT_TRUE(parallelism_config().disable_loss_parallel) << "the Trainer's settings apply while it lives";
+  });
+  EXPECT_EQ(parallelism_config().disable_loss_parallel, before.disable_loss_parallel);
+}
+
 TEST(Trainer, WorldSizeMustMatchTheTensorParallelDegree) {
   run_ranks(2, [&](int64_t) {
     try {

@@ -129,7 +129,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
               " (data parallelism is not supported yet)");
   tp_enabled_ = par.tensor_parallel_degree > 1;
   loss_parallel_enabled_ = tp_enabled_ && !par.disable_loss_parallel;
-  set_parallelism_config(par);
+  parallelism_scope_.emplace(par);
   train_context_ = get_train_context(loss_parallel_enabled_);
 
   model_ = Llama(llama_args(config_.model));

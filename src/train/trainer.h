@@ -21,6 +21,7 @@
 #include "train/data.h"
 #include "train/job_config.h"
 #include "train/train_context.h"
+#include "train/parallelism_scope.h"
 
 namespace torch::optim {
 class AdamW;
@@ -98,6 +99,7 @@ class Trainer {
   std::string metrics_folder() const;
 
   JobConfig config_;
+  std::optional<ParallelismScope> parallelism_scope_;  // set in the constructor, restored at the end
   std::ostream* log_;
   int64_t rank_ = 0;
   bool tp_enabled_ = false;
