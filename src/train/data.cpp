@@ -2,6 +2,9 @@
 // text-file corpus and the (seed, step)-deterministic batch sampler (see data.h).
 #include "train/data.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -18,6 +21,9 @@
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "train/token_id_file.h"
+#include "train/word_tokenizer.h"
 
 namespace hyper_parallel::train {
 namespace {
@@ -208,40 +214,6 @@ std::string not_text_reason(const std::string& text) {
   return "";
 }
 
-// --- text files --------------------------------------------------------------
-
-bool is_word_byte(unsigned char c) { return std::isalnum(c) || c >= 0x80; }
-
-// Calls emit(std::string_view token) for each token of text (see data.h).
-template <typename Emit>
-void tokenize(const std::string& text, Emit&& emit) {
-  std::string word;
-  const size_t n = text.size();
-  size_t i = 0;
-  while (i < n) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (is_word_byte(c)) {
-      word.clear();
-      while (i < n) {
-        const auto d = static_cast<unsigned char>(text[i]);
-        if (is_word_byte(d)) {
-          word.push_back(static_cast<char>(std::tolower(d)));
-          ++i;
-        } else if (d == '\'' && i + 1 < n && is_word_byte(static_cast<unsigned char>(text[i + 1]))) {
-          word.push_back('\'');  // inside a word: "don't" stays one token
-          ++i;
-        } else {
-          break;
-        }
-      }
-      emit(std::string_view(word));
-    } else {
-      if (std::isgraph(c)) emit(std::string_view(&text[i], 1));
-      ++i;
-    }
-  }
-}
-
 }  // namespace
 
 std::unique_ptr<TokenCorpus> make_synthetic_corpus(int64_t vocab_size, int64_t num_tokens,
@@ -258,46 +230,55 @@ std::unique_ptr<TokenCorpus> make_text_file_corpus(const std::string& path, int6
                                                    int64_t min_split_tokens) {
   TORCH_CHECK(vocab_size >= 3, "text corpus '", path,
               "': vocab_size must be >= 3 (<pad>, <unk> and one word), got ", vocab_size);
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in.is_open(), "text corpus: cannot read '", path, "': ", std::strerror(errno));
-  std::string text;
-  try {
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  } catch (const std::exception& e) {  // e.g. a directory: it opens, then fails on read
-    TORCH_CHECK(false, "text corpus: cannot read '", path, "': ", e.what());
-  }
-  TORCH_CHECK(!in.bad(), "text corpus: cannot read '", path, "': read error");
-  // A binary file would tokenize into garbage words and train "fine"; say why it is refused.
-  const std::string reason = not_text_reason(text.substr(0, 1 << 20));
-  TORCH_CHECK(reason.empty(), "text corpus '", path, "' is not text (", reason,
-              "): training.data must be a UTF-8 or ASCII text file");
+  const std::string what = "text corpus '" + path + "'";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TORCH_CHECK(fd >= 0, "text corpus: cannot read '", path, "': ", std::strerror(errno));
+  const std::unique_ptr<int, void (*)(int*)> closer(new int(fd), [](int* f) {
+    ::close(*f);
+    delete f;
+  });
 
-  // Intern words as they come (ids in first-seen order) so a big file is held
-  // as integers, not as strings.
+  // Streamed in 1 MiB chunks: words are interned as they come (ids in first-seen order)
+  // and the ids go to a file, so memory is the word table, not the text or its tokens.
   std::unordered_map<std::string, int64_t> index;
   std::vector<std::string> words;
-  std::vector<int64_t> stream;
-  tokenize(text, [&](std::string_view w) {
+  TokenIdFile ids(what);
+  WordTokenizer tokenizer([&](std::string_view w) {
     auto [it, inserted] = index.try_emplace(std::string(w), static_cast<int64_t>(words.size()));
     if (inserted) words.emplace_back(w);
-    stream.push_back(it->second);
+    ids.append(it->second);
   });
-  text.clear();
-  text.shrink_to_fit();
+  std::string chunk(size_t{1} << 20, '\0');
+  for (bool first = true;; first = false) {
+    const ssize_t n = ::read(fd, chunk.data(), chunk.size());
+    if (n < 0 && errno == EINTR) continue;
+    TORCH_CHECK(n >= 0, "text corpus: cannot read '", path, "': ", std::strerror(errno));
+    if (n == 0) break;
+    const std::string_view bytes(chunk.data(), static_cast<size_t>(n));
+    if (first) {
+      // A binary file would tokenize into garbage words and train "fine"; say why it is refused.
+      const std::string reason = not_text_reason(std::string(bytes));
+      TORCH_CHECK(reason.empty(), what, " is not text (", reason,
+                  "): training.data must be a UTF-8 or ASCII text file");
+    }
+    tokenizer.feed(bytes);
+  }
+  tokenizer.finish();
 
-  const auto n = static_cast<int64_t>(stream.size());
+  const int64_t n = ids.size();
   const int64_t n_val = n / 10;
   const int64_t n_train = n - n_val;
   // One (input, target) pair needs two tokens; the validation part is the smaller one.
   const int64_t need = std::max<int64_t>(min_split_tokens, 2);
-  TORCH_CHECK(n_val >= need, "text corpus '", path, "' is too short for one batch: its ", n,
-              " tokens give ", n_train, " train + ", n_val,
-              " validation tokens, but each part needs at least ", need, " (a file of at least ",
-              10 * need, " tokens)");
+  TORCH_CHECK(n_val >= need, what, " is too short for one batch: its ", n, " tokens give ", n_train, " train + ",
+              n_val, " validation tokens, but each part needs at least ", need, " (a file of at least ", 10 * need,
+              " tokens)");
 
   // Vocabulary from the training part only, so validation measures unseen text.
   std::vector<int64_t> count(words.size(), 0);
-  for (int64_t i = 0; i < n_train; ++i) ++count[static_cast<size_t>(stream[static_cast<size_t>(i)])];
+  ids.for_each_block(n_train, /*rewrite=*/false, [&](int64_t* block, int64_t m) {
+    for (int64_t i = 0; i < m; ++i) ++count[static_cast<size_t>(block[i])];
+  });
   std::vector<int64_t> order;
   for (size_t w = 0; w < words.size(); ++w) {
     if (count[w] > 0) order.push_back(static_cast<int64_t>(w));
@@ -310,20 +291,19 @@ std::unique_ptr<TokenCorpus> make_text_file_corpus(const std::string& path, int6
   std::vector<int64_t> to_id(words.size(), 1);  // 1 = <unk>
   for (size_t r = 0; r < kept; ++r) to_id[static_cast<size_t>(order[r])] = static_cast<int64_t>(r) + 2;
 
-  at::Tensor all = at::empty({n}, at::kLong);
-  int64_t* o = all.data_ptr<int64_t>();
   int64_t unk = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    o[i] = to_id[static_cast<size_t>(stream[static_cast<size_t>(i)])];
-    unk += (o[i] == 1);
-  }
+  ids.for_each_block(n, /*rewrite=*/true, [&](int64_t* block, int64_t m) {
+    for (int64_t i = 0; i < m; ++i) {
+      block[i] = to_id[static_cast<size_t>(block[i])];
+      unk += (block[i] == 1);
+    }
+  });
 
-  std::ostringstream what;
-  what.precision(3);
-  what << "text corpus '" << path << "' (" << words.size() << " distinct words, " << kept
-       << " in vocabulary, " << 100.0 * static_cast<double>(unk) / static_cast<double>(n)
-       << "% <unk>)";
-  return std::make_unique<SplitCorpus>(std::move(all), vocab_size, what.str());
+  std::ostringstream description;
+  description.precision(3);
+  description << what << " (" << words.size() << " distinct words, " << kept << " in vocabulary, "
+              << 100.0 * static_cast<double>(unk) / static_cast<double>(n) << "% <unk>)";
+  return std::make_unique<SplitCorpus>(ids.map(), vocab_size, description.str());
 }
 
 struct SyntheticBatchStream::Language {
