@@ -128,14 +128,14 @@ TEST(CheckpointVerify, SwappedRankFilesAreRefused) {
   ASSERT_EQ(std::rename(ckpt(job, "step-4/rank-0.pt").c_str(), ckpt(job, "step-4/tmp").c_str()), 0);
   ASSERT_EQ(std::rename(ckpt(job, "step-4/rank-1.pt").c_str(), ckpt(job, "step-4/rank-0.pt").c_str()), 0);
   ASSERT_EQ(std::rename(ckpt(job, "step-4/tmp").c_str(), ckpt(job, "step-4/rank-1.pt").c_str()), 0);
-  expect_refused(construction_errors(resumed(job, 6), 2), {"step-4/rank-0.pt", "holds rank 1's state"});
+  expect_refused(construction_errors(resumed(job, 6), 2), {"step-4/rank-0.pt", "holds rank 1's state", "swapped"});
 }
 
 TEST(CheckpointVerify, ARankFileFromAnotherStepIsRefused) {
   JobConfig job = job_in(fresh_dir("otherstep"), 2, 4);
   train_job(job);
   copy_file(ckpt(job, "step-2/rank-1.pt"), ckpt(job, "step-4/rank-1.pt"));
-  expect_refused(construction_errors(resumed(job, 6), 2), {"step-4/rank-1.pt", "saved at step 2, not step 4"});
+  expect_refused(construction_errors(resumed(job, 6), 2), {"step-4/rank-1.pt", "does not verify", "copied from another step or run"});
 }
 
 TEST(CheckpointVerify, AFreshRunsRankFileBesideAnOldRunsIsRefused) {
@@ -144,7 +144,7 @@ TEST(CheckpointVerify, AFreshRunsRankFileBesideAnOldRunsIsRefused) {
   train_job(old_run);
   train_job(new_run);
   copy_file(ckpt(new_run, "step-4/rank-0.pt"), ckpt(old_run, "step-4/rank-0.pt"));
-  expect_refused(construction_errors(resumed(old_run, 6), 2), {"step-4/rank-0.pt", "belongs to run"});
+  expect_refused(construction_errors(resumed(old_run, 6), 2), {"step-4/rank-0.pt", "matches none of the files"});
 }
 
 TEST(CheckpointVerify, FlippedBytesAreRefused) {
@@ -170,7 +170,7 @@ TEST(CheckpointVerify, AForgedRankFileIsRefusedBeforeItsTensorsAreRead) {
   train_job(job);
   // Metadata {"rank":0} only, and a tensor that overruns its buffer (found by fuzzing).
   copy_file(std::string(HP_SOURCE_DIR) + "/tests/data/checkpoint_storage_too_small.pt", ckpt(job, "step-4/rank-0.pt"));
-  expect_refused(construction_errors(resumed(job, 6), 1), {"step-4/rank-0.pt", "missing field 'run_id'"});
+  expect_refused(construction_errors(resumed(job, 6), 1), {"step-4/rank-0.pt", "does not verify", "matches none of the files"});
 }
 
 TEST(CheckpointVerify, ADtypeChangeNamesTheField) {

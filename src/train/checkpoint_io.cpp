@@ -267,25 +267,6 @@ std::string step_directory(const std::string& folder, int64_t step) {
   return compat::join_path(folder, "step-" + std::to_string(step));
 }
 
-std::string read_tensor_file_metadata(const std::string& path) {
-  if (!compat::path_exists(path)) throw std::runtime_error("tensor file '" + path + "' does not exist");
-  if (compat::is_directory(path)) throw std::runtime_error("tensor file '" + path + "' is a directory");
-  torch::serialize::InputArchive archive;
-  try {
-    archive.load_from(path, c10::Device(c10::kCPU));
-    c10::IValue format;
-    if (!archive.try_read(kFormatKey, format) || !format.isString() || format.toStringRef() != kFormatTag) {
-      throw std::runtime_error("not a HyperParallel tensor file of format " + std::string(kFormatTag));
-    }
-    c10::IValue metadata;
-    archive.read(kMetadataKey, metadata);
-    if (!metadata.isString()) throw std::runtime_error("its metadata is not a string");
-    return metadata.toStringRef();
-  } catch (const std::exception& e) {
-    throw std::runtime_error("cannot read tensor file '" + path + "': " + short_message(e));
-  }
-}
-
 FileChecksum checksum_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_io("cannot open", path, errno);

@@ -60,10 +60,6 @@ struct TensorFile {
 // give tensors larger than their buffer on a forged archive.
 TensorFile read_tensor_file(const std::string& path);
 
-// The metadata JSON of a tensor file, without touching its tensors' data: safe on any
-// input (the fuzz target runs it). Errors as read_tensor_file.
-std::string read_tensor_file_metadata(const std::string& path);
-
 // Size and CRC-32C of the file at `path`; std::runtime_error naming it and the OS
 // reason when it cannot be read.
 FileChecksum checksum_file(const std::string& path);

@@ -215,23 +215,34 @@ TensorFile load_verified_rank_file(const std::string& dir, int64_t expected_step
                              "--checkpoint.overwrite");
   }
   const std::string path = compat::join_path(dir, rank_file_name(rank));
-  // Whose file it is, from its metadata alone (no tensor data is touched: LibTorch's archive
-  // reader gives tensors that overrun their buffer on a forged archive, as
-  // fuzz_checkpoint_reader found); then the whole file against the manifest; only then
-  // the tensors, which are exactly what was saved.
-  int64_t file_rank = -1;
-  const CheckpointIdentity id = rank_file_identity(read_tensor_file_metadata(path), path, &file_rank);
-  const std::string problem = identity_problem(id, file_rank, manifest.identity, rank);
-  if (!problem.empty()) throw std::runtime_error("checkpoint file '" + path + "' does not verify: " + problem);
+  // The whole file against the manifest before any of it is parsed: LibTorch's archive
+  // reader trusts what a file claims (fuzz_checkpoint_reader found tensors that overrun
+  // their buffer, and pickled lengths of 4 GB reserved before reading), so only the exact
+  // bytes that were saved reach it.
   const FileChecksum actual = checksum_file(path);
+  const auto same = [&](const FileChecksum& c) { return c.bytes == actual.bytes && c.crc32c == actual.crc32c; };
   const FileChecksum& recorded = manifest.files.at(static_cast<size_t>(rank)).checksum;
-  if (actual.bytes != recorded.bytes || actual.crc32c != recorded.crc32c) {
+  if (!same(recorded)) {
+    std::string whose = "it matches none of the files this step's manifest records (changed after the save, or "
+                        "copied from another step or run)";
+    for (const auto& f : manifest.files) {
+      if (f.rank != rank && same(f.checksum)) {
+        whose = "it holds rank " + std::to_string(f.rank) + "'s state (its bytes are those the manifest records for " +
+                f.file + "): the rank files were swapped or copied";
+      }
+    }
     throw std::runtime_error("checkpoint file '" + path + "' does not verify: " + std::to_string(actual.bytes) +
                              " bytes with CRC-32C " + crc32c_hex(actual.crc32c) + ", the manifest recorded " +
-                             std::to_string(recorded.bytes) + " bytes with " + crc32c_hex(recorded.crc32c) +
-                             " (the file was changed after the save)");
+                             std::to_string(recorded.bytes) + " bytes with " + crc32c_hex(recorded.crc32c) + "; " +
+                             whose);
   }
   const TensorFile file = read_tensor_file(path);
+  // The bytes are the saved ones; their identity must still be this job's step and rank
+  // (a whole step folder, manifest included, copied from another run).
+  int64_t file_rank = -1;
+  const CheckpointIdentity id = rank_file_identity(file.metadata_json, path, &file_rank);
+  const std::string problem = identity_problem(id, file_rank, manifest.identity, rank);
+  if (!problem.empty()) throw std::runtime_error("checkpoint file '" + path + "' does not verify: " + problem);
   return file;
 }
 

@@ -73,10 +73,11 @@ void write_manifest(const std::string& dir, const StepManifest& manifest, int64_
 StepManifest read_manifest(const std::string& dir);
 
 // Everything a resuming rank checks before it trusts its file: the step's manifest
-// matches `job` (field by field) and names `expected_step`; the rank file's
-// identity (run id, step, rank) matches the manifest; its size and CRC-32C match the
-// manifest's record; its tensors match their checksums. Throws std::runtime_error
-// naming the file and what differs.
+// matches `job` (field by field) and names `expected_step`; the rank file's size and
+// CRC-32C match the manifest's record (before any of it is parsed; a file recorded for
+// another rank is named as such); its tensors match their checksums; its identity (run
+// id, step, rank) matches the manifest. Throws std::runtime_error naming the file and
+// what differs.
 TensorFile load_verified_rank_file(const std::string& dir, int64_t expected_step, int64_t rank,
                                    const CheckpointIdentity& job);
 
