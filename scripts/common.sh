@@ -127,7 +127,7 @@ hp_build_sanitized() {
   prefix="$(hp_torch_cmake_prefix)"
   echo "==> configuring the sanitizer build (clang, ASan + UBSan, libFuzzer) in $HP_SAN_BUILD_DIR"
   "$cmake" -S "$HP_ROOT" -B "$HP_SAN_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
+    -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
     -DHP_SANITIZE=address,undefined -DHP_FUZZ=ON -DHP_PYTHON= \
     -DCMAKE_PREFIX_PATH="$prefix" ${HP_CMAKE_ARGS:-} >/dev/null
   echo "==> building the sanitizer build ($jobs jobs)"
