@@ -7,12 +7,23 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "hyper_parallel/distributed.h"
 #include "train/job_config.h"
 #include "train/trainer.h"
 
 namespace hp = hyper_parallel;
+
+namespace {
+// One "hp-train: " prefix, also for messages that already carry it.
+int report(std::string message) {
+  const std::string prefix = "hp-train: ";
+  while (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
+  std::cerr << prefix << message << std::endl;
+  return 1;
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   try {
@@ -40,11 +51,9 @@ int main(int argc, char** argv) {
       std::cout << std::endl;
     }
   } catch (const c10::Error& e) {
-    std::cerr << "hp-train: " << e.what_without_backtrace() << std::endl;
-    return 1;
+    return report(e.what_without_backtrace());
   } catch (const std::exception& e) {
-    std::cerr << "hp-train: " << e.what() << std::endl;
-    return 1;
+    return report(e.what());
   }
   return 0;
 }

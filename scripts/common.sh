@@ -15,6 +15,7 @@ set -euo pipefail
 
 HP_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HP_BUILD_DIR="${HP_BUILD_DIR:-$HP_ROOT/build}"
+HP_SAN_BUILD_DIR="${HP_SAN_BUILD_DIR:-$HP_ROOT/build-san}"   # ASan + UBSan + libFuzzer, clang
 HP_TORCH_VERSION="2.15.0"   # the newest release PyPI serves (2026-11-30)
 HP_CMAKE_VERSION="4.4.5"    # Debian's 3.25 cannot compile CUDA as C++20
 HP_CACHE="${HP_CACHE:-$HOME/.cache/hyper_parallel}"
@@ -29,6 +30,7 @@ HP_PACKAGES=(
   libgloo-dev cmake ninja-build ccache g++
   libgtest-dev libgmock-dev libbenchmark-dev libyaml-cpp-dev libcli11-dev
   libtomlplusplus-dev nlohmann-json3-dev gnuplot-nox
+  clang lld  # the sanitizer + libFuzzer build (hp_build_sanitized)
 )
 
 hp_sudo() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -112,4 +114,61 @@ hp_ctest() {
   cmake="$(hp_cmake)"
   "$(dirname "$cmake")/ctest" --test-dir "$HP_BUILD_DIR" --output-on-failure \
     -j "$(nproc 2>/dev/null || echo 2)" --timeout 600 "$@"
+}
+
+# The suite and the fuzz targets built with clang, ASan + UBSan (and libFuzzer coverage), in
+# a build directory of their own. -O1: sanitizer builds spend their time compiling, and the
+# suite runs fast enough at -O1. The parity tests need Python's torch, which an ASan
+# library cannot be loaded into; they run in the main build.
+hp_build_sanitized() {
+  local jobs cmake prefix
+  jobs="$(nproc 2>/dev/null || echo 2)"
+  cmake="$(hp_cmake)"
+  prefix="$(hp_torch_cmake_prefix)"
+  echo "==> configuring the sanitizer build (clang, ASan + UBSan, libFuzzer) in $HP_SAN_BUILD_DIR"
+  "$cmake" -S "$HP_ROOT" -B "$HP_SAN_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
+    -DHP_SANITIZE=address,undefined -DHP_FUZZ=ON -DHP_PYTHON= \
+    -DCMAKE_PREFIX_PATH="$prefix" ${HP_CMAKE_ARGS:-} >/dev/null
+  echo "==> building the sanitizer build ($jobs jobs)"
+  "$cmake" --build "$HP_SAN_BUILD_DIR" -j "$jobs"
+}
+
+# Sanitizer reports fail the run; leaks inside LibTorch/Gloo's own one-time allocations are
+# not ours (scripts/lsan.supp).
+hp_sanitizer_env() {
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1:detect_odr_violation=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+  export LSAN_OPTIONS="suppressions=$HP_ROOT/scripts/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+}
+
+hp_ctest_sanitized() {
+  local cmake
+  cmake="$(hp_cmake)"
+  hp_sanitizer_env
+  echo "==> running the test suite under ASan + UBSan"
+  "$(dirname "$cmake")/ctest" --test-dir "$HP_SAN_BUILD_DIR" --output-on-failure \
+    -j "$(nproc 2>/dev/null || echo 2)" --timeout 900 "$@"
+}
+
+# Each fuzz target for HP_FUZZ_SECONDS (default 60) on a copy of its seed corpus; any
+# crash, leak, timeout (-timeout=10 s per input) or out-of-memory fails the run.
+hp_fuzz() {
+  local seconds="${HP_FUZZ_SECONDS:-60}" name work
+  hp_sanitizer_env
+  # A forged archive can claim a huge record: let that allocation fail with bad_alloc (as
+  # it does without ASan, an error the readers report) instead of an ASan OOM report; a
+  # small quarantine keeps the fuzzers' memory bounded.
+  export ASAN_OPTIONS="$ASAN_OPTIONS:allocator_may_return_null=1:quarantine_size_mb=64"
+  for name in job_config op_spec checkpoint_reader; do
+    work="$HP_SAN_BUILD_DIR/fuzz-corpus/$name"
+    rm -rf "$work" && mkdir -p "$work"
+    echo "==> fuzzing $name for ${seconds} s (seeds: fuzz/corpus/$name)"
+    (cd "$HP_SAN_BUILD_DIR" && "$HP_SAN_BUILD_DIR/bin/fuzz_$name" -max_total_time="$seconds" -timeout=10 \
+      -rss_limit_mb=4096 -malloc_limit_mb=65536 -print_final_stats=1 "$work" "$HP_ROOT/fuzz/corpus/$name" 2>&1 |
+      grep -E "^(#[0-9]+[[:space:]]+(INITED|DONE)|stat::number_of_executed_units|stat::peak_rss_mb|==[0-9]+==|SUMMARY|INFO: Seed|Done)" )
+    local rc="${PIPESTATUS[0]}"
+    if [ "$rc" -ne 0 ]; then echo "fuzz_$name FAILED (exit $rc)"; return 1; fi
+    echo "fuzz_$name: no crash, leak or timeout in ${seconds} s"
+  done
 }

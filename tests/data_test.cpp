@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <random>
 #include <string>
 #include <thread>
@@ -386,4 +387,142 @@ TEST(TextFileCorpus, TooShortFileIsAnErrorNamingTheFile) {
   const std::string window_err = error_of([&] { make_text_file_corpus(small.path(), 100, 65); });
   EXPECT_NE(window_err.find("too short"), std::string::npos) << window_err;
   EXPECT_NE(window_err.find("65"), std::string::npos) << window_err;
+}
+
+TEST(TextFileCorpus, ABinaryFileIsRejectedWithTheReason) {
+  std::string bytes(kSmallText);
+  bytes += std::string("\x7f" "ELF\x02\x01\x01\x00\x00\x00\x00", 11);
+  for (int i = 0; i < 200; ++i) bytes += static_cast<char>(i % 7);
+  TempFile binary("binary.bin", bytes);
+  const std::string err = error_of([&] { make_text_file_corpus(binary.path(), 100); });
+  EXPECT_NE(err.find(binary.path()), std::string::npos) << err;
+  EXPECT_NE(err.find("is not text"), std::string::npos) << err;
+  EXPECT_NE(err.find("NUL byte at offset " + std::to_string(std::string(kSmallText).size() + 7)), std::string::npos)
+      << err;
+}
+
+// The process's peak resident memory (kB) since the last reset_peak_memory().
+int64_t peak_memory_kb() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+bool reset_peak_memory() { return static_cast<bool>(std::ofstream("/proc/self/clear_refs") << "5"); }
+
+TEST(TextFileCorpus, MemoryDoesNotGrowWithTheFile) {
+  // A 24 MB file of 4.4 M words: the corpus used to hold the text, every token's first-seen
+  // id and the final ids in memory (> 60 MB); streamed, its peak is the word table and
+  // buffers, and the token ids live in a file mapping that sampling pages in.
+  std::string text;
+  text.reserve(25u << 20);
+  std::mt19937 rng(7);
+  while (text.size() < (24u << 20)) text += "w" + std::to_string(rng() % 5000) + (rng() % 8 ? " " : ".\n");
+  TempFile file("big.txt", text);
+  text.clear();
+  text.shrink_to_fit();
+  if (peak_memory_kb() < 0 || !reset_peak_memory()) GTEST_SKIP() << "no /proc/self/status or clear_refs here";
+  const int64_t before = peak_memory_kb();
+  auto corpus = make_text_file_corpus(file.path(), 1000);
+  const int64_t grown_mb = (peak_memory_kb() - before) / 1024;
+  EXPECT_GT(corpus->train_tokens().numel(), 4'000'000);
+  std::cout << "peak memory grew by " << grown_mb << " MB reading a 24 MB corpus\n";
+  EXPECT_LT(grown_mb, 16) << "peak memory grew by " << grown_mb << " MB reading a 24 MB corpus";
+  // Sampling reads the ids where they live.
+  const Batch b = BatchSampler(corpus->train_tokens(), 4, 64, 1).batch_at(3);
+  EXPECT_TRUE(at::equal(b.input.narrow(1, 1, 63), b.target.narrow(1, 0, 63)));
+  EXPECT_GE(b.input.min().item<int64_t>(), 1);
+}
+
+TEST(TextFileCorpus, WordsAcrossReadChunksStayWhole) {
+  // The file is read in 1 MiB chunks: a word (with its apostrophe, or a UTF-8 letter) that
+  // straddles a chunk's end must still be one token.
+  // At byte 2^20 - 2: "don't"; at 2^21 - 2: "café"; at 3 * 2^20 - 2: "x'" then " x" (a
+  // trailing apostrophe is a token of its own).
+  std::string t;
+  for (size_t boundary : {size_t{1} << 20, size_t{2} << 20, size_t{3} << 20}) {
+    while (t.size() < boundary - 3) t += "x ";
+    t.resize(boundary - 2, ' ');
+    t += boundary == (size_t{1} << 20) ? "don't " : boundary == (size_t{2} << 20) ? "caf\xc3\xa9 " : "x' x ";
+  }
+  while (t.size() < (size_t{4} << 20)) t += "x ";  // all of the above in the training part
+  TempFile file("chunks.txt", t);
+  auto corpus = make_text_file_corpus(file.path(), 100);
+  const int64_t n = corpus->train_tokens().numel() + corpus->validation_tokens().numel();
+  int64_t expect = 0;
+  {  // count the tokens by the rules, on the whole text
+    bool in_word = false;
+    for (size_t i = 0; i < t.size(); ++i) {
+      const auto c = static_cast<unsigned char>(t[i]);
+      const bool word = std::isalnum(c) || c >= 0x80 ||
+                        (c == '\'' && in_word && i + 1 < t.size() && std::isalnum(static_cast<unsigned char>(t[i + 1])));
+      if (word && !in_word) ++expect;
+      if (!word && std::isgraph(c)) ++expect;
+      in_word = word;
+    }
+  }
+  EXPECT_EQ(n, expect);
+  // x, don't, café and ' only: a split word would add pieces ("don", "t", "caf", ...).
+  EXPECT_EQ(std::get<0>(at::_unique(corpus->train_tokens())).numel(), 4);
+}
+
+TEST(TextFileCorpus, InvalidUtf8IsRejectedButValidUtf8IsText) {
+  std::string latin1(kSmallText);
+  for (int i = 0; i < 50; ++i) latin1 += "caf\xe9 ";  // Latin-1, not UTF-8
+  TempFile bad("latin1.txt", latin1);
+  const std::string err = error_of([&] { make_text_file_corpus(bad.path(), 100); });
+  EXPECT_NE(err.find("not valid UTF-8"), std::string::npos) << err;
+  std::string utf8(kSmallText);
+  for (int i = 0; i < 50; ++i) utf8 += "caf\xc3\xa9 ";
+  TempFile good("utf8.txt", utf8);
+  EXPECT_NO_THROW(make_text_file_corpus(good.path(), 100));
+}
+
+// --- the streamed synthetic corpus ----------------------------------------------------
+
+TEST(SyntheticStream, BatchesDependOnlyOnSeedAndStepAndStayInTheVocabulary) {
+  SyntheticBatchStream a(kVocab, 4, 32, /*seed=*/7, /*split=*/0);
+  SyntheticBatchStream b(kVocab, 4, 32, /*seed=*/7, /*split=*/0);
+  const Batch late = a.batch_at(1'000'000'000);  // any step, without generating the ones before
+  EXPECT_TRUE(at::equal(late.input, b.batch_at(1'000'000'000).input));
+  EXPECT_TRUE(at::equal(a.batch_at(3).input, b.batch_at(3).input));
+  EXPECT_FALSE(at::equal(a.batch_at(3).input, a.batch_at(4).input));
+  SyntheticBatchStream validation(kVocab, 4, 32, 7, /*split=*/1);
+  EXPECT_FALSE(at::equal(a.batch_at(3).input, validation.batch_at(3).input)) << "train and validation differ";
+  EXPECT_EQ(late.input.sizes(), (std::vector<int64_t>{4, 32}));
+  EXPECT_GE(late.input.min().item<int64_t>(), 0);
+  EXPECT_LT(late.input.max().item<int64_t>(), kVocab);
+  // Target is input shifted by one token.
+  EXPECT_TRUE(at::equal(late.input.narrow(1, 1, 31), late.target.narrow(1, 0, 31)));
+}
+
+TEST(SyntheticStream, DataParallelShardsAreTheRowsOfTheGlobalBatch) {
+  SyntheticBatchStream whole(kVocab, 8, 16, 3, 0);
+  SyntheticBatchStream first(kVocab, 8, 16, 3, 0, /*dp_rank=*/0, /*dp_size=*/2);
+  SyntheticBatchStream second(kVocab, 8, 16, 3, 0, /*dp_rank=*/1, /*dp_size=*/2);
+  const Batch all = whole.batch_at(5);
+  EXPECT_TRUE(at::equal(first.batch_at(5).input, all.input.narrow(0, 0, 4)));
+  EXPECT_TRUE(at::equal(second.batch_at(5).input, all.input.narrow(0, 4, 4)));
+  EXPECT_NE(error_of([] { SyntheticBatchStream(kVocab, 8, 16, 3, 0, 0, 3); }).find("divisible"), std::string::npos);
+}
+
+TEST(SyntheticStream, IsAsLearnableAsTheCorpus) {
+  // The next token is predictable from the current one, as in the materialized corpus.
+  SyntheticBatchStream s(kVocab, 64, 128, 0, 0);
+  std::unordered_map<int64_t, std::unordered_map<int64_t, int64_t>> next;
+  int64_t pairs = 0;
+  for (int64_t step = 0; step < 40; ++step) {
+    const Batch batch = s.batch_at(step);
+    const auto in = to_vector(batch.input.flatten()), tg = to_vector(batch.target.flatten());
+    for (size_t i = 0; i < in.size(); ++i) ++next[in[i]][tg[i]], ++pairs;
+  }
+  double top = 0;  // share of pairs whose target is the current token's most frequent successor
+  for (const auto& [cur, successors] : next) {
+    int64_t best = 0;
+    for (const auto& [t, n] : successors) best = std::max(best, n);
+    top += static_cast<double>(best);
+  }
+  EXPECT_GT(top / static_cast<double>(pairs), 0.4);
 }

@@ -325,6 +325,18 @@ TEST(JobConfig, UnknownSectionAndTopLevelKeyInFileAreErrors) {
               HasSubstr(not_table + ": training: expected a table [training], got integer 5"));
 }
 
+TEST(JobConfig, SwappedLettersAreOneTypoForDidYouMean) {
+  EXPECT_THAT(error_of([] { parse({"--training.stpes", "3"}); }), HasSubstr("did you mean 'training.steps'?"));
+  EXPECT_THAT(error_of([] { parse({"--model.dmi", "3"}); }), HasSubstr("did you mean 'model.dim'?"));
+  EXPECT_THAT(error_of([] { parse({"--checkpoint.intreval", "3"}); }),
+              HasSubstr("did you mean 'checkpoint.interval'?"));
+}
+
+TEST(JobConfig, ResumeAndOverwriteTogetherAreRefused) {
+  EXPECT_THAT(error_of([] { parse({"--checkpoint.resume", "--checkpoint.overwrite"}); }),
+              HasSubstr("checkpoint.resume and checkpoint.overwrite contradict each other"));
+}
+
 TEST(JobConfig, UnknownOverrideKeyNamesTheFlag) {
   std::string msg = error_of([] { parse({"--training.lrr", "0.1"}); });
   EXPECT_THAT(msg, HasSubstr("--training.lrr: unknown key 'training.lrr' (known keys in "
@@ -505,7 +517,7 @@ TEST(JobConfig, UsageListsEveryKeyWithTypeAndDefault) {
     EXPECT_THAT(usage, HasSubstr(flag));
     ++keys;
   }
-  EXPECT_EQ(keys, 42);
+  EXPECT_EQ(keys, 43);
   EXPECT_THAT(usage, HasSubstr("--training.lr FLOAT"));
   EXPECT_THAT(usage, HasSubstr("default 0.003"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.resume BOOL"));

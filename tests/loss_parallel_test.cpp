@@ -193,7 +193,7 @@ TEST(LossParallelExact, LanguageModelShapedInputs) {
       run_ranks(tp, [&](int64_t) {
         auto mesh = init_device_mesh("cpu", {tp});
         check_case(mesh, c, d, ref, c_loss, at::kFloat);
-        if (r == at::Reduction::Mean) check_case(mesh, c, d, ref, c_loss, at::kBFloat16);
+        if (c.reduction == at::Reduction::Mean) check_case(mesh, c, d, ref, c_loss, at::kBFloat16);
       });
     }
   }

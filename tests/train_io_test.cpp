@@ -16,6 +16,7 @@
 
 #include "compat/file_system.h"
 #include "train/checkpoint_io.h"
+#include "train/crc32c.h"
 #include "train/metrics.h"
 #include "train/progress.h"
 
@@ -225,6 +226,60 @@ TEST_F(TrainCheckpointIo, MissingOrCorruptFilesGiveErrorsNamingTheFile) {
   expect_error_naming(dir_);  // a directory
 }
 
+TEST(Crc32c, MatchesTheStandardCheckValueAndContinues) {
+  const std::string text = "123456789";
+  EXPECT_EQ(crc32c(text.data(), text.size()), 0xE3069283u);  // RFC 3720's check value
+  EXPECT_EQ(crc32c(nullptr, 0), 0u);
+  const std::string long_text(1000, 'x');
+  const uint32_t whole = crc32c(long_text.data(), long_text.size());
+  EXPECT_EQ(crc32c(long_text.data() + 333, 667, crc32c(long_text.data(), 333)), whole);
+  EXPECT_EQ(crc32c_hex(0xE3069283u), "e3069283");
+}
+
+TEST_F(TrainCheckpointIo, FlippedTensorBytesAreNamedOnRead) {
+  // A large tensor of distinct values, so that flipping bytes mid-file hits its data.
+  write_tensor_file(file("w.pt"), {{"layer.weight", at::arange(100000, at::kFloat)}}, "{}");
+  std::string bytes = slurp(file("w.pt"));
+  const size_t mid = bytes.size() / 2;
+  for (size_t i = mid; i < mid + 16; ++i) bytes[i] = static_cast<char>(~bytes[i]);
+  spit(file("w.pt"), bytes);
+  try {
+    read_tensor_file(file("w.pt"));
+    FAIL() << "flipped bytes were loaded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(file("w.pt")), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tensor 'layer.weight' is corrupt"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(TrainCheckpointIo, ChecksumFileAgreesWithWhatWasWritten) {
+  const FileChecksum written = write_tensor_file(file("a.pt"), {{"w", at::randn({64})}}, "{}");
+  const FileChecksum read = checksum_file(file("a.pt"));
+  EXPECT_EQ(written.bytes, compat::file_size(file("a.pt")));
+  EXPECT_EQ(written.bytes, read.bytes);
+  EXPECT_EQ(written.crc32c, read.crc32c);
+  try {
+    checksum_file(file("missing.pt"));
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("No such file or directory"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(TrainCheckpointIo, RemoveTempFilesDeletesOnlyTheLeftoversOfSaves) {
+  ASSERT_TRUE(compat::create_directories(file("step-2")));
+  spit(file("latest.tmp-123"), "2");
+  spit(file("step-2/rank-0.pt.tmp-4567"), "partial");
+  spit(file("step-2/rank-0.pt"), "kept");
+  spit(file("notes.tmp-x"), "not a temp file of ours");
+  const auto removed = remove_temp_files(dir_);
+  EXPECT_EQ(removed.size(), 2u);
+  EXPECT_FALSE(has_temp_files() && compat::path_exists(file("latest.tmp-123")));
+  EXPECT_FALSE(compat::path_exists(file("step-2/rank-0.pt.tmp-4567")));
+  EXPECT_TRUE(compat::path_exists(file("step-2/rank-0.pt")));
+  EXPECT_TRUE(compat::path_exists(file("notes.tmp-x")));
+}
+
 TEST_F(TrainCheckpointIo, StepDirectoriesAndLatestMarker) {
   const std::string folder = file("ckpt");
   EXPECT_EQ(step_directory(folder, 12), folder + "/step-12");
@@ -303,6 +358,31 @@ TEST_F(TrainMetrics, LoggerWritesJsonLinesThatReadMetricsReads) {
   EXPECT_TRUE(records[1]["loss"].is_null());  // NaN has no JSON spelling
   EXPECT_DOUBLE_EQ(records[2]["val_loss"].get<double>(), 6.75);
   EXPECT_EQ(records[3]["step"], 4);
+}
+
+TEST_F(TrainMetrics, AContinuedLogDropsATornLastLineBeforeAppending) {
+  ASSERT_TRUE(compat::create_directories(file("m")));
+  spit(file("m/metrics.jsonl"), "{\"step\":1,\"loss\":2}\n{\"step\":2,\"lo");
+  MetricsLogger logger(file("m"));
+  EXPECT_EQ(logger.dropped_records(), 1);
+  logger.log({{"step", 3}, {"loss", 1.0}});
+  const auto records = read_metrics(file("m/metrics.jsonl"));
+  ASSERT_EQ(records.size(), 2u) << slurp(file("m/metrics.jsonl"));
+  EXPECT_EQ(records[1]["step"], 3);
+}
+
+TEST_F(TrainMetrics, AResumedLogDropsTheStepsItRunsAgainAndAFreshRunStartsEmpty) {
+  ASSERT_TRUE(compat::create_directories(file("m")));
+  spit(file("m/metrics.jsonl"), "{\"step\":1}\n{\"step\":2}\n{\"step\":3}\n{\"step\":4}\n");
+  {
+    MetricsLogger resumed(file("m"), /*resume_step=*/2);
+    EXPECT_EQ(resumed.dropped_records(), 2);
+    resumed.log({{"step", 3}});
+  }
+  EXPECT_EQ(slurp(file("m/metrics.jsonl")), "{\"step\":1}\n{\"step\":2}\n{\"step\":3}\n");
+  MetricsLogger fresh(file("m"), /*resume_step=*/0);
+  EXPECT_EQ(fresh.dropped_records(), 3);
+  EXPECT_EQ(slurp(file("m/metrics.jsonl")), "");
 }
 
 TEST_F(TrainMetrics, ReadMetricsToleratesOnlyATornLastLine) {

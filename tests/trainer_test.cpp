@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 #include <iostream>
 
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
@@ -136,6 +140,38 @@ TEST(Trainer, ResumingFromACheckpointContinuesExactly) {
   EXPECT_EQ(records.size(), 10u);
 }
 
+namespace {
+int64_t resident_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+}  // namespace
+
+// The synthetic corpus grew with training.steps (100 000 steps: 2 GB and 18 s before
+// step 1; 10 million: 166 GB): start-up must not depend on it.
+TEST(Trainer, StartUpTimeAndMemoryDoNotGrowWithTrainingSteps) {
+  for (int64_t steps : {int64_t{100'000}, int64_t{10'000'000}}) {
+    SCOPED_TRACE(steps);
+    JobConfig job = tiny_job(fresh_dir("startup"), 1, false, steps);
+    const int64_t before = resident_kib();
+    const auto start = std::chrono::steady_clock::now();
+    run_ranks(1, [&](int64_t) {
+      Trainer t(job);
+      EXPECT_EQ(t.train_step(1).step, 1);
+    });
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double grown_mib = static_cast<double>(resident_kib() - before) / 1024.0;
+    std::printf("training.steps %lld: Trainer + step 1 in %.3f s, resident +%.1f MiB\n",
+                static_cast<long long>(steps), secs, grown_mib);
+    ASSERT_LT(secs, 3.0) << "(< 1 s on an idle machine; the bound allows a loaded CI)";
+    ASSERT_LT(grown_mib, 100.0);
+  }
+}
+
 TEST(Trainer, ResumeWithoutCheckpointingIsRefused) {
   JobConfig job = tiny_job(fresh_dir("noresume"), 1, false, 2);
   job.checkpoint.resume = true;
@@ -148,6 +184,17 @@ TEST(Trainer, ResumeWithoutCheckpointingIsRefused) {
       EXPECT_NE(std::string(e.what()).find("checkpoint.enable"), std::string::npos) << e.what();
     }
   });
+}
+
+TEST(Trainer, ItsParallelismSettingsEndWithIt) {
+  // A Trainer used to leave its ParallelismConfig behind: a later loss_parallel() guard in
+  // the same process then silently activated nothing (disable_loss_parallel).
+  const ParallelismConfig before = parallelism_config();
+  run_ranks(1, [&](int64_t) {
+    Trainer t(tiny_job(fresh_dir("settings"), 1, /*disable_lp=*/true, 2));
+    EXPECT_TRUE(parallelism_config().disable_loss_parallel) << "the Trainer's settings apply while it lives";
+  });
+  EXPECT_EQ(parallelism_config().disable_loss_parallel, before.disable_loss_parallel);
 }
 
 TEST(Trainer, WorldSizeMustMatchTheTensorParallelDegree) {

@@ -5,7 +5,11 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
+#include <string>
 #include <mutex>
 
 #include "compat/c10d_compat.h"
@@ -18,16 +22,44 @@ std::mutex global_mutex;
 std::shared_ptr<World> global_world;
 thread_local std::shared_ptr<World> thread_world;
 
-int64_t env_int(const char* name) {
+constexpr const char* kLaunchHint =
+    "; launch with `hp-run --nproc-per-node N PROGRAM` or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT";
+
+// An integer environment variable in [lo, hi]; an error naming it, its value and the
+// range otherwise (strtoll alone would read "x" as 0 and "70000" as a port).
+int64_t env_int(const char* name, int64_t lo, int64_t hi, const std::string& meaning) {
   const char* v = std::getenv(name);
-  TORCH_CHECK(v && *v, "init_process_group: environment variable ", name,
-              " is not set; launch with `hp-run --nproc-per-node N PROGRAM` or set RANK, "
-              "WORLD_SIZE, MASTER_ADDR and MASTER_PORT");
+  TORCH_CHECK(v && *v, "init_process_group: environment variable ", name, " is not set", kLaunchHint);
+  errno = 0;
   char* end = nullptr;
-  long long x = std::strtoll(v, &end, 10);
-  TORCH_CHECK(end && *end == '\0', "init_process_group: ", name, "='", v,
-              "' is not an integer");
+  const long long x = std::strtoll(v, &end, 10);
+  TORCH_CHECK(end != v && *end == '\0' && errno == 0 && x >= lo && x <= hi, "init_process_group: ", name, "='", v,
+              "' is not valid: expected an integer in [", lo, ", ", hi, "] (", meaning, ")");
   return x;
+}
+
+// An optional integer variable; `fallback` when unset.
+int64_t env_int_or(const char* name, int64_t fallback, int64_t lo, int64_t hi, const std::string& meaning) {
+  const char* v = std::getenv(name);
+  return v ? env_int(name, lo, hi, meaning) : fallback;
+}
+
+constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
+
+// HP_BACKEND when set, else options.backend; one of auto, gloo, nccl.
+std::string validated_backend(const InitOptions& options) {
+  const char* env = std::getenv("HP_BACKEND");
+  const std::string backend = env && *env ? env : options.backend;
+  TORCH_CHECK(backend == "auto" || backend == "gloo" || backend == "nccl",
+              env && *env ? "HP_BACKEND='" : "InitOptions::backend='", backend,
+              "' is not valid: expected auto, gloo or nccl");
+  return backend;
+}
+
+// Ranks as threads have no LOCAL_RANK of their own: their rank is their local rank.
+int64_t local_rank_of(int64_t rank, const InitOptions& options) {
+  if (options.per_thread) return rank;
+  return env_int_or("LOCAL_RANK", rank, 0, 1 << 20, "this process's index on its machine");
 }
 
 void install(std::shared_ptr<World> w, bool per_thread) {
@@ -43,10 +75,17 @@ void install(std::shared_ptr<World> w, bool per_thread) {
 }  // namespace
 
 std::chrono::milliseconds default_collective_timeout() {
-  if (const char* v = std::getenv("HP_COLLECTIVE_TIMEOUT_S")) {
-    return std::chrono::milliseconds(static_cast<int64_t>(std::atof(v) * 1000));
-  }
-  return std::chrono::seconds(300);
+  const char* v = std::getenv("HP_COLLECTIVE_TIMEOUT_S");
+  if (!v) return std::chrono::seconds(300);
+  // atof would turn "abc" or "0" into a 0 ms timeout that fails every collective.
+  errno = 0;
+  char* end = nullptr;
+  const double seconds = *v ? std::strtod(v, &end) : 0.0;
+  TORCH_CHECK(*v && end != v && *end == '\0' && errno == 0 && std::isfinite(seconds) && seconds > 0 &&
+                  seconds <= kMaxTimeoutSeconds,
+              "HP_COLLECTIVE_TIMEOUT_S='", v, "' is not valid: expected a number of seconds in (0, ",
+              static_cast<int64_t>(kMaxTimeoutSeconds), "] (the bound on every collective; default 300)");
+  return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(seconds * 1000)));
 }
 
 c10::Device select_rank_device(const std::string& device_type, int64_t local_rank) {
@@ -62,10 +101,14 @@ c10::Device select_rank_device(const std::string& device_type, int64_t local_ran
 }
 
 void init_process_group(const InitOptions& options) {
-  const int64_t rank = env_int("RANK");
-  const int64_t size = env_int("WORLD_SIZE");
-  const int64_t port = env_int("MASTER_PORT");
+  const int64_t size = env_int("WORLD_SIZE", 1, 1 << 20, "the number of ranks");
+  const int64_t rank = env_int("RANK", 0, size - 1, "this process's rank, below WORLD_SIZE");
+  const int64_t port = env_int("MASTER_PORT", 1, 65535, "the TCP port of rank 0's store");
   const char* addr = std::getenv("MASTER_ADDR");
+  // Everything else the environment says, before a port is bound.
+  default_collective_timeout();
+  validated_backend(options);
+  local_rank_of(rank, options);
   auto store = compat::make_tcp_store(addr && *addr ? addr : "127.0.0.1",
                                       static_cast<uint16_t>(port), static_cast<int>(rank),
                                       static_cast<int>(size), options.timeout);
@@ -82,16 +125,14 @@ void init_process_group(c10::intrusive_ptr<c10d::Store> store, int64_t rank, int
   w->rank = rank;
   w->size = world_size;
   w->device_type = options.device_type;
-  const char* env_backend = std::getenv("HP_BACKEND");
-  const std::string backend = env_backend && *env_backend ? env_backend : options.backend;
+  const std::string backend = validated_backend(options);
   w->backend = backend == "auto" ? compat::default_backend_for(options.device_type) : backend;
-  // Ranks as threads have no LOCAL_RANK of their own: their rank is their local rank.
-  const char* local = std::getenv("LOCAL_RANK");
-  const int64_t local_rank = options.per_thread || !local ? rank : std::atoll(local);
-  w->device = select_rank_device(options.device_type, local_rank);
+  w->device = select_rank_device(options.device_type, local_rank_of(rank, options));
   if (w->backend == "nccl") {
-    const char* lws = std::getenv("LOCAL_WORLD_SIZE");
-    const int64_t ranks_here = options.per_thread || !lws ? world_size : std::atoll(lws);
+    const int64_t ranks_here = options.per_thread
+                                   ? world_size
+                                   : env_int_or("LOCAL_WORLD_SIZE", world_size, 1, world_size,
+                                                "ranks on this machine, at most WORLD_SIZE");
     const int gpus = at::detail::getCUDAHooks().getNumGPUs();
     TORCH_CHECK(ranks_here <= gpus, "init_process_group: backend 'nccl' with ", ranks_here,
                 " ranks on this machine but ", gpus, " GPU(s): NCCL refuses two ranks on one GPU. "

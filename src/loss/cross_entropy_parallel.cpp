@@ -13,6 +13,7 @@
 #include "loss/class_sharding.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/fused_cross_entropy.h"
+#include "loss/input_agreement.h"
 #include "loss/loss_parallel_dispatch.h"
 
 namespace hyper_parallel {
@@ -74,6 +75,16 @@ at::Tensor soft_target_rows(const at::Tensor& target, const ClassSharding& cs, c
   return to_rows(local, cs.class_dim);
 }
 
+// A replicated target or weight must live on the logits' mesh (or be a plain tensor).
+void check_on_logits_mesh(const at::Tensor& t, const ClassSharding& cs, const std::string& what,
+                          const std::string& op) {
+  if (auto* impl = dtensor_impl(t)) {
+    TORCH_CHECK(impl->layout().mesh() == cs.layout.mesh(), op, " under loss_parallel: expected the ", what,
+                " on the logits' mesh ", cs.layout.mesh().str(), " (or a plain tensor), got one on ",
+                impl->layout().mesh().str());
+  }
+}
+
 }  // namespace
 
 at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor& target,
@@ -84,8 +95,6 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   const int64_t class_dim = class_dim_of(logits.dim());
   ClassSharding cs = resolve_class_sharding(&logits, class_dim, op, current_loss_parallel_options(),
                                             /*differentiable=*/true);
-  TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
-              ": label_smoothing must be in [0, 1], got ", label_smoothing);
   if (target.requires_grad() || (weight && weight->defined() && weight->requires_grad())) {
     throw LossParallelUnsupportedError(op + " under loss_parallel: gradients with respect to the "
                                        "target or the class weights are not supported");
@@ -107,31 +116,48 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
                            ce.x_rows.is_alias_of(local_logits) &&
                            (ce.x_rows.size(1) <= 1 || ce.x_rows.stride(1) == 1) &&
                            local_logits.is_non_overlapping_and_dense();
-  if (weight && weight->defined()) {
-    at::Tensor w = replicated_value(*weight, "class weight", op);
-    TORCH_CHECK(w.dim() == 1 && w.size(0) == cs.num_classes, op, ": expected a class weight of shape [",
-                cs.num_classes, "], got ", w.sizes());
-    ce.weight = w.to(ct);
-  }
   std::vector<int64_t> loss_shape;
   ce.soft = target.is_floating_point();
-  if (ce.soft) {
-    ce.target = soft_target_rows(target, cs, op);
-    loss_shape = cs.layout.shape();
-    loss_shape.erase(loss_shape.begin() + class_dim);
-  } else {
-    at::Tensor t = replicated_value(target, "target", op);
-    std::vector<int64_t> expect = cs.layout.shape();
-    expect.erase(expect.begin() + class_dim);
-    TORCH_CHECK(t.sizes() == c10::IntArrayRef(expect), op, ": expected a target of shape ",
-                c10::IntArrayRef(expect), " for logits of shape ", c10::IntArrayRef(cs.layout.shape()),
-                ", got ", t.sizes());
-    check_targets(t, cs.num_classes, ignore_index);
-    ce.target = t.reshape({-1}).to(at::kLong);
-    loss_shape = expect;
+  const InputAgreement agreement(op, target, [&] {
+    TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
+                ": label_smoothing must be in [0, 1], got ", label_smoothing);
+    check_on_logits_mesh(target, cs, "target", op);
+    if (weight && weight->defined()) {
+      check_on_logits_mesh(*weight, cs, "class weight", op);
+      at::Tensor w = replicated_value(*weight, "class weight", op);
+      TORCH_CHECK(w.dim() == 1 && w.size(0) == cs.num_classes, op, ": expected a class weight of shape [",
+                  cs.num_classes, "], got ", w.sizes());
+      ce.weight = w.to(ct);
+    }
+    if (ce.soft) {
+      ce.target = soft_target_rows(target, cs, op);
+      loss_shape = cs.layout.shape();
+      loss_shape.erase(loss_shape.begin() + class_dim);
+    } else {
+      at::Tensor t = replicated_value(target, "target", op);
+      // As PyTorch's nll_loss: class indices are int64 (or uint8).
+      TORCH_CHECK(t.scalar_type() == at::kLong || t.scalar_type() == at::kByte, op,
+                  ": expected target dtype to be Long or Byte, but got ", t.scalar_type());
+      std::vector<int64_t> expect = cs.layout.shape();
+      expect.erase(expect.begin() + class_dim);
+      TORCH_CHECK(t.sizes() == c10::IntArrayRef(expect), op, ": expected a target of shape ",
+                  c10::IntArrayRef(expect), " for logits of shape ", c10::IntArrayRef(cs.layout.shape()),
+                  ", got ", t.sizes());
+      check_targets(t, cs.num_classes, ignore_index);
+      ce.target = t.reshape({-1}).to(at::kLong);
+      loss_shape = expect;
+    }
+  });
+  if (agreement.refused()) {
+    // Inputs this rank cannot use: it still joins the forward's all-gather (which settles the
+    // refusal the same way on every rank) with inputs that touch nothing.
+    ce.soft = false;
+    ce.weight = c10::nullopt;
+    ce.target = at::full({ce.x_rows.size(0)}, ignore_index, ce.x_rows.options().dtype(at::kLong));
+    ce.gradient_in_forward = false;
   }
   const ClassShard shard{cs.comm, cs.offset, cs.local_classes, cs.num_classes};
-  at::Tensor loss = fused_cross_entropy_forward(ce, shard).to(local_logits.scalar_type());
+  at::Tensor loss = fused_cross_entropy_forward(ce, shard, &agreement).to(local_logits.scalar_type());
   if (reduction == at::Reduction::None) {
     loss = loss.reshape(loss_shape);
   } else {

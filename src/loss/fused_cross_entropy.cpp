@@ -241,15 +241,25 @@ void merge_block_stats(at::Tensor& acc, const at::Tensor& block) {
   acc[k::kV2].add_(block[k::kV2]);
 }
 
-at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& stats, const ClassShard& shard) {
+at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& stats, const ClassShard& shard,
+                                       const InputAgreement* agreement) {
   const int64_t rows = stats.size(1);
   const auto opts = stats.options();
   const double eps = ce.label_smoothing;
   const double C = static_cast<double>(shard.total);
-  // The forward's one collective: every rank's per-row statistics, [P, kStats, M].
-  const at::Tensor all = shard.comm ? shard.comm->all_gather(stats.unsqueeze(0), 0,
-                                                             std::vector<int64_t>(shard.comm->size(), 1))
-                                    : stats.unsqueeze(0);
+  // The statistics and, after them, this rank's input-agreement record (when given).
+  at::Tensor sent = stats.reshape({-1});
+  if (agreement) {
+    const at::Tensor record = at::empty({InputAgreement::kRecordSize}, opts);
+    agreement->write_record(record);
+    sent = at::cat({sent, record});
+  }
+  // The forward's one collective: every rank's per-row statistics (and record), [P, ...].
+  const at::Tensor gathered = shard.comm ? shard.comm->all_gather(sent.unsqueeze(0), 0,
+                                                                  std::vector<int64_t>(shard.comm->size(), 1))
+                                         : sent.unsqueeze(0);
+  if (agreement) agreement->settle(gathered.narrow(1, k::kStats * rows, InputAgreement::kRecordSize), shard.comm);
+  const at::Tensor all = gathered.narrow(1, 0, k::kStats * rows).view({gathered.size(0), k::kStats, rows});
   const at::Tensor m = all.select(1, k::kMax), s = all.select(1, k::kSumExp);
   at::Tensor top = m.amax(0);
   // Rows whose max is -inf (all -inf) would give nan in m - top; shift them by 0.
@@ -331,14 +341,19 @@ void fused_cross_entropy_block_gradient(const FusedCrossEntropy& ce, const Coeff
   k::backward(args);
 }
 
-at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& shard) {
+at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& shard,
+                                       const InputAgreement* agreement) {
   const at::Tensor x = unit_class_stride(ce.x_rows);
   TORCH_CHECK(!ce.gradient_in_forward || x.is_same(ce.x_rows),
               "fused cross-entropy: gradient_in_forward needs logits rows with a unit class stride");
   const auto opts = x.options().dtype(compute_type(x.scalar_type()));
   const int64_t rows = x.size(0);
   fused_cross_entropy_prepare(ce, rows, shard, opts);
-  const at::Tensor loss = fused_cross_entropy_combine(ce, fused_cross_entropy_block_stats(ce, x, 0, 0, shard), shard);
+  // A rank that refused its inputs sends placeholder statistics: the agreement throws on
+  // every rank before they are combined.
+  const at::Tensor stats = agreement && agreement->refused() ? at::zeros({k::kStats, rows}, opts)
+                                                             : fused_cross_entropy_block_stats(ce, x, 0, 0, shard);
+  const at::Tensor loss = fused_cross_entropy_combine(ce, stats, shard, agreement);
   if (ce.gradient_in_forward) {
     // d loss / d x for a unit incoming gradient, over the logits: backward only scales it.
     const Coefficients co = coefficients(ce, per_row(at::ones({}, opts), rows, at::Reduction::Sum), shard);

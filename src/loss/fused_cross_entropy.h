@@ -11,6 +11,7 @@
 #include <c10/util/Optional.h>
 
 #include "loss/cross_entropy_kernels.h"
+#include "loss/input_agreement.h"
 
 namespace hyper_parallel {
 
@@ -38,8 +39,11 @@ struct FusedCrossEntropy {
   at::Tensor grad_rows;   // gradient_in_forward: the gradient written in forward
 };
 
-// Returns the loss (compute type): [M] for none, a scalar otherwise. One all-gather.
-at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& shard);
+// Returns the loss (compute type): [M] for none, a scalar otherwise. One all-gather, which
+// also carries `agreement`'s record (when given): it is settled before anything is combined,
+// and a rank that refused its inputs computes no statistics (its target may be anything).
+at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& shard,
+                                       const InputAgreement* agreement = nullptr);
 
 // The same forward in steps, for callers that produce the logits a block at a time and
 // never hold them whole (the fused linear + cross-entropy). x_rows stays unset.
@@ -54,7 +58,9 @@ at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at
 void merge_block_stats(at::Tensor& acc, const at::Tensor& block);
 // 3. The one all-gather of the statistics [kStats, M] of this rank's classes, and the loss.
 //    A null shard.comm means one rank (no collective).
-at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& stats, const ClassShard& shard);
+//    `agreement` as in fused_cross_entropy_forward.
+at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& stats, const ClassShard& shard,
+                                       const InputAgreement* agreement = nullptr);
 
 // Backward in blocks: per-row coefficients for an incoming loss gradient, then the
 // gradient of each logits block (`out` may be x itself). No collective.

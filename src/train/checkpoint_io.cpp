@@ -1,13 +1,16 @@
 // checkpoint_io.cpp — atomic per-rank tensor files and the `latest` marker.
 //
 // A tensor file is a LibTorch archive (the zip format of torch::save) holding
-// three attributes: "hp_format" (a tag so that a foreign archive is rejected
-// clearly), "metadata" (the JSON string) and "tensors" (a Dict[str, Tensor]).
+// four attributes: "hp_format" (a tag so that a foreign archive is rejected
+// clearly), "metadata" (the JSON string), "tensors" (a Dict[str, Tensor]) and
+// "checksums" (a Dict[str, int]: the CRC-32C of each tensor's bytes, because
+// LibTorch's reader does not check the zip CRCs and loads flipped bytes).
 // A dict rather than one archive key per tensor because archive keys become
 // TorchScript attribute names, and parameter names such as "layers.0.weight"
 // are not valid attribute names.
 #include "train/checkpoint_io.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
@@ -27,15 +30,39 @@
 #include <system_error>
 
 #include "compat/file_system.h"
+#include "train/crc32c.h"
+#include "train/fault_injection.h"
 
 namespace hyper_parallel::train {
 namespace {
 
 
 constexpr const char* kFormatKey = "hp_format";
-constexpr const char* kFormatTag = "hyper_parallel.tensor_file.v1";
+constexpr const char* kFormatTag = "hyper_parallel.tensor_file.v2";
+constexpr const char* kFormatTagV1 = "hyper_parallel.tensor_file.v1";
 constexpr const char* kMetadataKey = "metadata";
 constexpr const char* kTensorsKey = "tensors";
+constexpr const char* kChecksumsKey = "checksums";
+
+// A tensor read from a damaged or forged archive may claim more elements than its storage
+// holds; touching its data would read past the buffer.
+void check_fits_storage(const std::string& name, const at::Tensor& t) {
+  for (int64_t s : t.strides()) {
+    if (s < 0) throw std::runtime_error("tensor '" + name + "' has a negative stride");
+  }
+  const size_t needed = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.element_size(),
+                                                         static_cast<size_t>(t.storage_offset()));
+  const size_t held = t.storage().nbytes();
+  if (needed > held) {
+    throw std::runtime_error("tensor '" + name + "' needs " + std::to_string(needed) + " bytes but its storage holds " +
+                             std::to_string(held) + " (the file is corrupt)");
+  }
+}
+
+uint32_t tensor_crc(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  return crc32c(c.data_ptr(), c.nbytes());
+}
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
@@ -69,8 +96,11 @@ void fsync_directory(const std::string& file_path) {
 // so neither a failure nor an exception leaves a half-written file behind.
 class AtomicFile {
  public:
-  explicit AtomicFile(std::string path)
-      : path_(std::move(path)), tmp_path_(path_ + ".tmp-" + std::to_string(::getpid())) {
+  AtomicFile(std::string path, std::string crash_label, int64_t rank)
+      : path_(std::move(path)),
+        tmp_path_(path_ + ".tmp-" + std::to_string(::getpid())),
+        crash_label_(std::move(crash_label)),
+        rank_(rank) {
     fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) throw_io("cannot create the temporary file for '" + path_ + "':", tmp_path_, errno);
   }
@@ -82,10 +112,12 @@ class AtomicFile {
   }
 
   // Never throws: it runs as a callback inside LibTorch's zip writer (C code
-  // that must not be unwound through). Returns the bytes written; on failure
-  // the error is kept for commit()/error() and a short count is returned.
+  // that must not be unwound through). Always reports every byte as written:
+  // a short count makes LibTorch's writer fail an assertion in its destructor
+  // (std::terminate, "unexpected pos"). The first error is kept for commit(),
+  // and later data is dropped.
   size_t write(const void* data, size_t size) noexcept {
-    if (error_ != 0) return 0;
+    if (error_ != 0) return size;
     const char* p = static_cast<const char*>(data);
     size_t done = 0;
     while (done < size) {
@@ -93,22 +125,26 @@ class AtomicFile {
       if (n < 0) {
         if (errno == EINTR) continue;
         error_ = errno;
-        return done;
+        return size;
       }
       done += static_cast<size_t>(n);
     }
-    return done;
+    crc_ = crc32c(data, size, crc_);
+    bytes_ += static_cast<int64_t>(size);
+    return size;
   }
 
   int error() const { return error_; }
   const std::string& path() const { return path_; }
+  FileChecksum checksum() const { return {bytes_, crc_}; }
 
   void commit() {
-    if (error_ != 0) throw_io("cannot write", tmp_path_, error_);
-    if (::fsync(fd_) != 0) throw_io("cannot fsync", tmp_path_, errno);
+    if (error_ != 0) throw_io("cannot write", path_, error_);
+    if (::fsync(fd_) != 0) throw_io("cannot fsync", path_, errno);
     const int fd = fd_;
     fd_ = -1;
-    if (::close(fd) != 0) throw_io("cannot close", tmp_path_, errno);
+    if (::close(fd) != 0) throw_io("cannot close", path_, errno);
+    crash_point((crash_label_ + ".before_rename").c_str(), rank_);
     if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) throw_io("cannot rename " + tmp_path_ + " to", path_, errno);
     committed_ = true;
     fsync_directory(path_);
@@ -117,10 +153,20 @@ class AtomicFile {
  private:
   std::string path_;
   std::string tmp_path_;
+  std::string crash_label_;
+  int64_t rank_;
   int fd_ = -1;
   int error_ = 0;
   bool committed_ = false;
+  uint32_t crc_ = 0;
+  int64_t bytes_ = 0;
 };
+
+bool is_temp_file_name(const std::string& name) {
+  const auto pos = name.rfind(".tmp-");
+  if (pos == std::string::npos || pos + 5 == name.size()) return false;
+  return name.find_first_not_of("0123456789", pos + 5) == std::string::npos;
+}
 
 // A dense, contiguous CPU tensor that owns exactly its bytes: the archive
 // stores whole storages, so a view would otherwise drag its base along.
@@ -136,17 +182,23 @@ at::Tensor storable(const std::string& name, const at::Tensor& tensor) {
 
 }  // namespace
 
-void write_tensor_file(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
-                       const std::string& metadata_json) {
+FileChecksum write_tensor_file(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
+                               const std::string& metadata_json, const std::string& crash_label, int64_t rank) {
   c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& [name, tensor] : tensors) dict.insert(name, storable(name, tensor));
+  c10::Dict<std::string, int64_t> checksums;
+  for (const auto& [name, tensor] : tensors) {
+    at::Tensor t = storable(name, tensor);
+    checksums.insert(name, static_cast<int64_t>(tensor_crc(t)));
+    dict.insert(name, std::move(t));
+  }
 
   torch::serialize::OutputArchive archive;
   archive.write(kFormatKey, c10::IValue(std::string(kFormatTag)));
   archive.write(kMetadataKey, c10::IValue(metadata_json));
   archive.write(kTensorsKey, c10::IValue(dict));
+  archive.write(kChecksumsKey, c10::IValue(checksums));
 
-  AtomicFile file(path);
+  AtomicFile file(path, crash_label, rank);
   try {
     archive.save_to([&file](const void* data, size_t size) { return file.write(data, size); });
   } catch (const std::exception& e) {
@@ -155,6 +207,7 @@ void write_tensor_file(const std::string& path, const std::map<std::string, at::
     throw std::runtime_error("cannot write tensor file '" + path + "': " + short_message(e));
   }
   file.commit();
+  return file.checksum();
 }
 
 TensorFile read_tensor_file(const std::string& path) {
@@ -166,17 +219,43 @@ TensorFile read_tensor_file(const std::string& path) {
   try {
     archive.load_from(path, c10::Device(c10::kCPU));
     c10::IValue format;
-    if (!archive.try_read(kFormatKey, format) || !format.isString() || format.toStringRef() != kFormatTag) {
-      throw std::runtime_error("not a HyperParallel tensor file (missing or unknown '" + std::string(kFormatKey) +
-                               "' tag)");
+    if (!archive.try_read(kFormatKey, format) || !format.isString()) {
+      throw std::runtime_error("not a HyperParallel tensor file (missing '" + std::string(kFormatKey) + "' tag)");
+    }
+    if (format.toStringRef() == kFormatTagV1) {
+      throw std::runtime_error("written by an older hp-train (format v1, without checksums); it cannot be "
+                               "verified, so it is not loaded: start over with --checkpoint.overwrite");
+    }
+    if (format.toStringRef() != kFormatTag) {
+      throw std::runtime_error("unknown format '" + format.toStringRef().substr(0, 60) + "' (expected " +
+                               kFormatTag + ")");
     }
     c10::IValue metadata;
     archive.read(kMetadataKey, metadata);
     result.metadata_json = metadata.toStringRef();
     c10::IValue tensors;
     archive.read(kTensorsKey, tensors);
+    c10::IValue checksums;
+    archive.read(kChecksumsKey, checksums);
+    const auto sums = checksums.toGenericDict();
     for (const auto& entry : tensors.toGenericDict()) {
-      result.tensors.emplace(entry.key().toStringRef(), entry.value().toTensor());
+      const std::string& name = entry.key().toStringRef();
+      const at::Tensor& t = entry.value().toTensor();
+      check_fits_storage(name, t);
+      const auto sum = sums.find(name);
+      if (sum == sums.end()) throw std::runtime_error("tensor '" + name + "' has no stored checksum");
+      const auto expected = static_cast<uint32_t>(sum->value().toInt());
+      const uint32_t actual = tensor_crc(t);
+      if (actual != expected) {
+        throw std::runtime_error("tensor '" + name + "' is corrupt: its bytes have CRC-32C " + crc32c_hex(actual) +
+                                 ", the file recorded " + crc32c_hex(expected) +
+                                 " when it was written (the file was damaged after the save)");
+      }
+      result.tensors.emplace(name, t);
+    }
+    if (sums.size() != tensors.toGenericDict().size()) {
+      throw std::runtime_error("the checksum table lists " + std::to_string(sums.size()) + " tensors, the file holds " +
+                               std::to_string(tensors.toGenericDict().size()));
     }
   } catch (const std::exception& e) {
     throw std::runtime_error("cannot read tensor file '" + path + "': " + short_message(e));
@@ -188,12 +267,65 @@ std::string step_directory(const std::string& folder, int64_t step) {
   return compat::join_path(folder, "step-" + std::to_string(step));
 }
 
-void write_latest_marker(const std::string& folder, int64_t step) {
-  if (step < 0) throw std::invalid_argument("write_latest_marker: negative step " + std::to_string(step));
-  AtomicFile file(compat::join_path(folder, "latest"));
-  const std::string text = std::to_string(step) + "\n";
+FileChecksum checksum_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_io("cannot open", path, errno);
+  FileChecksum sum;
+  std::vector<char> buffer(1 << 20);
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      throw_io("cannot read", path, err);
+    }
+    if (n == 0) break;
+    sum.crc32c = crc32c(buffer.data(), static_cast<size_t>(n), sum.crc32c);
+    sum.bytes += n;
+  }
+  ::close(fd);
+  return sum;
+}
+
+void write_file_atomically(const std::string& path, const std::string& text, const std::string& crash_label,
+                           int64_t rank) {
+  AtomicFile file(path, crash_label, rank);
   file.write(text.data(), text.size());
   file.commit();
+}
+
+std::string read_whole_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw_io("cannot open", path, errno);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) throw_io("cannot read", path, errno);
+  return buffer.str();
+}
+
+std::vector<std::string> remove_temp_files(const std::string& folder) {
+  std::vector<std::string> removed;
+  if (!compat::is_directory(folder)) return removed;
+  auto sweep = [&removed](const std::string& dir) {
+    for (const auto& name : compat::list_directory(dir)) {
+      const std::string path = compat::join_path(dir, name);
+      if (is_temp_file_name(name) && !compat::is_directory(path) && ::unlink(path.c_str()) == 0) {
+        removed.push_back(path);
+      }
+    }
+  };
+  sweep(folder);
+  for (const auto& name : compat::list_directory(folder)) {
+    const std::string path = compat::join_path(folder, name);
+    if (compat::is_directory(path)) sweep(path);
+  }
+  return removed;
+}
+
+void write_latest_marker(const std::string& folder, int64_t step, int64_t rank) {
+  if (step < 0) throw std::invalid_argument("write_latest_marker: negative step " + std::to_string(step));
+  write_file_atomically(compat::join_path(folder, "latest"), std::to_string(step) + "\n", "latest", rank);
 }
 
 std::optional<int64_t> read_latest_marker(const std::string& folder) {

@@ -2,6 +2,9 @@
 // text-file corpus and the (seed, step)-deterministic batch sampler (see data.h).
 #include "train/data.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -10,6 +13,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -17,6 +21,9 @@
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "train/token_id_file.h"
+#include "train/word_tokenizer.h"
 
 namespace hyper_parallel::train {
 namespace {
@@ -113,95 +120,98 @@ class SplitCorpus : public TokenCorpus {
   at::Tensor validation_;
 };
 
-at::Tensor generate_synthetic(int64_t vocab_size, int64_t num_tokens, uint64_t seed) {
-  const ZipfSampler zipf(vocab_size, kZipfExponent, kZipfOffset);
-  const ZipfSampler noise_zipf(vocab_size, kNoiseZipfExponent, kZipfOffset);
-
-  // Structure (tables) and the stream use separate streams, so changing the
-  // generation loop never changes the language itself.
-  SplitMix64 table_rng(derive_seed(seed, 1));
-  std::vector<int64_t> rank_to_id(static_cast<size_t>(vocab_size));
-  for (int64_t i = 0; i < vocab_size; ++i) rank_to_id[static_cast<size_t>(i)] = i;
-  for (int64_t i = vocab_size - 1; i > 0; --i) {
-    std::swap(rank_to_id[static_cast<size_t>(i)],
-              rank_to_id[table_rng.below(static_cast<uint64_t>(i + 1))]);
+// The language: Zipf unigrams mapped to ids, successor table, phrases. Built from the
+// seed alone; walks of any length are then drawn from it.
+class ZipfMarkovLanguage {
+ public:
+  ZipfMarkovLanguage(int64_t vocab_size, uint64_t seed)
+      : zipf_(vocab_size, kZipfExponent, kZipfOffset),
+        noise_zipf_(vocab_size, kNoiseZipfExponent, kZipfOffset),
+        phrase_zipf_(kNumPhrases, 1.0, kZipfOffset) {
+    // Structure (tables) and the stream use separate streams, so changing the
+    // generation loop never changes the language itself.
+    SplitMix64 table_rng(derive_seed(seed, 1));
+    rank_to_id_.resize(static_cast<size_t>(vocab_size));
+    for (int64_t i = 0; i < vocab_size; ++i) rank_to_id_[static_cast<size_t>(i)] = i;
+    for (int64_t i = vocab_size - 1; i > 0; --i) {
+      std::swap(rank_to_id_[static_cast<size_t>(i)], rank_to_id_[table_rng.below(static_cast<uint64_t>(i + 1))]);
+    }
+    successors_.resize(static_cast<size_t>(vocab_size * kSuccessors));
+    for (auto& s : successors_) s = zipf_id(table_rng);
+    phrase_start_.assign(kNumPhrases + 1, 0);
+    for (int64_t p = 0; p < kNumPhrases; ++p) {
+      const int64_t len = kMinPhraseLen + static_cast<int64_t>(table_rng.below(kMaxPhraseLen - kMinPhraseLen + 1));
+      for (int64_t k = 0; k < len; ++k) phrase_tokens_.push_back(zipf_id(table_rng));
+      phrase_start_[static_cast<size_t>(p + 1)] = static_cast<int64_t>(phrase_tokens_.size());
+    }
   }
-  auto zipf_id = [&](SplitMix64& rng) { return rank_to_id[static_cast<size_t>(zipf.sample(rng))]; };
 
-  std::vector<int64_t> successors(static_cast<size_t>(vocab_size * kSuccessors));
-  for (auto& s : successors) s = zipf_id(table_rng);
-
-  std::vector<int64_t> phrase_start(kNumPhrases + 1, 0);
-  std::vector<int64_t> phrase_tokens;
-  for (int64_t p = 0; p < kNumPhrases; ++p) {
-    const int64_t len =
-        kMinPhraseLen + static_cast<int64_t>(table_rng.below(kMaxPhraseLen - kMinPhraseLen + 1));
-    for (int64_t k = 0; k < len; ++k) phrase_tokens.push_back(zipf_id(table_rng));
-    phrase_start[static_cast<size_t>(p + 1)] = static_cast<int64_t>(phrase_tokens.size());
-  }
-  const ZipfSampler phrase_zipf(kNumPhrases, 1.0, kZipfOffset);
-
-  at::Tensor out = at::empty({num_tokens}, at::kLong);
-  int64_t* o = out.data_ptr<int64_t>();
-  SplitMix64 rng(derive_seed(seed, 2));
-  int64_t cur = zipf_id(rng);
-  o[0] = cur;
-  int64_t i = 1;
-  while (i < num_tokens) {
-    const double u = rng.uniform();
-    if (u < kPhraseProb) {
-      const auto p = static_cast<size_t>(phrase_zipf.sample(rng));
-      for (int64_t k = phrase_start[p]; k < phrase_start[p + 1] && i < num_tokens; ++k) {
-        cur = phrase_tokens[static_cast<size_t>(k)];
-        o[i++] = cur;
+  // Writes a walk of n tokens to o, drawn with rng.
+  void walk(SplitMix64& rng, int64_t* o, int64_t n) const {
+    if (n <= 0) return;
+    int64_t cur = zipf_id(rng);
+    o[0] = cur;
+    int64_t i = 1;
+    while (i < n) {
+      const double u = rng.uniform();
+      if (u < kPhraseProb) {
+        const auto p = static_cast<size_t>(phrase_zipf_.sample(rng));
+        for (int64_t k = phrase_start_[p]; k < phrase_start_[p + 1] && i < n; ++k) {
+          cur = phrase_tokens_[static_cast<size_t>(k)];
+          o[i++] = cur;
+        }
+        continue;
       }
-      continue;
+      if (u < kPhraseProb + kNoiseProb) {
+        cur = rank_to_id_[static_cast<size_t>(noise_zipf_.sample(rng))];
+      } else {
+        const double v = rng.uniform();
+        int k = 0;
+        while (k + 1 < kSuccessors && v >= kSuccessorCdf[static_cast<size_t>(k)]) ++k;
+        cur = successors_[static_cast<size_t>(cur * kSuccessors + k)];
+      }
+      o[i++] = cur;
     }
-    if (u < kPhraseProb + kNoiseProb) {
-      cur = rank_to_id[static_cast<size_t>(noise_zipf.sample(rng))];
-    } else {
-      const double v = rng.uniform();
-      int k = 0;
-      while (k + 1 < kSuccessors && v >= kSuccessorCdf[static_cast<size_t>(k)]) ++k;
-      cur = successors[static_cast<size_t>(cur * kSuccessors + k)];
-    }
-    o[i++] = cur;
   }
+
+ private:
+  int64_t zipf_id(SplitMix64& rng) const { return rank_to_id_[static_cast<size_t>(zipf_.sample(rng))]; }
+
+  ZipfSampler zipf_, noise_zipf_, phrase_zipf_;
+  std::vector<int64_t> rank_to_id_, successors_, phrase_start_, phrase_tokens_;
+};
+
+at::Tensor generate_synthetic(int64_t vocab_size, int64_t num_tokens, uint64_t seed) {
+  const ZipfMarkovLanguage language(vocab_size, seed);
+  at::Tensor out = at::empty({num_tokens}, at::kLong);
+  SplitMix64 rng(derive_seed(seed, 2));
+  language.walk(rng, out.data_ptr<int64_t>(), num_tokens);
   return out;
 }
 
-// --- text files --------------------------------------------------------------
-
-bool is_word_byte(unsigned char c) { return std::isalnum(c) || c >= 0x80; }
-
-// Calls emit(std::string_view token) for each token of text (see data.h).
-template <typename Emit>
-void tokenize(const std::string& text, Emit&& emit) {
-  std::string word;
+// Why `text` (the start of a corpus file) is not text, or "" when it is: a NUL byte,
+// or a byte sequence that is not UTF-8. A truncated sequence at the very end is the
+// cut of the sample, not an error.
+std::string not_text_reason(const std::string& text) {
   const size_t n = text.size();
-  size_t i = 0;
-  while (i < n) {
+  for (size_t i = 0; i < n;) {
     const auto c = static_cast<unsigned char>(text[i]);
-    if (is_word_byte(c)) {
-      word.clear();
-      while (i < n) {
-        const auto d = static_cast<unsigned char>(text[i]);
-        if (is_word_byte(d)) {
-          word.push_back(static_cast<char>(std::tolower(d)));
-          ++i;
-        } else if (d == '\'' && i + 1 < n && is_word_byte(static_cast<unsigned char>(text[i + 1]))) {
-          word.push_back('\'');  // inside a word: "don't" stays one token
-          ++i;
-        } else {
-          break;
-        }
+    if (c == 0) return "a NUL byte at offset " + std::to_string(i);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (len == 0) return "not valid UTF-8: byte 0x" + [&] {
+      char buf[3];
+      std::snprintf(buf, sizeof buf, "%02x", c);
+      return std::string(buf);
+    }() + " at offset " + std::to_string(i);
+    if (i + len > n) break;
+    for (size_t k = 1; k < len; ++k) {
+      if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) {
+        return "not valid UTF-8: a broken multi-byte sequence at offset " + std::to_string(i);
       }
-      emit(std::string_view(word));
-    } else {
-      if (std::isgraph(c)) emit(std::string_view(&text[i], 1));
-      ++i;
     }
+    i += len;
   }
+  return "";
 }
 
 }  // namespace
@@ -220,42 +230,55 @@ std::unique_ptr<TokenCorpus> make_text_file_corpus(const std::string& path, int6
                                                    int64_t min_split_tokens) {
   TORCH_CHECK(vocab_size >= 3, "text corpus '", path,
               "': vocab_size must be >= 3 (<pad>, <unk> and one word), got ", vocab_size);
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in.is_open(), "text corpus: cannot read '", path, "': ", std::strerror(errno));
-  std::string text;
-  try {
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  } catch (const std::exception& e) {  // e.g. a directory: it opens, then fails on read
-    TORCH_CHECK(false, "text corpus: cannot read '", path, "': ", e.what());
-  }
-  TORCH_CHECK(!in.bad(), "text corpus: cannot read '", path, "': read error");
+  const std::string what = "text corpus '" + path + "'";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TORCH_CHECK(fd >= 0, "text corpus: cannot read '", path, "': ", std::strerror(errno));
+  const std::unique_ptr<int, void (*)(int*)> closer(new int(fd), [](int* f) {
+    ::close(*f);
+    delete f;
+  });
 
-  // Intern words as they come (ids in first-seen order) so a big file is held
-  // as integers, not as strings.
+  // Streamed in 1 MiB chunks: words are interned as they come (ids in first-seen order)
+  // and the ids go to a file, so memory is the word table, not the text or its tokens.
   std::unordered_map<std::string, int64_t> index;
   std::vector<std::string> words;
-  std::vector<int64_t> stream;
-  tokenize(text, [&](std::string_view w) {
+  TokenIdFile ids(what);
+  WordTokenizer tokenizer([&](std::string_view w) {
     auto [it, inserted] = index.try_emplace(std::string(w), static_cast<int64_t>(words.size()));
     if (inserted) words.emplace_back(w);
-    stream.push_back(it->second);
+    ids.append(it->second);
   });
-  text.clear();
-  text.shrink_to_fit();
+  std::string chunk(size_t{1} << 20, '\0');
+  for (bool first = true;; first = false) {
+    const ssize_t n = ::read(fd, chunk.data(), chunk.size());
+    if (n < 0 && errno == EINTR) continue;
+    TORCH_CHECK(n >= 0, "text corpus: cannot read '", path, "': ", std::strerror(errno));
+    if (n == 0) break;
+    const std::string_view bytes(chunk.data(), static_cast<size_t>(n));
+    if (first) {
+      // A binary file would tokenize into garbage words and train "fine"; say why it is refused.
+      const std::string reason = not_text_reason(std::string(bytes));
+      TORCH_CHECK(reason.empty(), what, " is not text (", reason,
+                  "): training.data must be a UTF-8 or ASCII text file");
+    }
+    tokenizer.feed(bytes);
+  }
+  tokenizer.finish();
 
-  const auto n = static_cast<int64_t>(stream.size());
+  const int64_t n = ids.size();
   const int64_t n_val = n / 10;
   const int64_t n_train = n - n_val;
   // One (input, target) pair needs two tokens; the validation part is the smaller one.
   const int64_t need = std::max<int64_t>(min_split_tokens, 2);
-  TORCH_CHECK(n_val >= need, "text corpus '", path, "' is too short for one batch: its ", n,
-              " tokens give ", n_train, " train + ", n_val,
-              " validation tokens, but each part needs at least ", need, " (a file of at least ",
-              10 * need, " tokens)");
+  TORCH_CHECK(n_val >= need, what, " is too short for one batch: its ", n, " tokens give ", n_train, " train + ",
+              n_val, " validation tokens, but each part needs at least ", need, " (a file of at least ", 10 * need,
+              " tokens)");
 
   // Vocabulary from the training part only, so validation measures unseen text.
   std::vector<int64_t> count(words.size(), 0);
-  for (int64_t i = 0; i < n_train; ++i) ++count[static_cast<size_t>(stream[static_cast<size_t>(i)])];
+  ids.for_each_block(n_train, /*rewrite=*/false, [&](int64_t* block, int64_t m) {
+    for (int64_t i = 0; i < m; ++i) ++count[static_cast<size_t>(block[i])];
+  });
   std::vector<int64_t> order;
   for (size_t w = 0; w < words.size(); ++w) {
     if (count[w] > 0) order.push_back(static_cast<int64_t>(w));
@@ -268,20 +291,65 @@ std::unique_ptr<TokenCorpus> make_text_file_corpus(const std::string& path, int6
   std::vector<int64_t> to_id(words.size(), 1);  // 1 = <unk>
   for (size_t r = 0; r < kept; ++r) to_id[static_cast<size_t>(order[r])] = static_cast<int64_t>(r) + 2;
 
-  at::Tensor all = at::empty({n}, at::kLong);
-  int64_t* o = all.data_ptr<int64_t>();
   int64_t unk = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    o[i] = to_id[static_cast<size_t>(stream[static_cast<size_t>(i)])];
-    unk += (o[i] == 1);
-  }
+  ids.for_each_block(n, /*rewrite=*/true, [&](int64_t* block, int64_t m) {
+    for (int64_t i = 0; i < m; ++i) {
+      block[i] = to_id[static_cast<size_t>(block[i])];
+      unk += (block[i] == 1);
+    }
+  });
 
-  std::ostringstream what;
-  what.precision(3);
-  what << "text corpus '" << path << "' (" << words.size() << " distinct words, " << kept
-       << " in vocabulary, " << 100.0 * static_cast<double>(unk) / static_cast<double>(n)
-       << "% <unk>)";
-  return std::make_unique<SplitCorpus>(std::move(all), vocab_size, what.str());
+  std::ostringstream description;
+  description.precision(3);
+  description << what << " (" << words.size() << " distinct words, " << kept << " in vocabulary, "
+              << 100.0 * static_cast<double>(unk) / static_cast<double>(n) << "% <unk>)";
+  return std::make_unique<SplitCorpus>(ids.map(), vocab_size, description.str());
+}
+
+struct SyntheticBatchStream::Language {
+  ZipfMarkovLanguage language;
+};
+
+SyntheticBatchStream::SyntheticBatchStream(int64_t vocab_size, int64_t batch_size, int64_t seq_len, uint64_t seed,
+                                           uint64_t split, int64_t dp_rank, int64_t dp_size)
+    : vocab_size_(vocab_size), batch_size_(batch_size), seq_len_(seq_len), seed_(seed), split_(split) {
+  TORCH_CHECK(vocab_size >= 64, "synthetic corpus: vocab_size must be >= 64, got ", vocab_size);
+  TORCH_CHECK(batch_size > 0 && seq_len > 0, "synthetic corpus: batch_size and seq_len must be > 0, got ", batch_size,
+              " and ", seq_len);
+  TORCH_CHECK(dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size, "synthetic corpus: expected 0 <= dp_rank < dp_size, got ",
+              dp_rank, " and ", dp_size);
+  TORCH_CHECK(batch_size % dp_size == 0, "synthetic corpus: batch_size ", batch_size,
+              " must be divisible by the data-parallel size ", dp_size);
+  rows_ = batch_size / dp_size;
+  first_row_ = dp_rank * rows_;
+  language_ = std::make_unique<Language>(Language{ZipfMarkovLanguage(vocab_size, seed)});
+}
+
+SyntheticBatchStream::~SyntheticBatchStream() = default;
+
+Batch SyntheticBatchStream::batch_at(int64_t step) const {
+  TORCH_CHECK(step >= 0, "SyntheticBatchStream: step must be >= 0, got ", step);
+  at::Tensor input = at::empty({rows_, seq_len_}, at::kLong);
+  at::Tensor target = at::empty({rows_, seq_len_}, at::kLong);
+  std::vector<int64_t> walk(static_cast<size_t>(seq_len_ + 1));
+  const uint64_t step_seed = derive_seed(derive_seed(seed_, 3 + split_), static_cast<uint64_t>(step));
+  int64_t* in = input.data_ptr<int64_t>();
+  int64_t* tg = target.data_ptr<int64_t>();
+  const auto row_bytes = static_cast<size_t>(seq_len_) * sizeof(int64_t);
+  for (int64_t r = 0; r < rows_; ++r) {
+    SplitMix64 rng(derive_seed(step_seed, static_cast<uint64_t>(first_row_ + r)));
+    language_->language.walk(rng, walk.data(), seq_len_ + 1);
+    std::memcpy(in + r * seq_len_, walk.data(), row_bytes);
+    std::memcpy(tg + r * seq_len_, walk.data() + 1, row_bytes);
+  }
+  return {input, target};
+}
+
+std::string SyntheticBatchStream::describe() const {
+  std::ostringstream os;
+  os << "synthetic corpus (Zipf-Markov with phrases, seed " << seed_ << "), generated per batch: " << rows_
+     << " rows of " << seq_len_ + 1 << " tokens per step, vocab " << vocab_size_;
+  return os.str();
 }
 
 BatchSampler::BatchSampler(const at::Tensor& tokens, int64_t batch_size, int64_t seq_len,

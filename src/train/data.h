@@ -75,22 +75,55 @@ std::unique_ptr<TokenCorpus> make_synthetic_corpus(int64_t vocab_size = kDefault
 // other word, including validation words unseen in training). vocab_size()
 // is the requested vocab_size even when the file has fewer distinct words, so
 // the model shape (and its divisibility by the TP size) does not depend on it.
-// Throws (c10::Error, naming the file) when the file cannot be read, or when the
+// Throws (c10::Error, naming the file) when the file cannot be read, is not text (a
+// NUL byte, or bytes that are not UTF-8: the offset is named), or when the
 // training or validation part has fewer than min_split_tokens tokens; hp-train
 // passes seq_len + 1, the length of one window of a batch.
 std::unique_ptr<TokenCorpus> make_text_file_corpus(const std::string& path, int64_t vocab_size,
                                                    int64_t min_split_tokens = 2);
 
+// Where a step's batch comes from: a pure function of the step, so that a resumed run
+// sees the same batches and every tensor-parallel rank builds the same batch.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  // int64 CPU tensors [rows, seq_len]; step must be >= 0.
+  virtual Batch batch_at(int64_t step) const = 0;
+};
+
+// The built-in synthetic language (same tables as make_synthetic_corpus), generated per
+// batch instead of held: every row of every step is a fresh walk of seq_len + 1 tokens
+// seeded by (seed, split, step, global row), so memory is the language's tables (O(vocab),
+// ~2 MB for 32000) whatever training.steps is, and batch_at(10^9) costs what batch_at(0)
+// does. split 0 is training, 1 validation (different walks). Sharded for data
+// parallelism: rank dp_rank of dp_size generates only its batch_size / dp_size rows of
+// the global batch (rows dp_rank * batch_size / dp_size ...).
+class SyntheticBatchStream : public BatchSource {
+ public:
+  SyntheticBatchStream(int64_t vocab_size, int64_t batch_size, int64_t seq_len, uint64_t seed, uint64_t split,
+                       int64_t dp_rank = 0, int64_t dp_size = 1);
+  ~SyntheticBatchStream() override;
+  Batch batch_at(int64_t step) const override;
+  std::string describe() const;
+
+ private:
+  struct Language;
+  std::unique_ptr<Language> language_;
+  int64_t vocab_size_, batch_size_, seq_len_;
+  uint64_t seed_, split_;
+  int64_t first_row_, rows_;
+};
+
 // Random windows of seq_len + 1 consecutive tokens. The batch of a step depends
 // only on (seed, step) — not on earlier calls — so a resumed run sees exactly the
 // same batches, and every tensor-parallel rank builds the same batch. The tokens
 // are shared with the caller (no copy when already contiguous).
-class BatchSampler {
+class BatchSampler : public BatchSource {
  public:
   BatchSampler(const at::Tensor& tokens, int64_t batch_size, int64_t seq_len, uint64_t seed);
 
   // int64 CPU tensors [batch_size, seq_len]; step must be >= 0.
-  Batch batch_at(int64_t step) const;
+  Batch batch_at(int64_t step) const override;
 
   int64_t batch_size() const { return batch_size_; }
   int64_t seq_len() const { return seq_len_; }

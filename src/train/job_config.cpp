@@ -122,6 +122,7 @@ const std::vector<Field>& fields() {
       HP_FIELD(checkpoint, folder, "checkpoint folder, relative to job.dump_folder"),
       HP_FIELD(checkpoint, interval, "save every this many steps"),
       HP_FIELD(checkpoint, resume, "resume from the latest checkpoint in the folder"),
+      HP_FIELD(checkpoint, overwrite, "start over in a folder with checkpoints, deleting them"),
 
       HP_FIELD(validation, enable, "run validation"),
       HP_FIELD(validation, freq, "validate every this many steps"),
@@ -179,19 +180,21 @@ std::string known_keys(const std::string& section) {
 
 std::string known_sections() { return "known sections: " + join(sections(), ", "); }
 
+// Optimal-string-alignment distance: Levenshtein plus a swap of two neighbouring
+// letters as one edit, the commonest typo ("stpes" for "steps").
 size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
   for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
     for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
     }
   }
-  return row[b.size()];
+  return d[a.size()][b.size()];
 }
 
 // "; did you mean 'section.key'?" for a key that exists in other sections, else for a
@@ -672,6 +675,9 @@ void validate(const JobConfig& cfg) {
               std::to_string(tp) + "; unset parallelism.disable_loss_parallel or training.fused_linear_loss");
 
   non_empty("checkpoint.folder", cfg.checkpoint.folder);
+  require(!(cfg.checkpoint.resume && cfg.checkpoint.overwrite),
+          "checkpoint.resume and checkpoint.overwrite contradict each other: resume continues the "
+          "checkpoints in the folder, overwrite deletes them; choose one");
   positive("checkpoint.interval", cfg.checkpoint.interval);
   positive("validation.freq", cfg.validation.freq);
   positive("validation.steps", cfg.validation.steps);

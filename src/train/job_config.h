@@ -69,6 +69,9 @@ struct CheckpointConfig {
   std::string folder = "checkpoints";   // under job.dump_folder
   int64_t interval = 10;                // save every this many steps (and at the end)
   bool resume = false;                  // start from the latest checkpoint in folder
+  // Without resume, a folder that already holds checkpoints is an error (it would
+  // lose the earlier run's resume point); overwrite deletes them and starts over.
+  bool overwrite = false;
 };
 
 // [validation]: periodic evaluation on held-out batches.

@@ -4,6 +4,7 @@
 #include "compat/file_system.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -65,11 +66,45 @@ bool fail(std::string* error, const std::string& message) {
 
 }  // namespace
 
-MetricsLogger::MetricsLogger(const std::string& folder) : path_(compat::join_path(folder, "metrics.jsonl")) {
+MetricsLogger::MetricsLogger(const std::string& folder, int64_t resume_step)
+    : path_(compat::join_path(folder, "metrics.jsonl")) {
   std::string error;
   if (!compat::create_directories(folder, &error)) throw std::runtime_error("metrics folder: " + error);
-  out_.open(path_, std::ios::out | std::ios::app | std::ios::binary);
-  if (!out_) throw std::runtime_error("cannot open metrics file '" + path_ + "' for appending");
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw std::runtime_error("cannot open metrics file '" + path_ + "': " + errno_text(errno));
+
+  // Where the kept part of an existing file ends.
+  std::ifstream in(path_, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t keep = 0;
+  while (keep < text.size()) {
+    const size_t end = text.find('\n', keep);
+    if (end == std::string::npos) break;  // torn last line
+    if (resume_step == 0) break;
+    if (resume_step > 0) {
+      const auto record = nlohmann::json::parse(text.substr(keep, end - keep), nullptr, /*allow_exceptions=*/false);
+      const auto step = record.is_object() ? record.find("step") : record.end();
+      if (record.is_object() && step != record.end() && step->is_number_integer() &&
+          step->get<int64_t>() > resume_step) {
+        break;
+      }
+    }
+    keep = end + 1;
+  }
+  // Lines cut: the whole ones after `keep`, and a torn one.
+  for (size_t p = keep; p < text.size(); ++dropped_) {
+    const size_t end = text.find('\n', p);
+    p = end == std::string::npos ? text.size() : end + 1;
+  }
+  if (keep < text.size() && ::ftruncate(fd_, static_cast<off_t>(keep)) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    throw std::runtime_error("cannot cut the metrics file '" + path_ + "' back to its whole lines: " + errno_text(err));
+  }
+}
+
+MetricsLogger::~MetricsLogger() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void MetricsLogger::log(const nlohmann::json& record) {
@@ -78,9 +113,23 @@ void MetricsLogger::log(const nlohmann::json& record) {
                                 std::string(record.type_name()));
   }
   // "replace": a stray invalid UTF-8 byte in a string field must not stop training.
-  out_ << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
-  out_.flush();
-  if (!out_) throw std::runtime_error("cannot write metrics file '" + path_ + "'");
+  const std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) throw std::runtime_error("cannot stat metrics file '" + path_ + "': " + errno_text(errno));
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      // Whole lines or nothing: cut the part that made it back off.
+      const bool cut = ::ftruncate(fd_, st.st_size) == 0;
+      throw std::runtime_error("cannot write metrics file '" + path_ + "': " + errno_text(err) +
+                               (cut ? "" : " (and cutting the partial line back failed: " + errno_text(errno) + ")"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd_) != 0) throw std::runtime_error("cannot fsync metrics file '" + path_ + "': " + errno_text(errno));
 }
 
 std::vector<nlohmann::json> read_metrics(const std::string& jsonl_path) {

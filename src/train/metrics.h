@@ -16,24 +16,35 @@
 
 namespace hyper_parallel::train {
 
-// Appends records to <folder>/metrics.jsonl (the folder is created; an existing
-// file is continued, which is what a resumed run wants). Each line is flushed
-// as it is logged so that a crash loses nothing already logged and a reader can
-// follow the file live. Only rank 0 should construct one (the caller decides).
+// Appends records to <folder>/metrics.jsonl (the folder is created). An existing
+// file is first cut to what the run continues from: a torn last line (the writer
+// was killed mid-line) is always dropped; with resume_step >= 0, so is every record
+// from a step after it (logged after the checkpoint, they are logged again), so
+// resume_step 0 (a fresh run) starts an empty file. resume_step -1 keeps every
+// whole line. Each line is written whole or not at all (one write, cut back on a
+// short write) and fsync'ed, so a crash or a full disk never leaves half a line.
+// Only rank 0 should construct one (the caller decides).
 class MetricsLogger {
  public:
-  explicit MetricsLogger(const std::string& folder);
+  explicit MetricsLogger(const std::string& folder, int64_t resume_step = -1);
+  ~MetricsLogger();
+  MetricsLogger(const MetricsLogger&) = delete;
+  MetricsLogger& operator=(const MetricsLogger&) = delete;
 
   // Writes `record` (a JSON object; std::invalid_argument otherwise) as one
   // line. Non-finite numbers are written as null, as JSON has no NaN/Inf.
-  // Throws std::runtime_error naming the file when the write fails.
+  // Throws std::runtime_error naming the file and the OS reason when the write
+  // fails; the file then ends with the previous whole line.
   void log(const nlohmann::json& record);
 
   const std::string& path() const { return path_; }
+  // Records the constructor cut from an existing file (a torn line counts as one).
+  int64_t dropped_records() const { return dropped_; }
 
  private:
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;
+  int64_t dropped_ = 0;
 };
 
 // Every record of a metrics file, in order; blank lines are skipped. A last

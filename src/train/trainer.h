@@ -17,9 +17,11 @@
 #include <vector>
 
 #include "hyper_parallel/llama.h"
+#include "train/checkpoint_manifest.h"
 #include "train/data.h"
 #include "train/job_config.h"
 #include "train/train_context.h"
+#include "train/parallelism_scope.h"
 
 namespace torch::optim {
 class AdamW;
@@ -31,15 +33,19 @@ class MetricsLogger;
 
 class Validator {
  public:
+  // Batches from `tokens` (a held-out token stream, sampled with seed training.seed + 1).
   Validator(const ValidationConfig& config, const TrainingConfig& training, const at::Tensor& tokens,
             TrainContext validation_context);
+  // Batches 0 .. config.steps - 1 of `batches` (e.g. the synthetic stream's validation split).
+  Validator(const ValidationConfig& config, const TrainingConfig& training,
+            std::shared_ptr<const BatchSource> batches, TrainContext validation_context);
   // Mean loss over config.steps fixed batches, without gradients.
   double validate(Llama& model) const;
 
  private:
   ValidationConfig config_;
-  bool fused_linear_loss_;
-  BatchSampler sampler_;
+  std::shared_ptr<const BatchSource> batches_;
+  bool fused_linear_loss_;  // training.fused_linear_loss: the same loss path as training
   TrainContext context_;
 };
 
@@ -69,16 +75,32 @@ class Trainer {
   Llama& model() { return model_; }
   const JobConfig& config() const { return config_; }
 
+  // The save protocol of checkpoint_manifest.h; a failure on any rank is an error
+  // on every rank (naming the file and the OS reason on the rank that failed).
   void save_checkpoint() const;
-  // Loads the latest checkpoint; false when there is none.
+  // Loads the latest checkpoint after verifying it (checkpoint_manifest.h); false
+  // when there is none. A mismatch on any rank is an error on every rank.
   bool load_checkpoint();
+  // Chosen by rank 0 at start (or taken from the checkpoint resumed), the same on all ranks.
+  const std::string& run_id() const { return run_id_; }
 
  private:
+  // What this job's checkpoints are (step: the current one).
+  CheckpointIdentity identity() const;
+  // Temp files of interrupted saves; refuses (or with overwrite, clears) a folder
+  // holding an earlier run's checkpoints when this run does not resume.
+  void prepare_checkpoint_folder();
+  // Collective: every rank throws when any rank's `own_error` is non-empty, with its own
+  // error or, on the others, which ranks failed at `what`.
+  void agree_or_throw(const std::string& own_error, const std::string& what) const;
+  // Verifies and loads step `step` of the checkpoint folder (throws on this rank only).
+  void load_step(int64_t step);
   double forward_backward(const Batch& batch);
   std::string checkpoint_folder() const;
   std::string metrics_folder() const;
 
   JobConfig config_;
+  std::optional<ParallelismScope> parallelism_scope_;  // set in the constructor, restored at the end
   std::ostream* log_;
   int64_t rank_ = 0;
   bool tp_enabled_ = false;
@@ -86,12 +108,13 @@ class Trainer {
   std::optional<DeviceMesh> tp_mesh_;
   Llama model_{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer_;
-  std::unique_ptr<TokenCorpus> corpus_;
-  std::unique_ptr<BatchSampler> sampler_;
+  std::unique_ptr<TokenCorpus> corpus_;  // a text file's tokens; null for the synthetic stream
+  std::shared_ptr<const BatchSource> batches_;
   TrainContext train_context_;
   std::unique_ptr<Validator> validator_;
   std::unique_ptr<MetricsLogger> metrics_;
   int64_t step_ = 0;
+  std::string run_id_;
 };
 
 // The model arguments of a job's [model] section.

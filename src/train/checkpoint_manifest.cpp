@@ -1,0 +1,249 @@
+// checkpoint_manifest.cpp — identities, manifests and the checks of a resume.
+#include "train/checkpoint_manifest.h"
+
+#include <cstdio>
+#include <stdexcept>
+
+#include "compat/file_system.h"
+#include "train/crc32c.h"
+
+namespace hyper_parallel::train {
+namespace {
+
+constexpr const char* kManifestFormat = "hyper_parallel.checkpoint_manifest.v1";
+
+std::string fnv1a_hex(const std::string& text) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+template <typename T>
+T field(const nlohmann::json& j, const char* key, const std::string& where) {
+  const auto it = j.find(key);
+  if (it == j.end()) throw std::runtime_error(where + ": missing field '" + key + "'");
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw std::runtime_error(where + ": field '" + std::string(key) + "' has the wrong type (" + it->dump() + ")");
+  }
+}
+
+uint32_t parse_crc(const std::string& hex, const std::string& where) {
+  char* end = nullptr;
+  const unsigned long v = std::strtoul(hex.c_str(), &end, 16);
+  if (hex.size() != 8 || !end || *end != '\0') throw std::runtime_error(where + ": malformed crc32c '" + hex + "'");
+  return static_cast<uint32_t>(v);
+}
+
+// The first way in which `file_id` (from a rank file) is not the manifest's run,
+// step and the rank it is stored as; empty when it is.
+std::string identity_problem(const CheckpointIdentity& file_id, int64_t file_rank, const CheckpointIdentity& want,
+                             int64_t want_rank) {
+  if (file_id.run_id != want.run_id) {
+    return "it belongs to run " + file_id.run_id + ", the step to run " + want.run_id +
+           " (a file of another run was left or copied here)";
+  }
+  if (file_id.step != want.step) {
+    return "it was saved at step " + std::to_string(file_id.step) + ", not step " + std::to_string(want.step) +
+           " (copied from another step folder)";
+  }
+  if (file_rank != want_rank) {
+    return "it holds rank " + std::to_string(file_rank) + "'s state, not rank " + std::to_string(want_rank) +
+           "'s (rank files swapped or renamed)";
+  }
+  const auto mismatches = resume_mismatches(file_id, want);
+  if (!mismatches.empty()) return "its layout differs from the step's: " + mismatches.front();
+  return "";
+}
+
+CheckpointIdentity rank_file_identity(const std::string& metadata_json, const std::string& path, int64_t* rank) {
+  nlohmann::json meta = nlohmann::json::parse(metadata_json, nullptr, /*allow_exceptions=*/false);
+  if (meta.is_discarded() || !meta.is_object()) {
+    throw std::runtime_error("checkpoint file '" + path + "': its metadata is not a JSON object");
+  }
+  *rank = field<int64_t>(meta, "rank", "checkpoint file '" + path + "'");
+  return identity_from_json(meta, "checkpoint file '" + path + "'");
+}
+
+}  // namespace
+
+std::string CheckpointIdentity::config_hash() const { return fnv1a_hex(model.dump() + "|" + dtype); }
+
+nlohmann::json to_json(const CheckpointIdentity& id) {
+  return {{"run_id", id.run_id},
+          {"step", id.step},
+          {"world_size", id.world_size},
+          {"tensor_parallel_degree", id.tensor_parallel_degree},
+          {"data_parallel_degree", id.data_parallel_degree},
+          {"dtype", id.dtype},
+          {"model", id.model},
+          {"config_hash", id.config_hash()}};
+}
+
+CheckpointIdentity identity_from_json(const nlohmann::json& j, const std::string& where) {
+  CheckpointIdentity id;
+  id.run_id = field<std::string>(j, "run_id", where);
+  id.step = field<int64_t>(j, "step", where);
+  id.world_size = field<int64_t>(j, "world_size", where);
+  id.tensor_parallel_degree = field<int64_t>(j, "tensor_parallel_degree", where);
+  id.data_parallel_degree = field<int64_t>(j, "data_parallel_degree", where);
+  id.dtype = field<std::string>(j, "dtype", where);
+  id.model = field<nlohmann::json>(j, "model", where);
+  if (!id.model.is_object()) throw std::runtime_error(where + ": field 'model' is not an object");
+  const auto hash = field<std::string>(j, "config_hash", where);
+  if (hash != id.config_hash()) {
+    throw std::runtime_error(where + ": config_hash " + hash + " does not match its model and dtype fields (" +
+                             id.config_hash() + "): the metadata was edited or damaged");
+  }
+  return id;
+}
+
+std::vector<std::string> resume_mismatches(const CheckpointIdentity& saved, const CheckpointIdentity& job) {
+  std::vector<std::string> out;
+  auto differ = [&out](const std::string& key, const std::string& a, const std::string& b) {
+    if (a != b) out.push_back(key + ": checkpoint " + a + ", this job " + b);
+  };
+  differ("parallelism.tensor_parallel_degree", std::to_string(saved.tensor_parallel_degree),
+         std::to_string(job.tensor_parallel_degree));
+  differ("data parallel degree", std::to_string(saved.data_parallel_degree), std::to_string(job.data_parallel_degree));
+  differ("world size (ranks)", std::to_string(saved.world_size), std::to_string(job.world_size));
+  differ("training.dtype", saved.dtype, job.dtype);
+  for (const auto& [key, value] : job.model.items()) {
+    const auto it = saved.model.find(key);
+    differ("model." + key, it == saved.model.end() ? "(absent)" : it->dump(), value.dump());
+  }
+  for (const auto& [key, value] : saved.model.items()) {
+    if (!job.model.contains(key)) differ("model." + key, value.dump(), "(absent)");
+  }
+  return out;
+}
+
+std::string rank_file_name(int64_t rank) { return "rank-" + std::to_string(rank) + ".pt"; }
+
+std::string rank_file_metadata(const CheckpointIdentity& id, int64_t rank, const nlohmann::json& extra) {
+  nlohmann::json meta = to_json(id);
+  meta["rank"] = rank;
+  if (extra.is_object()) {
+    for (const auto& [key, value] : extra.items()) meta[key] = value;
+  }
+  return meta.dump();
+}
+
+StepManifest verify_step_files(const std::string& dir, const CheckpointIdentity& expected) {
+  StepManifest manifest;
+  manifest.identity = expected;
+  for (int64_t rank = 0; rank < expected.world_size; ++rank) {
+    const std::string path = compat::join_path(dir, rank_file_name(rank));
+    const TensorFile file = read_tensor_file(path);
+    int64_t file_rank = -1;
+    const CheckpointIdentity id = rank_file_identity(file.metadata_json, path, &file_rank);
+    const std::string problem = identity_problem(id, file_rank, expected, rank);
+    if (!problem.empty()) throw std::runtime_error("checkpoint file '" + path + "' does not verify: " + problem);
+    manifest.files.push_back({rank_file_name(rank), rank, checksum_file(path)});
+  }
+  return manifest;
+}
+
+void write_manifest(const std::string& dir, const StepManifest& manifest, int64_t rank) {
+  nlohmann::json j = to_json(manifest.identity);
+  j["format"] = kManifestFormat;
+  j["files"] = nlohmann::json::array();
+  for (const auto& f : manifest.files) {
+    j["files"].push_back(
+        {{"file", f.file}, {"rank", f.rank}, {"bytes", f.checksum.bytes}, {"crc32c", crc32c_hex(f.checksum.crc32c)}});
+  }
+  write_file_atomically(compat::join_path(dir, kManifestName), j.dump(1) + "\n", "manifest", rank);
+}
+
+StepManifest read_manifest(const std::string& dir) {
+  const std::string path = compat::join_path(dir, kManifestName);
+  if (!compat::path_exists(path)) {
+    throw std::runtime_error("checkpoint manifest '" + path +
+                             "' does not exist: the save of this step did not complete (or an older hp-train "
+                             "without manifests wrote it), so its files cannot be trusted");
+  }
+  const nlohmann::json j = nlohmann::json::parse(read_whole_file(path), nullptr, /*allow_exceptions=*/false);
+  const std::string where = "checkpoint manifest '" + path + "'";
+  if (j.is_discarded() || !j.is_object()) throw std::runtime_error(where + " is not a JSON object");
+  if (field<std::string>(j, "format", where) != kManifestFormat) {
+    throw std::runtime_error(where + ": unknown format '" + j.at("format").get<std::string>() + "' (expected " +
+                             kManifestFormat + ")");
+  }
+  StepManifest m;
+  m.identity = identity_from_json(j, where);
+  const auto files = field<nlohmann::json>(j, "files", where);
+  if (!files.is_array() || static_cast<int64_t>(files.size()) != m.identity.world_size) {
+    throw std::runtime_error(where + ": expected a 'files' array with one entry per rank (" +
+                             std::to_string(m.identity.world_size) + ")");
+  }
+  for (const auto& f : files) {
+    ManifestEntry e;
+    e.file = field<std::string>(f, "file", where);
+    e.rank = field<int64_t>(f, "rank", where);
+    e.checksum.bytes = field<int64_t>(f, "bytes", where);
+    e.checksum.crc32c = parse_crc(field<std::string>(f, "crc32c", where), where);
+    if (e.rank != static_cast<int64_t>(m.files.size()) || e.file != rank_file_name(e.rank)) {
+      throw std::runtime_error(where + ": entry " + std::to_string(m.files.size()) + " is '" + e.file + "' (rank " +
+                               std::to_string(e.rank) + "), expected " + rank_file_name(static_cast<int64_t>(m.files.size())));
+    }
+    m.files.push_back(e);
+  }
+  return m;
+}
+
+TensorFile load_verified_rank_file(const std::string& dir, int64_t expected_step, int64_t rank,
+                                   const CheckpointIdentity& job) {
+  const StepManifest manifest = read_manifest(dir);
+  const std::string manifest_path = compat::join_path(dir, kManifestName);
+  if (manifest.identity.step != expected_step) {
+    throw std::runtime_error("checkpoint manifest '" + manifest_path + "' is for step " +
+                             std::to_string(manifest.identity.step) + ", but it is in the folder of step " +
+                             std::to_string(expected_step));
+  }
+  const auto mismatches = resume_mismatches(manifest.identity, job);
+  if (!mismatches.empty()) {
+    std::string text;
+    for (const auto& m : mismatches) text += "\n  " + m;
+    throw std::runtime_error("cannot resume from '" + dir + "': the checkpoint was written by a different job:" +
+                             text + "\nresume with the checkpoint's settings, or start over with "
+                             "--checkpoint.overwrite");
+  }
+  const std::string path = compat::join_path(dir, rank_file_name(rank));
+  // The whole file against the manifest before any of it is parsed: LibTorch's archive
+  // reader trusts what a file claims (fuzz_checkpoint_reader found tensors that overrun
+  // their buffer, and pickled lengths of 4 GB reserved before reading), so only the exact
+  // bytes that were saved reach it.
+  const FileChecksum actual = checksum_file(path);
+  const auto same = [&](const FileChecksum& c) { return c.bytes == actual.bytes && c.crc32c == actual.crc32c; };
+  const FileChecksum& recorded = manifest.files.at(static_cast<size_t>(rank)).checksum;
+  if (!same(recorded)) {
+    std::string whose = "it matches none of the files this step's manifest records (changed after the save, or "
+                        "copied from another step or run)";
+    for (const auto& f : manifest.files) {
+      if (f.rank != rank && same(f.checksum)) {
+        whose = "it holds rank " + std::to_string(f.rank) + "'s state (its bytes are those the manifest records for " +
+                f.file + "): the rank files were swapped or copied";
+      }
+    }
+    throw std::runtime_error("checkpoint file '" + path + "' does not verify: " + std::to_string(actual.bytes) +
+                             " bytes with CRC-32C " + crc32c_hex(actual.crc32c) + ", the manifest recorded " +
+                             std::to_string(recorded.bytes) + " bytes with " + crc32c_hex(recorded.crc32c) + "; " +
+                             whose);
+  }
+  const TensorFile file = read_tensor_file(path);
+  // The bytes are the saved ones; their identity must still be this job's step and rank
+  // (a whole step folder, manifest included, copied from another run).
+  int64_t file_rank = -1;
+  const CheckpointIdentity id = rank_file_identity(file.metadata_json, path, &file_rank);
+  const std::string problem = identity_problem(id, file_rank, manifest.identity, rank);
+  if (!problem.empty()) throw std::runtime_error("checkpoint file '" + path + "' does not verify: " + problem);
+  return file;
+}
+
+}  // namespace hyper_parallel::train

@@ -1,0 +1,84 @@
+// checkpoint_manifest.h — what a step of hp-train's checkpoints proves about itself.
+//
+// A step folder holds one file per rank and, written last, manifest.json:
+//   step-<N>/rank-<R>.pt      write_tensor_file; its metadata JSON carries the
+//                             CheckpointIdentity below plus "rank"
+//   step-<N>/manifest.json    the identity, then every rank file's size and CRC-32C
+// Save protocol (Trainer::save_checkpoint): every rank writes its file; all ranks
+// agree that all succeeded; rank 0 re-reads every file (verify_step_files: identity,
+// rank, step, tensor checksums), writes the manifest, then `latest`. So `latest`
+// only ever names a step whose manifest and files verified, and a crash anywhere
+// leaves `latest` on the previous such step.
+// Loading (load_verified_rank_file) checks the manifest against the job, then the
+// rank file against the manifest, and names the file and the field that differ.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "train/checkpoint_io.h"
+
+namespace hyper_parallel::train {
+
+struct CheckpointIdentity {
+  std::string run_id;                // chosen by rank 0 when a run starts, shared by all ranks
+  int64_t step = 0;
+  int64_t world_size = 1;
+  int64_t tensor_parallel_degree = 1;
+  int64_t data_parallel_degree = 1;
+  std::string dtype;                 // training.dtype
+  nlohmann::json model;              // every [model] key, by name
+  // FNV-1a 64 of model and dtype (hex): one value to compare in logs and tools.
+  std::string config_hash() const;
+};
+
+nlohmann::json to_json(const CheckpointIdentity& id);
+// Throws std::runtime_error naming `where` and the missing or mistyped field.
+CheckpointIdentity identity_from_json(const nlohmann::json& j, const std::string& where);
+
+// Every field in which a checkpoint (`saved`) differs from the job resuming it, each
+// as "<key>: checkpoint <a>, this job <b>" with the job config key (model.dim,
+// training.dtype, parallelism.tensor_parallel_degree ...). Run id and step aside.
+std::vector<std::string> resume_mismatches(const CheckpointIdentity& saved, const CheckpointIdentity& job);
+
+struct ManifestEntry {
+  std::string file;  // name inside the step folder
+  int64_t rank = 0;
+  FileChecksum checksum;
+};
+
+struct StepManifest {
+  CheckpointIdentity identity;
+  std::vector<ManifestEntry> files;  // by rank
+};
+
+constexpr const char* kManifestName = "manifest.json";
+std::string rank_file_name(int64_t rank);  // "rank-<rank>.pt"
+
+// The metadata JSON a rank file carries: the identity plus its rank.
+std::string rank_file_metadata(const CheckpointIdentity& id, int64_t rank, const nlohmann::json& extra = {});
+
+// Rank 0 after every rank's file is complete: reads each rank file of `dir`
+// (tensor checksums), checks that it belongs to `expected` (run id, step, layout,
+// model) and to its rank, and returns the manifest to write. Throws
+// std::runtime_error naming the file and the mismatch.
+StepManifest verify_step_files(const std::string& dir, const CheckpointIdentity& expected);
+
+void write_manifest(const std::string& dir, const StepManifest& manifest, int64_t rank);
+// Throws std::runtime_error naming the file when it is missing (the save did not
+// finish, or an older hp-train wrote it), unreadable or malformed.
+StepManifest read_manifest(const std::string& dir);
+
+// Everything a resuming rank checks before it trusts its file: the step's manifest
+// matches `job` (field by field) and names `expected_step`; the rank file's size and
+// CRC-32C match the manifest's record (before any of it is parsed; a file recorded for
+// another rank is named as such); its tensors match their checksums; its identity (run
+// id, step, rank) matches the manifest. Throws std::runtime_error naming the file and
+// what differs.
+TensorFile load_verified_rank_file(const std::string& dir, int64_t expected_step, int64_t rank,
+                                   const CheckpointIdentity& job);
+
+}  // namespace hyper_parallel::train

@@ -1,0 +1,277 @@
+// checkpoint_verify_test.cpp — a resume loads exactly what was saved, or stops with an
+// error naming the file and the mismatch, on every rank (issue 12: swapped rank files,
+// a file from another step or another run, flipped bytes, a changed dtype or TP degree,
+// a fresh run over an old run's checkpoints, resuming past the end, a save that fails
+// on one rank, and a crash at every point of the save protocol).
+#include <gtest/gtest.h>
+
+#include <c10/util/Exception.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+
+#include "compat/file_system.h"
+#include "harness/rank_harness.h"
+#include "train/checkpoint_io.h"
+#include "train/trainer.h"
+
+using namespace hyper_parallel;
+using namespace hyper_parallel::train;
+using hyper_parallel::testing::binary_path;
+using hyper_parallel::testing::run_command;
+using hyper_parallel::testing::run_ranks;
+
+namespace {
+
+std::string fresh_dir(const std::string& name) {
+  static int counter = 0;
+  const std::string dir = compat::join_path(compat::temp_directory(), "hp_ckpt_verify_" + name + "_" +
+                                                                          std::to_string(::getpid()) + "_" +
+                                                                          std::to_string(counter++));
+  compat::remove_all(dir);
+  return dir;
+}
+
+// Even vocabulary: both ranks' shards have the same shape, so a swapped file loads
+// without a shape error unless something checks whose file it is.
+JobConfig job_in(const std::string& dump, int64_t tp, int64_t steps) {
+  JobConfig c;
+  c.dump_folder = dump;
+  c.model.dim = 32;
+  c.model.n_layers = 1;
+  c.model.n_heads = 4;
+  c.model.vocab_size = 512;
+  c.model.multiple_of = 16;
+  c.model.max_seq_len = 32;
+  c.training.batch_size = 4;
+  c.training.seq_len = 16;
+  c.training.steps = steps;
+  c.training.warmup_steps = 1;
+  c.parallelism.tensor_parallel_degree = tp;
+  c.validation.enable = false;
+  c.checkpoint.enable = true;
+  c.checkpoint.interval = 2;
+  c.metrics.enable_plot = false;
+  return c;
+}
+
+void train_job(const JobConfig& job) {
+  run_ranks(job.parallelism.tensor_parallel_degree, [&](int64_t) { Trainer(job).train(); });
+}
+
+std::string error_text(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+// Constructs a Trainer for `job` on every rank; returns each rank's error ("" if none).
+std::vector<std::string> construction_errors(const JobConfig& job, int64_t ranks) {
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  run_ranks(ranks, [&](int64_t rank) {
+    try {
+      Trainer t(job);
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(rank)] = error_text(e);
+    }
+  });
+  return errors;
+}
+
+// Every rank failed, and at least one error holds each of `needles`.
+void expect_refused(const std::vector<std::string>& errors, const std::vector<std::string>& needles) {
+  std::string all;
+  for (size_t r = 0; r < errors.size(); ++r) {
+    EXPECT_FALSE(errors[r].empty()) << "rank " << r << " resumed without an error";
+    all += "[rank " + std::to_string(r) + "] " + errors[r] + "\n";
+  }
+  for (const auto& n : needles) EXPECT_NE(all.find(n), std::string::npos) << "expected '" << n << "' in:\n" << all;
+}
+
+std::string ckpt(const JobConfig& job, const std::string& rel) {
+  return compat::join_path(compat::join_path(job.dump_folder, job.checkpoint.folder), rel);
+}
+
+void copy_file(const std::string& from, const std::string& to) {
+  std::ifstream in(from, std::ios::binary);
+  std::ofstream out(to, std::ios::binary | std::ios::trunc);
+  out << in.rdbuf();
+  ASSERT_TRUE(in && out) << from << " -> " << to;
+}
+
+JobConfig resumed(JobConfig job, int64_t steps) {
+  job.checkpoint.resume = true;
+  job.training.steps = steps;
+  return job;
+}
+
+}  // namespace
+
+TEST(CheckpointVerify, AnIntactCheckpointResumesWithTheSameRunId) {
+  JobConfig job = job_in(fresh_dir("intact"), 2, 4);
+  train_job(job);
+  EXPECT_TRUE(compat::path_exists(ckpt(job, "step-4/manifest.json")));
+  std::vector<std::string> ids(2);
+  run_ranks(2, [&](int64_t rank) {
+    Trainer t(resumed(job, 6));
+    EXPECT_EQ(t.step(), 4);
+    ids[static_cast<size_t>(rank)] = t.run_id();
+  });
+  EXPECT_EQ(ids[0], ids[1]);
+  EXPECT_EQ(ids[0].size(), 16u);
+}
+
+TEST(CheckpointVerify, SwappedRankFilesAreRefused) {
+  JobConfig job = job_in(fresh_dir("swap"), 2, 4);
+  train_job(job);
+  ASSERT_EQ(std::rename(ckpt(job, "step-4/rank-0.pt").c_str(), ckpt(job, "step-4/tmp").c_str()), 0);
+  ASSERT_EQ(std::rename(ckpt(job, "step-4/rank-1.pt").c_str(), ckpt(job, "step-4/rank-0.pt").c_str()), 0);
+  ASSERT_EQ(std::rename(ckpt(job, "step-4/tmp").c_str(), ckpt(job, "step-4/rank-1.pt").c_str()), 0);
+  expect_refused(construction_errors(resumed(job, 6), 2), {"step-4/rank-0.pt", "holds rank 1's state", "swapped"});
+}
+
+TEST(CheckpointVerify, ARankFileFromAnotherStepIsRefused) {
+  JobConfig job = job_in(fresh_dir("otherstep"), 2, 4);
+  train_job(job);
+  copy_file(ckpt(job, "step-2/rank-1.pt"), ckpt(job, "step-4/rank-1.pt"));
+  expect_refused(construction_errors(resumed(job, 6), 2), {"step-4/rank-1.pt", "does not verify", "copied from another step or run"});
+}
+
+TEST(CheckpointVerify, AFreshRunsRankFileBesideAnOldRunsIsRefused) {
+  JobConfig old_run = job_in(fresh_dir("oldrun"), 2, 4);
+  JobConfig new_run = job_in(fresh_dir("newrun"), 2, 4);
+  train_job(old_run);
+  train_job(new_run);
+  copy_file(ckpt(new_run, "step-4/rank-0.pt"), ckpt(old_run, "step-4/rank-0.pt"));
+  expect_refused(construction_errors(resumed(old_run, 6), 2), {"step-4/rank-0.pt", "matches none of the files"});
+}
+
+TEST(CheckpointVerify, FlippedBytesAreRefused) {
+  JobConfig job = job_in(fresh_dir("flip"), 2, 4);
+  train_job(job);
+  const std::string path = ckpt(job, "step-4/rank-1.pt");
+  const int64_t size = compat::file_size(path);
+  ASSERT_GT(size, 1000);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(size / 2);
+    char bytes[16];
+    f.read(bytes, sizeof bytes);
+    for (char& b : bytes) b = static_cast<char>(~b);
+    f.seekp(size / 2);
+    f.write(bytes, sizeof bytes);
+  }
+  expect_refused(construction_errors(resumed(job, 6), 2), {"step-4/rank-1.pt"});
+}
+
+TEST(CheckpointVerify, AForgedRankFileIsRefusedBeforeItsTensorsAreRead) {
+  JobConfig job = job_in(fresh_dir("forged"), 1, 4);
+  train_job(job);
+  // Metadata {"rank":0} only, and a tensor that overruns its buffer (found by fuzzing).
+  copy_file(std::string(HP_SOURCE_DIR) + "/tests/data/checkpoint_storage_too_small.pt", ckpt(job, "step-4/rank-0.pt"));
+  expect_refused(construction_errors(resumed(job, 6), 1), {"step-4/rank-0.pt", "does not verify", "matches none of the files"});
+}
+
+TEST(CheckpointVerify, ADtypeChangeNamesTheField) {
+  JobConfig job = job_in(fresh_dir("dtype"), 2, 4);
+  train_job(job);
+  JobConfig other = resumed(job, 6);
+  other.training.dtype = "float64";
+  expect_refused(construction_errors(other, 2), {"training.dtype: checkpoint float32, this job float64"});
+}
+
+TEST(CheckpointVerify, ATensorParallelChangeNamesTheField) {
+  JobConfig job = job_in(fresh_dir("tp"), 1, 4);
+  train_job(job);
+  JobConfig other = resumed(job, 6);
+  other.parallelism.tensor_parallel_degree = 2;
+  expect_refused(construction_errors(other, 2), {"parallelism.tensor_parallel_degree: checkpoint 1, this job 2"});
+}
+
+TEST(CheckpointVerify, AModelChangeNamesTheField) {
+  JobConfig job = job_in(fresh_dir("model"), 1, 4);
+  train_job(job);
+  JobConfig other = resumed(job, 6);
+  other.model.norm_eps = 1e-6;  // same shapes, a different model
+  expect_refused(construction_errors(other, 1), {"model.norm_eps"});
+}
+
+TEST(CheckpointVerify, AFreshRunInAFolderWithCheckpointsIsRefused) {
+  JobConfig job = job_in(fresh_dir("fresh"), 2, 4);
+  train_job(job);
+  expect_refused(construction_errors(job, 2), {"--checkpoint.resume", "--checkpoint.overwrite", "latest: step 4"});
+  EXPECT_EQ(read_latest_marker(ckpt(job, "")), 4) << "the old run's resume point is kept";
+}
+
+TEST(CheckpointVerify, OverwriteStartsOverAndDeletesTheOldCheckpoints) {
+  JobConfig job = job_in(fresh_dir("overwrite"), 2, 4);
+  train_job(job);
+  JobConfig again = job;
+  again.checkpoint.overwrite = true;
+  again.training.steps = 2;
+  train_job(again);
+  EXPECT_EQ(read_latest_marker(ckpt(job, "")), 2);
+  EXPECT_FALSE(compat::path_exists(ckpt(job, "step-4")));
+}
+
+TEST(CheckpointVerify, ResumingPastTheEndSaysSo) {
+  JobConfig job = job_in(fresh_dir("pastend"), 1, 4);
+  train_job(job);
+  expect_refused(construction_errors(resumed(job, 2), 1), {"step 4", "past training.steps = 2"});
+}
+
+TEST(CheckpointVerify, ASaveThatFailsOnOneRankIsAnErrorOnEveryRank) {
+  JobConfig job = job_in(fresh_dir("onerank"), 2, 2);
+  // A directory where rank 1's file goes: its rename fails; rank 0's succeeds.
+  ASSERT_TRUE(compat::create_directories(ckpt(job, "step-2/rank-1.pt/x")));
+  std::vector<std::string> errors(2);
+  const auto start = std::chrono::steady_clock::now();
+  run_ranks(2, [&](int64_t rank) {
+    try {
+      Trainer(job).train();
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(rank)] = error_text(e);
+    }
+  });
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20.0);
+  expect_refused(errors, {"step-2/rank-1.pt", "Is a directory", "failed on rank(s) 1"});
+  EXPECT_FALSE(compat::path_exists(ckpt(job, "latest")));
+}
+
+// Real processes, killed (_exit) at each point of the save protocol, then resumed.
+TEST(CheckpointVerify, ACrashAtAnyPointOfASaveLeavesLatestOnAVerifiedStep) {
+  const std::string base = binary_path("hp-run") + " --nproc-per-node 2 " + binary_path("hp-train") +
+                           " --model.dim 32 --model.n_layers 1 --model.n_heads 4 --model.vocab_size 512"
+                           " --model.multiple_of 16 --model.max_seq_len 32 --training.seq_len 16"
+                           " --training.batch_size 4 --training.warmup_steps 1 --parallelism.tensor_parallel_degree 2"
+                           " --validation.enable false --metrics.enable_plot false --checkpoint.enable"
+                           " --checkpoint.interval 2";
+  const std::vector<std::pair<std::string, int64_t>> points = {
+      {"rank_file.before_rename@1", 2}, {"rank_file.written@0", 2}, {"step.verified", 2},
+      {"manifest.before_rename", 2},    {"manifest.written", 2},    {"latest.before_rename", 2},
+      {"latest.written", 4}};
+  // One saved step 2, copied for every crash point.
+  const std::string origin = fresh_dir("crash_origin");
+  auto first = run_command(base + " --job.dump_folder " + origin + " --training.steps 2 2>&1");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  for (const auto& [point, resumes_from] : points) {
+    SCOPED_TRACE(point);
+    const std::string dir = fresh_dir("crash");
+    const std::string run = base + " --job.dump_folder " + dir;
+    ASSERT_EQ(run_command("cp -r " + origin + " " + dir).exit_code, 0);
+    auto crashed = run_command("HP_CRASH_AT=" + point + " " + run + " --training.steps 4 --checkpoint.resume 2>&1");
+    EXPECT_NE(crashed.exit_code, 0) << crashed.output;
+    EXPECT_NE(crashed.output.find("injected crash at " + point.substr(0, point.find('@'))), std::string::npos)
+        << crashed.output;
+    auto resumed_run = run_command(run + " --training.steps 6 --checkpoint.resume 2>&1");
+    EXPECT_EQ(resumed_run.exit_code, 0) << resumed_run.output;
+    EXPECT_NE(resumed_run.output.find("resumed from step " + std::to_string(resumes_from)), std::string::npos)
+        << resumed_run.output;
+    for (const auto& p : compat::list_directory_recursive(dir)) {
+      EXPECT_EQ(p.find(".tmp-"), std::string::npos) << "left behind: " << p;
+    }
+    compat::remove_all(dir);
+  }
+  compat::remove_all(origin);
+}

@@ -1,0 +1,187 @@
+// loss_parallel_inputs_test.cpp — bad inputs to cross_entropy under loss_parallel give
+// the same outcome on every rank, with 2 and 4 ranks, in bounded time: the same error
+// (an error on one rank and a hang in the loss's collectives on the others is a
+// failure), or for NaN/Inf logits the single-process reference's values (issue 12).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+
+#include "harness/rank_harness.h"
+#include "hyper_parallel/hyper_parallel.h"
+
+using namespace hyper_parallel;
+using hyper_parallel::testing::random_tensor;
+using hyper_parallel::testing::run_ranks;
+namespace F = torch::nn::functional;
+
+namespace {
+
+constexpr int64_t kRows = 4, kClasses = 8;
+
+std::string message_of(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+// Runs `loss(rank, mesh)` on every rank under loss_parallel; returns each rank's error
+// ("" when none) and checks the whole run took less than 20 s (a hang is bounded by 10 s).
+std::vector<std::string> errors_on(int64_t ranks,
+                                   const std::function<at::Tensor(int64_t rank, const DeviceMesh& mesh)>& loss) {
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  const auto start = std::chrono::steady_clock::now();
+  run_ranks(
+      ranks,
+      [&](int64_t rank) {
+        auto mesh = init_device_mesh("cpu", {ranks});
+        auto guard = loss_parallel();
+        try {
+          at::Tensor l = loss(rank, mesh);
+          full_tensor(l);
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(rank)] = message_of(e);
+        }
+      },
+      std::chrono::seconds(10));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20.0);
+  return errors;
+}
+
+void expect_same_error(const std::vector<std::string>& errors, const std::string& needle) {
+  for (size_t r = 0; r < errors.size(); ++r) {
+    EXPECT_NE(errors[r].find(needle), std::string::npos) << "rank " << r << ": '" << errors[r] << "'";
+    EXPECT_EQ(errors[r], errors[0]) << "rank " << r << " differs from rank 0";
+  }
+}
+
+at::Tensor logits_on(const DeviceMesh& mesh) {
+  return distribute_tensor(random_tensor({kRows, kClasses}, 21), mesh, {Shard(1)});
+}
+
+at::Tensor good_target() { return torch::tensor({0, 3, 5, 7}); }
+
+// The process-wide ParallelismConfig at its defaults (loss_parallel enabled, strict), as
+// earlier tests (the Trainer's) may leave another one set; restored afterwards.
+class LossParallelInputs : public ::testing::TestWithParam<int64_t> {
+ protected:
+  void SetUp() override {
+    saved_ = parallelism_config();
+    set_parallelism_config(ParallelismConfig{});
+  }
+  void TearDown() override { set_parallelism_config(saved_); }
+  ParallelismConfig saved_;
+};
+
+}  // namespace
+
+TEST_P(LossParallelInputs, ATargetOutOfRangeIsTheSameErrorEverywhere) {
+  expect_same_error(errors_on(GetParam(), [](int64_t, const DeviceMesh& m) {
+                      return F::cross_entropy(logits_on(m), torch::tensor({0, 3, 999, 7}));
+                    }),
+                    "out of bounds");
+}
+
+TEST_P(LossParallelInputs, ATargetOutOfRangeOnOneRankOnlyIsTheSameErrorEverywhereAndNoHang) {
+  expect_same_error(errors_on(GetParam(), [](int64_t rank, const DeviceMesh& m) {
+                      return F::cross_entropy(logits_on(m), rank == 1 ? torch::tensor({0, 3, 999, 7}) : good_target());
+                    }),
+                    "rank 1");
+}
+
+TEST_P(LossParallelInputs, AWrongTargetDtypeIsRefusedLikeTheReference) {
+  // PyTorch: "expected target dtype to be Long or Byte, but got Int".
+  expect_same_error(errors_on(GetParam(), [](int64_t, const DeviceMesh& m) {
+                      return F::cross_entropy(logits_on(m), good_target().to(torch::kInt));
+                    }),
+                    "Long or Byte");
+  // Byte is accepted, as by PyTorch.
+  for (const auto& e : errors_on(GetParam(), [](int64_t, const DeviceMesh& m) {
+         return F::cross_entropy(logits_on(m), good_target().to(torch::kByte));
+       })) {
+    EXPECT_EQ(e, "");
+  }
+}
+
+TEST_P(LossParallelInputs, AWrongTargetShapeIsTheSameErrorEverywhere) {
+  expect_same_error(errors_on(GetParam(), [](int64_t, const DeviceMesh& m) {
+                      return F::cross_entropy(logits_on(m), torch::tensor({0, 3, 5}));
+                    }),
+                    "expected a target of shape");
+}
+
+TEST_P(LossParallelInputs, AClassWeightOfTheWrongLengthIsTheSameErrorEverywhere) {
+  expect_same_error(errors_on(GetParam(), [](int64_t, const DeviceMesh& m) {
+                      return F::cross_entropy(logits_on(m), good_target(),
+                                              F::CrossEntropyFuncOptions().weight(torch::ones({kClasses - 1},
+                                                                                              torch::kDouble)));
+                    }),
+                    "class weight of shape");
+}
+
+TEST_P(LossParallelInputs, NanAndInfLogitsGiveTheReferenceValues) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double bad : {std::numeric_limits<double>::quiet_NaN(), inf, -inf}) {
+    SCOPED_TRACE(bad);
+    at::Tensor full = random_tensor({kRows, kClasses}, 21);
+    full[1][kClasses - 1] = bad;  // on the last rank's shard
+    full[2][5] = bad;             // the target class of row 2
+    const at::Tensor expected = F::cross_entropy(full, good_target(), F::CrossEntropyFuncOptions().reduction(torch::kNone));
+    std::mutex m;
+    std::vector<at::Tensor> got(static_cast<size_t>(GetParam()));
+    const auto errors = errors_on(GetParam(), [&](int64_t rank, const DeviceMesh& mesh) {
+      at::Tensor l = F::cross_entropy(distribute_tensor(full, mesh, {Shard(1)}), good_target(),
+                                      F::CrossEntropyFuncOptions().reduction(torch::kNone));
+      std::lock_guard<std::mutex> lock(m);
+      got[static_cast<size_t>(rank)] = full_tensor(l);
+      return l;
+    });
+    for (size_t r = 0; r < got.size(); ++r) {
+      EXPECT_EQ(errors[r], "");
+      ASSERT_TRUE(got[r].defined());
+      EXPECT_TRUE(torch::allclose(got[r], expected, 1e-9, 1e-9, /*equal_nan=*/true))
+          << "rank " << r << ": " << got[r] << " vs reference " << expected;
+    }
+  }
+}
+
+TEST_P(LossParallelInputs, ATargetThatDiffersBetweenRanksIsNamedWhenChecked) {
+  ::setenv("HYPER_PARALLEL_CHECK_REPLICATED", "1", 1);
+  const auto errors = errors_on(GetParam(), [](int64_t rank, const DeviceMesh& m) {
+    return F::cross_entropy(logits_on(m), rank == 1 ? torch::tensor({1, 3, 5, 7}) : good_target());
+  });
+  ::unsetenv("HYPER_PARALLEL_CHECK_REPLICATED");
+  expect_same_error(errors, "the target differs between ranks");
+  EXPECT_NE(errors[0].find("rank(s) 1"), std::string::npos) << errors[0];
+  // Without the check the same call runs (a replicated target is the caller's contract).
+  for (const auto& e : errors_on(GetParam(), [](int64_t rank, const DeviceMesh& m) {
+         return F::cross_entropy(logits_on(m), rank == 1 ? torch::tensor({1, 3, 5, 7}) : good_target());
+       })) {
+    EXPECT_EQ(e, "");
+  }
+}
+
+TEST_P(LossParallelInputs, ATargetOnAnotherMeshIsTheSameErrorEverywhere) {
+  // Logits on the "tp" dim (2 ranks), the target replicated on the "dp" dim (other ranks).
+  const int64_t ranks = GetParam();
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  run_ranks(
+      ranks,
+      [&](int64_t rank) {
+        auto mesh2d = init_device_mesh("cpu", {ranks / 2, 2}, {"dp", "tp"});
+        auto guard = loss_parallel();
+        try {
+          full_tensor(F::cross_entropy(logits_on(mesh2d["tp"]),
+                                       distribute_tensor(good_target(), mesh2d["dp"], {Replicate()})));
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(rank)] = message_of(e);
+        }
+      },
+      std::chrono::seconds(10));
+  expect_same_error(errors, "target on the logits' mesh");
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, LossParallelInputs, ::testing::Values(2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "Ranks"; });
