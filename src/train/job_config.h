@@ -58,6 +58,7 @@ struct TrainingConfig {
   std::string device = "cpu";     // cpu | cuda (each rank on its own GPU, NCCL)
   std::string data = "";          // empty: built-in synthetic corpus; else a text file
   int64_t log_freq = 1;           // log metrics every this many steps
+  bool caching_allocator = true;  // CPU: install hp's caching huge-page allocator (issue 14)
 };
 
 // [checkpoint]: periodic save / resume. folder is relative to job.dump_folder.
