@@ -62,15 +62,16 @@ def main():
         if r == 1:
             hp_losses = [s["loss"] for s in hp]
             pt_losses = [s["loss"] for s in pt["steps"]]
-    print("\n%-6s %12s %12s %8s | %-48s | %-48s" % ("round", "hp tok/s", "torch tok/s", "ratio",
-                                                  "hp step ms (fwd/loss/bwd/clip/opt)",
-                                                  "torch step ms (fwd/loss/bwd/clip/opt)"))
+    print("\n%-6s %12s %12s %8s | %-48s | %-48s | %s" % ("round", "hp tok/s", "torch tok/s", "ratio",
+                                                       "hp step ms (fwd/loss/bwd/clip/opt)",
+                                                       "torch step ms (fwd/loss/bwd/clip/opt)", "hp comm"))
     for row in rows:
         fmt = lambda step, ph: "%6.1f (%s)" % (step * 1e3, "/".join("%.1f" % (ph[p] * 1e3) for p in PHASES))
-        print("%-6d %12.0f %12.0f %7.2fx | %-48s | %-48s" % (row["round"], row["hp_tok"], row["pt_tok"],
-                                                          row["hp_tok"] / row["pt_tok"],
-                                                          fmt(row["hp_step"], row["hp_ph"]),
-                                                          fmt(row["pt_step"], row["pt_ph"])))
+        print("%-6d %12.0f %12.0f %7.2fx | %-48s | %-48s | %.0f%%" % (row["round"], row["hp_tok"], row["pt_tok"],
+                                                                 row["hp_tok"] / row["pt_tok"],
+                                                                 fmt(row["hp_step"], row["hp_ph"]),
+                                                                 fmt(row["pt_step"], row["pt_ph"]),
+                                                                 100 * row["hp_coll_s"] / row["hp_step"]))
     ratios = [row["hp_tok"] / row["pt_tok"] for row in rows]
     print("hp-train / PyTorch tokens/s: median %.2fx over %d round(s)" % (median(ratios), len(rows)))
     last = rows[-1]
