@@ -3,12 +3,14 @@
 # (DTensor + parallelize_module with the same TP plan + loss_parallel, torchrun, Gloo):
 # the same Llama, initial weights, batches, AdamW, learning-rate schedule and clipping,
 # the same threads per rank, in one run. Prints tokens/s, step phases and peak memory of
-# both, and the per-step losses of both, which must agree to fp32 tolerance (exit 1 if not:
-# an end-to-end parity test against PyTorch).
+# both, and the per-step losses of both, which must agree (exit 1 if not: an end-to-end
+# parity test against PyTorch; apps/bench_train_compare.py states the bounds: rounding
+# level over the first 10 steps, the level training amplifies rounding to after that).
 #
 #   scripts/bench_train_vs_pytorch.sh [--steps N] [--rounds R] [--threads T] [--tp N] [-- hp-train overrides]
 #
 # Needs a build (scripts/setup_and_test.sh or hp_build) and the venv's Python with torch.
+# HP_BENCH_KEEP=1 keeps the work folder (exports, logs, metrics) and prints where it is.
 # --rounds R alternates hp-train and PyTorch R times (the machine may be shared: same-run
 # ratios of alternating rounds are what to compare).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
