@@ -77,6 +77,17 @@ TEST(CachingCpuAllocator, AFreedLargeBlockIsReusedWithoutFreshPageFaults) {
   EXPECT_FLOAT_EQ(b[n - 1].item<float>(), 2.0f);
 }
 
+TEST(CachingCpuAllocator, ItsTensorsCanBeLazilyCloned) {
+  // Copy-on-write clones need a "simple" data pointer (context == data), as LibTorch's
+  // own allocator gives; a block descriptor as context made at::_lazy_clone throw.
+  install_caching_cpu_allocator();
+  at::Tensor big = at::arange(int64_t{1} << 20, at::kFloat);  // 4 MiB: one of our blocks
+  at::Tensor lazy = big._lazy_clone();
+  lazy.add_(1.0f);  // materialises its own copy
+  EXPECT_EQ(big[5].item<float>(), 5.0f);
+  EXPECT_EQ(lazy[5].item<float>(), 6.0f);
+}
+
 TEST(CachingCpuAllocator, SmallRequestsGoToLibTorchsAllocator) {
   install_caching_cpu_allocator();
   const auto before = caching_cpu_allocator_stats();

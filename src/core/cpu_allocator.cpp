@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 
 #include <sys/mman.h>
 
@@ -28,11 +29,6 @@ constexpr size_t kMaxCachedBytes = size_t{2} << 30;
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-struct Block {
-  void* ptr;
-  size_t size;
-};
-
 class CachingCpuAllocator final : public c10::Allocator {
  public:
   explicit CachingCpuAllocator(c10::Allocator* fallback) : fallback_(fallback) {}
@@ -40,9 +36,15 @@ class CachingCpuAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     if (n < kMinCachedBytes) return fallback_->allocate(n);
     const size_t size = n < kHugePage ? round_up(n, kSmallGranule) : round_up(n, kHugePage);
-    Block* b = take(size);
-    if (!b) b = new Block{map(size), size};
-    return {b->ptr, b, &release, c10::Device(c10::DeviceType::CPU)};
+    void* p = take(size);
+    if (!p) {
+      p = map(size);
+      std::lock_guard<std::mutex> lock(mu_);
+      live_.emplace(p, size);
+    }
+    // The context is the data pointer itself, as LibTorch's own allocator does: a
+    // "simple" data pointer, which copy-on-write clones (at::_lazy_clone) require.
+    return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
   }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
@@ -56,7 +58,7 @@ class CachingCpuAllocator final : public c10::Allocator {
 
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [size, b] : free_) unmap(b);
+    for (auto& [size, p] : free_) unmap(p, size);
     free_.clear();
     stats_.cached_bytes = 0;
   }
@@ -64,8 +66,8 @@ class CachingCpuAllocator final : public c10::Allocator {
  private:
   static void release(void* ctx);
 
-  // A cached block of exactly `size` bytes, or null.
-  Block* take(size_t size) {
+  // A cached block of exactly `size` bytes (now in use), or null.
+  void* take(size_t size) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.large_allocations;
     stats_.in_use_bytes += static_cast<int64_t>(size);
@@ -75,31 +77,35 @@ class CachingCpuAllocator final : public c10::Allocator {
       stats_.reserved_bytes += static_cast<int64_t>(size);
       return nullptr;
     }
-    Block* b = it->second;
+    void* p = it->second;
     free_.erase(it);
+    live_.emplace(p, size);
     stats_.cached_bytes -= static_cast<int64_t>(size);
-    return b;
+    return p;
   }
 
-  void give_back(Block* b) {
+  void give_back(void* p) {
     std::lock_guard<std::mutex> lock(mu_);
-    stats_.in_use_bytes -= static_cast<int64_t>(b->size);
-    free_.emplace(b->size, b);
-    stats_.cached_bytes += static_cast<int64_t>(b->size);
+    auto it = live_.find(p);
+    TORCH_INTERNAL_ASSERT(it != live_.end(), "hyper_parallel CPU allocator: freeing a block it does not hold");
+    const size_t size = it->second;
+    live_.erase(it);
+    stats_.in_use_bytes -= static_cast<int64_t>(size);
+    free_.emplace(size, p);
+    stats_.cached_bytes += static_cast<int64_t>(size);
     // Over the bound: drop the largest free blocks first (the rarest sizes).
     while (stats_.cached_bytes > static_cast<int64_t>(kMaxCachedBytes) && !free_.empty()) {
       auto last = std::prev(free_.end());
       stats_.cached_bytes -= static_cast<int64_t>(last->first);
-      unmap(last->second);
+      unmap(last->second, last->first);
       free_.erase(last);
     }
   }
 
   // Caller holds mu_.
-  void unmap(Block* b) {
-    ::munmap(b->ptr, b->size);
-    stats_.reserved_bytes -= static_cast<int64_t>(b->size);
-    delete b;
+  void unmap(void* p, size_t size) {
+    ::munmap(p, size);
+    stats_.reserved_bytes -= static_cast<int64_t>(size);
   }
 
   // A new mapping of `size` bytes; from 2 MiB on (a multiple of 2 MiB) 2 MiB-aligned, with
@@ -135,7 +141,8 @@ class CachingCpuAllocator final : public c10::Allocator {
 
   c10::Allocator* fallback_;
   std::mutex mu_;
-  std::multimap<size_t, Block*> free_;
+  std::multimap<size_t, void*> free_;          // size -> free block
+  std::unordered_map<void*, size_t> live_;     // block in use -> its size
   CachingCpuAllocatorStats stats_;
 };
 
@@ -143,7 +150,7 @@ class CachingCpuAllocator final : public c10::Allocator {
 CachingCpuAllocator* g_allocator = nullptr;
 std::once_flag g_once;
 
-void CachingCpuAllocator::release(void* ctx) { g_allocator->give_back(static_cast<Block*>(ctx)); }
+void CachingCpuAllocator::release(void* ctx) { g_allocator->give_back(ctx); }
 
 }  // namespace
 
