@@ -76,6 +76,7 @@ void expect_same(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.training.fused_linear_loss, b.training.fused_linear_loss);
   EXPECT_EQ(a.training.data, b.training.data);
   EXPECT_EQ(a.training.log_freq, b.training.log_freq);
+  EXPECT_EQ(a.training.caching_allocator, b.training.caching_allocator);
   EXPECT_EQ(a.parallelism.tensor_parallel_degree, b.parallelism.tensor_parallel_degree);
   EXPECT_EQ(a.parallelism.disable_loss_parallel, b.parallelism.disable_loss_parallel);
   EXPECT_EQ(a.parallelism.loss_parallel_strict_mesh, b.parallelism.loss_parallel_strict_mesh);
@@ -126,6 +127,7 @@ TEST(JobConfig, DefaultsAreTheDocumentedValues) {
   EXPECT_EQ(c.training.dtype, "float32");
   EXPECT_EQ(c.training.data, "");
   EXPECT_EQ(c.training.log_freq, 1);
+  EXPECT_TRUE(c.training.caching_allocator);
   EXPECT_EQ(c.parallelism.tensor_parallel_degree, 1);
   EXPECT_FALSE(c.parallelism.disable_loss_parallel);
   EXPECT_TRUE(c.parallelism.loss_parallel_strict_mesh);
@@ -465,6 +467,7 @@ TEST(JobConfig, ToTomlRoundTripsEveryField) {
   c.training.data = "data/corpus.txt";
   c.training.log_freq = 7;
   c.training.fused_linear_loss = true;
+  c.training.caching_allocator = false;
   c.parallelism.tensor_parallel_degree = 3;
   c.parallelism.disable_loss_parallel = true;
   c.parallelism.loss_parallel_strict_mesh = false;
@@ -517,7 +520,7 @@ TEST(JobConfig, UsageListsEveryKeyWithTypeAndDefault) {
     EXPECT_THAT(usage, HasSubstr(flag));
     ++keys;
   }
-  EXPECT_EQ(keys, 43);
+  EXPECT_EQ(keys, 44);
   EXPECT_THAT(usage, HasSubstr("--training.lr FLOAT"));
   EXPECT_THAT(usage, HasSubstr("default 0.003"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.resume BOOL"));

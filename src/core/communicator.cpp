@@ -7,13 +7,34 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "compat/c10d_compat.h"
+#include "core/collective_stats.h"
 
 namespace hyper_parallel {
 
 namespace {
 thread_local CollectiveCounts tls_counts;
+thread_local CollectiveTally tls_tally;
+
+// Tallies one collective sent to a process group: from construction (before the copies
+// it needs) to destruction (after its wait).
+class Tallied {
+ public:
+  explicit Tallied(int64_t bytes) : start_(std::chrono::steady_clock::now()) {
+    ++tls_tally.count;
+    tls_tally.bytes += bytes;
+  }
+  ~Tallied() { tls_tally.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+  Tallied(const Tallied&) = delete;
+  Tallied& operator=(const Tallied&) = delete;
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+int64_t bytes_of(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size()); }
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
@@ -41,6 +62,7 @@ bool needs_float_wire(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at
 }  // namespace
 
 CollectiveCounts collective_counts() { return tls_counts; }
+CollectiveTally collective_tally() { return tls_tally; }
 void reset_collective_counts() { tls_counts = CollectiveCounts{}; }
 
 ChunkRange chunk_range(int64_t size, int64_t n, int64_t index) {
@@ -63,6 +85,7 @@ void Communicator::all_reduce_(at::Tensor& t, ReduceOp op) const {
   ++tls_counts.all_reduce;
   if (size() == 1) return;
   check_device(pg_, t, "all_reduce");
+  Tallied tally(bytes_of(t));
   // c10d requires dense contiguous buffers; reduce a contiguous copy when needed.
   at::Tensor buf = needs_float_wire(pg_, t) ? t.to(at::kFloat) : t.is_contiguous() ? t : t.contiguous();
   std::vector<at::Tensor> v{buf};
@@ -103,6 +126,7 @@ at::Tensor Communicator::all_gather(const at::Tensor& local, int64_t dim,
   ++tls_counts.all_gather;
   if (size() == 1) return local;
   check_device(pg_, local, "all_gather");
+  Tallied tally(bytes_of(local));
   // Gloo needs equal-sized buffers: pad every piece to the largest, then trim.
   const int64_t max_len = *std::max_element(sizes.begin(), sizes.end());
   at::Tensor send = local.movedim(dim, 0).contiguous();
@@ -132,6 +156,7 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& full, int64_t dim, Red
   check_device(pg_, full, "reduce_scatter");
   if (compat::has_native_reduce_scatter(pg_, full.device().type()) && op != ReduceOp::Avg) {
     ++tls_counts.reduce_scatter;
+    Tallied tally(bytes_of(full));
     const int64_t max_len = chunk_range(full.size(dim), size(), 0).length;
     at::Tensor moved = full.movedim(dim, 0);
     std::vector<at::Tensor> inputs;
@@ -164,6 +189,7 @@ void Communicator::broadcast_(at::Tensor& t, int64_t root) const {
   ++tls_counts.broadcast;
   if (size() == 1) return;
   check_device(pg_, t, "broadcast");
+  Tallied tally(bytes_of(t));
   at::Tensor buf = needs_float_wire(pg_, t) ? t.to(at::kFloat) : t.is_contiguous() ? t : t.contiguous();
   std::vector<at::Tensor> v{buf};
   c10d::BroadcastOptions opts;
@@ -175,6 +201,7 @@ void Communicator::broadcast_(at::Tensor& t, int64_t root) const {
 void Communicator::barrier() const {
   ++tls_counts.barrier;
   if (size() == 1) return;
+  Tallied tally(0);
   wait(pg_->barrier());
 }
 

@@ -5,6 +5,9 @@
 #include <torch/nn/functional/activation.h>
 
 #include <cmath>
+#include <initializer_list>
+
+#include "hyper_parallel/dtensor.h"
 
 namespace hyper_parallel {
 
@@ -36,6 +39,28 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   return at::stack({even * c - odd * n, even * n + odd * c}, -1).flatten(-2);
 }
 
+// The input several parallelized modules consume, converted to their input layout once.
+// Under ColwiseParallel each consumer's input gradient is Partial: fed the same DTensor,
+// autograd sums their Partial gradients locally (a linear op) and the conversion's
+// backward reduces the sum with ONE all-reduce, where converting per module issued one
+// all-reduce each (3 for q/k/v, 2 for w1/w3). The sum is the same up to float rounding
+// order. Returns `x` unchanged when the modules are not parallelized alike.
+at::Tensor shared_input(const at::Tensor& x, std::initializer_list<const torch::nn::Module*> consumers) {
+  if (is_dtensor(x)) return x;
+  const ModuleLayouts* first = nullptr;
+  for (const torch::nn::Module* m : consumers) {
+    const ModuleLayouts* l = module_layouts(*m);
+    if (!l || l->use_local_input) return x;
+    if (!first) {
+      first = l;
+    } else if (!(l->mesh == first->mesh) || l->input_layouts != first->input_layouts ||
+               l->desired_input != first->desired_input) {
+      return x;
+    }
+  }
+  return first ? prepare_module_input(*first, x) : x;
+}
+
 }  // namespace
 
 AttentionImpl::AttentionImpl(const LlamaArgs& a) : head_dim_(a.head_dim()) {
@@ -52,9 +77,10 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   const int64_t b = x.size(0), s = x.size(1);
   // Under TP each rank sees only its own heads: -1 heads.
   auto heads = [&](const at::Tensor& t) { return t.view({b, s, -1, head_dim_}); };
-  at::Tensor q = apply_rope(heads(parallel_forward(wq, x)), cos, sin).transpose(1, 2);
-  at::Tensor k = apply_rope(heads(parallel_forward(wk, x)), cos, sin).transpose(1, 2);
-  at::Tensor v = heads(parallel_forward(wv, x)).transpose(1, 2);
+  const at::Tensor in = shared_input(x, {wq.get(), wk.get(), wv.get()});
+  at::Tensor q = apply_rope(heads(parallel_forward(wq, in)), cos, sin).transpose(1, 2);
+  at::Tensor k = apply_rope(heads(parallel_forward(wk, in)), cos, sin).transpose(1, 2);
+  at::Tensor v = heads(parallel_forward(wv, in)).transpose(1, 2);
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
   at::Tensor causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
   at::Tensor p = at::softmax(scores.masked_fill(causal, -std::numeric_limits<double>::infinity()), -1);
@@ -70,7 +96,8 @@ FeedForwardImpl::FeedForwardImpl(const LlamaArgs& a) {
 }
 
 at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {
-  return parallel_forward(w2, at::silu(parallel_forward(w1, x)) * parallel_forward(w3, x));
+  const at::Tensor in = shared_input(x, {w1.get(), w3.get()});
+  return parallel_forward(w2, at::silu(parallel_forward(w1, in)) * parallel_forward(w3, in));
 }
 
 TransformerBlockImpl::TransformerBlockImpl(const LlamaArgs& a) {

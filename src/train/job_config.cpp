@@ -111,6 +111,9 @@ const std::vector<Field>& fields() {
       HP_FIELD(training, data, "text file to train on; empty: built-in synthetic corpus"),
       HP_FIELD(training, log_freq, "log metrics every this many steps"),
       HP_FIELD(training, fused_linear_loss, "head matmul + cross-entropy fused, in chunks: no logits tensor"),
+      HP_FIELD(training, caching_allocator,
+               "CPU: large buffers from hp's caching, huge-page allocator (false: LibTorch's, which faults "
+               "fresh pages in every step)"),
 
       HP_FIELD(parallelism, tensor_parallel_degree, "tensor-parallel ranks"),
       HP_FIELD(parallelism, disable_loss_parallel, "gather the logits instead of loss_parallel"),

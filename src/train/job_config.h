@@ -61,6 +61,7 @@ struct TrainingConfig {
   // The head matmul and the loss fused (fused_linear_cross_entropy): the [tokens, vocab]
   // logits are never materialised. Needs loss parallel when TP > 1 (it is vocabulary-parallel).
   bool fused_linear_loss = false;
+  bool caching_allocator = true;  // CPU: install hp's caching huge-page allocator (issue 14)
 };
 
 // [checkpoint]: periodic save / resume. folder is relative to job.dump_folder.

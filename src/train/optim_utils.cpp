@@ -11,6 +11,33 @@
 
 namespace hyper_parallel::train {
 
+namespace {
+
+// Elements per fp64 chunk: 64 KiB of scratch, which stays in cache between the
+// conversion and the dot product that reads it back.
+constexpr int64_t kNormChunk = int64_t{1} << 13;
+
+}  // namespace
+
+double squared_norm_fp64(const at::Tensor& t) {
+  at::NoGradGuard no_grad;
+  if (t.numel() == 0) return 0.0;
+  const at::Tensor flat = t.is_contiguous() ? t.reshape({-1}) : t.contiguous().reshape({-1});
+  if (flat.scalar_type() == at::kDouble) return at::dot(flat, flat).item<double>();
+  // fp64 accumulation without a full fp64 copy: each chunk is widened into one reused
+  // scratch buffer and summed there; the chunks' sums accumulate on the tensor's device.
+  const int64_t n = flat.numel();
+  at::Tensor scratch = at::empty({std::min(n, kNormChunk)}, flat.options().dtype(at::kDouble));
+  at::Tensor total = at::zeros({}, flat.options().dtype(at::kDouble));
+  for (int64_t begin = 0; begin < n; begin += kNormChunk) {
+    const int64_t len = std::min(kNormChunk, n - begin);
+    at::Tensor s = scratch.narrow(0, 0, len);
+    s.copy_(flat.narrow(0, begin, len));
+    total.add_(at::dot(s, s));
+  }
+  return total.item<double>();
+}
+
 double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm) {
   // Squared sums bucketed by the mesh and the mesh dims that shard them: each bucket is
   // all-reduced once over exactly those dims. Buckets are reduced in the order the
@@ -31,7 +58,7 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
     if (!g.defined()) continue;
     grads.push_back(g);
     if (!is_dtensor(g)) {
-      replicated += g.to(at::kDouble).pow(2).sum().item<double>();
+      replicated += squared_norm_fp64(g);
       continue;
     }
     Placements ps = placements_of(g);
@@ -43,7 +70,7 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
     }
     std::vector<int64_t> dims;
     for (size_t m = 0; m < ps.size(); ++m) if (ps[m].is_shard()) dims.push_back(static_cast<int64_t>(m));
-    const double local = to_local(g).to(at::kDouble).pow(2).sum().item<double>();
+    const double local = squared_norm_fp64(to_local(g));
     if (dims.empty()) {
       replicated += local;
       continue;

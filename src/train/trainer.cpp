@@ -10,13 +10,16 @@
 #include <cstdio>
 #include <iostream>
 #include <random>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/parallelism_config.h"
+#include "hyper_parallel/cpu_allocator.h"
 #include "compat/file_system.h"
+#include "core/collective_stats.h"
 #include "train/checkpoint_io.h"
 #include "train/fault_injection.h"
 #include "train/metrics.h"
@@ -48,6 +51,48 @@ at::Tensor compute_loss(Llama& model, const Batch& batch, bool fused) {
   at::Tensor logits = model->forward(batch.input.to(device));
   return F::cross_entropy(logits.flatten(0, 1), target);
 }
+
+// This process's minor page faults and kernel CPU time so far (all threads).
+struct KernelUsage {
+  int64_t minor_faults = 0;
+  double system_seconds = 0;
+};
+
+KernelUsage kernel_usage() {
+  struct rusage usage {};
+  if (::getrusage(RUSAGE_SELF, &usage) != 0) return {};
+  return {static_cast<int64_t>(usage.ru_minflt),
+          static_cast<double>(usage.ru_stime.tv_sec) + 1e-6 * static_cast<double>(usage.ru_stime.tv_usec)};
+}
+
+// Marks the boundaries between the phases of a step: each mark closes the phase that
+// began at the previous one.
+class PhaseClock {
+ public:
+  explicit PhaseClock(StepResult& r) : r_(r) { restart(); }
+  void mark(size_t phase) {
+    const auto now = std::chrono::steady_clock::now();
+    const CollectiveTally tally = collective_tally();
+    StepPhase& p = r_.phases[phase];
+    p.seconds += std::chrono::duration<double>(now - start_).count();
+    p.collectives += tally.count - tally_.count;
+    p.collective_bytes += tally.bytes - tally_.bytes;
+    p.collective_seconds += tally.seconds - tally_.seconds;
+    start_ = now;
+    tally_ = tally;
+  }
+  void restart() {
+    start_ = std::chrono::steady_clock::now();
+    tally_ = collective_tally();
+  }
+
+ private:
+  StepResult& r_;
+  std::chrono::steady_clock::time_point start_;
+  CollectiveTally tally_;
+};
+
+enum Phase : size_t { kForward = 0, kLoss = 1, kBackward = 2, kClip = 3, kOptimizer = 4 };
 
 double scalar_of(const at::Tensor& loss) {
   return (is_dtensor(loss) ? full_tensor(loss) : loss).detach().to(at::kDouble).item<double>();
@@ -143,6 +188,9 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   parallelism_scope_.emplace(par);
   train_context_ = get_train_context(loss_parallel_enabled_);
 
+  // Large CPU buffers from a cache of huge-page-backed blocks that outlives each step: no
+  // fresh-page faults after the first step (issue 14), whatever the environment says.
+  if (config_.training.device == "cpu" && config_.training.caching_allocator) install_caching_cpu_allocator();
   model_ = Llama(llama_args(config_.model));
   model_->init_weights(static_cast<uint64_t>(config_.training.seed));
   const at::ScalarType dtype = dtype_of(config_.training.dtype);
@@ -303,25 +351,55 @@ Trainer::~Trainer() = default;
 std::string Trainer::checkpoint_folder() const { return join(config_.dump_folder, config_.checkpoint.folder); }
 std::string Trainer::metrics_folder() const { return join(config_.dump_folder, config_.metrics.folder); }
 
-double Trainer::forward_backward(const Batch& batch) {
+double Trainer::forward_backward(const Batch& batch, StepResult& r) {
   // The loss and its backward inside the train context (§6.2).
   auto guard = train_context_();
-  at::Tensor loss = compute_loss(model_, batch, config_.training.fused_linear_loss);
+  PhaseClock clock(r);
+  const at::Device device = model_->output->weight.device();
+  const at::Tensor target = batch.target.to(device).flatten();
+  at::Tensor loss;
+  if (config_.training.fused_linear_loss) {
+    // The head matmul is part of the loss here: "forward" ends at the final norm.
+    at::Tensor hidden = model_->hidden_states(batch.input.to(device));
+    clock.mark(kForward);
+    loss = fused_linear_cross_entropy(hidden.flatten(0, 1), model_->output->weight, target);
+  } else {
+    at::Tensor logits = model_->forward(batch.input.to(device));
+    clock.mark(kForward);
+    loss = F::cross_entropy(logits.flatten(0, 1), target);
+  }
+  const double value = scalar_of(loss);
+  clock.mark(kLoss);
   loss.backward();
-  return scalar_of(loss);
+  clock.mark(kBackward);
+  return value;
 }
 
 StepResult Trainer::train_step(int64_t step) {
   const auto& t = config_.training;
   StepResult r;
   r.step = step;
+  const auto start = std::chrono::steady_clock::now();
+  const KernelUsage usage = kernel_usage();
   r.lr = learning_rate_at(step, t.steps, t.warmup_steps, t.lr, t.min_lr_ratio);
+  PhaseClock clock(r);
   for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(r.lr);
+  // Gradients are set to none, not zeroed: backward then hands each parameter its freshly
+  // computed gradient (no accumulation pass), in blocks the caching allocator reuses.
   optimizer_->zero_grad();
-  r.loss = forward_backward(batches_->batch_at(step - 1));
+  clock.mark(kOptimizer);
+  const Batch batch = batches_->batch_at(step - 1);
+  r.loss = forward_backward(batch, r);
+  clock.restart();
   r.grad_norm = clip_grad_norm_(model_->parameters(), t.max_norm);
+  clock.mark(kClip);
   optimizer_->step();
+  clock.mark(kOptimizer);
   step_ = step;
+  const KernelUsage after = kernel_usage();
+  r.minor_faults = after.minor_faults - usage.minor_faults;
+  r.system_seconds = after.system_seconds - usage.system_seconds;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
 
@@ -364,7 +442,22 @@ std::vector<StepResult> Trainer::train() {
       std::string error;
       if (metrics_) {
         nlohmann::json rec = {{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
-                              {"tokens_per_s", tokens_per_s}, {"peak_memory_mb", peak_memory_mib()}};
+                              {"tokens_per_s", tokens_per_s}, {"peak_memory_mb", peak_memory_mib()},
+                              {"step_s", r.seconds}, {"minor_faults", r.minor_faults},
+                              {"system_s", r.system_seconds}};
+        int64_t collectives = 0;
+        double collective_s = 0;
+        for (size_t i = 0; i < kStepPhases; ++i) {
+          const StepPhase& p = r.phases[i];
+          rec["phases"][kStepPhaseNames[i]] = {{"s", p.seconds},
+                                               {"collectives", p.collectives},
+                                               {"collective_bytes", p.collective_bytes},
+                                               {"collective_s", p.collective_seconds}};
+          collectives += p.collectives;
+          collective_s += p.collective_seconds;
+        }
+        rec["collectives"] = collectives;
+        rec["collective_s"] = collective_s;
         if (r.val_loss) rec["val_loss"] = *r.val_loss;
         try {
           metrics_->log(rec);

@@ -11,6 +11,7 @@
 // exact --checkpoint.resume.
 #pragma once
 
+#include <array>
 #include <iosfwd>
 #include <memory>
 #include <optional>
@@ -49,12 +50,34 @@ class Validator {
   TrainContext context_;
 };
 
+// One phase of a training step on this rank: its wall time and the collectives issued in
+// it (number, bytes this rank sent, time from issue to completion, waiting included).
+struct StepPhase {
+  double seconds = 0;
+  int64_t collectives = 0;
+  int64_t collective_bytes = 0;
+  double collective_seconds = 0;
+};
+
+// The phases of train_step, in order: model forward, loss forward, backward (loss and
+// model), gradient clipping, optimizer step (zero_grad and the learning-rate update
+// included).
+inline constexpr const char* kStepPhaseNames[] = {"forward", "loss", "backward", "clip", "optimizer"};
+inline constexpr size_t kStepPhases = 5;
+
 struct StepResult {
   int64_t step = 0;
   double loss = 0;
   double grad_norm = 0;
   double lr = 0;
   std::optional<double> val_loss;
+  std::array<StepPhase, kStepPhases> phases{};
+  // Minor page faults of the whole process during the step (first touches of fresh pages).
+  int64_t minor_faults = 0;
+  // Kernel CPU time of the whole process during the step (page faults, socket I/O).
+  double system_seconds = 0;
+  // Wall time of train_step.
+  double seconds = 0;
 };
 
 class Trainer {
@@ -95,7 +118,7 @@ class Trainer {
   void agree_or_throw(const std::string& own_error, const std::string& what) const;
   // Verifies and loads step `step` of the checkpoint folder (throws on this rank only).
   void load_step(int64_t step);
-  double forward_backward(const Batch& batch);
+  double forward_backward(const Batch& batch, StepResult& r);
   std::string checkpoint_folder() const;
   std::string metrics_folder() const;
 

@@ -1,0 +1,100 @@
+// hp-export-train: writes what a training job starts from, for another framework to start
+// from the same place (scripts/bench_train_vs_pytorch.sh trains PyTorch from it).
+//
+//   hp-export-train DIR [--config FILE] [--section.key VALUE ...]
+//
+// DIR/manifest.json names the model and optimiser settings; DIR/weights/<name>.bin holds
+// every parameter of the unsharded model exactly as hp-train initialises it (float32, raw
+// little-endian, row-major; a float64 job converts them as hp-train does); DIR/batches/{input,target}_<step>.bin the int64 token batches
+// of steps 1..training.steps, exactly as hp-train draws them.
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "compat/file_system.h"
+#include "train/checkpoint_io.h"
+#include "hyper_parallel/llama.h"
+#include "train/data.h"
+#include "train/job_config.h"
+#include "train/trainer.h"
+
+namespace hp = hyper_parallel;
+
+namespace {
+
+void write_raw(const std::string& path, const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  std::ofstream out(path, std::ios::binary);
+  out.write(static_cast<const char*>(c.const_data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+  if (!out) throw std::runtime_error("hp-export-train: cannot write " + path);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc < 2 || std::string(argv[1]).rfind("--", 0) == 0) {
+      std::cerr << "usage: hp-export-train DIR [--config FILE] [--section.key VALUE ...]\n";
+      return 2;
+    }
+    const std::string dir = argv[1];
+    std::vector<std::string> args(argv + 2, argv + argc);
+    const hp::train::JobConfig cfg = hp::train::parse_job_config(args);
+    const auto& m = cfg.model;
+    const auto& t = cfg.training;
+    if (t.dtype != "float32" && t.dtype != "float64") {
+      throw std::runtime_error("hp-export-train: training.dtype = " + t.dtype + ": only float32 and float64 are exported");
+    }
+    hp::Llama model(hp::train::llama_args(m));
+    model->init_weights(static_cast<uint64_t>(t.seed));
+    hp::train::make_directories(hp::compat::join_path(dir, "weights"));
+    hp::train::make_directories(hp::compat::join_path(dir, "batches"));
+    nlohmann::json weights = nlohmann::json::array();
+    for (const auto& p : model->named_parameters()) {
+      write_raw(hp::compat::join_path(dir, "weights/" + p.key() + ".bin"), p.value().detach().to(at::kFloat));
+      weights.push_back({{"name", p.key()}, {"shape", p.value().sizes().vec()}});
+    }
+    std::shared_ptr<const hp::train::BatchSource> batches;
+    std::unique_ptr<hp::train::TokenCorpus> corpus;
+    if (t.data.empty()) {
+      batches = std::make_shared<hp::train::SyntheticBatchStream>(m.vocab_size, t.batch_size, t.seq_len,
+                                                                 static_cast<uint64_t>(t.seed), /*split=*/0);
+    } else {
+      corpus = hp::train::make_text_file_corpus(t.data, m.vocab_size, t.seq_len + 1);
+      batches = std::make_shared<hp::train::BatchSampler>(corpus->train_tokens(), t.batch_size, t.seq_len,
+                                                          static_cast<uint64_t>(t.seed));
+    }
+    for (int64_t step = 1; step <= t.steps; ++step) {
+      const hp::train::Batch b = batches->batch_at(step - 1);
+      write_raw(hp::compat::join_path(dir, "batches/input_" + std::to_string(step) + ".bin"), b.input.to(at::kLong));
+      write_raw(hp::compat::join_path(dir, "batches/target_" + std::to_string(step) + ".bin"), b.target.to(at::kLong));
+    }
+    const hp::LlamaArgs a = hp::train::llama_args(m);
+    nlohmann::json manifest = {
+        {"model",
+         {{"dim", a.dim}, {"n_layers", a.n_layers}, {"n_heads", a.n_heads}, {"vocab_size", a.vocab_size},
+          {"hidden_dim", a.hidden_dim()}, {"norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
+          {"max_seq_len", a.max_seq_len}}},
+        {"training",
+         {{"batch_size", t.batch_size}, {"seq_len", t.seq_len}, {"steps", t.steps}, {"warmup_steps", t.warmup_steps},
+          {"lr", t.lr}, {"min_lr_ratio", t.min_lr_ratio}, {"weight_decay", t.weight_decay}, {"beta1", t.beta1},
+          {"beta2", t.beta2}, {"eps", t.eps}, {"max_norm", t.max_norm}}},
+        {"dtype", t.dtype},
+        {"tensor_parallel_degree", cfg.parallelism.tensor_parallel_degree},
+        {"loss_parallel", !cfg.parallelism.disable_loss_parallel},
+        {"weights", weights}};
+    std::ofstream(hp::compat::join_path(dir, "manifest.json")) << manifest.dump(1) << "\n";
+    std::cout << "hp-export-train: " << weights.size() << " parameters and " << t.steps << " batches in " << dir
+              << std::endl;
+  } catch (const c10::Error& e) {
+    std::cerr << "hp-export-train: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "hp-export-train: " << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}

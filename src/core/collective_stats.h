@@ -1,0 +1,21 @@
+// Time and bytes of the collectives this thread has issued (internal; the trainer's
+// per-phase metrics). Unlike CollectiveCounts (which also counts the no-op collectives of
+// a one-rank group), this tallies only collectives that went to a process group: their
+// number, the bytes each rank sent, and the wall time from issuing to completion (the
+// transfer plus any wait for the slowest rank).
+#pragma once
+
+#include <cstdint>
+
+namespace hyper_parallel {
+
+struct CollectiveTally {
+  int64_t count = 0;
+  int64_t bytes = 0;
+  double seconds = 0;
+};
+
+// Since this thread started: take differences around a region.
+CollectiveTally collective_tally();
+
+}  // namespace hyper_parallel
