@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <random>
 #include <sys/resource.h>
@@ -41,14 +42,19 @@ at::ScalarType dtype_of(const std::string& name) {
 // The batch's loss, inside the context: cross_entropy over all tokens, on the model's device.
 // fused: the head's matmul and the loss in one (fused_linear_loss.h), no logits tensor;
 // the head's weight is the plan's Shard(0) DTensor under TP, a plain tensor at TP 1.
-at::Tensor compute_loss(Llama& model, const Batch& batch, bool fused) {
+// after_forward (optional) runs when the model's forward is done: at the final norm when
+// fused (the head matmul is part of the loss then), after the head otherwise.
+at::Tensor compute_loss(Llama& model, const Batch& batch, bool fused,
+                        const std::function<void()>& after_forward = {}) {
   const at::Device device = model->output->weight.device();
   const at::Tensor target = batch.target.to(device).flatten();
   if (fused) {
     at::Tensor hidden = model->hidden_states(batch.input.to(device));
+    if (after_forward) after_forward();
     return fused_linear_cross_entropy(hidden.flatten(0, 1), model->output->weight, target);
   }
   at::Tensor logits = model->forward(batch.input.to(device));
+  if (after_forward) after_forward();
   return F::cross_entropy(logits.flatten(0, 1), target);
 }
 
@@ -355,19 +361,7 @@ double Trainer::forward_backward(const Batch& batch, StepResult& r) {
   // The loss and its backward inside the train context (§6.2).
   auto guard = train_context_();
   PhaseClock clock(r);
-  const at::Device device = model_->output->weight.device();
-  const at::Tensor target = batch.target.to(device).flatten();
-  at::Tensor loss;
-  if (config_.training.fused_linear_loss) {
-    // The head matmul is part of the loss here: "forward" ends at the final norm.
-    at::Tensor hidden = model_->hidden_states(batch.input.to(device));
-    clock.mark(kForward);
-    loss = fused_linear_cross_entropy(hidden.flatten(0, 1), model_->output->weight, target);
-  } else {
-    at::Tensor logits = model_->forward(batch.input.to(device));
-    clock.mark(kForward);
-    loss = F::cross_entropy(logits.flatten(0, 1), target);
-  }
+  at::Tensor loss = compute_loss(model_, batch, config_.training.fused_linear_loss, [&] { clock.mark(kForward); });
   const double value = scalar_of(loss);
   clock.mark(kLoss);
   loss.backward();
