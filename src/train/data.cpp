@@ -10,13 +10,10 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <sstream>
 #include <string_view>
 #include <unordered_map>
@@ -192,7 +189,7 @@ at::Tensor generate_synthetic(int64_t vocab_size, int64_t num_tokens, uint64_t s
 // Why `text` (the start of a corpus file) is not text, or "" when it is: a NUL byte,
 // or a byte sequence that is not UTF-8. A truncated sequence at the very end is the
 // cut of the sample, not an error.
-std::string not_text_reason(const std::string& text) {
+std::string not_text_reason(std::string_view text) {
   const size_t n = text.size();
   for (size_t i = 0; i < n;) {
     const auto c = static_cast<unsigned char>(text[i]);
@@ -257,7 +254,7 @@ std::unique_ptr<TokenCorpus> make_text_file_corpus(const std::string& path, int6
     const std::string_view bytes(chunk.data(), static_cast<size_t>(n));
     if (first) {
       // A binary file would tokenize into garbage words and train "fine"; say why it is refused.
-      const std::string reason = not_text_reason(std::string(bytes));
+      const std::string reason = not_text_reason(bytes);
       TORCH_CHECK(reason.empty(), what, " is not text (", reason,
                   "): training.data must be a UTF-8 or ASCII text file");
     }
