@@ -468,6 +468,20 @@ TEST(TextFileCorpus, WordsAcrossReadChunksStayWhole) {
   EXPECT_EQ(std::get<0>(at::_unique(corpus->train_tokens())).numel(), 4);
 }
 
+TEST(TextFileCorpus, NoRoomForTheTokenIdsIsAnErrorNamingTheFolder) {
+  TempFile file("words_tmpdir.txt", kSmallText);
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old ? old : "";
+  ::setenv("TMPDIR", "/nonexistent/hp_data_test_tmp", 1);
+  const std::string err = error_of([&] { make_text_file_corpus(file.path(), 100); });
+  if (old) ::setenv("TMPDIR", saved.c_str(), 1);
+  else ::unsetenv("TMPDIR");
+  EXPECT_NE(err.find(file.path()), std::string::npos) << err;
+  EXPECT_NE(err.find("/nonexistent/hp_data_test_tmp"), std::string::npos) << err;
+  EXPECT_NE(err.find("No such file or directory"), std::string::npos) << err;
+  EXPECT_NE(err.find("set TMPDIR"), std::string::npos) << err;
+}
+
 TEST(TextFileCorpus, InvalidUtf8IsRejectedButValidUtf8IsText) {
   std::string latin1(kSmallText);
   for (int i = 0; i < 50; ++i) latin1 += "caf\xe9 ";  // Latin-1, not UTF-8
