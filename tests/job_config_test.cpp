@@ -520,7 +520,7 @@ TEST(JobConfig, UsageListsEveryKeyWithTypeAndDefault) {
     EXPECT_THAT(usage, HasSubstr(flag));
     ++keys;
   }
-  EXPECT_EQ(keys, 44);
+  EXPECT_EQ(keys, 47);
   EXPECT_THAT(usage, HasSubstr("--training.lr FLOAT"));
   EXPECT_THAT(usage, HasSubstr("default 0.003"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.resume BOOL"));
@@ -571,6 +571,17 @@ TEST(JobConfig, ValidateErrorsNameTheKey) {
          c.parallelism.disable_loss_parallel = true;
        },
        "training.fused_linear_loss = true needs loss parallel at parallelism.tensor_parallel_degree = 2"},
+      {[](JobConfig& c) { c.parallelism.data_parallel_degree = 0; },
+       "parallelism.data_parallel_degree = 0 must be >= 1"},
+      {[](JobConfig& c) { c.parallelism.dp_bucket_mb = 0; }, "parallelism.dp_bucket_mb = 0 must be > 0"},
+      {[](JobConfig& c) { c.training.grad_accum_steps = 0; }, "training.grad_accum_steps = 0 must be > 0"},
+      {[](JobConfig& c) {
+         c.training.batch_size = 8;
+         c.parallelism.data_parallel_degree = 2;
+         c.training.grad_accum_steps = 3;
+       },
+       "training.batch_size = 8 must be divisible by parallelism.data_parallel_degree x "
+       "training.grad_accum_steps = 2 x 3"},
       {[](JobConfig& c) { c.checkpoint.interval = 0; }, "checkpoint.interval = 0 must be > 0"},
       {[](JobConfig& c) { c.checkpoint.folder = ""; }, "checkpoint.folder must not be empty"},
       {[](JobConfig& c) { c.validation.freq = 0; }, "validation.freq = 0 must be > 0"},

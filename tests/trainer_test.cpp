@@ -197,13 +197,13 @@ TEST(Trainer, ItsParallelismSettingsEndWithIt) {
   EXPECT_EQ(parallelism_config().disable_loss_parallel, before.disable_loss_parallel);
 }
 
-TEST(Trainer, WorldSizeMustMatchTheTensorParallelDegree) {
+TEST(Trainer, WorldSizeMustBeTheDataTimesTheTensorParallelDegree) {
   run_ranks(2, [&](int64_t) {
     try {
       Trainer t(tiny_job(fresh_dir("mismatch"), 4, false, 2));
       ADD_FAILURE() << "expected an error";
     } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("--nproc-per-node 4"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("data_parallel_degree x tensor_parallel_degree = 1 x 4 = 4 ranks, but the job has 2"), std::string::npos) << e.what();
     }
   });
 }

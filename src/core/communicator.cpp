@@ -10,6 +10,7 @@
 #include <chrono>
 
 #include "compat/c10d_compat.h"
+#include "core/async_all_reduce.h"
 #include "core/collective_stats.h"
 
 namespace hyper_parallel {
@@ -94,6 +95,40 @@ void Communicator::all_reduce_(at::Tensor& t, ReduceOp op) const {
   wait(pg_->allreduce(v, opts));
   if (op == ReduceOp::Avg) buf.div_(size());
   if (!buf.is_same(t)) t.copy_(buf);
+}
+
+PendingAllReduce::PendingAllReduce() = default;
+PendingAllReduce::~PendingAllReduce() = default;
+PendingAllReduce::PendingAllReduce(PendingAllReduce&&) noexcept = default;
+PendingAllReduce& PendingAllReduce::operator=(PendingAllReduce&&) noexcept = default;
+
+PendingAllReduce PendingAllReduce::start(const Communicator& comm, const at::Tensor& buffer) {
+  ++tls_counts.all_reduce;
+  PendingAllReduce p;
+  if (comm.size() == 1) return p;
+  const auto& pg = comm.process_group();
+  check_device(pg, buffer, "all_reduce");
+  TORCH_CHECK(buffer.is_contiguous() && !needs_float_wire(pg, buffer),
+              "PendingAllReduce: expected a contiguous buffer that Gloo can sum (float32 for bfloat16 "
+              "data), got ", buffer.scalar_type(), buffer.is_contiguous() ? "" : " (not contiguous)");
+  ++tls_tally.count;
+  tls_tally.bytes += bytes_of(buffer);
+  std::vector<at::Tensor> v{buffer};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  p.work_ = pg->allreduce(v, opts);
+  p.buffer_ = buffer;
+  return p;
+}
+
+void PendingAllReduce::wait() {
+  if (!work_) return;
+  const auto start = std::chrono::steady_clock::now();
+  auto work = std::move(work_);
+  work_.reset();
+  work->wait();
+  buffer_ = at::Tensor();
+  tls_tally.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void Communicator::all_reduce_many_(std::vector<at::Tensor>& ts, ReduceOp op) const {

@@ -380,4 +380,21 @@ Batch BatchSampler::batch_at(int64_t step) const {
   return {input, target};
 }
 
+ReplicaRows::ReplicaRows(std::shared_ptr<const BatchSource> global, int64_t dp_rank, int64_t dp_size)
+    : global_(std::move(global)), dp_rank_(dp_rank), dp_size_(dp_size) {
+  TORCH_CHECK(global_, "ReplicaRows: expected a batch source");
+  TORCH_CHECK(dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size, "ReplicaRows: expected 0 <= dp_rank < dp_size, got ",
+              dp_rank, " and ", dp_size);
+}
+
+Batch ReplicaRows::batch_at(int64_t step) const { return micro_batch(global_->batch_at(step), dp_rank_, dp_size_); }
+
+Batch micro_batch(const Batch& batch, int64_t index, int64_t count) {
+  const int64_t rows = batch.input.size(0);
+  TORCH_CHECK(count >= 1 && index >= 0 && index < count && rows % count == 0, "a batch of ", rows,
+              " rows cannot be split into ", count, " equal parts (part ", index, " asked for)");
+  const int64_t n = rows / count;
+  return {batch.input.narrow(0, index * n, n), batch.target.narrow(0, index * n, n)};
+}
+
 }  // namespace hyper_parallel::train

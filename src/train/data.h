@@ -135,4 +135,21 @@ class BatchSampler : public BatchSource {
   uint64_t seed_;
 };
 
+// One data-parallel replica's rows of another source's global batches: rows
+// [dp_rank * n / dp_size, (dp_rank + 1) * n / dp_size) of each step (the same split as
+// SyntheticBatchStream's). The global batch is still built whole (cheap for token windows).
+class ReplicaRows : public BatchSource {
+ public:
+  ReplicaRows(std::shared_ptr<const BatchSource> global, int64_t dp_rank, int64_t dp_size);
+  Batch batch_at(int64_t step) const override;
+
+ private:
+  std::shared_ptr<const BatchSource> global_;
+  int64_t dp_rank_, dp_size_;
+};
+
+// Micro-batch `index` of `count` of a batch: rows [index * n / count, ...) as views.
+// Throws when the rows do not split evenly.
+Batch micro_batch(const Batch& batch, int64_t index, int64_t count);
+
 }  // namespace hyper_parallel::train

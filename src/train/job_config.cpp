@@ -58,8 +58,8 @@ constexpr Kind kind_of() {
 }
 
 // A member of one of JobConfig's section structs: cfg.*section.*member.
-template <class S, class T>
-Field section_field(const char* section, const char* key, S JobConfig::*sec, T S::*member,
+template <class S, class M, class T>
+Field section_field(const char* section, const char* key, S JobConfig::*sec, T M::*member,
                     const char* help) {
   return Field{section, key, kind_of<T>(), help,
                [=](const JobConfig& c) { return Value(std::in_place_type<T>, (c.*sec).*member); },
@@ -114,8 +114,11 @@ const std::vector<Field>& fields() {
       HP_FIELD(training, caching_allocator,
                "CPU: large buffers from hp's caching, huge-page allocator (false: LibTorch's, which faults "
                "fresh pages in every step)"),
+      HP_FIELD(training, grad_accum_steps, "micro-batches per step (gradients accumulate; batch_size is the total)"),
 
       HP_FIELD(parallelism, tensor_parallel_degree, "tensor-parallel ranks"),
+      HP_FIELD(parallelism, data_parallel_degree, "data-parallel replicas; world = data x tensor parallel degree"),
+      HP_FIELD(parallelism, dp_bucket_mb, "MiB per data-parallel gradient all-reduce bucket"),
       HP_FIELD(parallelism, disable_loss_parallel, "gather the logits instead of loss_parallel"),
       HP_FIELD(parallelism, loss_parallel_strict_mesh, "loss_parallel: strict mesh checks"),
       HP_FIELD(parallelism, loss_parallel_fallback_on_layout_error,
@@ -671,6 +674,17 @@ void validate(const JobConfig& cfg) {
     require(m.n_heads % tp == 0, "model.n_heads = " + std::to_string(m.n_heads) +
                                      " must be divisible by parallelism.tensor_parallel_degree = " +
                                      std::to_string(tp));
+  }
+  const int64_t dp = cfg.parallelism.data_parallel_degree;
+  require(dp >= 1, "parallelism.data_parallel_degree = " + std::to_string(dp) + " must be >= 1");
+  positive("parallelism.dp_bucket_mb", cfg.parallelism.dp_bucket_mb);
+  positive("training.grad_accum_steps", t.grad_accum_steps);
+  if (dp >= 1 && t.grad_accum_steps >= 1 && t.batch_size > 0) {  // whole rows per micro-batch
+    require(t.batch_size % (dp * t.grad_accum_steps) == 0,
+            "training.batch_size = " + std::to_string(t.batch_size) +
+                " must be divisible by parallelism.data_parallel_degree x training.grad_accum_steps = " +
+                std::to_string(dp) + " x " + std::to_string(t.grad_accum_steps) +
+                " (each replica's micro-batch holds whole sequences)");
   }
   // The fused head + loss is vocabulary-parallel itself; a replicated head contradicts it.
   require(!(t.fused_linear_loss && tp > 1 && cfg.parallelism.disable_loss_parallel),

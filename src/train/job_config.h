@@ -23,6 +23,18 @@ namespace hyper_parallel::train {
 
 using hyper_parallel::ParallelismConfig;
 
+// [parallelism]: the loss-parallel settings of ParallelismConfig (process-wide, read by
+// loss_parallel itself) plus how hp-train arranges its ranks, which only the trainer
+// reads (so the library's public struct does not grow training knobs).
+struct ParallelismJobConfig : ParallelismConfig {
+  // Data-parallel replicas: the world is a dp x tp mesh (global rank = dp_rank * tp +
+  // tp_rank, TorchTitan's order); each replica trains on its rows of the global batch.
+  int64_t data_parallel_degree = 1;
+  // Gradients are all-reduced over the replicas in buckets of about this many MiB, each
+  // sent as soon as backward has produced all of its gradients (overlapped with the rest).
+  int64_t dp_bucket_mb = 25;
+};
+
 // [model]: the Llama-style decoder.
 struct ModelConfig {
   std::string name = "llama";     // model family (the trainer decides which it knows)
@@ -42,7 +54,8 @@ int64_t resolved_ffn_hidden_dim(const ModelConfig& model);
 
 // [training]: optimisation and data.
 struct TrainingConfig {
-  int64_t batch_size = 8;         // sequences per step (global: every TP rank sees them all)
+  int64_t batch_size = 8;         // sequences per optimiser step, over all data-parallel replicas
+                                  // and micro-batches (every TP rank of a replica sees its rows)
   int64_t seq_len = 64;           // tokens per sequence; <= model.max_seq_len
   int64_t steps = 60;             // optimiser steps in the run
   int64_t warmup_steps = 5;       // linear LR warmup steps (then decay to min_lr_ratio*lr)
@@ -62,6 +75,9 @@ struct TrainingConfig {
   // logits are never materialised. Needs loss parallel when TP > 1 (it is vocabulary-parallel).
   bool fused_linear_loss = false;
   bool caching_allocator = true;  // CPU: install hp's caching huge-page allocator (issue 14)
+  // Micro-batches per optimiser step: each replica's rows are split into this many, their
+  // gradients accumulate, and the loss is normalised by the global count of target tokens.
+  int64_t grad_accum_steps = 1;
 };
 
 // [checkpoint]: periodic save / resume. folder is relative to job.dump_folder.
@@ -95,7 +111,7 @@ struct JobConfig {
 
   ModelConfig model;                // [model]
   TrainingConfig training;          // [training]
-  ParallelismConfig parallelism;    // [parallelism], same field names as the struct
+  ParallelismJobConfig parallelism; // [parallelism], same field names as the struct
   CheckpointConfig checkpoint;      // [checkpoint]
   ValidationConfig validation;      // [validation]
   MetricsConfig metrics;            // [metrics]

@@ -39,24 +39,36 @@ at::ScalarType dtype_of(const std::string& name) {
   return at::kFloat;
 }
 
-// The batch's loss, inside the context: cross_entropy over all tokens, on the model's device.
+// cross_entropy's default: targets equal to it are not predicted and do not count.
+constexpr int64_t kIgnoreIndex = -100;
+
+// The sum of the batch's token losses, inside the context, on the model's device. Summed,
+// not averaged: the caller divides by the global number of counted tokens (over replicas
+// and micro-batches), so every token weighs the same whichever rank holds it.
 // fused: the head's matmul and the loss in one (fused_linear_loss.h), no logits tensor;
 // the head's weight is the plan's Shard(0) DTensor under TP, a plain tensor at TP 1.
 // after_forward (optional) runs when the model's forward is done: at the final norm when
 // fused (the head matmul is part of the loss then), after the head otherwise.
-at::Tensor compute_loss(Llama& model, const Batch& batch, bool fused,
-                        const std::function<void()>& after_forward = {}) {
+at::Tensor token_loss_sum(Llama& model, const Batch& batch, bool fused,
+                          const std::function<void()>& after_forward = {}) {
   const at::Device device = model->output->weight.device();
   const at::Tensor target = batch.target.to(device).flatten();
   if (fused) {
     at::Tensor hidden = model->hidden_states(batch.input.to(device));
     if (after_forward) after_forward();
-    return fused_linear_cross_entropy(hidden.flatten(0, 1), model->output->weight, target);
+    FusedLinearCrossEntropyOptions options;
+    options.ignore_index = kIgnoreIndex;
+    options.reduction = at::Reduction::Sum;
+    return fused_linear_cross_entropy(hidden.flatten(0, 1), model->output->weight, target, options);
   }
   at::Tensor logits = model->forward(batch.input.to(device));
   if (after_forward) after_forward();
-  return F::cross_entropy(logits.flatten(0, 1), target);
+  return F::cross_entropy(logits.flatten(0, 1), target,
+                          F::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
 }
+
+// Targets that count (not ignore_index).
+int64_t counted_tokens(const Batch& batch) { return batch.target.ne(kIgnoreIndex).sum().item<int64_t>(); }
 
 // This process's minor page faults and kernel CPU time so far (all threads).
 struct KernelUsage {
@@ -99,6 +111,12 @@ class PhaseClock {
 };
 
 enum Phase : size_t { kForward = 0, kLoss = 1, kBackward = 2, kClip = 3, kOptimizer = 4 };
+
+// Sums `values` (float64, on `mesh`'s device) over every rank of `mesh` (all its dims).
+void sum_over_mesh_(at::Tensor& values, const std::optional<DeviceMesh>& mesh) {
+  if (!mesh) return;
+  for (int64_t d = 0; d < mesh->ndim(); ++d) mesh->comm(d).all_reduce_(values, ReduceOp::Sum);
+}
 
 double scalar_of(const at::Tensor& loss) {
   return (is_dtensor(loss) ? full_tensor(loss) : loss).detach().to(at::kDouble).item<double>();
@@ -167,12 +185,26 @@ Validator::Validator(const ValidationConfig& config, const TrainingConfig& train
       fused_linear_loss_(training.fused_linear_loss),
       context_(validation_context) {}
 
+void Validator::set_data_parallel_mesh(const DeviceMesh& dp_mesh) { dp_mesh_ = dp_mesh; }
+
 double Validator::validate(Llama& model) const {
   at::NoGradGuard no_grad;
-  double total = 0;
+  // Per batch: the sum of its token losses and their number, over every replica's rows.
+  at::Tensor sums = at::zeros({2 * config_.steps}, at::kDouble);
   for (int64_t i = 0; i < config_.steps; ++i) {
     auto guard = context_();
-    total += scalar_of(compute_loss(model, batches_->batch_at(i), fused_linear_loss_));
+    const Batch batch = batches_->batch_at(i);
+    sums[2 * i].fill_(scalar_of(token_loss_sum(model, batch, fused_linear_loss_)));
+    sums[2 * i + 1].fill_(static_cast<double>(counted_tokens(batch)));
+  }
+  if (dp_mesh_) {
+    sums = sums.to(dp_mesh_->device());
+    dp_mesh_->comm(0).all_reduce_(sums, ReduceOp::Sum);
+    sums = sums.cpu();
+  }
+  double total = 0;
+  for (int64_t i = 0; i < config_.steps; ++i) {
+    total += sums[2 * i].item<double>() / std::max(1.0, sums[2 * i + 1].item<double>());
   }
   return total / static_cast<double>(std::max<int64_t>(1, config_.steps));
 }
@@ -185,11 +217,12 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   const auto& par = config_.parallelism;
   const int64_t world = is_initialized() ? get_world_size() : 1;
   rank_ = is_initialized() ? get_rank() : 0;
-  TORCH_CHECK(world == par.tensor_parallel_degree, "hp-train: parallelism.tensor_parallel_degree = ",
-              par.tensor_parallel_degree, " but the job has ", world,
-              " ranks; launch with hp-run --nproc-per-node ", par.tensor_parallel_degree,
-              " (data parallelism is not supported yet)");
-  tp_enabled_ = par.tensor_parallel_degree > 1;
+  const int64_t tp = par.tensor_parallel_degree, dp = par.data_parallel_degree;
+  TORCH_CHECK(world == dp * tp, "hp-train: parallelism.data_parallel_degree x tensor_parallel_degree = ", dp, " x ",
+              tp, " = ", dp * tp, " ranks, but the job has ", world, "; launch ", dp * tp,
+              " ranks (hp-run --nproc-per-node ", dp * tp, ", or --nnodes N with N x nproc-per-node = ", dp * tp,
+              ") or change the degrees");
+  tp_enabled_ = tp > 1;
   loss_parallel_enabled_ = tp_enabled_ && !par.disable_loss_parallel;
   parallelism_scope_.emplace(par);
   train_context_ = get_train_context(loss_parallel_enabled_);
@@ -206,44 +239,66 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
               "initialised for ", device, "; initialise it with InitOptions{.device_type = \"",
               config_.training.device, "\"}");
   model_->to(device, dtype);
-  if (tp_enabled_) {
-    tp_mesh_ = init_device_mesh(config_.training.device, {par.tensor_parallel_degree}, {"tp"});
-    parallelize_llama(model_, *tp_mesh_, loss_parallel_enabled_);
+  // The world as a dp x tp mesh (TorchTitan's order: the TP ranks of a replica are
+  // neighbours). Without data parallelism, the 1-D TP mesh alone.
+  if (dp > 1) {
+    world_mesh_ = init_device_mesh(config_.training.device, {dp, tp}, {"dp", "tp"});
+    dp_mesh_ = (*world_mesh_)["dp"];
+    if (tp_enabled_) tp_mesh_ = (*world_mesh_)["tp"];
+  } else if (tp_enabled_) {
+    tp_mesh_ = init_device_mesh(config_.training.device, {tp}, {"tp"});
+    world_mesh_ = tp_mesh_;
   }
+  dp_rank_ = dp_mesh_ ? dp_mesh_->local_rank(0) : 0;
+  if (tp_enabled_) parallelize_llama(model_, *tp_mesh_, loss_parallel_enabled_);
   const auto& t = config_.training;
   optimizer_ = std::make_unique<torch::optim::AdamW>(
       model_->parameters(),
       torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(t.weight_decay));
 
-  // Every TP rank builds the same batch (data parallelism, when it comes, shards the rows).
+  // Every TP rank of a replica builds the same rows: the replica's share of the global batch.
   std::string data_description;
   if (t.data.empty()) {
     // Generated per batch: memory and start-up do not depend on training.steps.
     auto train_stream = std::make_shared<SyntheticBatchStream>(config_.model.vocab_size, t.batch_size, t.seq_len,
-                                                               static_cast<uint64_t>(t.seed), /*split=*/0);
+                                                               static_cast<uint64_t>(t.seed), /*split=*/0, dp_rank_, dp);
     data_description = train_stream->describe();
     batches_ = train_stream;
     if (config_.validation.enable) {
       validator_ = std::make_unique<Validator>(
           config_.validation, t,
           std::make_shared<SyntheticBatchStream>(config_.model.vocab_size, t.batch_size, t.seq_len,
-                                                 static_cast<uint64_t>(t.seed), /*split=*/1),
+                                                 static_cast<uint64_t>(t.seed), /*split=*/1, dp_rank_, dp),
           train_context_);
     }
   } else {
     corpus_ = make_text_file_corpus(t.data, config_.model.vocab_size, t.seq_len + 1);
     data_description = corpus_->describe();
-    batches_ = std::make_shared<BatchSampler>(corpus_->train_tokens(), t.batch_size, t.seq_len,
-                                              static_cast<uint64_t>(t.seed));
+    batches_ = std::make_shared<ReplicaRows>(
+        std::make_shared<BatchSampler>(corpus_->train_tokens(), t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed)),
+        dp_rank_, dp);
     if (config_.validation.enable) {
-      validator_ = std::make_unique<Validator>(config_.validation, t, corpus_->validation_tokens(), train_context_);
+      validator_ = std::make_unique<Validator>(
+          config_.validation, t,
+          std::make_shared<ReplicaRows>(std::make_shared<BatchSampler>(corpus_->validation_tokens(), t.batch_size,
+                                                                       t.seq_len, static_cast<uint64_t>(t.seed) + 1),
+                                        dp_rank_, dp),
+          train_context_);
     }
+  }
+  if (validator_ && dp_mesh_) validator_->set_data_parallel_mesh(*dp_mesh_);
+  if (dp_mesh_) {
+    reducer_ = std::make_unique<DataParallelReducer>(model_->named_parameters(), *dp_mesh_,
+                                                     par.dp_bucket_mb * (int64_t{1} << 20));
   }
   if (rank_ == 0 && log_) {
     *log_ << "hp-train: " << data_description << "\n"
           << "hp-train: llama dim " << config_.model.dim << ", " << config_.model.n_layers << " layers, "
-          << config_.model.n_heads << " heads, vocab " << config_.model.vocab_size << "; TP "
-          << par.tensor_parallel_degree << ", loss parallel " << (loss_parallel_enabled_ ? "on" : "off")
+          << config_.model.n_heads << " heads, vocab " << config_.model.vocab_size << "; DP " << dp << " x TP "
+          << par.tensor_parallel_degree;
+    if (reducer_) *log_ << " (" << reducer_->bucket_count() << " gradient buckets)";
+    if (t.grad_accum_steps > 1) *log_ << ", " << t.grad_accum_steps << " micro-batches per step";
+    *log_ << ", loss parallel " << (loss_parallel_enabled_ ? "on" : "off")
           << (config_.training.fused_linear_loss ? ", fused linear loss" : "") << std::endl;
   }
   // One id for the run, from rank 0; a resume replaces it with the checkpoint's.
@@ -253,7 +308,10 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
       run_id_ = new_run_id();
       id.fill_(static_cast<int64_t>(std::stoull(run_id_, nullptr, 16)));
     }
-    if (tp_mesh_) tp_mesh_->comm(0).broadcast_(id, 0);
+    // Rank 0 is coordinate 0 on every mesh dim: down the first dim, then along the rest.
+    if (world_mesh_) {
+      for (int64_t d = 0; d < world_mesh_->ndim(); ++d) world_mesh_->comm(d).broadcast_(id, 0);
+    }
     char buf[17];
     std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(id.cpu().item<int64_t>()));
     run_id_ = buf;
@@ -286,21 +344,21 @@ CheckpointIdentity Trainer::identity() const {
   id.step = step_;
   id.world_size = is_initialized() ? get_world_size() : 1;
   id.tensor_parallel_degree = config_.parallelism.tensor_parallel_degree;
-  id.data_parallel_degree = 1;
+  id.data_parallel_degree = config_.parallelism.data_parallel_degree;
   id.dtype = config_.training.dtype;
   id.model = model_json(config_.model);
   return id;
 }
 
 void Trainer::agree_or_throw(const std::string& own_error, const std::string& what) const {
-  if (!tp_mesh_) {
+  if (!world_mesh_) {
     if (!own_error.empty()) throw std::runtime_error(own_error);
     return;
   }
-  const int64_t world = config_.parallelism.tensor_parallel_degree;
-  at::Tensor failed = at::zeros({world}, at::TensorOptions().dtype(at::kLong).device(tp_mesh_->device()));
-  if (!own_error.empty()) failed[tp_mesh_->comm(0).rank()].fill_(1);
-  tp_mesh_->comm(0).all_reduce_(failed, ReduceOp::Sum);
+  const int64_t world = world_mesh_->size();
+  at::Tensor failed = at::zeros({world}, at::TensorOptions().dtype(at::kLong).device(world_mesh_->device()));
+  if (!own_error.empty()) failed[rank_].fill_(1);
+  for (int64_t d = 0; d < world_mesh_->ndim(); ++d) world_mesh_->comm(d).all_reduce_(failed, ReduceOp::Sum);
   failed = failed.cpu();
   std::string ranks;
   for (int64_t r = 0; r < world; ++r) {
@@ -358,15 +416,40 @@ std::string Trainer::checkpoint_folder() const { return join(config_.dump_folder
 std::string Trainer::metrics_folder() const { return join(config_.dump_folder, config_.metrics.folder); }
 
 double Trainer::forward_backward(const Batch& batch, StepResult& r) {
-  // The loss and its backward inside the train context (§6.2).
-  auto guard = train_context_();
+  const int64_t micro_batches = config_.training.grad_accum_steps;
   PhaseClock clock(r);
-  at::Tensor loss = compute_loss(model_, batch, config_.training.fused_linear_loss, [&] { clock.mark(kForward); });
-  const double value = scalar_of(loss);
+  // The loss is the sum of every token loss of the step, over all replicas and
+  // micro-batches, divided by their number (TorchTitan's global normalisation): a per-rank
+  // mean would weigh a replica's tokens by how few of them it holds.
+  at::Tensor counts = at::full({1}, static_cast<double>(counted_tokens(batch)),
+                               at::TensorOptions().dtype(at::kDouble).device(model_->output->weight.device()));
+  if (dp_mesh_) dp_mesh_->comm(0).all_reduce_(counts, ReduceOp::Sum);
+  const double global_tokens = counts.cpu().item<double>();
   clock.mark(kLoss);
-  loss.backward();
-  clock.mark(kBackward);
-  return value;
+  // A step whose targets are all ignored has loss 0 and zero gradients (not 0 / 0).
+  const double scale = 1.0 / std::max(1.0, global_tokens);
+  double local_sum = 0;
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    // The loss and its backward inside the train context (§6.2).
+    auto guard = train_context_();
+    const Batch part = micro_batch(batch, m, micro_batches);
+    at::Tensor loss_sum = token_loss_sum(model_, part, config_.training.fused_linear_loss, [&] { clock.mark(kForward); });
+    local_sum += scalar_of(loss_sum);
+    at::Tensor loss = loss_sum * scale;
+    clock.mark(kLoss);
+    // The last backward sends the gradient buckets as they fill (overlapped with it).
+    if (reducer_ && m + 1 == micro_batches) reducer_->arm();
+    loss.backward();
+    clock.mark(kBackward);
+  }
+  if (reducer_) {
+    reducer_->finish();
+    at::Tensor sum = at::full({1}, local_sum, counts.options());
+    dp_mesh_->comm(0).all_reduce_(sum, ReduceOp::Sum);
+    local_sum = sum.cpu().item<double>();
+    clock.mark(kBackward);
+  }
+  return local_sum * scale;
 }
 
 StepResult Trainer::train_step(int64_t step) {

@@ -20,6 +20,7 @@
 #include "hyper_parallel/llama.h"
 #include "train/checkpoint_manifest.h"
 #include "train/data.h"
+#include "train/data_parallel_reducer.h"
 #include "train/job_config.h"
 #include "train/train_context.h"
 #include "train/parallelism_scope.h"
@@ -40,14 +41,18 @@ class Validator {
   // Batches 0 .. config.steps - 1 of `batches` (e.g. the synthetic stream's validation split).
   Validator(const ValidationConfig& config, const TrainingConfig& training,
             std::shared_ptr<const BatchSource> batches, TrainContext validation_context);
-  // Mean loss over config.steps fixed batches, without gradients.
+  // The mean over config.steps fixed batches of each batch's loss (its token losses over
+  // every replica's rows, divided by their count), without gradients.
   double validate(Llama& model) const;
+  // Each replica holds its rows of the validation batches: the loss sums go over dp_mesh.
+  void set_data_parallel_mesh(const DeviceMesh& dp_mesh);
 
  private:
   ValidationConfig config_;
   std::shared_ptr<const BatchSource> batches_;
   bool fused_linear_loss_;  // training.fused_linear_loss: the same loss path as training
   TrainContext context_;
+  std::optional<DeviceMesh> dp_mesh_;
 };
 
 // One phase of a training step on this rank: its wall time and the collectives issued in
@@ -91,6 +96,9 @@ class Trainer {
   std::vector<StepResult> train();
   // One optimiser step on the sampler's batch for `step` (1-based).
   StepResult train_step(int64_t step);
+  // Replaces the training batches: `rows` gives this rank's rows of each step (its
+  // replica's share of the global batch), e.g. batches with ignored targets in tests.
+  void use_training_batches(std::shared_ptr<const BatchSource> rows) { batches_ = std::move(rows); }
 
   bool loss_parallel_enabled() const { return loss_parallel_enabled_; }
   const TrainContext& train_context() const { return train_context_; }
@@ -128,7 +136,11 @@ class Trainer {
   int64_t rank_ = 0;
   bool tp_enabled_ = false;
   bool loss_parallel_enabled_ = false;
+  std::optional<DeviceMesh> world_mesh_;  // every rank: dp x tp, or the TP mesh alone; none for one rank
   std::optional<DeviceMesh> tp_mesh_;
+  std::optional<DeviceMesh> dp_mesh_;     // the replicas of this rank's shards (dp > 1)
+  int64_t dp_rank_ = 0;
+  std::unique_ptr<DataParallelReducer> reducer_;  // dp > 1
   Llama model_{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<TokenCorpus> corpus_;  // a text file's tokens; null for the synthetic stream

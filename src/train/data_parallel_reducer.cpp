@@ -1,0 +1,166 @@
+#include "train/data_parallel_reducer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#include "core/async_all_reduce.h"
+#include "hyper_parallel/dtensor.h"
+
+namespace hyper_parallel::train {
+
+namespace {
+
+at::Tensor local_of(const at::Tensor& t) { return is_dtensor(t) ? to_local(t) : t; }
+
+// Gloo cannot sum bfloat16 (and a float32 sum of bfloat16 values is exact up to float32).
+at::ScalarType wire_dtype(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf ? at::kFloat : t; }
+
+}  // namespace
+
+struct DataParallelReducer::Impl {
+  struct Slot {
+    std::string name;
+    at::Tensor param;
+    size_t bucket = 0;
+    int64_t offset = 0, numel = 0;
+    bool ready = false;
+    unsigned hook = 0;
+  };
+  struct Bucket {
+    at::Tensor flat;
+    std::vector<size_t> slots;
+    size_t ready = 0;
+    PendingAllReduce pending;
+    bool sent = false;
+  };
+
+  DeviceMesh mesh;
+  std::vector<Slot> slots;
+  std::vector<Bucket> buckets;
+  size_t next_to_send = 0;
+  bool armed = false;
+
+  // Called from the parameter's hook with its gradient of this backward.
+  void on_gradient(size_t i, const at::Tensor& grad) {
+    if (!armed) return;
+    at::NoGradGuard no_grad;
+    Slot& s = slots[i];
+    TORCH_CHECK(!s.ready, "data parallel: parameter '", s.name, "' got two gradients in one backward; "
+                "a parameter used twice must be so in one graph (DataParallelReducer sends each once)");
+    Bucket& b = buckets[s.bucket];
+    at::Tensor dst = b.flat.narrow(0, s.offset, s.numel);
+    dst.copy_(local_of(grad).reshape({-1}));
+    // Accumulated micro-batches: .grad still holds their sum (this one is added after the hook).
+    const at::Tensor accumulated = s.param.grad();
+    if (accumulated.defined()) dst.add_(local_of(accumulated).reshape({-1}));
+    s.ready = true;
+    ++b.ready;
+    send_ready_buckets();
+  }
+
+  // Buckets go out in index order on every replica: a collective order that does not
+  // depend on the order the hooks happened to run in.
+  void send_ready_buckets() {
+    while (next_to_send < buckets.size() && buckets[next_to_send].ready == buckets[next_to_send].slots.size()) {
+      Bucket& b = buckets[next_to_send++];
+      b.pending = PendingAllReduce::start(mesh.comm(0), b.flat);
+      b.sent = true;
+    }
+  }
+};
+
+DataParallelReducer::DataParallelReducer(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+                                         DeviceMesh dp_mesh, int64_t bucket_bytes)
+    : impl_(std::make_unique<Impl>()) {
+  TORCH_CHECK(dp_mesh.defined() && dp_mesh.ndim() == 1, "DataParallelReducer: expected a 1-D data-parallel mesh");
+  TORCH_CHECK(bucket_bytes > 0, "DataParallelReducer: bucket_bytes must be > 0, got ", bucket_bytes);
+  Impl& m = *impl_;
+  m.mesh = std::move(dp_mesh);
+  for (const auto& item : named_parameters) {
+    if (!item.value().requires_grad()) continue;
+    Impl::Slot s;
+    s.name = item.key();
+    s.param = item.value();
+    s.numel = local_of(item.value()).numel();
+    m.slots.push_back(std::move(s));
+  }
+  // Reverse order: the last layers' gradients come first in backward.
+  int64_t filled = 0;
+  at::TensorOptions options;
+  for (size_t k = m.slots.size(); k-- > 0;) {
+    Impl::Slot& s = m.slots[k];
+    const at::Tensor local = local_of(s.param);
+    const at::TensorOptions want = local.options().dtype(wire_dtype(local.scalar_type()));
+    const int64_t bytes = s.numel * static_cast<int64_t>(c10::elementSize(want.dtype().toScalarType()));
+    const bool fits = !m.buckets.empty() && filled + bytes <= bucket_bytes && want.dtype() == options.dtype() &&
+                      want.device() == options.device();
+    if (!fits) {
+      m.buckets.emplace_back();
+      filled = 0;
+      options = want;
+    }
+    Impl::Bucket& b = m.buckets.back();
+    s.bucket = m.buckets.size() - 1;
+    s.offset = filled / static_cast<int64_t>(c10::elementSize(want.dtype().toScalarType()));
+    filled += bytes;
+    b.slots.push_back(k);
+  }
+  for (auto& b : m.buckets) {
+    int64_t n = 0;
+    for (size_t k : b.slots) n += m.slots[k].numel;
+    const at::Tensor first = local_of(m.slots[b.slots.front()].param);
+    b.flat = at::empty({n}, first.options().dtype(wire_dtype(first.scalar_type())));
+  }
+  for (size_t k = 0; k < m.slots.size(); ++k) {
+    Impl* impl = impl_.get();
+    m.slots[k].hook = m.slots[k].param.register_hook([impl, k](const at::Tensor& grad) { impl->on_gradient(k, grad); });
+  }
+}
+
+DataParallelReducer::~DataParallelReducer() {
+  for (auto& b : impl_->buckets) {
+    try {
+      b.pending.wait();  // the buffer must outlive the transfer
+    } catch (...) {
+    }
+  }
+  for (auto& s : impl_->slots) s.param.remove_hook(s.hook);
+}
+
+int64_t DataParallelReducer::bucket_count() const { return static_cast<int64_t>(impl_->buckets.size()); }
+
+void DataParallelReducer::arm() {
+  Impl& m = *impl_;
+  m.armed = true;
+  m.next_to_send = 0;
+  for (auto& s : m.slots) s.ready = false;
+  for (auto& b : m.buckets) {
+    b.ready = 0;
+    b.sent = false;
+  }
+}
+
+void DataParallelReducer::finish() {
+  Impl& m = *impl_;
+  TORCH_CHECK(m.armed, "DataParallelReducer::finish() without arm() before the step's last backward");
+  m.armed = false;
+  for (const auto& s : m.slots) {
+    // Every replica runs the same model: a missing gradient here is missing everywhere,
+    // but the buckets can only be sent whole, so say which parameter it is.
+    TORCH_CHECK(s.ready, "data parallel: parameter '", s.name, "' got no gradient in this step's backward; "
+                "every trainable parameter must take part in the loss (freeze it with requires_grad(false) "
+                "otherwise)");
+  }
+  at::NoGradGuard no_grad;
+  for (auto& b : m.buckets) {
+    b.pending.wait();
+    for (size_t k : b.slots) {
+      const Impl::Slot& s = m.slots[k];
+      at::Tensor grad = local_of(s.param.grad());
+      grad.copy_(b.flat.narrow(0, s.offset, s.numel).view(grad.sizes()));
+    }
+  }
+}
+
+}  // namespace hyper_parallel::train

@@ -1,0 +1,225 @@
+// Data parallelism (issue 11): the world as a dp x tp mesh, the bucketed gradient
+// all-reduce, the loss normalised by the global token count over replicas and
+// micro-batches, and loss_parallel on the tp sub-mesh of a 2-D mesh. Every result is
+// compared with one process on the whole batch, in float64.
+#include <gtest/gtest.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/linear.h>
+
+#include <cmath>
+#include <iostream>
+#include <mutex>
+
+#include "compat/file_system.h"
+#include "harness/rank_harness.h"
+#include "hyper_parallel/hyper_parallel.h"
+#include "train/data.h"
+#include "train/data_parallel_reducer.h"
+#include "train/job_config.h"
+#include "train/trainer.h"
+
+using namespace hyper_parallel;
+using namespace hyper_parallel::train;
+using hyper_parallel::testing::random_tensor;
+using hyper_parallel::testing::run_ranks;
+namespace F = torch::nn::functional;
+
+namespace {
+
+JobConfig small_job(int64_t dp, int64_t tp, int64_t accum) {
+  JobConfig c;
+  c.dump_folder = compat::join_path(compat::temp_directory(), "hp_dp_test_" + std::to_string(::getpid()));
+  c.model.dim = 32;
+  c.model.n_layers = 2;
+  c.model.n_heads = 4;
+  c.model.vocab_size = 515;  // uneven over 2 ranks
+  c.model.multiple_of = 16;
+  c.model.max_seq_len = 32;
+  c.training.batch_size = 8;
+  c.training.seq_len = 12;
+  c.training.steps = 6;
+  c.training.warmup_steps = 2;
+  c.training.lr = 3e-3;
+  c.training.dtype = "float64";
+  c.training.grad_accum_steps = accum;
+  c.parallelism.tensor_parallel_degree = tp;
+  c.parallelism.data_parallel_degree = dp;
+  c.parallelism.dp_bucket_mb = 1;  // several buckets even for this small model
+  c.validation.enable = false;
+  c.checkpoint.enable = false;
+  c.metrics.enable_plot = false;
+  return c;
+}
+
+// The synthetic global batch with targets ignored unevenly: in the first half of the rows
+// (replica 0 of 2) three tokens in four are ignored, in the second half one in eight.
+class UnevenlyIgnoredBatches : public BatchSource {
+ public:
+  UnevenlyIgnoredBatches(const JobConfig& c)
+      : inner_(c.model.vocab_size, c.training.batch_size, c.training.seq_len, 7, 0) {}
+  Batch batch_at(int64_t step) const override {
+    Batch b = inner_.batch_at(step);
+    const int64_t rows = b.target.size(0), cols = b.target.size(1);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t t = 0; t < cols; ++t) {
+        const bool first_half = r < rows / 2;
+        const int64_t k = r * cols + t + step;
+        if ((first_half && k % 4 != 0) || (!first_half && k % 8 == 0)) b.target[r][t] = -100;
+      }
+    }
+    return b;
+  }
+
+ private:
+  SyntheticBatchStream inner_;
+};
+
+struct RunResult {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> params;  // full tensors after the run
+};
+
+RunResult train_with_ignored_tokens(int64_t dp, int64_t tp, int64_t accum) {
+  const JobConfig job = small_job(dp, tp, accum);
+  RunResult out;
+  std::mutex m;
+  run_ranks(dp * tp, [&](int64_t rank) {
+    Trainer trainer(job);
+    const int64_t dp_rank = rank / tp;
+    trainer.use_training_batches(
+        std::make_shared<ReplicaRows>(std::make_shared<UnevenlyIgnoredBatches>(job), dp_rank, dp));
+    std::vector<double> losses;
+    for (int64_t s = 1; s <= job.training.steps; ++s) losses.push_back(trainer.train_step(s).loss);
+    std::map<std::string, at::Tensor> params;
+    for (const auto& p : trainer.model()->named_parameters()) {
+      params[p.key()] = (is_dtensor(p.value()) ? full_tensor(p.value()) : p.value()).detach().clone();
+    }
+    std::lock_guard<std::mutex> lock(m);
+    if (rank == dp * tp - 1) out = {losses, params};  // the last replica's last TP rank
+  });
+  return out;
+}
+
+}  // namespace
+
+// Item 2 of issue 11: dp 2 x tp 2 with 2 micro-batches, replicas holding 3x as many
+// ignored targets as each other, equals one process on the whole batch, step by step
+// (loss) and in every parameter after 6 AdamW steps. float64: agreement to 1e-10.
+TEST(DataParallel, Dp2Tp2WithUnevenlyIgnoredTokensEqualsOneProcess) {
+  const RunResult one = train_with_ignored_tokens(1, 1, 1);
+  const RunResult dp_tp = train_with_ignored_tokens(2, 2, 2);
+  ASSERT_EQ(one.losses.size(), dp_tp.losses.size());
+  double worst_loss = 0, worst_param = 0;
+  for (size_t i = 0; i < one.losses.size(); ++i) {
+    EXPECT_NEAR(dp_tp.losses[i], one.losses[i], 1e-10 * std::abs(one.losses[i])) << "step " << i + 1;
+    worst_loss = std::max(worst_loss, std::abs(dp_tp.losses[i] / one.losses[i] - 1));
+  }
+  ASSERT_EQ(one.params.size(), dp_tp.params.size());
+  for (const auto& [name, full] : one.params) {
+    const at::Tensor& got = dp_tp.params.at(name);
+    ASSERT_EQ(got.sizes(), full.sizes()) << name;
+    const double diff = (got - full).abs().max().item<double>();
+    worst_param = std::max(worst_param, diff);
+    EXPECT_LT(diff, 1e-10) << name;
+  }
+  std::cout << "dp 2 x tp 2, 2 micro-batches vs one process: largest relative loss difference " << worst_loss
+            << ", largest parameter difference " << worst_param << std::endl;
+}
+
+// Gradient accumulation alone (one rank): 4 micro-batches equal the whole batch at once.
+TEST(DataParallel, FourMicroBatchesEqualTheWholeBatch) {
+  const RunResult whole = train_with_ignored_tokens(1, 1, 1);
+  const RunResult micro = train_with_ignored_tokens(1, 1, 4);
+  for (size_t i = 0; i < whole.losses.size(); ++i) {
+    EXPECT_NEAR(micro.losses[i], whole.losses[i], 1e-10 * std::abs(whole.losses[i])) << "step " << i + 1;
+  }
+  for (const auto& [name, full] : whole.params) {
+    EXPECT_LT((micro.params.at(name) - full).abs().max().item<double>(), 1e-10) << name;
+  }
+}
+
+// Data parallelism without TP (dp 4 x tp 1), synthetic data: the loss curve of one process.
+TEST(DataParallel, Dp4EqualsOneProcess) {
+  std::vector<double> one, dp4;
+  run_ranks(1, [&](int64_t) {
+    Trainer t(small_job(1, 1, 1));
+    for (int64_t s = 1; s <= 4; ++s) one.push_back(t.train_step(s).loss);
+  });
+  run_ranks(4, [&](int64_t rank) {
+    Trainer t(small_job(4, 1, 1));
+    std::vector<double> l;
+    for (int64_t s = 1; s <= 4; ++s) l.push_back(t.train_step(s).loss);
+    if (rank == 3) dp4 = l;
+  });
+  ASSERT_EQ(one.size(), dp4.size());
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(dp4[i], one[i], 1e-10 * std::abs(one[i])) << "step " << i + 1;
+}
+
+// The reducer sends each bucket once, in buckets of the size asked for, and leaves in
+// every .grad the sum over the replicas of what each computed.
+TEST(DataParallel, ReducerSumsGradientsBucketByBucket) {
+  run_ranks(2, [&](int64_t rank) {
+    DeviceMesh dp = init_device_mesh("cpu", {2}, {"dp"});
+    torch::nn::Linear a(64, 64), b(64, 64);
+    torch::OrderedDict<std::string, at::Tensor> params;
+    params.insert("a.weight", a->weight);
+    params.insert("a.bias", a->bias);
+    params.insert("b.weight", b->weight);
+    params.insert("b.bias", b->bias);
+    {
+      at::NoGradGuard g;
+      for (auto& p : params) p.value().copy_(random_tensor(p.value().sizes(), 3, at::kFloat));
+    }
+    // A bucket holds a weight (16 KiB) and a bias, not two weights.
+    DataParallelReducer reducer(params, dp, 20 * 1024);
+    EXPECT_EQ(reducer.bucket_count(), 2);
+    const at::Tensor x0 = random_tensor({5, 64}, 10, at::kFloat), x1 = random_tensor({5, 64}, 11, at::kFloat);
+    auto grads_for = [&](const at::Tensor& x) {
+      for (auto& p : params) p.value().mutable_grad() = at::Tensor();
+      b(a(x).tanh()).pow(2).sum().backward();
+      std::vector<at::Tensor> g;
+      for (auto& p : params) g.push_back(p.value().grad().clone());
+      return g;
+    };
+    const auto g0 = grads_for(x0), g1 = grads_for(x1);
+    for (auto& p : params) p.value().mutable_grad() = at::Tensor();
+    reset_collective_counts();
+    reducer.arm();
+    b(a(rank == 0 ? x0 : x1).tanh()).pow(2).sum().backward();
+    reducer.finish();
+    EXPECT_EQ(collective_counts().all_reduce, 2) << "one all-reduce per bucket";
+    size_t i = 0;
+    for (auto& p : params) {
+      EXPECT_TRUE(at::allclose(p.value().grad(), g0[i] + g1[i], 1e-5, 1e-6)) << p.key();
+      ++i;
+    }
+  });
+}
+
+// loss_parallel on the tp sub-mesh of a dp x tp mesh, reduction mean (and sum): each
+// replica's loss and logits gradient equal one process on that replica's rows.
+TEST(DataParallel, LossParallelMeanOnTheTpSubMeshOfA2DMesh) {
+  const int64_t dp = 2, tp = 2, rows = 6, vocab = 37;
+  run_ranks(dp * tp, [&](int64_t rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {dp, tp}, {"dp", "tp"});
+    const int64_t replica = mesh.local_rank(0);
+    const at::Tensor full = random_tensor({rows, vocab}, 20 + replica);
+    at::Tensor target = random_tensor({rows}, 30 + replica).abs().mul(1000).to(at::kLong).remainder(vocab);
+    target[replica].fill_(-100);  // an ignored target too
+    for (auto reduction : {at::Reduction::Mean, at::Reduction::Sum}) {
+      const at::Tensor ref_in = full.clone().requires_grad_(true);
+      const at::Tensor ref = at::cross_entropy_loss(ref_in, target, {}, reduction, -100);
+      ref.backward();
+      const at::Tensor logits =
+          distribute_tensor(full, mesh["tp"], {Placement::shard(1)}).detach().requires_grad_(true);
+      at::Tensor loss;
+      {
+        auto guard = loss_parallel();
+        loss = at::cross_entropy_loss(logits, target, {}, reduction, -100);
+        loss.backward();
+      }
+      EXPECT_NEAR(full_tensor(loss).item<double>(), ref.item<double>(), 1e-12) << "rank " << rank;
+      EXPECT_TRUE(at::allclose(full_tensor(logits.grad()), ref_in.grad(), 1e-12, 1e-12)) << "rank " << rank;
+    }
+  });
+}
