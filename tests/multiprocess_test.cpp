@@ -1,16 +1,48 @@
 // Real processes through hp-run: the same library code over TCPStore + Gloo.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "compat/file_system.h"
 #include "harness/rank_harness.h"
 
 using hyper_parallel::testing::binary_path;
 using hyper_parallel::testing::run_command;
+namespace compat = hyper_parallel::compat;
 
 namespace {
 int count(const std::string& text, const std::string& needle) {
   int n = 0;
   for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
   return n;
+}
+// A TCP port nobody listens on right now (the kernel's pick for port 0).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ADD_FAILURE() << "cannot pick a free port";
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// The per-step losses hp-train logged in <dump>/metrics/metrics.jsonl.
+std::vector<double> logged_losses(const std::string& dump) {
+  std::ifstream in(dump + "/metrics/metrics.jsonl");
+  std::vector<double> out;
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  return out;
 }
 }  // namespace
 
@@ -34,4 +66,42 @@ TEST(MultiProcess, AFailingRankStopsTheOthersWithinSeconds) {
   EXPECT_LT(r.seconds, 20.0) << r.output;
   EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("status 3"), std::string::npos) << r.output;
+}
+
+// Item 6 of issue 11: two "nodes" on this machine (two hp-run, --nnodes 2, loopback)
+// train dp 2 x tp 2 with the losses of one hp-run --nproc-per-node 4. The same ranks do
+// the same work in both, so the losses agree exactly (the JSON keeps 17 digits).
+TEST(MultiProcess, TwoNodesTrainDp2Tp2AsOneNodeOfFour) {
+  const std::string base = compat::join_path(compat::temp_directory(), "hp_two_nodes_" + std::to_string(::getpid()));
+  compat::remove_all(base);
+  const std::string job = " --model.dim 32 --model.n_layers 1 --model.n_heads 4 --model.vocab_size 515"
+                          " --model.multiple_of 16 --model.max_seq_len 16 --training.seq_len 16 --training.batch_size 8"
+                          " --training.steps 4 --training.grad_accum_steps 2 --validation.enable false"
+                          " --metrics.enable_plot false --parallelism.data_parallel_degree 2"
+                          " --parallelism.tensor_parallel_degree 2";
+  const std::string train = binary_path("hp-train");
+  auto one = run_command(binary_path("hp-run") + " --nproc-per-node 4 " + train + job + " --job.dump_folder " + base +
+                         "/one");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const std::string port = std::to_string(free_port());
+  auto node = [&](int r) {
+    return binary_path("hp-run") + " --nnodes 2 --node-rank " + std::to_string(r) +
+           " --nproc-per-node 2 --master-addr 127.0.0.1 --master-port " + port + " " + train + job +
+           " --job.dump_folder " + base + "/two";
+  };
+  // Node 1 in the background, node 0 (it hosts the store and writes the metrics) here.
+  auto two = run_command("(" + node(1) + " > " + base + "/node1.log 2>&1; echo $? > " + base + "/node1.rc) & " +
+                         node(0) + "; rc=$?; wait; exit $rc");
+  std::ifstream rc_file(base + "/node1.rc");
+  int node1_rc = -1;
+  rc_file >> node1_rc;
+  std::ifstream log1(base + "/node1.log");
+  const std::string node1_log((std::istreambuf_iterator<char>(log1)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  ASSERT_EQ(node1_rc, 0) << node1_log;
+  const auto a = logged_losses(base + "/one"), b = logged_losses(base + "/two");
+  ASSERT_EQ(a.size(), 4u) << one.output;
+  ASSERT_EQ(b.size(), 4u) << two.output;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+  compat::remove_all(base);
 }
