@@ -3,6 +3,7 @@
 // counted in the phase that issued it.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -94,6 +95,23 @@ TEST(CachingCpuAllocator, SmallRequestsGoToLibTorchsAllocator) {
   at::Tensor small = at::ones({1000});
   EXPECT_EQ(caching_cpu_allocator_stats().large_allocations, before.large_allocations);
   EXPECT_EQ(small.sum().item<float>(), 1000.0f);
+}
+
+// oneDNN's bfloat16 matmuls allocate with raw_allocate and free with raw_deallocate (through
+// raw_deleter()); that aborted in LibTorch's assert until the allocator gave a raw deleter
+// that frees blocks of either origin.
+TEST(CachingCpuAllocator, RawAllocationsOfEverySizeAreFreed) {
+  install_caching_cpu_allocator();
+  c10::Allocator* a = c10::GetAllocator(c10::DeviceType::CPU);
+  for (size_t n : {size_t{64}, size_t{100} << 10, size_t{256} << 10, size_t{4} << 20}) {
+    void* p = a->raw_allocate(n);
+    ASSERT_NE(p, nullptr) << n;
+    std::memset(p, 1, n);
+    a->raw_deallocate(p);
+  }
+  // A bfloat16 matmul large enough for oneDNN, as bfloat16 training runs it.
+  const at::Tensor x = at::randn({256, 512}).to(at::kBFloat16), w = at::randn({512, 512}).to(at::kBFloat16);
+  EXPECT_EQ(at::matmul(x, w).sizes(), (std::vector<int64_t>{256, 512}));
 }
 
 TEST(ClipGradNorm, NoFullFp64CopyOfAGradientAndTheExactNorm) {

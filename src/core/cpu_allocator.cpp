@@ -51,6 +51,12 @@ class CachingCpuAllocator final : public c10::Allocator {
     if (count) std::memcpy(dest, src, count);
   }
 
+  // oneDNN (bfloat16 matmuls, for one) allocates with raw_allocate and frees with
+  // raw_deallocate, i.e. through raw_deleter(): it must free blocks of either origin,
+  // ours and the small ones the fallback allocator made. (Without it, LibTorch's assert
+  // stopped bfloat16 training.)
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
   CachingCpuAllocatorStats stats() {
     std::lock_guard<std::mutex> lock(mu_);
     return stats_;
@@ -84,10 +90,11 @@ class CachingCpuAllocator final : public c10::Allocator {
     return p;
   }
 
-  void give_back(void* p) {
+  // False when `p` is not a block of ours (a small one from the fallback allocator).
+  bool give_back(void* p) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = live_.find(p);
-    TORCH_INTERNAL_ASSERT(it != live_.end(), "hyper_parallel CPU allocator: freeing a block it does not hold");
+    if (it == live_.end()) return false;
     const size_t size = it->second;
     live_.erase(it);
     stats_.in_use_bytes -= static_cast<int64_t>(size);
@@ -100,6 +107,7 @@ class CachingCpuAllocator final : public c10::Allocator {
       unmap(last->second, last->first);
       free_.erase(last);
     }
+    return true;
   }
 
   // Caller holds mu_.
@@ -150,7 +158,14 @@ class CachingCpuAllocator final : public c10::Allocator {
 CachingCpuAllocator* g_allocator = nullptr;
 std::once_flag g_once;
 
-void CachingCpuAllocator::release(void* ctx) { g_allocator->give_back(ctx); }
+void CachingCpuAllocator::release(void* ctx) {
+  if (g_allocator->give_back(ctx)) return;
+  // Only raw_deallocate hands us a block we did not map: the fallback made it.
+  const c10::DeleterFnPtr fallback = g_allocator->fallback_->raw_deleter();
+  TORCH_INTERNAL_ASSERT(fallback != nullptr, "hyper_parallel CPU allocator: freeing a block it does not hold, and "
+                        "the allocator beneath it cannot free raw blocks");
+  fallback(ctx);
+}
 
 }  // namespace
 

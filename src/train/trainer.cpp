@@ -63,6 +63,9 @@ at::Tensor token_loss_sum(Llama& model, const Batch& batch, bool fused,
   }
   at::Tensor logits = model->forward(batch.input.to(device));
   if (after_forward) after_forward();
+  // Low-precision logits are widened first, as TorchTitan does: a bfloat16 sum of the
+  // token losses would be rounded to 8 bits (0.4 %), in the loss reported and in its scale.
+  if (logits.scalar_type() == at::kBFloat16 || logits.scalar_type() == at::kHalf) logits = logits.to(at::kFloat);
   return F::cross_entropy(logits.flatten(0, 1), target,
                           F::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
 }
@@ -252,8 +255,10 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   dp_rank_ = dp_mesh_ ? dp_mesh_->local_rank(0) : 0;
   if (tp_enabled_) parallelize_llama(model_, *tp_mesh_, loss_parallel_enabled_);
   const auto& t = config_.training;
+  // bfloat16 parameters train through float32 master copies (master_weights.h).
+  if (dtype == at::kBFloat16) master_ = std::make_unique<MasterWeights>(model_->named_parameters());
   optimizer_ = std::make_unique<torch::optim::AdamW>(
-      model_->parameters(),
+      trained_parameters(),
       torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(t.weight_decay));
 
   // Every TP rank of a replica builds the same rows: the replica's share of the global batch.
@@ -336,6 +341,20 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
       }
     }
   }
+}
+
+std::vector<at::Tensor> Trainer::trained_parameters() const {
+  return master_ ? master_->parameters() : model_->parameters();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Trainer::named_trained_parameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  if (master_) {
+    for (size_t i = 0; i < master_->parameters().size(); ++i) out.emplace_back(master_->names()[i], master_->parameters()[i]);
+  } else {
+    for (const auto& p : model_->named_parameters()) out.emplace_back(p.key(), p.value());
+  }
+  return out;
 }
 
 CheckpointIdentity Trainer::identity() const {
@@ -468,9 +487,11 @@ StepResult Trainer::train_step(int64_t step) {
   const Batch batch = batches_->batch_at(step - 1);
   r.loss = forward_backward(batch, r);
   clock.restart();
-  r.grad_norm = clip_grad_norm_(model_->parameters(), t.max_norm);
+  if (master_) master_->gradients_to_master();
+  r.grad_norm = clip_grad_norm_(trained_parameters(), t.max_norm);
   clock.mark(kClip);
   optimizer_->step();
+  if (master_) master_->master_to_model();
   clock.mark(kOptimizer);
   step_ = step;
   const KernelUsage after = kernel_usage();
@@ -570,13 +591,14 @@ std::vector<StepResult> Trainer::train() {
 void Trainer::save_checkpoint() const {
   std::map<std::string, at::Tensor> tensors;
   nlohmann::json extra;
-  for (const auto& p : model_->named_parameters()) {
-    const at::Tensor& v = p.value();
-    tensors["model." + p.key()] = (is_dtensor(v) ? to_local(v) : v).detach().clone();
-    extra["placements"][p.key()] = is_dtensor(v) ? to_string(placements_of(v)) : "plain";
+  // The weights the optimizer updates (float32 masters in bfloat16 training).
+  for (const auto& p : named_trained_parameters()) {
+    const at::Tensor& v = p.second;
+    tensors["model." + p.first] = (is_dtensor(v) ? to_local(v) : v).detach().clone();
+    extra["placements"][p.first] = is_dtensor(v) ? to_string(placements_of(v)) : "plain";
   }
   // Optimizer state per parameter, by its position in the parameter list.
-  const auto params = model_->parameters();
+  const auto params = trained_parameters();
   auto& state = optimizer_->state();
   for (size_t i = 0; i < params.size(); ++i) {
     auto it = state.find(params[i].unsafeGetTensorImpl());
@@ -639,16 +661,17 @@ void Trainer::load_step(int64_t step) {
   const std::string path = compat::join_path(dir, rank_file_name(rank_));
   const auto meta = nlohmann::json::parse(file.metadata_json);
   at::NoGradGuard no_grad;
-  for (auto& p : model_->named_parameters()) {
-    auto it = file.tensors.find("model." + p.key());
-    TORCH_CHECK(it != file.tensors.end(), "checkpoint ", path, " has no parameter ", p.key());
-    at::Tensor dst = is_dtensor(p.value()) ? to_local(p.value()) : p.value();
+  for (auto& [name, value] : named_trained_parameters()) {
+    auto it = file.tensors.find("model." + name);
+    TORCH_CHECK(it != file.tensors.end(), "checkpoint ", path, " has no parameter ", name);
+    at::Tensor dst = is_dtensor(value) ? to_local(value) : value;
     TORCH_CHECK(dst.sizes() == it->second.sizes() && dst.scalar_type() == it->second.scalar_type(), "checkpoint ",
-                path, ": parameter ", p.key(), " is ", it->second.scalar_type(), " ", it->second.sizes(),
+                path, ": parameter ", name, " is ", it->second.scalar_type(), " ", it->second.sizes(),
                 ", expected ", dst.scalar_type(), " ", dst.sizes());
     dst.copy_(it->second);
   }
-  const auto params = model_->parameters();
+  if (master_) master_->master_to_model();
+  const auto params = trained_parameters();
   auto& state = optimizer_->state();
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string key = "optim." + std::to_string(i) + ".";

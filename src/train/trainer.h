@@ -21,6 +21,7 @@
 #include "train/checkpoint_manifest.h"
 #include "train/data.h"
 #include "train/data_parallel_reducer.h"
+#include "train/master_weights.h"
 #include "train/job_config.h"
 #include "train/train_context.h"
 #include "train/parallelism_scope.h"
@@ -116,6 +117,10 @@ class Trainer {
   const std::string& run_id() const { return run_id_; }
 
  private:
+  // What the optimizer updates and checkpoints hold: the model's parameters, or their
+  // float32 masters in bfloat16 training; in the model's parameter order.
+  std::vector<at::Tensor> trained_parameters() const;
+  std::vector<std::pair<std::string, at::Tensor>> named_trained_parameters() const;
   // What this job's checkpoints are (step: the current one).
   CheckpointIdentity identity() const;
   // Temp files of interrupted saves; refuses (or with overwrite, clears) a folder
@@ -142,6 +147,7 @@ class Trainer {
   int64_t dp_rank_ = 0;
   std::unique_ptr<DataParallelReducer> reducer_;  // dp > 1
   Llama model_{nullptr};
+  std::unique_ptr<MasterWeights> master_;  // bfloat16 training: the float32 weights AdamW updates
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<TokenCorpus> corpus_;  // a text file's tokens; null for the synthetic stream
   std::shared_ptr<const BatchSource> batches_;

@@ -1,0 +1,57 @@
+#include "train/master_weights.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include "hyper_parallel/dtensor.h"
+
+namespace hyper_parallel::train {
+
+namespace {
+
+at::Tensor local_of(const at::Tensor& t) { return is_dtensor(t) ? to_local(t) : t; }
+
+// `local` laid out like `like` (a DTensor's mesh, placements and global shape), or as is.
+at::Tensor shaped_like(const at::Tensor& local, const at::Tensor& like) {
+  if (!is_dtensor(like)) return local;
+  FromLocalOptions o;
+  o.shape = like.sizes().vec();
+  o.stride = like.strides().vec();
+  return DTensor::from_local(local, mesh_of(like), placements_of(like), o);
+}
+
+}  // namespace
+
+MasterWeights::MasterWeights(const torch::OrderedDict<std::string, at::Tensor>& model_parameters) {
+  at::NoGradGuard no_grad;
+  for (const auto& p : model_parameters) {
+    names_.push_back(p.key());
+    model_.push_back(p.value());
+    at::Tensor copy = shaped_like(local_of(p.value()).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true), p.value());
+    copy.set_requires_grad(p.value().requires_grad());
+    master_.push_back(copy);
+  }
+}
+
+void MasterWeights::gradients_to_master() {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < model_.size(); ++i) {
+    const at::Tensor g = model_[i].grad();
+    if (!g.defined()) {
+      master_[i].mutable_grad() = at::Tensor();
+      continue;
+    }
+    master_[i].mutable_grad() = shaped_like(local_of(g).to(at::kFloat), master_[i]);
+    model_[i].mutable_grad() = at::Tensor();
+  }
+}
+
+void MasterWeights::master_to_model() {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < model_.size(); ++i) {
+    at::Tensor dst = local_of(model_[i]);
+    dst.copy_(local_of(master_[i]));
+  }
+}
+
+}  // namespace hyper_parallel::train
