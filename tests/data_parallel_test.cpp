@@ -79,8 +79,9 @@ struct RunResult {
   std::map<std::string, at::Tensor> params;  // full tensors after the run
 };
 
-RunResult train_with_ignored_tokens(int64_t dp, int64_t tp, int64_t accum) {
-  const JobConfig job = small_job(dp, tp, accum);
+RunResult train_with_ignored_tokens(int64_t dp, int64_t tp, int64_t accum, bool fused = false) {
+  JobConfig job = small_job(dp, tp, accum);
+  job.training.fused_linear_loss = fused;
   RunResult out;
   std::mutex m;
   run_ranks(dp * tp, [&](int64_t rank) {
@@ -126,6 +127,18 @@ TEST(DataParallel, Dp2Tp2WithUnevenlyIgnoredTokensEqualsOneProcess) {
             << ", largest parameter difference " << worst_param << std::endl;
 }
 
+// The same with the head and the loss fused (fused_linear_loss.h): no logits at all.
+TEST(DataParallel, Dp2Tp2FusedLinearLossEqualsOneProcess) {
+  const RunResult one = train_with_ignored_tokens(1, 1, 1, true);
+  const RunResult dp_tp = train_with_ignored_tokens(2, 2, 2, true);
+  for (size_t i = 0; i < one.losses.size(); ++i) {
+    EXPECT_NEAR(dp_tp.losses[i], one.losses[i], 1e-10 * std::abs(one.losses[i])) << "step " << i + 1;
+  }
+  for (const auto& [name, full] : one.params) {
+    EXPECT_LT((dp_tp.params.at(name) - full).abs().max().item<double>(), 1e-10) << name;
+  }
+}
+
 // Gradient accumulation alone (one rank): 4 micro-batches equal the whole batch at once.
 TEST(DataParallel, FourMicroBatchesEqualTheWholeBatch) {
   const RunResult whole = train_with_ignored_tokens(1, 1, 1);
@@ -138,21 +151,33 @@ TEST(DataParallel, FourMicroBatchesEqualTheWholeBatch) {
   }
 }
 
-// Data parallelism without TP (dp 4 x tp 1), synthetic data: the loss curve of one process.
-TEST(DataParallel, Dp4EqualsOneProcess) {
-  std::vector<double> one, dp4;
-  run_ranks(1, [&](int64_t) {
-    Trainer t(small_job(1, 1, 1));
-    for (int64_t s = 1; s <= 4; ++s) one.push_back(t.train_step(s).loss);
-  });
+// Data parallelism without TP (dp 4 x tp 1), synthetic data, through Trainer::train():
+// the loss curve and the validation losses (each replica validates its rows) of one process.
+TEST(DataParallel, Dp4TrainsAndValidatesAsOneProcess) {
+  auto job = [](int64_t dp) {
+    JobConfig c = small_job(dp, 1, 1);
+    c.dump_folder += "_dp" + std::to_string(dp);
+    compat::remove_all(c.dump_folder);
+    c.training.steps = 4;
+    c.validation.enable = true;
+    c.validation.freq = 2;
+    c.validation.steps = 2;
+    return c;
+  };
+  std::vector<StepResult> one, dp4;
+  run_ranks(1, [&](int64_t) { one = Trainer(job(1)).train(); });
   run_ranks(4, [&](int64_t rank) {
-    Trainer t(small_job(4, 1, 1));
-    std::vector<double> l;
-    for (int64_t s = 1; s <= 4; ++s) l.push_back(t.train_step(s).loss);
-    if (rank == 3) dp4 = l;
+    auto r = Trainer(job(4)).train();
+    if (rank == 3) dp4 = r;
   });
-  ASSERT_EQ(one.size(), dp4.size());
-  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(dp4[i], one[i], 1e-10 * std::abs(one[i])) << "step " << i + 1;
+  ASSERT_EQ(one.size(), 4u);
+  ASSERT_EQ(dp4.size(), 4u);
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_NEAR(dp4[i].loss, one[i].loss, 1e-10 * std::abs(one[i].loss)) << "step " << i + 1;
+    ASSERT_EQ(dp4[i].val_loss.has_value(), one[i].val_loss.has_value()) << "step " << i + 1;
+    if (one[i].val_loss) EXPECT_NEAR(*dp4[i].val_loss, *one[i].val_loss, 1e-10 * *one[i].val_loss);
+  }
+  EXPECT_TRUE(one[1].val_loss.has_value());
 }
 
 // The reducer sends each bucket once, in buckets of the size asked for, and leaves in
