@@ -171,3 +171,13 @@ TEST(CheckpointLayout, TheManifestsTableRoundTripsAndRefusesWhatItCannotHold) {
   EXPECT_NE(error_of([] { layout_table_from_json(nlohmann::json::array(), "m"); }).find("not an object"),
             std::string::npos);
 }
+
+TEST(CheckpointReshard, DataParallelRanksReadOneSavedReplicaTheirOwnWhenUnchanged) {
+  // Saved dp 2 x tp 2 (global rank = dp_rank * 2 + tp_rank).
+  EXPECT_EQ(saved_file_rank(2, 2, 0, 1), 1);
+  EXPECT_EQ(saved_file_rank(2, 2, 1, 0), 2);  // unchanged layout: its own file
+  EXPECT_EQ(saved_file_rank(2, 2, 1, 1), 3);
+  EXPECT_EQ(saved_file_rank(2, 2, 3, 1), 3);  // dp 4 now: replicas 0, 1, 0, 1
+  EXPECT_EQ(saved_file_rank(1, 4, 5, 2), 2);  // saved without dp: the one replica
+  EXPECT_NE(error_of([] { saved_file_rank(2, 2, 0, 2); }), "");
+}

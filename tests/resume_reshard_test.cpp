@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
@@ -228,6 +229,12 @@ TEST(ResumeReshard, AnotherModelIsRefusedNamingTheFieldAndTheTensor) {
   EXPECT_NE(v.find("model.vocab_size: checkpoint 515, this job 512"), std::string::npos) << v;
   EXPECT_NE(v.find("tensor model.output.weight: checkpoint [515, 48] Float, this job [512, 48] Float"),
             std::string::npos) << v;
+  JobConfig fewer = resumed_at(saved, 3);
+  fewer.model.n_layers = 1;
+  const std::string f = all_of(construction_errors(fewer));
+  EXPECT_NE(f.find("model.n_layers: checkpoint 2, this job 1"), std::string::npos) << f;
+  EXPECT_NE(f.find("tensor model.layers.1.attention.wq.weight: checkpoint [48, 48] Float, not in this job"),
+            std::string::npos) << f;
   compat::remove_all(saved.dump_folder);
 }
 
@@ -276,5 +283,50 @@ TEST(ResumeReshard, ACheckpointWithoutLayoutsResumesOnlyAtItsOwnDegree) {
   EXPECT_NE(refused.find("--parallelism.tensor_parallel_degree 2"), std::string::npos) << refused;
   const auto same = construction_errors(resumed_at(saved, 2));
   EXPECT_EQ(same, std::vector<std::string>(2)) << all_of(same);
+  compat::remove_all(saved.dump_folder);
+}
+
+TEST(ResumeReshard, ADataParallelCheckpointIsReadFromOneReplica) {
+  // The TP 2 checkpoint rewritten as a dp 2 x tp 2 job saves it: replica 1's files are
+  // replica 0's tensors under ranks 2 and 3 (dp replicas hold the same state).
+  const JobConfig saved = saved_at_tp2("dp2");
+  const std::string dir = ckpt(saved, "step-" + std::to_string(kSavedAt));
+  const auto saved_state = global_state(dir);
+  const StepManifest tp2 = read_manifest(dir);
+  CheckpointIdentity id = tp2.identity;
+  id.world_size = 4;
+  id.data_parallel_degree = 2;
+  const std::vector<TensorFile> replica0 = {read_tensor_file(compat::join_path(dir, "rank-0.pt")),
+                                            read_tensor_file(compat::join_path(dir, "rank-1.pt"))};
+  for (int64_t r = 0; r < 4; ++r) {
+    write_tensor_file(compat::join_path(dir, rank_file_name(r)), replica0[static_cast<size_t>(r % 2)].tensors,
+                      rank_file_metadata(id, r));
+  }
+  StepManifest dp2 = verify_step_files(dir, id);
+  dp2.tensors = tp2.tensors;
+  write_manifest(dir, dp2, 0);
+  // A dp rank 0 job never opens replica 1: without its files the resume still works.
+  ASSERT_EQ(std::remove(compat::join_path(dir, "rank-2.pt").c_str()), 0);
+  ASSERT_EQ(std::remove(compat::join_path(dir, "rank-3.pt").c_str()), 0);
+  for (int64_t tp : {4, 1}) {
+    SCOPED_TRACE("resumed at TP " + std::to_string(tp));
+    JobConfig copy = resumed_at(saved, tp);
+    copy.dump_folder = fresh_dir("dp2_copy_tp" + std::to_string(tp));
+    ASSERT_EQ(run_command("cp -r " + saved.dump_folder + " " + copy.dump_folder).exit_code, 0);
+    std::ostringstream log;
+    run_ranks(tp, [&](int64_t rank) {
+      Trainer t(copy, rank == 0 ? &log : nullptr);
+      EXPECT_EQ(t.step(), kSavedAt);
+      t.save_checkpoint();
+    });
+    const std::string files = tp == 4 ? "1" : "2";
+    EXPECT_NE(log.str().find("resharded the checkpoint of step 4 from dp 2 x tp 2 to dp 1 x tp " + std::to_string(tp) +
+                             " (rank 0 read " + files + " of its 4 files)"),
+              std::string::npos) << log.str();
+    const auto state = global_state(ckpt(copy, "step-" + std::to_string(kSavedAt)));
+    ASSERT_EQ(state.size(), saved_state.size());
+    for (const auto& [key, t] : saved_state) EXPECT_TRUE(at::equal(state.at(key), t)) << key;
+    compat::remove_all(copy.dump_folder);
+  }
   compat::remove_all(saved.dump_folder);
 }

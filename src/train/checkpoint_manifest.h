@@ -10,7 +10,9 @@
 // only ever names a step whose manifest and files verified, and a crash anywhere
 // leaves `latest` on the previous such step.
 // Loading (load_verified_rank_file) checks the manifest against the job, then the
-// rank file against the manifest, and names the file and the field that differ.
+// rank file against the manifest, and names the file and the field that differ. A
+// resume at another layout reads the files it needs (checkpoint_reshard.h) each through
+// read_verified_rank_file, against the manifest's table of tensor layouts.
 #pragma once
 
 #include <nlohmann/json.hpp>

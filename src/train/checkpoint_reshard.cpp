@@ -50,6 +50,15 @@ std::vector<std::string> layout_mismatches(const LayoutTable& saved, const std::
   return out;
 }
 
+int64_t saved_file_rank(int64_t saved_dp, int64_t saved_tp, int64_t dp_rank, int64_t saved_tp_rank) {
+  if (saved_dp < 1 || saved_tp < 1 || dp_rank < 0 || saved_tp_rank < 0 || saved_tp_rank >= saved_tp) {
+    throw std::invalid_argument("saved_file_rank: saved dp " + std::to_string(saved_dp) + " x tp " +
+                                std::to_string(saved_tp) + ", dp rank " + std::to_string(dp_rank) + ", saved tp rank " +
+                                std::to_string(saved_tp_rank));
+  }
+  return (dp_rank % saved_dp) * saved_tp + saved_tp_rank;
+}
+
 ReshardPlan::ReshardPlan(LayoutTable saved, int64_t saved_tp, std::vector<ReshardTarget> targets,
                          int64_t preferred_rank)
     : saved_(std::move(saved)), saved_tp_(saved_tp) {

@@ -6,6 +6,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -591,6 +592,13 @@ void Trainer::load_step(int64_t step) {
   if (manifest.tensors) {
     const auto tensors = layout_mismatches(*manifest.tensors, targets);
     problems.insert(problems.end(), tensors.begin(), tensors.end());
+    for (const auto& [key, l] : *manifest.tensors) {
+      const bool ours = std::any_of(targets.begin(), targets.end(), [&](const ReshardTarget& t) { return t.key == key; });
+      if (key.rfind("model.", 0) == 0 && !ours) {
+        problems.push_back("tensor " + key + ": checkpoint " + shape_string(l.shape) + " " + c10::toString(l.dtype) +
+                           ", not in this job");
+      }
+    }
   }
   if (!problems.empty()) {
     std::string text;
@@ -598,12 +606,10 @@ void Trainer::load_step(int64_t step) {
     throw std::runtime_error("cannot resume from '" + dir + "': the checkpoint was written by a different job:" + text +
                              "\nresume with the checkpoint's settings, or start over with --checkpoint.overwrite");
   }
-  // Data-parallel replicas saved the same state: read replica dp_rank's files where it
-  // exists (each rank its own file when nothing changed), else replica 0's.
-  const int64_t replica = dp_rank < saved_dp ? dp_rank : 0;
+  // Data-parallel replicas saved the same state: one replica's files are enough.
   const bool resharding = saved_tp != tp;
   auto read = [&](int64_t saved_tp_rank) {
-    const int64_t file_rank = replica * saved_tp + saved_tp_rank;
+    const int64_t file_rank = saved_file_rank(saved_dp, saved_tp, dp_rank, saved_tp_rank);
     try {
       return read_verified_rank_file(dir, manifest, file_rank);
     } catch (const std::runtime_error& e) {
@@ -646,7 +652,7 @@ void Trainer::load_step(int64_t step) {
   }
   ReshardPlan plan(layouts, saved_tp, targets, tp_rank % saved_tp);
   for (int64_t r : plan.sources()) {
-    const std::string path = compat::join_path(dir, rank_file_name(replica * saved_tp + r));
+    const std::string path = compat::join_path(dir, rank_file_name(saved_file_rank(saved_dp, saved_tp, dp_rank, r)));
     if (own && r == tp_rank) {
       plan.take(r, own->tensors, path);
     } else {
@@ -655,6 +661,11 @@ void Trainer::load_step(int64_t step) {
   }
   own.reset();
   const std::map<std::string, at::Tensor> values = plan.finish();
+  if (rank_ == 0 && log_ && (resharding || saved.world_size != job.world_size)) {
+    *log_ << "hp-train: resharded the checkpoint of step " << step << " from dp " << saved_dp << " x tp " << saved_tp
+          << " to dp " << job.world_size / tp << " x tp " << tp << " (rank 0 read " << plan.sources().size() << " of its "
+          << saved.world_size << " files)" << std::endl;
+  }
 
   at::NoGradGuard no_grad;
   for (const auto& p : named) {
