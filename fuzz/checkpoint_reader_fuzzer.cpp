@@ -1,7 +1,7 @@
 // Fuzzes what a resume reads before it trusts a rank file: the step manifest
-// (read_manifest, then load_verified_rank_file against a fixed rank file). Either the
-// manifest and the file verify, or a std::runtime_error names the file; never a crash,
-// leak or hang.
+// (read_manifest, its table of tensor layouts included, then load_verified_rank_file
+// against a fixed rank file). Either the manifest and the file verify, or a
+// std::runtime_error names the file; never a crash, leak or hang.
 //
 // The rank file itself is not fuzzed: a resume hands LibTorch's archive reader only
 // bytes whose size and CRC-32C match the manifest, because that reader trusts what a

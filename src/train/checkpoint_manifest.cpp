@@ -113,6 +113,16 @@ std::vector<std::string> resume_mismatches(const CheckpointIdentity& saved, cons
          std::to_string(job.tensor_parallel_degree));
   differ("data parallel degree", std::to_string(saved.data_parallel_degree), std::to_string(job.data_parallel_degree));
   differ("world size (ranks)", std::to_string(saved.world_size), std::to_string(job.world_size));
+  const auto model = model_mismatches(saved, job);
+  out.insert(out.end(), model.begin(), model.end());
+  return out;
+}
+
+std::vector<std::string> model_mismatches(const CheckpointIdentity& saved, const CheckpointIdentity& job) {
+  std::vector<std::string> out;
+  auto differ = [&out](const std::string& key, const std::string& a, const std::string& b) {
+    if (a != b) out.push_back(key + ": checkpoint " + a + ", this job " + b);
+  };
   differ("training.dtype", saved.dtype, job.dtype);
   for (const auto& [key, value] : job.model.items()) {
     const auto it = saved.model.find(key);
@@ -158,6 +168,7 @@ void write_manifest(const std::string& dir, const StepManifest& manifest, int64_
     j["files"].push_back(
         {{"file", f.file}, {"rank", f.rank}, {"bytes", f.checksum.bytes}, {"crc32c", crc32c_hex(f.checksum.crc32c)}});
   }
+  if (manifest.tensors) j["tensors"] = to_json(*manifest.tensors);
   write_file_atomically(compat::join_path(dir, kManifestName), j.dump(1) + "\n", "manifest", rank);
 }
 
@@ -194,6 +205,7 @@ StepManifest read_manifest(const std::string& dir) {
     }
     m.files.push_back(e);
   }
+  if (j.contains("tensors")) m.tensors = layout_table_from_json(j.at("tensors"), where);
   return m;
 }
 
@@ -214,7 +226,15 @@ TensorFile load_verified_rank_file(const std::string& dir, int64_t expected_step
                              text + "\nresume with the checkpoint's settings, or start over with "
                              "--checkpoint.overwrite");
   }
+  return read_verified_rank_file(dir, manifest, rank);
+}
+
+TensorFile read_verified_rank_file(const std::string& dir, const StepManifest& manifest, int64_t rank) {
   const std::string path = compat::join_path(dir, rank_file_name(rank));
+  if (rank < 0 || rank >= static_cast<int64_t>(manifest.files.size())) {
+    throw std::runtime_error("checkpoint '" + dir + "' has " + std::to_string(manifest.files.size()) +
+                             " rank files; there is no rank " + std::to_string(rank) + " to read");
+  }
   // The whole file against the manifest before any of it is parsed: LibTorch's archive
   // reader trusts what a file claims (fuzz_checkpoint_reader found tensors that overrun
   // their buffer, and pickled lengths of 4 GB reserved before reading), so only the exact

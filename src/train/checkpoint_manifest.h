@@ -10,16 +10,20 @@
 // only ever names a step whose manifest and files verified, and a crash anywhere
 // leaves `latest` on the previous such step.
 // Loading (load_verified_rank_file) checks the manifest against the job, then the
-// rank file against the manifest, and names the file and the field that differ.
+// rank file against the manifest, and names the file and the field that differ. A
+// resume at another layout reads the files it needs (checkpoint_reshard.h) each through
+// read_verified_rank_file, against the manifest's table of tensor layouts.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "train/checkpoint_io.h"
+#include "train/checkpoint_layout.h"
 
 namespace hyper_parallel::train {
 
@@ -43,6 +47,9 @@ CheckpointIdentity identity_from_json(const nlohmann::json& j, const std::string
 // as "<key>: checkpoint <a>, this job <b>" with the job config key (model.dim,
 // training.dtype, parallelism.tensor_parallel_degree ...). Run id and step aside.
 std::vector<std::string> resume_mismatches(const CheckpointIdentity& saved, const CheckpointIdentity& job);
+// The same for the fields that make a different model (dtype, [model]): those a resume
+// cannot bridge, while a different layout (TP, DP, world) it can reshard.
+std::vector<std::string> model_mismatches(const CheckpointIdentity& saved, const CheckpointIdentity& job);
 
 struct ManifestEntry {
   std::string file;  // name inside the step folder
@@ -53,6 +60,9 @@ struct ManifestEntry {
 struct StepManifest {
   CheckpointIdentity identity;
   std::vector<ManifestEntry> files;  // by rank
+  // Every tensor's global shape, dtype and placement ("tensors"); absent in checkpoints
+  // of an hp-train before resharding, which resume only at their own layout.
+  std::optional<LayoutTable> tensors;
 };
 
 constexpr const char* kManifestName = "manifest.json";
@@ -80,5 +90,10 @@ StepManifest read_manifest(const std::string& dir);
 // what differs.
 TensorFile load_verified_rank_file(const std::string& dir, int64_t expected_step, int64_t rank,
                                    const CheckpointIdentity& job);
+
+// The file of `rank` in `dir`, checked against `manifest` (already checked against the
+// job): size and CRC-32C before any of it is parsed, then its tensors' checksums and its
+// identity (run id, step, rank, layout). Throws std::runtime_error naming the file.
+TensorFile read_verified_rank_file(const std::string& dir, const StepManifest& manifest, int64_t rank);
 
 }  // namespace hyper_parallel::train

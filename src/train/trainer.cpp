@@ -6,6 +6,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -22,6 +23,8 @@
 #include "compat/file_system.h"
 #include "core/collective_stats.h"
 #include "train/checkpoint_io.h"
+#include "train/checkpoint_layout.h"
+#include "train/checkpoint_reshard.h"
 #include "train/fault_injection.h"
 #include "train/metrics.h"
 #include "train/optim_utils.h"
@@ -591,11 +594,12 @@ std::vector<StepResult> Trainer::train() {
 void Trainer::save_checkpoint() const {
   std::map<std::string, at::Tensor> tensors;
   nlohmann::json extra;
+  LayoutTable layouts;  // the same on every rank; rank 0 records it in the manifest
   // The weights the optimizer updates (float32 masters in bfloat16 training).
-  for (const auto& p : named_trained_parameters()) {
-    const at::Tensor& v = p.second;
-    tensors["model." + p.first] = (is_dtensor(v) ? to_local(v) : v).detach().clone();
-    extra["placements"][p.first] = is_dtensor(v) ? to_string(placements_of(v)) : "plain";
+  for (const auto& [name, v] : named_trained_parameters()) {
+    tensors["model." + name] = (is_dtensor(v) ? to_local(v) : v).detach().clone();
+    extra["placements"][name] = is_dtensor(v) ? to_string(placements_of(v)) : "plain";
+    layouts["model." + name] = layout_of(v, "model." + name);
   }
   // Optimizer state per parameter, by its position in the parameter list.
   const auto params = trained_parameters();
@@ -609,6 +613,13 @@ void Trainer::save_checkpoint() const {
     tensors[key + "exp_avg"] = local(s.exp_avg());
     tensors[key + "exp_avg_sq"] = local(s.exp_avg_sq());
     tensors[key + "step"] = at::scalar_tensor(s.step(), at::kLong);
+    // The moments have their parameter's layout; the step counter is one scalar.
+    for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
+      TensorLayout l = layout_of(params[i], key + moment);
+      l.dtype = tensors[key + moment].scalar_type();
+      layouts[key + moment] = l;
+    }
+    layouts[key + "step"] = TensorLayout{{}, -1, at::kLong};
   }
   const CheckpointIdentity id = identity();
   const std::string dir = step_directory(checkpoint_folder(), step_);
@@ -627,7 +638,8 @@ void Trainer::save_checkpoint() const {
   // 2. Rank 0 verifies every file, writes the manifest, then moves `latest`.
   if (rank_ == 0) {
     try {
-      const StepManifest manifest = verify_step_files(dir, id);
+      StepManifest manifest = verify_step_files(dir, id);
+      manifest.tensors = layouts;
       crash_point("step.verified", rank_);
       write_manifest(dir, manifest, rank_);
       crash_point("manifest.written", rank_);
@@ -657,41 +669,135 @@ void Trainer::load_step(int64_t step) {
   const std::string dir = step_directory(checkpoint_folder(), step);
   CheckpointIdentity job = identity();
   job.step = step;
-  const TensorFile file = load_verified_rank_file(dir, step, rank_, job);
-  const std::string path = compat::join_path(dir, rank_file_name(rank_));
-  const auto meta = nlohmann::json::parse(file.metadata_json);
+  const StepManifest manifest = read_manifest(dir);
+  const CheckpointIdentity& saved = manifest.identity;
+  if (saved.step != step) {
+    throw std::runtime_error("checkpoint manifest '" + compat::join_path(dir, kManifestName) + "' is for step " +
+                             std::to_string(saved.step) + ", but it is in the folder of step " + std::to_string(step));
+  }
+  // Global rank = dp_rank * tp + tp_rank (dp outer, TorchTitan's order), saved and now.
+  const int64_t tp = job.tensor_parallel_degree, tp_rank = rank_ % tp, dp_rank = rank_ / tp;
+  const int64_t saved_tp = saved.tensor_parallel_degree, saved_dp = saved.data_parallel_degree;
+  if (saved_tp < 1 || saved_dp < 1 || saved.world_size != saved_tp * saved_dp) {
+    throw std::runtime_error("checkpoint manifest '" + compat::join_path(dir, kManifestName) + "': world size " +
+                             std::to_string(saved.world_size) + " is not its data parallel degree " +
+                             std::to_string(saved_dp) + " x tensor parallel degree " + std::to_string(saved_tp));
+  }
+  // This rank's piece of every parameter at this job's TP degree.
+  // (float32 masters in bfloat16 training: what the checkpoint holds)
+  const auto named = named_trained_parameters();
+  std::vector<ReshardTarget> targets;
+  for (const auto& [name, value] : named) {
+    const TensorLayout l = layout_of(value, "model." + name);
+    targets.push_back({"model." + name, l, piece_of(l, tp, tp_rank)});
+  }
+  // A different model is refused before any file is read, naming the fields and the
+  // tensors whose shapes differ (the latter only where the checkpoint records layouts).
+  std::vector<std::string> problems = model_mismatches(saved, job);
+  if (manifest.tensors) {
+    const auto tensors = layout_mismatches(*manifest.tensors, targets);
+    problems.insert(problems.end(), tensors.begin(), tensors.end());
+    for (const auto& [key, l] : *manifest.tensors) {
+      const bool ours = std::any_of(targets.begin(), targets.end(), [&](const ReshardTarget& t) { return t.key == key; });
+      if (key.rfind("model.", 0) == 0 && !ours) {
+        problems.push_back("tensor " + key + ": checkpoint " + shape_string(l.shape) + " " + c10::toString(l.dtype) +
+                           ", not in this job");
+      }
+    }
+  }
+  if (!problems.empty()) {
+    std::string text;
+    for (const auto& m : problems) text += "\n  " + m;
+    throw std::runtime_error("cannot resume from '" + dir + "': the checkpoint was written by a different job:" + text +
+                             "\nresume with the checkpoint's settings, or start over with --checkpoint.overwrite");
+  }
+  // Data-parallel replicas saved the same state: one replica's files are enough.
+  const bool resharding = saved_tp != tp;
+  auto read = [&](int64_t saved_tp_rank) {
+    const int64_t file_rank = saved_file_rank(saved_dp, saved_tp, dp_rank, saved_tp_rank);
+    try {
+      return read_verified_rank_file(dir, manifest, file_rank);
+    } catch (const std::runtime_error& e) {
+      if (!resharding) throw;
+      throw std::runtime_error(std::string(e.what()) + " (rank " + std::to_string(rank_) +
+                               " needs it to reshard the checkpoint from TP " + std::to_string(saved_tp) + " to TP " +
+                               std::to_string(tp) + ")");
+    }
+  };
+  LayoutTable layouts;
+  std::optional<TensorFile> own;  // read early only for a checkpoint without layouts
+  if (manifest.tensors) {
+    layouts = *manifest.tensors;
+  } else {
+    // Written before checkpoints recorded layouts: only this layout can read it, and then
+    // the job's own layouts are the saved ones.
+    if (resharding) {
+      throw std::runtime_error("cannot resume from '" + dir + "' at TP " + std::to_string(tp) +
+                               ": the checkpoint was saved at TP " + std::to_string(saved_tp) +
+                               " by an hp-train that recorded no tensor layouts, so it cannot be resharded; resume "
+                               "it with --parallelism.tensor_parallel_degree " + std::to_string(saved_tp));
+    }
+    own = read(tp_rank);
+    for (const auto& t : targets) layouts[t.key] = t.layout;
+    for (size_t i = 0; i < named.size(); ++i) {
+      const std::string key = "optim." + std::to_string(i) + ".";
+      if (!own->tensors.count(key + "step")) continue;
+      layouts[key + "exp_avg"] = layouts[key + "exp_avg_sq"] = targets[i].layout;
+      layouts[key + "step"] = TensorLayout{{}, -1, at::kLong};
+    }
+  }
+  // AdamW's state, where the checkpoint has it: the moments laid out as their parameter.
+  for (size_t i = 0; i < named.size(); ++i) {
+    const std::string key = "optim." + std::to_string(i) + ".";
+    if (!layouts.count(key + "step")) continue;
+    const ReshardTarget param = targets[i];
+    targets.push_back({key + "exp_avg", param.layout, param.box});
+    targets.push_back({key + "exp_avg_sq", param.layout, param.box});
+    targets.push_back({key + "step", TensorLayout{{}, -1, at::kLong}, Box{}});
+  }
+  ReshardPlan plan(layouts, saved_tp, targets, tp_rank % saved_tp);
+  for (int64_t r : plan.sources()) {
+    const std::string path = compat::join_path(dir, rank_file_name(saved_file_rank(saved_dp, saved_tp, dp_rank, r)));
+    if (own && r == tp_rank) {
+      plan.take(r, own->tensors, path);
+    } else {
+      plan.take(r, read(r).tensors, path);
+    }
+  }
+  own.reset();
+  const std::map<std::string, at::Tensor> values = plan.finish();
+  if (rank_ == 0 && log_ && (resharding || saved.world_size != job.world_size)) {
+    *log_ << "hp-train: resharded the checkpoint of step " << step << " from dp " << saved_dp << " x tp " << saved_tp
+          << " to dp " << job.world_size / tp << " x tp " << tp << " (rank 0 read " << plan.sources().size() << " of its "
+          << saved.world_size << " files)" << std::endl;
+  }
+
   at::NoGradGuard no_grad;
-  for (auto& [name, value] : named_trained_parameters()) {
-    auto it = file.tensors.find("model." + name);
-    TORCH_CHECK(it != file.tensors.end(), "checkpoint ", path, " has no parameter ", name);
+  for (const auto& [name, value] : named) {
     at::Tensor dst = is_dtensor(value) ? to_local(value) : value;
-    TORCH_CHECK(dst.sizes() == it->second.sizes() && dst.scalar_type() == it->second.scalar_type(), "checkpoint ",
-                path, ": parameter ", name, " is ", it->second.scalar_type(), " ", it->second.sizes(),
-                ", expected ", dst.scalar_type(), " ", dst.sizes());
-    dst.copy_(it->second);
+    dst.copy_(values.at("model." + name));
   }
   if (master_) master_->master_to_model();
-  const auto params = trained_parameters();
   auto& state = optimizer_->state();
-  for (size_t i = 0; i < params.size(); ++i) {
+  for (size_t i = 0; i < named.size(); ++i) {
     const std::string key = "optim." + std::to_string(i) + ".";
-    if (!file.tensors.count(key + "step")) continue;
-    const at::Tensor& p = params[i];
-    auto wrap = [&](const at::Tensor& saved) {
-      at::Tensor local = saved.to(p.device(), /*non_blocking=*/false, /*copy=*/true);
+    if (!values.count(key + "step")) continue;
+    const at::Tensor& p = named[i].second;
+    auto wrap = [&](const at::Tensor& saved_piece) {
+      at::Tensor local = saved_piece.to(p.device(), /*non_blocking=*/false, /*copy=*/true);
       if (!is_dtensor(p)) return local;
       FromLocalOptions o;
       o.shape = p.sizes().vec();
       return DTensor::from_local(local, mesh_of(p), placements_of(p), o);
     };
     auto s = std::make_unique<torch::optim::AdamWParamState>();
-    s->step(file.tensors.at(key + "step").item<int64_t>());
-    s->exp_avg(wrap(file.tensors.at(key + "exp_avg")));
-    s->exp_avg_sq(wrap(file.tensors.at(key + "exp_avg_sq")));
+    s->step(values.at(key + "step").item<int64_t>());
+    s->exp_avg(wrap(values.at(key + "exp_avg")));
+    s->exp_avg_sq(wrap(values.at(key + "exp_avg_sq")));
     state[p.unsafeGetTensorImpl()] = std::move(s);
   }
   step_ = step;
-  run_id_ = meta.at("run_id").get<std::string>();
+  run_id_ = saved.run_id;
 }
 
 }  // namespace hyper_parallel::train
