@@ -20,6 +20,9 @@ namespace hyper_parallel {
 struct ParallelismConfig {
   int64_t tensor_parallel_degree = 1;
   bool disable_loss_parallel = false;
+  // Norms and residuals on Shard(1) (sequence) activations between the TP regions
+  // (llama_tp_plan's sequence_parallel); needs tensor_parallel_degree > 1.
+  bool sequence_parallel = false;
   bool loss_parallel_strict_mesh = true;
   bool loss_parallel_fallback_on_layout_error = false;
 };

@@ -50,6 +50,9 @@ at::Tensor compute_loss(Llama& model, const Batch& batch, bool fused,
   const at::Tensor target = batch.target.to(device).flatten();
   if (fused) {
     at::Tensor hidden = model->hidden_states(batch.input.to(device));
+    // Sequence parallel: the fused loss takes the whole sequence (one all-gather, as the
+    // head's own input conversion does; backward slices the all-reduced gradient).
+    if (is_dtensor(hidden)) hidden = redistribute(hidden, Placements{Placement::replicate()});
     if (after_forward) after_forward();
     return fused_linear_cross_entropy(hidden.flatten(0, 1), model->output->weight, target);
   }
@@ -208,7 +211,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   model_->to(device, dtype);
   if (tp_enabled_) {
     tp_mesh_ = init_device_mesh(config_.training.device, {par.tensor_parallel_degree}, {"tp"});
-    parallelize_llama(model_, *tp_mesh_, loss_parallel_enabled_);
+    parallelize_llama(model_, *tp_mesh_, loss_parallel_enabled_, par.sequence_parallel);
   }
   const auto& t = config_.training;
   optimizer_ = std::make_unique<torch::optim::AdamW>(
