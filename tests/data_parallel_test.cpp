@@ -79,9 +79,10 @@ struct RunResult {
   std::map<std::string, at::Tensor> params;  // full tensors after the run
 };
 
-RunResult train_with_ignored_tokens(int64_t dp, int64_t tp, int64_t accum, bool fused = false) {
+RunResult train_with_ignored_tokens(int64_t dp, int64_t tp, int64_t accum, bool fused = false, bool sp = false) {
   JobConfig job = small_job(dp, tp, accum);
   job.training.fused_linear_loss = fused;
+  job.parallelism.sequence_parallel = sp;
   RunResult out;
   std::mutex m;
   run_ranks(dp * tp, [&](int64_t rank) {
@@ -136,6 +137,21 @@ TEST(DataParallel, Dp2Tp2FusedLinearLossEqualsOneProcess) {
   }
   for (const auto& [name, full] : one.params) {
     EXPECT_LT((dp_tp.params.at(name) - full).abs().max().item<double>(), 1e-10) << name;
+  }
+}
+
+// dp x tp x sp: sequence parallel inside each replica (seq_len 12 over 2 ranks), with the
+// unfused and the fused head.
+TEST(DataParallel, Dp2Tp2SequenceParallelEqualsOneProcess) {
+  for (bool fused : {false, true}) {
+    const RunResult one = train_with_ignored_tokens(1, 1, 1, fused);
+    const RunResult sp = train_with_ignored_tokens(2, 2, 2, fused, /*sp=*/true);
+    for (size_t i = 0; i < one.losses.size(); ++i) {
+      EXPECT_NEAR(sp.losses[i], one.losses[i], 1e-10 * std::abs(one.losses[i])) << "fused " << fused << ", step " << i + 1;
+    }
+    for (const auto& [name, full] : one.params) {
+      EXPECT_LT((sp.params.at(name) - full).abs().max().item<double>(), 1e-10) << name << ", fused " << fused;
+    }
   }
 }
 

@@ -79,6 +79,7 @@ void expect_same(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.training.caching_allocator, b.training.caching_allocator);
   EXPECT_EQ(a.parallelism.tensor_parallel_degree, b.parallelism.tensor_parallel_degree);
   EXPECT_EQ(a.parallelism.disable_loss_parallel, b.parallelism.disable_loss_parallel);
+  EXPECT_EQ(a.parallelism.sequence_parallel, b.parallelism.sequence_parallel);
   EXPECT_EQ(a.parallelism.loss_parallel_strict_mesh, b.parallelism.loss_parallel_strict_mesh);
   EXPECT_EQ(a.parallelism.loss_parallel_fallback_on_layout_error,
             b.parallelism.loss_parallel_fallback_on_layout_error);
@@ -130,6 +131,7 @@ TEST(JobConfig, DefaultsAreTheDocumentedValues) {
   EXPECT_TRUE(c.training.caching_allocator);
   EXPECT_EQ(c.parallelism.tensor_parallel_degree, 1);
   EXPECT_FALSE(c.parallelism.disable_loss_parallel);
+  EXPECT_FALSE(c.parallelism.sequence_parallel);
   EXPECT_TRUE(c.parallelism.loss_parallel_strict_mesh);
   EXPECT_FALSE(c.parallelism.loss_parallel_fallback_on_layout_error);
   EXPECT_FALSE(c.checkpoint.enable);
@@ -470,6 +472,7 @@ TEST(JobConfig, ToTomlRoundTripsEveryField) {
   c.training.caching_allocator = false;
   c.parallelism.tensor_parallel_degree = 3;
   c.parallelism.disable_loss_parallel = true;
+  c.parallelism.sequence_parallel = true;
   c.parallelism.loss_parallel_strict_mesh = false;
   c.parallelism.loss_parallel_fallback_on_layout_error = true;
   c.checkpoint = {true, "ckpt", 4, true};
@@ -520,7 +523,7 @@ TEST(JobConfig, UsageListsEveryKeyWithTypeAndDefault) {
     EXPECT_THAT(usage, HasSubstr(flag));
     ++keys;
   }
-  EXPECT_EQ(keys, 47);
+  EXPECT_EQ(keys, 48);
   EXPECT_THAT(usage, HasSubstr("--training.lr FLOAT"));
   EXPECT_THAT(usage, HasSubstr("default 0.003"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.resume BOOL"));
@@ -582,6 +585,8 @@ TEST(JobConfig, ValidateErrorsNameTheKey) {
        },
        "training.batch_size = 8 must be divisible by parallelism.data_parallel_degree x "
        "training.grad_accum_steps = 2 x 3"},
+      {[](JobConfig& c) { c.parallelism.sequence_parallel = true; },
+       "parallelism.sequence_parallel = true needs parallelism.tensor_parallel_degree > 1"},
       {[](JobConfig& c) { c.checkpoint.interval = 0; }, "checkpoint.interval = 0 must be > 0"},
       {[](JobConfig& c) { c.checkpoint.folder = ""; }, "checkpoint.folder must not be empty"},
       {[](JobConfig& c) { c.validation.freq = 0; }, "validation.freq = 0 must be > 0"},

@@ -92,6 +92,20 @@ TEST(DeviceMesh, WrongWorldSizeIsAnErrorNamingBothNumbers) {
   });
 }
 
+// Gathering a sequence (dim 1 of [batch, seq, dim]) must give an ordinary contiguous
+// tensor: a transposed view made each linear that flattens it keep its own copy for
+// backward, which cost sequence parallel more memory than it saved.
+TEST(Communicator, AllGatherAlongAnInnerDimIsContiguous) {
+  run_ranks(3, [](int64_t rank) {
+    auto mesh = init_device_mesh("cpu", {3});
+    at::Tensor full = at::arange(2 * 7 * 4, at::kDouble).view({2, 7, 4});
+    ChunkRange r = chunk_range(7, 3, rank);
+    at::Tensor gathered = mesh.comm(0).all_gather(full.narrow(1, r.offset, r.length).contiguous(), 1, {3, 3, 1});
+    EXPECT_TRUE(gathered.equal(full));
+    EXPECT_TRUE(gathered.is_contiguous()) << gathered.strides();
+  });
+}
+
 TEST(Communicator, UnevenAllGatherAndReduceScatter) {
   run_ranks(3, [](int64_t rank) {
     auto mesh = init_device_mesh("cpu", {3});

@@ -78,6 +78,7 @@ class LlamaImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& tokens);
   // The final norm's output [batch, seq, dim]: what the head reads. A fused linear loss
   // (fused_linear_loss.h) takes it with output->weight, so the logits are never made.
+  // Under sequence parallel it is a Shard(1) DTensor (redistribute it to Replicate first).
   at::Tensor hidden_states(const at::Tensor& tokens);
   // Deterministic initialisation from a seed (the same on every rank, independent of
   // the global RNG), scaled like TorchTitan's (std 0.02, output projections by depth).
@@ -98,8 +99,12 @@ TORCH_MODULE(Llama);
 // TorchTitan's TP plan for this model: embeddings Rowwise (vocabulary-parallel), q/k/v and
 // w1/w3 Colwise, wo and w2 Rowwise, the output head Colwise with Shard(-1) DTensor logits
 // when loss parallel is enabled, or replicated local logits when it is not (§11.4).
-ParallelizePlan llama_tp_plan(bool loss_parallel);
+// sequence_parallel: the residual stream and the norms are Shard(1) DTensors (norms
+// SequenceParallel); the embeddings, wo and w2 reduce-scatter to Shard(1), attention,
+// feed_forward and the head all-gather from it. Uneven sequence pieces (seq % tp != 0)
+// are supported: the DTensors carry the global length.
+ParallelizePlan llama_tp_plan(bool loss_parallel, bool sequence_parallel = false);
 // Checks the model fits the TP degree (heads, hidden dims) and applies the plan.
-void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel);
+void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel = false);
 
 }  // namespace hyper_parallel

@@ -100,6 +100,31 @@ class PrepareModuleInput : public ParallelStyle {
   bool local_;
 };
 
+// Sequence parallel (Megatron-LM's, as PyTorch's SequenceParallel): for modules that work
+// per token (norms) between a RowwiseParallel that reduce-scatters to Shard(1) and a
+// ColwiseParallel that all-gathers from it, so that the norms and the residual stream hold
+// 1 / tp of the sequence. The module's direct parameters become Replicate DTensors: each
+// rank's gradient covers only its tokens (Partial over the sequence), and the parameter's
+// gradient hook all-reduces it, so every rank holds the sum. Input: a DTensor keeps its
+// layout and is redistributed to Shard(sequence_dim); a plain input is taken as this
+// rank's even piece. Output: the Shard(sequence_dim) DTensor. Modules that read a
+// parameter through a public member must refresh it after parallelize_module
+// (`norm->weight = norm->named_parameters(false)["weight"]`), as for Linear's weight.
+class SequenceParallel : public ParallelStyle {
+ public:
+  explicit SequenceParallel(int64_t sequence_dim = 1, bool use_local_output = false)
+      : sequence_dim_(sequence_dim), local_(use_local_output) {}
+  static ParallelStylePtr make(int64_t sequence_dim = 1, bool use_local_output = false) {
+    return std::make_shared<SequenceParallel>(sequence_dim, use_local_output);
+  }
+  std::string name() const override { return "SequenceParallel"; }
+  ModuleLayouts apply(torch::nn::Module& module, const std::string& path, const DeviceMesh& mesh) const override;
+
+ private:
+  int64_t sequence_dim_;
+  bool local_;
+};
+
 // Keyed by sub-module path ("layers.0.attention.wq"); '*' matches one path component.
 using ParallelizePlan = std::vector<std::pair<std::string, ParallelStylePtr>>;
 

@@ -176,10 +176,13 @@ at::Tensor Communicator::all_gather(const at::Tensor& local, int64_t dim,
   std::vector<std::vector<at::Tensor>> out_lists{outs};
   std::vector<at::Tensor> in{send};
   wait(pg_->allgather(out_lists, in));
+  // Concatenated along `dim` itself, so the result is contiguous in its own dim order: a
+  // transposed view (cat on dim 0, then movedim) made every consumer that flattens it
+  // (each linear reading a gathered sequence) keep its own contiguous copy for backward.
   std::vector<at::Tensor> pieces;
   pieces.reserve(size());
-  for (int64_t i = 0; i < size(); ++i) pieces.push_back(out_lists[0][i].narrow(0, 0, sizes[i]));
-  return at::cat(pieces, 0).movedim(0, dim);
+  for (int64_t i = 0; i < size(); ++i) pieces.push_back(out_lists[0][i].narrow(0, 0, sizes[i]).movedim(0, dim));
+  return at::cat(pieces, dim);
 }
 
 at::Tensor Communicator::reduce_scatter(const at::Tensor& full, int64_t dim, ReduceOp op) const {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <optional>
 
 #include "hyper_parallel/dtensor.h"
 
@@ -22,7 +23,9 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  at::Tensor xf = x.to(at::kFloat);
+  // Reduced precision is normalised in fp32; fp64 stays fp64 (a float64 reference
+  // would otherwise lose its precision here).
+  at::Tensor xf = at::isReducedFloatingType(x.scalar_type()) ? x.to(at::kFloat) : x;
   at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps_);
   return normed.to(x.scalar_type()) * weight;
 }
@@ -59,6 +62,15 @@ at::Tensor shared_input(const at::Tensor& x, std::initializer_list<const torch::
     }
   }
   return first ? prepare_module_input(*first, x) : x;
+}
+
+// The input of a module whose forward takes more than the tensor (attention takes the
+// rotary tables too), converted by its PrepareModuleInput when it has one: under
+// sequence parallel, ONE all-gather of the Shard(1) norm output that q/k/v (or w1/w3)
+// then share, and one reduce-scatter of their summed Partial gradients in backward.
+at::Tensor module_input(const torch::nn::Module& module, const at::Tensor& x) {
+  const ModuleLayouts* l = module_layouts(module);
+  return l ? prepare_module_input(*l, x) : x;
 }
 
 }  // namespace
@@ -108,8 +120,10 @@ TransformerBlockImpl::TransformerBlockImpl(const LlamaArgs& a) {
 }
 
 at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  at::Tensor h = x + attention->forward(attention_norm->forward(x), cos, sin);
-  return h + feed_forward->forward(ffn_norm->forward(h));
+  // Norms through parallel_forward: under sequence parallel they are SequenceParallel and
+  // x, h are Shard(1) DTensors (the residual adds stay local to each sequence piece).
+  at::Tensor h = x + attention->forward(module_input(*attention, parallel_forward(attention_norm, x)), cos, sin);
+  return h + feed_forward->forward(module_input(*feed_forward, parallel_forward(ffn_norm, h)));
 }
 
 LlamaImpl::LlamaImpl(const LlamaArgs& a) : args_(a) {
@@ -134,7 +148,7 @@ at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens) {
               args_.max_seq_len, ", got ", tokens.sizes());
   at::Tensor h = parallel_forward(tok_embeddings, tokens);
   for (const auto& layer : *layers) h = layer->as<TransformerBlockImpl>()->forward(h, rope_cos_, rope_sin_);
-  return norm->forward(h);
+  return parallel_forward(norm, h);
 }
 
 void LlamaImpl::init_weights(uint64_t seed) {
@@ -154,7 +168,49 @@ void LlamaImpl::init_weights(uint64_t seed) {
   }
 }
 
-ParallelizePlan llama_tp_plan(bool loss_parallel) {
+namespace {
+
+// The output head: Shard(-1) DTensor logits for loss parallel, replicated local ones otherwise.
+StyleOptions head_options(bool loss_parallel, std::optional<Placements> input_layouts) {
+  StyleOptions head;
+  head.input_layouts = std::move(input_layouts);
+  head.output_layouts = Placements{loss_parallel ? Placement::shard(-1) : Placement::replicate()};
+  head.use_local_output = !loss_parallel;
+  return head;
+}
+
+// TorchTitan's sequence-parallel plan. Between the TP regions activations are Shard(1)
+// DTensors (the residual stream, the norms, their inputs and outputs: 1 / tp of the
+// sequence per rank); a region all-gathers the sequence on entry (PrepareModuleInput:
+// Shard(1) -> Replicate, once for q/k/v and once for w1/w3) and its row-parallel exit
+// reduce-scatters the Partial sum straight to Shard(1) (instead of an all-reduce).
+ParallelizePlan llama_sp_plan(bool loss_parallel) {
+  const Placements seq{Placement::shard(1)}, rep{Placement::replicate()};
+  StyleOptions to_seq;  // a row-parallel exit: reduce-scatter, keep the DTensor
+  to_seq.output_layouts = seq;
+  to_seq.use_local_output = false;
+  return {
+      {"tok_embeddings", RowwiseParallel::make(to_seq)},
+      {"layers.*.attention_norm", SequenceParallel::make()},
+      {"layers.*.attention", std::make_shared<PrepareModuleInput>(seq, rep)},
+      {"layers.*.attention.wq", ColwiseParallel::make()},
+      {"layers.*.attention.wk", ColwiseParallel::make()},
+      {"layers.*.attention.wv", ColwiseParallel::make()},
+      {"layers.*.attention.wo", RowwiseParallel::make(to_seq)},
+      {"layers.*.ffn_norm", SequenceParallel::make()},
+      {"layers.*.feed_forward", std::make_shared<PrepareModuleInput>(seq, rep)},
+      {"layers.*.feed_forward.w1", ColwiseParallel::make()},
+      {"layers.*.feed_forward.w3", ColwiseParallel::make()},
+      {"layers.*.feed_forward.w2", RowwiseParallel::make(to_seq)},
+      {"norm", SequenceParallel::make()},
+      {"output", ColwiseParallel::make(head_options(loss_parallel, seq))},
+  };
+}
+
+}  // namespace
+
+ParallelizePlan llama_tp_plan(bool loss_parallel, bool sequence_parallel) {
+  if (sequence_parallel) return llama_sp_plan(loss_parallel);
   ParallelizePlan plan = {
       {"tok_embeddings", RowwiseParallel::make()},
       {"layers.*.attention.wq", ColwiseParallel::make()},
@@ -165,26 +221,23 @@ ParallelizePlan llama_tp_plan(bool loss_parallel) {
       {"layers.*.feed_forward.w3", ColwiseParallel::make()},
       {"layers.*.feed_forward.w2", RowwiseParallel::make()},
   };
-  StyleOptions head;
-  if (loss_parallel) {
-    head.output_layouts = Placements{Placement::shard(-1)};
-    head.use_local_output = false;
-  } else {
-    head.output_layouts = Placements{Placement::replicate()};
-    head.use_local_output = true;
-  }
-  plan.emplace_back("output", ColwiseParallel::make(head));
+  plan.emplace_back("output", ColwiseParallel::make(head_options(loss_parallel, std::nullopt)));
   return plan;
 }
 
-void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel) {
+void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel) {
   const LlamaArgs& a = model->args();
   const int64_t tp = tp_mesh.size();
   TORCH_CHECK(a.n_heads % tp == 0, "parallelize_llama: n_heads ", a.n_heads,
               " does not split over tensor_parallel_degree ", tp, " (each rank needs whole heads)");
   TORCH_CHECK(a.hidden_dim() % tp == 0 && a.dim % tp == 0, "parallelize_llama: dim ", a.dim, " and ffn hidden ",
               a.hidden_dim(), " must be divisible by tensor_parallel_degree ", tp);
-  parallelize_module(*model, tp_mesh, llama_tp_plan(loss_parallel));
+  parallelize_module(*model, tp_mesh, llama_tp_plan(loss_parallel, sequence_parallel));
+  // SequenceParallel replaced the norms' registered weights by Replicate DTensors; the
+  // forward reads the member.
+  for (const auto& m : model->modules(/*include_self=*/false)) {
+    if (auto* n = dynamic_cast<RMSNormImpl*>(m.get())) n->weight = n->named_parameters(/*recurse=*/false)["weight"];
+  }
 }
 
 }  // namespace hyper_parallel

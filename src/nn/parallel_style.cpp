@@ -117,6 +117,23 @@ ModuleLayouts PrepareModuleInput::apply(torch::nn::Module&, const std::string&, 
   return l;
 }
 
+ModuleLayouts SequenceParallel::apply(torch::nn::Module& module, const std::string& path,
+                                      const DeviceMesh& mesh) const {
+  const auto params = module.named_parameters(/*recurse=*/false);
+  TORCH_CHECK(module.children().empty(), name(), ": module '", path, "' is a ", module.name(),
+              " with sub-modules; expected a leaf module that works per token (a norm)");
+  // Replicated, with a hook that turns the Partial gradient (this rank's tokens only)
+  // into the sum over the TP ranks.
+  for (const auto& item : params) shard_parameter(module, item.key(), mesh, {Placement::replicate()});
+  ModuleLayouts l;
+  l.mesh = mesh;
+  l.input_layouts = Placements(mesh.ndim(), Placement::shard(sequence_dim_));
+  l.desired_input = l.input_layouts;
+  l.output_layouts = l.input_layouts;
+  l.use_local_output = local_;
+  return l;
+}
+
 at::Tensor prepare_module_input(const ModuleLayouts& l, const at::Tensor& input) {
   at::Tensor x = is_dtensor(input) ? input : DTensor::from_local(input, l.mesh, l.input_layouts);
   if (!same_placements(placements_of(x), l.desired_input, x.dim())) x = redistribute(x, l.desired_input);

@@ -120,6 +120,8 @@ const std::vector<Field>& fields() {
       HP_FIELD(parallelism, data_parallel_degree, "data-parallel replicas; world = data x tensor parallel degree"),
       HP_FIELD(parallelism, dp_bucket_mb, "MiB per data-parallel gradient all-reduce bucket"),
       HP_FIELD(parallelism, disable_loss_parallel, "gather the logits instead of loss_parallel"),
+      HP_FIELD(parallelism, sequence_parallel,
+               "norms and residuals on sequence shards between the TP regions (needs tensor_parallel_degree > 1)"),
       HP_FIELD(parallelism, loss_parallel_strict_mesh, "loss_parallel: strict mesh checks"),
       HP_FIELD(parallelism, loss_parallel_fallback_on_layout_error,
                "cross_entropy on sharded logits it cannot take: gather instead of raising"),
@@ -686,6 +688,11 @@ void validate(const JobConfig& cfg) {
                 std::to_string(dp) + " x " + std::to_string(t.grad_accum_steps) +
                 " (each replica's micro-batch holds whole sequences)");
   }
+  // At TP 1 there is nothing to split the sequence over: accepting it would report a
+  // sequence-parallel run that is not one.
+  require(!(cfg.parallelism.sequence_parallel && tp == 1),
+          "parallelism.sequence_parallel = true needs parallelism.tensor_parallel_degree > 1 (it splits the "
+          "sequence over the tensor-parallel ranks); unset it at tensor_parallel_degree = 1");
   // The fused head + loss is vocabulary-parallel itself; a replicated head contradicts it.
   require(!(t.fused_linear_loss && tp > 1 && cfg.parallelism.disable_loss_parallel),
           "training.fused_linear_loss = true needs loss parallel at parallelism.tensor_parallel_degree = " +

@@ -30,6 +30,9 @@ struct ParallelismJobConfig : ParallelismConfig {
   // Data-parallel replicas: the world is a dp x tp mesh (global rank = dp_rank * tp +
   // tp_rank, TorchTitan's order); each replica trains on its rows of the global batch.
   int64_t data_parallel_degree = 1;
+  // Norms and residuals on Shard(1) (sequence) activations between the TP regions
+  // (llama_tp_plan's sequence_parallel); needs tensor_parallel_degree > 1.
+  bool sequence_parallel = false;
   // Gradients are all-reduced over the replicas in buckets of about this many MiB, each
   // sent as soon as backward has produced all of its gradients (overlapped with the rest).
   int64_t dp_bucket_mb = 25;

@@ -58,6 +58,9 @@ at::Tensor token_loss_sum(Llama& model, const Batch& batch, bool fused,
   const at::Tensor target = batch.target.to(device).flatten();
   if (fused) {
     at::Tensor hidden = model->hidden_states(batch.input.to(device));
+    // Sequence parallel: the fused loss takes the whole sequence (one all-gather, as the
+    // head's own input conversion does; backward slices the all-reduced gradient).
+    if (is_dtensor(hidden)) hidden = redistribute(hidden, Placements{Placement::replicate()});
     if (after_forward) after_forward();
     FusedLinearCrossEntropyOptions options;
     options.ignore_index = kIgnoreIndex;
@@ -256,7 +259,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
     world_mesh_ = tp_mesh_;
   }
   dp_rank_ = dp_mesh_ ? dp_mesh_->local_rank(0) : 0;
-  if (tp_enabled_) parallelize_llama(model_, *tp_mesh_, loss_parallel_enabled_);
+  if (tp_enabled_) parallelize_llama(model_, *tp_mesh_, loss_parallel_enabled_, par.sequence_parallel);
   const auto& t = config_.training;
   // bfloat16 parameters train through float32 master copies (master_weights.h).
   if (dtype == at::kBFloat16) master_ = std::make_unique<MasterWeights>(model_->named_parameters());
@@ -306,6 +309,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
           << par.tensor_parallel_degree;
     if (reducer_) *log_ << " (" << reducer_->bucket_count() << " gradient buckets)";
     if (t.grad_accum_steps > 1) *log_ << ", " << t.grad_accum_steps << " micro-batches per step";
+    if (par.sequence_parallel) *log_ << ", sequence parallel";
     *log_ << ", loss parallel " << (loss_parallel_enabled_ ? "on" : "off")
           << (config_.training.fused_linear_loss ? ", fused linear loss" : "") << std::endl;
   }

@@ -1,0 +1,152 @@
+// hp-bench-sp: per-rank memory and time of one Llama forward + backward (loss parallel on
+// the head) under the plain TP plan and under sequence parallel, same model, batch and rank.
+//
+//   hp-run --nproc-per-node 2 build/bin/hp-bench-sp [--dim 256] [--layers 4] [--heads 8]
+//          [--vocab 8192] [--batch 2] [--seq 512] [--iters 2] [--threads 1] [--device cpu|cuda]
+//
+// Per plan, after one warm-up step (so parameter gradients already exist and are not
+// counted), the largest value over the ranks of:
+//   saved     memory held when the forward (loss included) returns: the activations
+//             autograd keeps for backward, the quantity sequence parallel shrinks
+//   peak      the peak above the start of the step during forward + backward
+// Memory: the CPU through the counting wrapper of LibTorch's allocator (bench/memory_probe.h;
+// each rank is its own process), a GPU through its caching allocator's statistics.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <torch/nn/functional/loss.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "bench/memory_probe.h"
+#include "hyper_parallel/hyper_parallel.h"
+#include "hyper_parallel/llama.h"
+
+namespace hp = hyper_parallel;
+namespace F = torch::nn::functional;
+
+namespace {
+
+struct Args {
+  std::map<std::string, int64_t> n = {{"dim", 256},  {"layers", 4}, {"heads", 8}, {"vocab", 8192},
+                                      {"batch", 2},  {"seq", 512},  {"iters", 2}, {"threads", 1}};
+  std::string device = "cpu";
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag.rfind("--", 0) != 0 || i + 1 >= argc) throw std::invalid_argument("expected --NAME VALUE, got " + flag);
+    const std::string name = flag.substr(2), value = argv[++i];
+    if (name == "device") {
+      if (value != "cpu" && value != "cuda") throw std::invalid_argument("--device: expected cpu or cuda, got " + value);
+      a.device = value;
+    } else if (a.n.count(name)) {
+      a.n[name] = std::stoll(value);
+      if (a.n[name] < (name == "threads" ? 0 : 1)) throw std::invalid_argument(flag + " must be positive");
+    } else {
+      throw std::invalid_argument("unknown flag " + flag +
+                                  "; expected --dim --layers --heads --vocab --batch --seq --iters --threads --device");
+    }
+  }
+  return a;
+}
+
+struct Measure {
+  double saved_mb = 0, peak_mb = 0, ms = 0, loss = 0;
+};
+
+double max_over_ranks(const hp::DeviceMesh& mesh, double v) {
+  at::Tensor t = at::scalar_tensor(v, at::kDouble).to(mesh.device());
+  mesh.comm(0).all_reduce_(t, hp::ReduceOp::Max);
+  return t.item<double>();
+}
+
+Measure measure(const Args& a, const hp::DeviceMesh& mesh, bool sequence_parallel) {
+  hp::LlamaArgs la;
+  la.dim = a.n.at("dim");
+  la.n_layers = a.n.at("layers");
+  la.n_heads = a.n.at("heads");
+  la.vocab_size = a.n.at("vocab");
+  la.max_seq_len = a.n.at("seq");
+  hp::Llama model(la);
+  model->init_weights(1);
+  model->to(mesh.device());
+  hp::parallelize_llama(model, mesh, /*loss_parallel=*/true, sequence_parallel);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const at::Tensor tokens = at::randint(la.vocab_size, {a.n.at("batch"), la.max_seq_len}, gen, at::kLong).to(mesh.device());
+  const at::Tensor targets = at::randint(la.vocab_size, {a.n.at("batch"), la.max_seq_len}, gen, at::kLong).to(mesh.device());
+  const c10::Device device = mesh.device();
+  Measure m;
+  for (int64_t i = 0; i <= a.n.at("iters"); ++i) {  // the first one warms up and allocates the gradients
+    hp::bench::synchronize(device);
+    const int64_t before = hp::bench::current_memory_bytes(device);
+    hp::bench::reset_peak_memory(device);
+    const auto t0 = std::chrono::steady_clock::now();
+    at::Tensor loss;
+    {
+      hp::LossParallelGuard guard;
+      loss = F::cross_entropy(model->forward(tokens).flatten(0, 1), targets.flatten());
+    }
+    hp::bench::synchronize(device);
+    const int64_t saved = hp::bench::current_memory_bytes(device) - before;
+    loss.backward();
+    hp::bench::synchronize(device);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (i == 0) continue;
+    m.saved_mb = std::max(m.saved_mb, static_cast<double>(saved) / (1 << 20));
+    m.peak_mb = std::max(m.peak_mb, static_cast<double>(hp::bench::peak_memory_bytes(device) - before) / (1 << 20));
+    m.ms += ms / static_cast<double>(a.n.at("iters"));
+    m.loss = hp::full_tensor(loss).item<double>();
+  }
+  m.saved_mb = max_over_ranks(mesh, m.saved_mb);
+  m.peak_mb = max_over_ranks(mesh, m.peak_mb);
+  m.ms = max_over_ranks(mesh, m.ms);
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  try {
+    a = parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "hp-bench-sp: " << e.what() << std::endl;
+    return 2;
+  }
+  if (!std::getenv("WORLD_SIZE")) {
+    std::cerr << "hp-bench-sp: run it through hp-run (e.g. hp-run --nproc-per-node 2 hp-bench-sp)" << std::endl;
+    return 2;
+  }
+  if (a.n.at("threads") > 0) at::set_num_threads(static_cast<int>(a.n.at("threads")));
+  if (a.device == "cpu") hp_memory_probe_install();
+  hp::InitOptions init;
+  init.device_type = a.device;
+  hp::init_process_group(init);
+  const int64_t tp = hp::get_world_size();
+  auto mesh = hp::init_device_mesh(a.device, {tp}, {"tp"});
+  const Measure plain = measure(a, mesh, false);
+  const Measure sp = measure(a, mesh, true);
+  if (mesh.get_rank() == 0) {
+    std::printf("llama dim %lld, %lld layers, %lld heads, vocab %lld, batch %lld x seq %lld, TP %lld, %s, float32\n",
+                (long long)a.n.at("dim"), (long long)a.n.at("layers"), (long long)a.n.at("heads"),
+                (long long)a.n.at("vocab"), (long long)a.n.at("batch"), (long long)a.n.at("seq"), (long long)tp,
+                a.device.c_str());
+    std::printf("%-20s %12s %12s %10s %10s\n", "plan", "saved MiB", "peak MiB", "ms", "loss");
+    std::printf("%-20s %12.1f %12.1f %10.1f %10.6f\n", "TP", plain.saved_mb, plain.peak_mb, plain.ms, plain.loss);
+    std::printf("%-20s %12.1f %12.1f %10.1f %10.6f\n", "TP + SP", sp.saved_mb, sp.peak_mb, sp.ms, sp.loss);
+    std::printf("(per rank, the largest over ranks; saved: held when the forward returns; peak: above the step's "
+                "start during forward + backward; ms: mean of %lld steps after one warm-up)\n",
+                (long long)a.n.at("iters"));
+  }
+  hp::destroy_process_group();
+  return 0;
+}
