@@ -39,7 +39,8 @@ layouts=(
   "dp 4|4|1|"
   "dp 2 x tp 2|2|2|"
 )
-if "$bin/hp-train" --help 2>/dev/null | grep -q -- '--parallelism.sequence_parallel'; then
+help="$("$bin/hp-train" --help 2>/dev/null)"  # (grep -q on a pipe would cut it short under pipefail)
+if [[ "$help" == *--parallelism.sequence_parallel* ]]; then
   layouts+=("tp 2 + sp|1|2|--parallelism.sequence_parallel" "tp 4 + sp|1|4|--parallelism.sequence_parallel"
             "dp 2 x tp 2 + sp|2|2|--parallelism.sequence_parallel")
 fi
