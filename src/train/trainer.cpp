@@ -701,7 +701,10 @@ void Trainer::load_step(int64_t step) {
   if (manifest.tensors) {
     const auto tensors = layout_mismatches(*manifest.tensors, targets);
     problems.insert(problems.end(), tensors.begin(), tensors.end());
-    for (const auto& [key, l] : *manifest.tensors) {
+    for (const auto& entry : *manifest.tensors) {
+      // (not a structured binding: clang 14 cannot capture one in the lambda)
+      const std::string& key = entry.first;
+      const TensorLayout& l = entry.second;
       const bool ours = std::any_of(targets.begin(), targets.end(), [&](const ReshardTarget& t) { return t.key == key; });
       if (key.rfind("model.", 0) == 0 && !ours) {
         problems.push_back("tensor " + key + ": checkpoint " + shape_string(l.shape) + " " + c10::toString(l.dtype) +
