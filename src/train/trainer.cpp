@@ -121,7 +121,7 @@ class PhaseClock {
 
 enum Phase : size_t { kForward = 0, kLoss = 1, kBackward = 2, kClip = 3, kOptimizer = 4 };
 
-// Sums `values` (float64, on `mesh`'s device) over every rank of `mesh` (all its dims).
+// Sums `values` (on `mesh`'s device) over every rank of `mesh` (all its dims).
 void sum_over_mesh_(at::Tensor& values, const std::optional<DeviceMesh>& mesh) {
   if (!mesh) return;
   for (int64_t d = 0; d < mesh->ndim(); ++d) mesh->comm(d).all_reduce_(values, ReduceOp::Sum);
@@ -384,7 +384,7 @@ void Trainer::agree_or_throw(const std::string& own_error, const std::string& wh
   const int64_t world = world_mesh_->size();
   at::Tensor failed = at::zeros({world}, at::TensorOptions().dtype(at::kLong).device(world_mesh_->device()));
   if (!own_error.empty()) failed[rank_].fill_(1);
-  for (int64_t d = 0; d < world_mesh_->ndim(); ++d) world_mesh_->comm(d).all_reduce_(failed, ReduceOp::Sum);
+  sum_over_mesh_(failed, world_mesh_);
   failed = failed.cpu();
   std::string ranks;
   for (int64_t r = 0; r < world; ++r) {
@@ -680,7 +680,7 @@ void Trainer::load_step(int64_t step) {
                              std::to_string(saved.step) + ", but it is in the folder of step " + std::to_string(step));
   }
   // Global rank = dp_rank * tp + tp_rank (dp outer, TorchTitan's order), saved and now.
-  const int64_t tp = job.tensor_parallel_degree, tp_rank = rank_ % tp, dp_rank = rank_ / tp;
+  const int64_t tp = job.tensor_parallel_degree, tp_rank = rank_ % tp, dp_rank = dp_rank_;
   const int64_t saved_tp = saved.tensor_parallel_degree, saved_dp = saved.data_parallel_degree;
   if (saved_tp < 1 || saved_dp < 1 || saved.world_size != saved_tp * saved_dp) {
     throw std::runtime_error("checkpoint manifest '" + compat::join_path(dir, kManifestName) + "': world size " +
