@@ -28,11 +28,12 @@ struct DataParallelReducer::Impl {
     unsigned hook = 0;
   };
   struct Bucket {
+    at::TensorOptions options;  // of the wire: the gradients' dtype, float32 for bfloat16
+    int64_t numel = 0;
     at::Tensor flat;
     std::vector<size_t> slots;
     size_t ready = 0;
     PendingAllReduce pending;
-    bool sent = false;
   };
 
   DeviceMesh mesh;
@@ -65,7 +66,6 @@ struct DataParallelReducer::Impl {
     while (next_to_send < buckets.size() && buckets[next_to_send].ready == buckets[next_to_send].slots.size()) {
       Bucket& b = buckets[next_to_send++];
       b.pending = PendingAllReduce::start(mesh.comm(0), b.flat);
-      b.sent = true;
     }
   }
 };
@@ -85,33 +85,26 @@ DataParallelReducer::DataParallelReducer(const torch::OrderedDict<std::string, a
     s.numel = local_of(item.value()).numel();
     m.slots.push_back(std::move(s));
   }
-  // Reverse order: the last layers' gradients come first in backward.
-  int64_t filled = 0;
-  at::TensorOptions options;
+  // Reverse order: the last layers' gradients come first in backward. A bucket takes
+  // parameters of one wire dtype and device until the next would take it past bucket_bytes
+  // (a parameter larger than that gets a bucket of its own).
   for (size_t k = m.slots.size(); k-- > 0;) {
     Impl::Slot& s = m.slots[k];
     const at::Tensor local = local_of(s.param);
-    const at::TensorOptions want = local.options().dtype(wire_dtype(local.scalar_type()));
-    const int64_t bytes = s.numel * static_cast<int64_t>(c10::elementSize(want.dtype().toScalarType()));
-    const bool fits = !m.buckets.empty() && filled + bytes <= bucket_bytes && want.dtype() == options.dtype() &&
-                      want.device() == options.device();
-    if (!fits) {
-      m.buckets.emplace_back();
-      filled = 0;
-      options = want;
+    const at::TensorOptions wire = local.options().dtype(wire_dtype(local.scalar_type()));
+    const auto element = static_cast<int64_t>(wire.dtype().itemsize());
+    Impl::Bucket* b = m.buckets.empty() ? nullptr : &m.buckets.back();
+    if (!b || (b->numel + s.numel) * element > bucket_bytes || wire.dtype() != b->options.dtype() ||
+        wire.device() != b->options.device()) {
+      b = &m.buckets.emplace_back();
+      b->options = wire;
     }
-    Impl::Bucket& b = m.buckets.back();
     s.bucket = m.buckets.size() - 1;
-    s.offset = filled / static_cast<int64_t>(c10::elementSize(want.dtype().toScalarType()));
-    filled += bytes;
-    b.slots.push_back(k);
+    s.offset = b->numel;
+    b->numel += s.numel;
+    b->slots.push_back(k);
   }
-  for (auto& b : m.buckets) {
-    int64_t n = 0;
-    for (size_t k : b.slots) n += m.slots[k].numel;
-    const at::Tensor first = local_of(m.slots[b.slots.front()].param);
-    b.flat = at::empty({n}, first.options().dtype(wire_dtype(first.scalar_type())));
-  }
+  for (auto& b : m.buckets) b.flat = at::empty({b.numel}, b.options);
   for (size_t k = 0; k < m.slots.size(); ++k) {
     Impl* impl = impl_.get();
     m.slots[k].hook = m.slots[k].param.register_hook([impl, k](const at::Tensor& grad) { impl->on_gradient(k, grad); });
@@ -135,10 +128,7 @@ void DataParallelReducer::arm() {
   m.armed = true;
   m.next_to_send = 0;
   for (auto& s : m.slots) s.ready = false;
-  for (auto& b : m.buckets) {
-    b.ready = 0;
-    b.sent = false;
-  }
+  for (auto& b : m.buckets) b.ready = 0;
 }
 
 void DataParallelReducer::finish() {
