@@ -12,6 +12,7 @@
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
+#include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "train/job_config.h"
 #include "train/master_weights.h"
@@ -19,7 +20,7 @@
 
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
-using hyper_parallel::testing::run_ranks;
+using hyper_parallel::testing::train_steps;
 
 namespace {
 
@@ -47,17 +48,7 @@ JobConfig bf16_job(const std::string& name, int64_t dp, int64_t tp, const std::s
   return c;
 }
 
-std::vector<StepResult> run(const JobConfig& job) {
-  const int64_t world = job.parallelism.tensor_parallel_degree * job.parallelism.data_parallel_degree;
-  std::vector<StepResult> out;
-  run_ranks(world, [&](int64_t rank) {
-    Trainer t(job);
-    std::vector<StepResult> r;
-    for (int64_t s = 1; s <= job.training.steps; ++s) r.push_back(t.train_step(s));
-    if (rank == 0) out = r;
-  });
-  return out;
-}
+std::vector<StepResult> run(const JobConfig& job) { return train_steps(job, 1, job.training.steps); }
 
 // Largest relative difference of loss and of gradient norm over the steps.
 std::pair<double, double> worst(const std::vector<StepResult>& a, const std::vector<StepResult>& b) {
@@ -102,26 +93,14 @@ TEST(Bf16Training, Tp2FollowsTp1AndBothStayNearFloat32) {
 // A checkpoint of a bfloat16 run holds the float32 masters and their AdamW state: 10
 // steps, save, resume, 10 more give exactly the 20 straight steps.
 TEST(Bf16Training, ResumeRestoresTheFloat32Masters) {
-  JobConfig straight = bf16_job("straight", 1, 2, "bfloat16");
-  const auto full = run(straight);
+  const auto full = run(bf16_job("straight", 1, 2, "bfloat16"));
   JobConfig first = bf16_job("split", 1, 2, "bfloat16");
   first.checkpoint.enable = true;
   first.checkpoint.interval = 100;
-  run_ranks(2, [&](int64_t) {
-    Trainer t(first);
-    for (int64_t s = 1; s <= 10; ++s) t.train_step(s);
-    t.save_checkpoint();
-  });
+  train_steps(first, 1, 10, /*save=*/true);
   JobConfig second = first;
   second.checkpoint.resume = true;
-  std::vector<StepResult> rest;
-  run_ranks(2, [&](int64_t rank) {
-    Trainer t(second);
-    EXPECT_EQ(t.step(), 10);
-    std::vector<StepResult> r;
-    for (int64_t s = 11; s <= 20; ++s) r.push_back(t.train_step(s));
-    if (rank == 0) rest = r;
-  });
+  const auto rest = train_steps(second, 11, 20);
   ASSERT_EQ(rest.size(), 10u);
   for (size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i].loss, full[10 + i].loss) << "step " << 11 + i;
 }

@@ -12,6 +12,7 @@
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
+#include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "train/data.h"
 #include "train/data_parallel_reducer.h"
@@ -22,6 +23,7 @@ using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
+using hyper_parallel::testing::train_steps;
 namespace F = torch::nn::functional;
 
 namespace {
@@ -271,34 +273,17 @@ TEST(DataParallel, Dp2Tp2ResumesExactly) {
   JobConfig straight = small_job(2, 2, 1);
   straight.dump_folder += "_straight";
   compat::remove_all(straight.dump_folder);
-  std::vector<double> full;
-  run_ranks(4, [&](int64_t rank) {
-    Trainer t(straight);
-    std::vector<double> l;
-    for (int64_t s = 1; s <= 6; ++s) l.push_back(t.train_step(s).loss);
-    if (rank == 0) full = l;
-  });
+  const auto full = train_steps(straight, 1, 6);
   JobConfig first = small_job(2, 2, 1);
   first.dump_folder += "_split";
   compat::remove_all(first.dump_folder);
   first.checkpoint.enable = true;
-  run_ranks(4, [&](int64_t) {
-    Trainer t(first);
-    for (int64_t s = 1; s <= 3; ++s) t.train_step(s);
-    t.save_checkpoint();
-  });
+  train_steps(first, 1, 3, /*save=*/true);
   JobConfig second = first;
   second.checkpoint.resume = true;
-  std::vector<double> rest;
-  run_ranks(4, [&](int64_t rank) {
-    Trainer t(second);
-    EXPECT_EQ(t.step(), 3);
-    std::vector<double> l;
-    for (int64_t s = 4; s <= 6; ++s) l.push_back(t.train_step(s).loss);
-    if (rank == 3) rest = l;
-  });
+  const auto rest = train_steps(second, 4, 6, /*save=*/false, /*report_rank=*/3);
   ASSERT_EQ(rest.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest[i], full[3 + i]) << "step " << 4 + i;
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest[i].loss, full[3 + i].loss) << "step " << 4 + i;
   compat::remove_all(first.dump_folder);
   compat::remove_all(straight.dump_folder);
 }
@@ -311,36 +296,21 @@ TEST(DataParallel, ACheckpointOfDp2Tp2ResumesAtDp1Tp4AndDp4Tp1) {
   saved.dump_folder += "_reshard";
   compat::remove_all(saved.dump_folder);
   saved.checkpoint.enable = true;
-  run_ranks(4, [&](int64_t) {
-    Trainer t(saved);
-    for (int64_t s = 1; s <= 3; ++s) t.train_step(s);
-    t.save_checkpoint();
-  });
+  train_steps(saved, 1, 3, /*save=*/true);
   for (auto [dp, tp] : {std::pair<int64_t, int64_t>{1, 4}, {4, 1}}) {
     JobConfig straight = small_job(dp, tp, 1);
     straight.dump_folder += "_straight" + std::to_string(dp);
     compat::remove_all(straight.dump_folder);
-    std::vector<double> full, resumed;
-    run_ranks(4, [&](int64_t rank) {
-      Trainer t(straight);
-      std::vector<double> l;
-      for (int64_t s = 1; s <= 6; ++s) l.push_back(t.train_step(s).loss);
-      if (rank == 0) full = l;
-    });
+    const auto full = train_steps(straight, 1, 6);
     JobConfig again = small_job(dp, tp, 1);
     again.dump_folder = saved.dump_folder;
     again.checkpoint.enable = true;
     again.checkpoint.resume = true;
-    run_ranks(4, [&](int64_t rank) {
-      Trainer t(again);
-      EXPECT_EQ(t.step(), 3);
-      std::vector<double> l;
-      for (int64_t s = 4; s <= 6; ++s) l.push_back(t.train_step(s).loss);
-      if (rank == 3) resumed = l;
-    });
+    const auto resumed = train_steps(again, 4, 6, /*save=*/false, /*report_rank=*/3);
     ASSERT_EQ(resumed.size(), 3u);
     for (size_t i = 0; i < 3; ++i) {
-      EXPECT_NEAR(resumed[i], full[3 + i], 1e-9 * full[3 + i]) << "dp " << dp << " x tp " << tp << ", step " << 4 + i;
+      EXPECT_NEAR(resumed[i].loss, full[3 + i].loss, 1e-9 * full[3 + i].loss)
+          << "dp " << dp << " x tp " << tp << ", step " << 4 + i;
     }
     compat::remove_all(straight.dump_folder);
   }

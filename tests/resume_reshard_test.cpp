@@ -15,6 +15,7 @@
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
+#include "harness/train_steps.h"
 #include "hyper_parallel/communicator.h"
 #include "train/checkpoint_io.h"
 #include "train/checkpoint_manifest.h"
@@ -24,6 +25,7 @@ using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::run_command;
 using hyper_parallel::testing::run_ranks;
+using hyper_parallel::testing::train_steps;
 
 namespace {
 
@@ -81,11 +83,7 @@ std::string error_text(const std::exception& e) {
 // TP 2 for kSavedAt steps of a kSteps-step job (its LR schedule), then a save.
 JobConfig saved_at_tp2(const std::string& name) {
   JobConfig job = job_at(fresh_dir(name), kSavedTp);
-  run_ranks(kSavedTp, [&](int64_t) {
-    Trainer t(job);
-    for (int64_t s = 1; s <= kSavedAt; ++s) t.train_step(s);
-    t.save_checkpoint();
-  });
+  train_steps(job, 1, kSavedAt, /*save=*/true);
   return job;
 }
 

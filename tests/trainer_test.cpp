@@ -11,6 +11,7 @@
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
+#include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "train/job_config.h"
 #include "train/metrics.h"
@@ -153,11 +154,7 @@ TEST(Trainer, ResumingFromACheckpointContinuesExactly) {
   first.checkpoint.enable = true;
   first.checkpoint.interval = 10;
   // Stop after 10 steps: the same job (same LR schedule) cut short.
-  run_ranks(2, [&](int64_t) {
-    Trainer t(first);
-    for (int64_t s = 1; s <= 10; ++s) t.train_step(s);
-    t.save_checkpoint();
-  });
+  hyper_parallel::testing::train_steps(first, 1, 10, /*save=*/true);
   JobConfig second = first;
   second.checkpoint.resume = true;
   std::vector<StepResult> rest;

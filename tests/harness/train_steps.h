@@ -1,0 +1,20 @@
+// Runs Trainer steps on rank threads, the pattern of the training tests: every rank builds
+// its Trainer from `job` (world = data x tensor parallel degree), runs steps first..last,
+// optionally saves a checkpoint, and one rank's results come back.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "train/job_config.h"
+#include "train/trainer.h"
+
+namespace hyper_parallel::testing {
+
+// Steps first..last (1-based) of `job`. The Trainer must start at step first - 1: 0 for a
+// fresh run, the checkpoint's step when the job resumes. With `save`, a checkpoint is
+// written after the last step. Returns the StepResults of global rank `report_rank`.
+std::vector<train::StepResult> train_steps(const train::JobConfig& job, int64_t first, int64_t last,
+                                           bool save = false, int64_t report_rank = 0);
+
+}  // namespace hyper_parallel::testing
