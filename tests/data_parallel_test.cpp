@@ -239,6 +239,42 @@ TEST(DataParallel, ReducerSumsGradientsBucketByBucket) {
   });
 }
 
+// The reducer's refusals: a parameter without a gradient in the armed backward is named
+// (its bucket could never be sent), and finish() without arm() says what is missing. A
+// batch that does not split into equal micro-batches is an error naming the sizes.
+TEST(DataParallel, ReducerAndMicroBatchErrorsNameWhatIsWrong) {
+  run_ranks(2, [&](int64_t) {
+    DeviceMesh dp = init_device_mesh("cpu", {2}, {"dp"});
+    torch::nn::Linear a(8, 8), b(8, 8);
+    torch::OrderedDict<std::string, at::Tensor> params;
+    params.insert("a.weight", a->weight);
+    params.insert("b.weight", b->weight);
+    DataParallelReducer reducer(params, dp, 1 << 20);
+    try {
+      reducer.finish();
+      ADD_FAILURE() << "expected an error";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("without arm()"), std::string::npos) << e.what();
+    }
+    reducer.arm();
+    a(at::ones({2, 8})).sum().backward();  // b takes no part
+    try {
+      reducer.finish();
+      ADD_FAILURE() << "expected an error";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("parameter 'b.weight' got no gradient"), std::string::npos) << e.what();
+    }
+  });
+  const Batch five{at::zeros({5, 3}, at::kLong), at::zeros({5, 3}, at::kLong)};
+  try {
+    micro_batch(five, 0, 2);
+    ADD_FAILURE() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a batch of 5 rows cannot be split into 2 equal parts"), std::string::npos)
+        << e.what();
+  }
+}
+
 // loss_parallel on the tp sub-mesh of a dp x tp mesh, reduction mean (and sum): each
 // replica's loss and logits gradient equal one process on that replica's rows.
 TEST(DataParallel, LossParallelMeanOnTheTpSubMeshOfA2DMesh) {
