@@ -165,15 +165,30 @@ hp_fuzz() {
   # it does without ASan, an error the readers report) instead of an ASan OOM report; a
   # small quarantine keeps the fuzzers' memory bounded.
   export ASAN_OPTIONS="$ASAN_OPTIONS:allocator_may_return_null=1:quarantine_size_mb=64"
+  local crashes="$HP_SAN_BUILD_DIR/fuzz-crashes" log artifact rc
+  rm -rf "$crashes" && mkdir -p "$crashes"
   for name in job_config op_spec checkpoint_reader; do
     work="$HP_SAN_BUILD_DIR/fuzz-corpus/$name"
+    log="$HP_SAN_BUILD_DIR/fuzz-$name.log"
     rm -rf "$work" && mkdir -p "$work"
     echo "==> fuzzing $name for ${seconds} s (seeds: fuzz/corpus/$name)"
     (cd "$HP_SAN_BUILD_DIR" && "$HP_SAN_BUILD_DIR/bin/fuzz_$name" -max_total_time="$seconds" -timeout=10 \
-      -rss_limit_mb=4096 -malloc_limit_mb=65536 -print_final_stats=1 "$work" "$HP_ROOT/fuzz/corpus/$name" 2>&1 |
-      grep -E "^(#[0-9]+[[:space:]]+(INITED|DONE)|stat::number_of_executed_units|stat::peak_rss_mb|==[0-9]+==|SUMMARY|INFO: Seed|Done)" )
-    local rc="${PIPESTATUS[0]}"
-    if [ "$rc" -ne 0 ]; then echo "fuzz_$name FAILED (exit $rc)"; return 1; fi
+      -rss_limit_mb=4096 -malloc_limit_mb=65536 -print_final_stats=1 -artifact_prefix="$crashes/$name-" \
+      "$work" "$HP_ROOT/fuzz/corpus/$name" >"$log" 2>&1) && rc=0 || rc=$?
+    grep -E "^(#[0-9]+[[:space:]]+(INITED|DONE)|stat::number_of_executed_units|stat::peak_rss_mb|==[0-9]+==|SUMMARY|INFO: Seed|Done)" "$log" || true
+    if [ "$rc" -ne 0 ]; then
+      # CI keeps only this output: print the report and the input, so the finding can be
+      # reproduced (bin/fuzz_NAME FILE) and added to fuzz/corpus/NAME once fixed.
+      echo "fuzz_$name FAILED (exit $rc); the end of its log:"
+      tail -n 60 "$log"
+      for artifact in "$crashes/$name-"*; do
+        [ -f "$artifact" ] || continue
+        echo "==> the input, base64 ($(basename "$artifact"), $(stat -c %s "$artifact") bytes):"
+        base64 "$artifact" | head -c 20000
+        echo
+      done
+      return 1
+    fi
     echo "fuzz_$name: no crash, leak or timeout in ${seconds} s"
   done
 }

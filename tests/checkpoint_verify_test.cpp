@@ -11,10 +11,12 @@
 #include <cstdio>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
 #include "train/checkpoint_io.h"
+#include "train/checkpoint_manifest.h"
 #include "train/trainer.h"
 
 using namespace hyper_parallel;
@@ -276,4 +278,36 @@ TEST(CheckpointVerify, ACrashAtAnyPointOfASaveLeavesLatestOnAVerifiedStep) {
     compat::remove_all(dir);
   }
   compat::remove_all(origin);
+}
+
+// Found by fuzzing (CI, checkpoint_reader): a manifest number that is not an int64
+// (2.5, 1e300, 2^64 - 1) was converted anyway: 2.5 became step 2, and 1e300 is
+// undefined behaviour. Each is now refused, naming the field.
+TEST(CheckpointVerify, AManifestNumberThatIsNotAnInt64IsNamed) {
+  const std::string seed = std::string(HP_SOURCE_DIR) + "/fuzz/corpus/checkpoint_reader/manifest.json";
+  std::ifstream in(seed);
+  const nlohmann::json good = nlohmann::json::parse(in);
+  const std::string dir = fresh_dir("numbers");
+  ASSERT_TRUE(compat::create_directories(dir));
+  const std::vector<nlohmann::json> bad_values = {2.5, 1e300, -1e300, std::numeric_limits<uint64_t>::max(), "3"};
+  for (const char* field : {"step", "world_size", "tensor_parallel_degree", "data_parallel_degree", "bytes", "rank"}) {
+    for (const auto& value : bad_values) {
+      SCOPED_TRACE(std::string(field) + " = " + value.dump());
+      nlohmann::json j = good;
+      if (j.contains(field)) {
+        j[field] = value;
+      } else {
+        j["files"][0][field] = value;
+      }
+      std::ofstream(compat::join_path(dir, kManifestName), std::ios::trunc) << j.dump(1);
+      std::string error;
+      try {
+        read_manifest(dir);
+      } catch (const std::runtime_error& e) {
+        error = e.what();
+      }
+      EXPECT_NE(error.find("field '" + std::string(field) + "' has the wrong type"), std::string::npos) << error;
+    }
+  }
+  compat::remove_all(dir);
 }

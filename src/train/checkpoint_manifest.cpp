@@ -1,8 +1,10 @@
 // checkpoint_manifest.cpp — identities, manifests and the checks of a resume.
 #include "train/checkpoint_manifest.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <stdexcept>
+#include <type_traits>
 
 #include "compat/file_system.h"
 #include "train/crc32c.h"
@@ -27,10 +29,20 @@ template <typename T>
 T field(const nlohmann::json& j, const char* key, const std::string& where) {
   const auto it = j.find(key);
   if (it == j.end()) throw std::runtime_error(where + ": missing field '" + key + "'");
+  const auto wrong_type = [&] {
+    return std::runtime_error(where + ": field '" + std::string(key) + "' has the wrong type (" + it->dump() + ")");
+  };
+  if constexpr (std::is_same_v<T, int64_t>) {
+    // nlohmann's get<int64_t>() converts a float (2.5 -> 2; 1e300 is undefined
+    // behaviour) and wraps an unsigned above 2^63 - 1: an integer must be written as one.
+    if (it->is_number_unsigned() ? it->get<uint64_t>() > uint64_t{INT64_MAX} : !it->is_number_integer()) {
+      throw wrong_type();
+    }
+  }
   try {
     return it->get<T>();
   } catch (const nlohmann::json::exception&) {
-    throw std::runtime_error(where + ": field '" + std::string(key) + "' has the wrong type (" + it->dump() + ")");
+    throw wrong_type();
   }
 }
 
