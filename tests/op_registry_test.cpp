@@ -187,6 +187,24 @@ class RefusingOp : public DistributedOp {
   std::string tag_;
 };
 
+// A rule that overrides finalize() and nothing else about it: the dispatcher must
+// call it (plugins that forgot uses_finalize() used to get their finalize() skipped).
+class NegatesInFinalizeOp : public DistributedOp {
+ public:
+  std::string class_name() const override { return "NegatesInFinalizeOp"; }
+  std::string rule() const override { return "keeps the layout; finalize() negates the result"; }
+  ShardingDecision infer_layout(const OpCall& call) const override {
+    ShardingDecision d;
+    d.input_placements = {call.first_layout().placements()};
+    d.output_layouts = {{call.first_layout()}};
+    return d;
+  }
+  void finalize(const OpCall&, const ShardingDecision&, const torch::jit::Stack&,
+                torch::jit::Stack& local_results) const override {
+    local_results[0].toTensor().neg_();
+  }
+};
+
 int64_t thread_count() {
   int64_t n = 0;
   if (DIR* d = opendir("/proc/self/task")) {
@@ -212,6 +230,17 @@ TEST(OpResolution, AnOverloadsOwnRuleServesThatOverloadOnly) {
     EXPECT_TRUE(full_tensor(b).equal(full_tensor(a).square()));
     reload_distributed_ops();
     EXPECT_TRUE(full_tensor(a * 2.0).equal(full_tensor(a) * 2.0)) << "reloading drops the resolution";
+  });
+}
+
+TEST(OpResolution, APluginRulesFinalizeIsAlwaysCalled) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2});
+    at::Tensor a = distribute_tensor(random_tensor({4, 6}, 1), mesh, {Shard(0)});
+    register_distributed_op("abs", std::make_shared<NegatesInFinalizeOp>());
+    const at::Tensor result = full_tensor(a.abs());
+    reload_distributed_ops();
+    EXPECT_TRUE(result.equal(full_tensor(a).abs().neg()));
   });
 }
 

@@ -98,9 +98,6 @@ class DistributedOp {
                         const torch::jit::Stack& local_args, torch::jit::Stack& local_results) const {
     (void)call; (void)decision; (void)local_args; (void)local_results;
   }
-  // True when finalize() is overridden: the dispatcher then keeps a copy of the local
-  // arguments for it (a cost the other rules do not pay).
-  virtual bool uses_finalize() const { return false; }
 };
 
 using DistributedOpPtr = std::shared_ptr<const DistributedOp>;

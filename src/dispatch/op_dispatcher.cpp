@@ -207,14 +207,15 @@ void run_local(const OpCall& call, const OpResolution& res, const ShardingDecisi
   const DistributedOp& rule = *res.rule;
   torch::jit::Stack local = localize_args(call, d);
   // finalize() sees the arguments as they were before expand() and the op consumed them.
-  std::optional<torch::jit::Stack> local_args;
-  if (rule.uses_finalize()) local_args = local;
+  // Kept for every rule (a few reference counts): a switch a rule must remember to
+  // flip next to finalize() skipped the finalize() of rules that forgot it.
+  const torch::jit::Stack local_args = local;
   rule.expand(call, d, local);
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     call.op().callBoxed(&local);
   }
-  if (local_args) rule.finalize(call, d, *local_args, local);
+  rule.finalize(call, d, local_args, local);
   finish(call, res, d, local, stack);
 }
 

@@ -20,7 +20,6 @@ class EmbeddingOp : public DistributedOp {
   std::string rule() const override;
   ShardingDecision infer_layout(const OpCall& call) const override;
   void expand(const OpCall& call, const ShardingDecision& d, torch::jit::Stack& local) const override;
-  bool uses_finalize() const override { return true; }
   void finalize(const OpCall& call, const ShardingDecision& d, const torch::jit::Stack& local_args,
                 torch::jit::Stack& local_results) const override;
 

@@ -23,7 +23,6 @@ class RandomOp : public SameLayoutOp {
   std::string class_name() const override { return "RandomOp"; }
   std::string rule() const override;
   ShardingDecision infer_layout(const OpCall& call) const override;
-  bool uses_finalize() const override { return true; }
   void finalize(const OpCall& call, const ShardingDecision& decision, const torch::jit::Stack& local_args,
                 torch::jit::Stack& local_results) const override;
 

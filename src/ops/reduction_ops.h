@@ -21,7 +21,6 @@ class ReductionOp : public DistributedOp {
   std::string class_name() const override { return "ReductionOp"; }
   std::string rule() const override;
   ShardingDecision infer_layout(const OpCall& call) const override;
-  bool uses_finalize() const override { return true; }
   void finalize(const OpCall& call, const ShardingDecision& d, const torch::jit::Stack& local_args,
                 torch::jit::Stack& local_results) const override;
 
