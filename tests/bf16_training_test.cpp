@@ -62,7 +62,7 @@ std::pair<double, double> worst(const std::vector<StepResult>& a, const std::vec
 
 }  // namespace
 
-// 20 steps of bfloat16 at TP 2 (and dp 2 x tp 2) against bfloat16 at TP 1, and against
+// 20 steps of bfloat16 at TP 2 (and dp 2 x tp 2, with and without 2 micro-batches) against bfloat16 at TP 1, and against
 // float32 at TP 1. The logits are widened for the loss (TorchTitan's choice), so the
 // losses agree to about 1e-4 (measured 0.7-1.6e-4); the gradient norms, computed from
 // bfloat16 gradients (8 significant bits), to about 1e-2. Bounds: 2e-3 and 5e-2.
@@ -71,22 +71,30 @@ TEST(Bf16Training, Tp2FollowsTp1AndBothStayNearFloat32) {
   const auto tp1 = run(bf16_job("tp1", 1, 1, "bfloat16"));
   const auto tp2 = run(bf16_job("tp2", 1, 2, "bfloat16"));
   const auto dp2tp2 = run(bf16_job("dp2tp2", 2, 2, "bfloat16"));
+  JobConfig accumulated = bf16_job("dp2tp2_accum", 2, 2, "bfloat16");
+  accumulated.training.grad_accum_steps = 2;
+  const auto dp2tp2_accum = run(accumulated);
   ASSERT_EQ(tp1.size(), 20u);
   EXPECT_LT(tp1.back().loss, tp1.front().loss - 0.5) << "the loss falls in bfloat16";
   const auto [tp2_loss, tp2_grad] = worst(tp2, tp1);
   const auto [dp_loss, dp_grad] = worst(dp2tp2, tp1);
+  const auto [accum_loss, accum_grad] = worst(dp2tp2_accum, tp1);
   const auto [f_loss, f_grad] = worst(tp2, fp32);
   const auto [f1_loss, f1_grad] = worst(tp1, fp32);
   std::cout << "bf16 TP 2 vs bf16 TP 1: loss " << tp2_loss << ", grad norm " << tp2_grad << "\n"
             << "bf16 dp 2 x TP 2 vs bf16 TP 1: loss " << dp_loss << ", grad norm " << dp_grad << "\n"
+            << "bf16 dp 2 x TP 2, 2 micro-batches vs bf16 TP 1: loss " << accum_loss << ", grad norm " << accum_grad
+            << "\n"
             << "bf16 TP 2 vs fp32 TP 1: loss " << f_loss << ", grad norm " << f_grad << "\n"
             << "bf16 TP 1 vs fp32 TP 1: loss " << f1_loss << ", grad norm " << f1_grad << std::endl;
   EXPECT_LT(tp2_loss, 2e-3);
   EXPECT_LT(dp_loss, 2e-3);
+  EXPECT_LT(accum_loss, 2e-3);
   EXPECT_LT(f_loss, 2e-3);
   EXPECT_LT(f1_loss, 2e-3);
   EXPECT_LT(tp2_grad, 5e-2);
   EXPECT_LT(dp_grad, 5e-2);
+  EXPECT_LT(accum_grad, 5e-2);
   EXPECT_LT(f_grad, 5e-2);
 }
 
@@ -127,9 +135,29 @@ TEST(Bf16Training, MasterWeightsKeepUpdatesSmallerThanABf16Ulp) {
   EXPECT_NEAR(w[0].item<float>(), 0.99f, 4e-3) << "the model holds the master rounded to bfloat16";
   // Gradients move to the master as float32 and leave the model's empty.
   (w * w).sum().backward();
-  master.gradients_to_master();
+  master.accumulate_gradients();
   EXPECT_FALSE(w.grad().defined());
   ASSERT_TRUE(master.parameters()[0].grad().defined());
   EXPECT_EQ(master.parameters()[0].grad().scalar_type(), at::kFloat);
   EXPECT_NEAR(master.parameters()[0].grad()[0].item<float>(), 2 * w[0].item<float>(), 1e-6);
+}
+
+// Micro-batches' gradients 1 and 2^-9 (a bfloat16 ulp at 1 is 2^-7): summed in the model's
+// bfloat16 .grad the second is rounded away; summed on the float32 master it is kept.
+TEST(Bf16Training, MicroBatchGradientsAccumulateInFloat32) {
+  const float small = std::ldexp(1.0f, -9);
+  at::Tensor w = at::ones({1}, at::kBFloat16).requires_grad_(true);
+  (w * 1.0).sum().backward();
+  (w * small).sum().backward();
+  EXPECT_EQ(w.grad().item<float>(), 1.0f) << "bfloat16 .grad alone rounds the second gradient away";
+  w.mutable_grad() = at::Tensor();
+  torch::OrderedDict<std::string, at::Tensor> params;
+  params.insert("w", w);
+  MasterWeights master(params);
+  (w * 1.0).sum().backward();
+  master.accumulate_gradients();
+  EXPECT_FALSE(w.grad().defined());
+  (w * small).sum().backward();
+  master.accumulate_gradients();
+  EXPECT_EQ(master.parameters()[0].grad().item<float>(), 1.0f + small);
 }

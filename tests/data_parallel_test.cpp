@@ -239,6 +239,35 @@ TEST(DataParallel, ReducerSumsGradientsBucketByBucket) {
   });
 }
 
+// bfloat16 parameters with float32 masters as gradient holders: the first micro-batch's
+// gradient waits on the master, and the sum over micro-batches and replicas lands there
+// in float32. Gradients 1 + 2^-9 + 2^-9 + 2^-9 in bfloat16 would round to 1.
+TEST(DataParallel, ReducerSumsBf16GradientsIntoFloat32Holders) {
+  const float small = std::ldexp(1.0f, -9);
+  run_ranks(2, [&](int64_t rank) {
+    DeviceMesh dp = init_device_mesh("cpu", {2}, {"dp"});
+    at::Tensor w = at::ones({3}, at::kBFloat16).requires_grad_(true);
+    at::Tensor master = at::ones({3}, at::kFloat).requires_grad_(true);
+    torch::OrderedDict<std::string, at::Tensor> params;
+    params.insert("w", w);
+    DataParallelReducer reducer(params, dp, 1 << 20, {master});
+    const double first = rank == 0 ? 1.0 : small;
+    (w * first).sum().backward();
+    {
+      at::NoGradGuard g;
+      master.mutable_grad() = w.grad().to(at::kFloat);
+      w.mutable_grad() = at::Tensor();
+    }
+    reducer.arm();
+    (w * small).sum().backward();
+    reducer.finish();
+    EXPECT_FALSE(w.grad().defined()) << "the sum is on the holder";
+    ASSERT_TRUE(master.grad().defined());
+    EXPECT_EQ(master.grad().scalar_type(), at::kFloat);
+    EXPECT_TRUE(master.grad().equal(at::full({3}, 1.0f + 3 * small))) << master.grad();
+  });
+}
+
 // The reducer's refusals: a parameter without a gradient in the armed backward is named
 // (its bucket could never be sent), and finish() without arm() says what is missing. A
 // batch that does not split into equal micro-batches is an error naming the sizes.

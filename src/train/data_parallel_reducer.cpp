@@ -22,6 +22,7 @@ struct DataParallelReducer::Impl {
   struct Slot {
     std::string name;
     at::Tensor param;
+    at::Tensor holder;  // whose .grad accumulates and receives the sum: param, or its master
     size_t bucket = 0;
     int64_t offset = 0, numel = 0;
     bool ready = false;
@@ -52,8 +53,9 @@ struct DataParallelReducer::Impl {
     Bucket& b = buckets[s.bucket];
     at::Tensor dst = b.flat.narrow(0, s.offset, s.numel);
     dst.copy_(local_of(grad).reshape({-1}));
-    // Accumulated micro-batches: .grad still holds their sum (this one is added after the hook).
-    const at::Tensor accumulated = s.param.grad();
+    // Accumulated micro-batches: the holder's .grad has their sum (when the holder is the
+    // parameter, this gradient is added to it after the hook).
+    const at::Tensor accumulated = s.holder.grad();
     if (accumulated.defined()) dst.add_(local_of(accumulated).reshape({-1}));
     s.ready = true;
     ++b.ready;
@@ -71,26 +73,34 @@ struct DataParallelReducer::Impl {
 };
 
 DataParallelReducer::DataParallelReducer(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
-                                         DeviceMesh dp_mesh, int64_t bucket_bytes)
+                                         DeviceMesh dp_mesh, int64_t bucket_bytes,
+                                         const std::vector<at::Tensor>& gradient_holders)
     : impl_(std::make_unique<Impl>()) {
   TORCH_CHECK(dp_mesh.defined() && dp_mesh.ndim() == 1, "DataParallelReducer: expected a 1-D data-parallel mesh");
   TORCH_CHECK(bucket_bytes > 0, "DataParallelReducer: bucket_bytes must be > 0, got ", bucket_bytes);
+  TORCH_CHECK(gradient_holders.empty() || gradient_holders.size() == named_parameters.size(),
+              "DataParallelReducer: expected no gradient holders or one per parameter (", named_parameters.size(),
+              "), got ", gradient_holders.size());
   Impl& m = *impl_;
   m.mesh = std::move(dp_mesh);
-  for (const auto& item : named_parameters) {
+  for (size_t i = 0; i < named_parameters.size(); ++i) {
+    const auto& item = named_parameters[i];
     if (!item.value().requires_grad()) continue;
     Impl::Slot s;
     s.name = item.key();
     s.param = item.value();
+    s.holder = gradient_holders.empty() ? item.value() : gradient_holders[i];
     s.numel = local_of(item.value()).numel();
+    TORCH_CHECK(local_of(s.holder).sizes() == local_of(s.param).sizes(), "DataParallelReducer: the gradient holder of '",
+                s.name, "' has local shape ", local_of(s.holder).sizes(), ", its parameter ", local_of(s.param).sizes());
     m.slots.push_back(std::move(s));
   }
   // Reverse order: the last layers' gradients come first in backward. A bucket takes
   // parameters of one wire dtype and device until the next would take it past bucket_bytes
-  // (a parameter larger than that gets a bucket of its own).
+  // (a parameter larger than that gets a bucket of its own). Sums go to the holders' dtype.
   for (size_t k = m.slots.size(); k-- > 0;) {
     Impl::Slot& s = m.slots[k];
-    const at::Tensor local = local_of(s.param);
+    const at::Tensor local = local_of(s.holder);
     const at::TensorOptions wire = local.options().dtype(wire_dtype(local.scalar_type()));
     const auto element = static_cast<int64_t>(wire.dtype().itemsize());
     Impl::Bucket* b = m.buckets.empty() ? nullptr : &m.buckets.back();
@@ -146,9 +156,18 @@ void DataParallelReducer::finish() {
   for (auto& b : m.buckets) {
     b.pending.wait();
     for (size_t k : b.slots) {
-      const Impl::Slot& s = m.slots[k];
-      at::Tensor grad = local_of(s.param.grad());
-      grad.copy_(b.flat.narrow(0, s.offset, s.numel).view(grad.sizes()));
+      Impl::Slot& s = m.slots[k];
+      const at::Tensor sum = b.flat.narrow(0, s.offset, s.numel);
+      if (s.holder.is_same(s.param)) {
+        at::Tensor grad = local_of(s.param.grad());
+        grad.copy_(sum.view(grad.sizes()));
+        continue;
+      }
+      // The parameter's gradient is in the sum: the holder's .grad replaces it.
+      s.param.mutable_grad() = at::Tensor();
+      if (!s.holder.grad().defined()) s.holder.mutable_grad() = at::zeros_like(s.holder);
+      at::Tensor grad = local_of(s.holder.grad());
+      grad.copy_(sum.view(grad.sizes()));
     }
   }
 }

@@ -16,6 +16,8 @@
 // are float32 (Gloo cannot sum bfloat16; it is also the more exact sum).
 // With gradient accumulation only the last micro-batch's backward is armed: its hooks add
 // the gradient already accumulated in .grad, so the exchange still overlaps that backward.
+// Gradient holders (bfloat16 training's float32 masters) keep that accumulated gradient
+// and receive the sum in their own .grad, so a bfloat16 model's sums stay float32.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -34,15 +36,18 @@ class DataParallelReducer {
  public:
   // `dp_mesh`: the 1-D data-parallel mesh (the same parameters' shards on every member).
   // DTensor parameters are reduced through their local pieces.
+  // `gradient_holders`: empty, or one tensor per parameter (same order, shape and layout,
+  // e.g. float32 masters) whose .grad holds the earlier micro-batches' gradient and
+  // receives the sum; the parameters' own .grad is then set to none by finish().
   DataParallelReducer(const torch::OrderedDict<std::string, at::Tensor>& named_parameters, DeviceMesh dp_mesh,
-                      int64_t bucket_bytes);
+                      int64_t bucket_bytes, const std::vector<at::Tensor>& gradient_holders = {});
   ~DataParallelReducer();
   DataParallelReducer(const DataParallelReducer&) = delete;
   DataParallelReducer& operator=(const DataParallelReducer&) = delete;
 
   // The next backward is the step's last: its hooks fill and send the buckets.
   void arm();
-  // Waits for every bucket and writes the sums into .grad. A parameter that got no
+  // Waits for every bucket and writes the sums into .grad (the holders'). A parameter that got no
   // gradient in the armed backward is an error naming it (every replica must send the
   // same buckets).
   void finish();

@@ -33,15 +33,17 @@ MasterWeights::MasterWeights(const torch::OrderedDict<std::string, at::Tensor>& 
   }
 }
 
-void MasterWeights::gradients_to_master() {
+void MasterWeights::accumulate_gradients() {
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < model_.size(); ++i) {
     const at::Tensor g = model_[i].grad();
-    if (!g.defined()) {
-      master_[i].mutable_grad() = at::Tensor();
-      continue;
+    if (!g.defined()) continue;
+    const at::Tensor sum = master_[i].grad();
+    if (sum.defined()) {
+      local_of(sum).add_(local_of(g));  // widened element by element, summed in float32
+    } else {
+      master_[i].mutable_grad() = shaped_like(local_of(g).to(at::kFloat), master_[i]);
     }
-    master_[i].mutable_grad() = shaped_like(local_of(g).to(at::kFloat), master_[i]);
     model_[i].mutable_grad() = at::Tensor();
   }
 }

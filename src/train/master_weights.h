@@ -5,10 +5,16 @@
 //
 //   MasterWeights master(model->named_parameters());  // float32 copies, same layouts
 //   AdamW opt(master.parameters(), ...);
-//   loss.backward();                // bfloat16 gradients on the model
-//   master.gradients_to_master();   // float32 .grad on the masters, model's dropped
+//   opt.zero_grad();                // the masters' .grad
+//   for each micro-batch:
+//     loss.backward();              // bfloat16 gradients on the model
+//     master.accumulate_gradients();  // added to the masters' float32 .grad, model's dropped
 //   clip_grad_norm_(master.parameters(), ...); opt.step();
 //   master.master_to_model();       // rounded (to nearest) into the bfloat16 parameters
+//
+// Micro-batches accumulate in float32 (Megatron's main_grad): a bfloat16 .grad would round
+// each sum to 8 bits. Under data parallelism the reducer does the same with the last
+// micro-batch (DataParallelReducer's gradient holders).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,9 +34,10 @@ class MasterWeights {
   const std::vector<at::Tensor>& parameters() const { return master_; }
   const std::vector<std::string>& names() const { return names_; }
 
-  // Each model parameter's gradient, widened, becomes its master's .grad; the model's
-  // are set to none (the next backward starts afresh). A missing gradient stays missing.
-  void gradients_to_master();
+  // Each model parameter's gradient, widened, is added to its master's .grad (which it
+  // becomes when the master has none); the model's are set to none, so the next backward
+  // starts afresh. A parameter without a gradient leaves its master's as it is.
+  void accumulate_gradients();
   // The masters' values, rounded to the model's dtype, into the model's parameters.
   void master_to_model();
 

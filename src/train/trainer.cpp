@@ -299,8 +299,10 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   }
   if (validator_ && dp_mesh_) validator_->set_data_parallel_mesh(*dp_mesh_);
   if (dp_mesh_) {
+    // bfloat16: the sums go straight into the float32 masters' .grad.
     reducer_ = std::make_unique<DataParallelReducer>(model_->named_parameters(), *dp_mesh_,
-                                                     par.dp_bucket_mb * (int64_t{1} << 20));
+                                                     par.dp_bucket_mb * (int64_t{1} << 20),
+                                                     master_ ? master_->parameters() : std::vector<at::Tensor>{});
   }
   if (rank_ == 0 && log_) {
     *log_ << "hp-train: " << data_description << "\n"
@@ -464,8 +466,12 @@ double Trainer::forward_backward(const Batch& batch, StepResult& r) {
     at::Tensor loss = loss_sum * scale;
     clock.mark(kLoss);
     // The last backward sends the gradient buckets as they fill (overlapped with it).
-    if (reducer_ && m + 1 == micro_batches) reducer_->arm();
+    const bool reduced = reducer_ && m + 1 == micro_batches;
+    if (reduced) reducer_->arm();
     loss.backward();
+    // bfloat16: every micro-batch's gradient is summed in float32 on the masters (the
+    // reducer adds the last one, with the other replicas').
+    if (master_ && !reduced) master_->accumulate_gradients();
     clock.mark(kBackward);
   }
   if (reducer_) {
@@ -494,7 +500,6 @@ StepResult Trainer::train_step(int64_t step) {
   const Batch batch = batches_->batch_at(step - 1);
   r.loss = forward_backward(batch, r);
   clock.restart();
-  if (master_) master_->gradients_to_master();
   r.grad_norm = clip_grad_norm_(trained_parameters(), t.max_norm);
   clock.mark(kClip);
   optimizer_->step();
