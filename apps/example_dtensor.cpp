@@ -3,12 +3,18 @@
 //
 //   hp-run --nproc-per-node 2 build/bin/hp-example
 //   hp-example --fail-rank R --exit-code C   (rank R exits with C mid-run: a launcher test)
+//   hp-example --throw-rank R --exit-code C  (rank R throws, then tears down slowly: its
+//                                             peers exit first; hp-run must still name R)
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <stdexcept>
 #include <string>
+#include <thread>
 
+#include "hyper_parallel/fatal_error.h"
 #include "hyper_parallel/hyper_parallel.h"
 
 namespace {
@@ -24,15 +30,17 @@ bool check(const char* what, const at::Tensor& got, const at::Tensor& want, int6
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t fail_rank = -1;
+  int64_t fail_rank = -1, throw_rank = -1;
   int exit_code = 3;
+  bool thrown_on_purpose = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--fail-rank" && i + 1 < argc) fail_rank = std::atoll(argv[++i]);
+    else if (a == "--throw-rank" && i + 1 < argc) throw_rank = std::atoll(argv[++i]);
     else if (a == "--exit-code" && i + 1 < argc) exit_code = std::atoi(argv[++i]);
     else {
       std::cerr << "hp-example: unknown argument '" << a
-                << "'; expected --fail-rank R [--exit-code C]" << std::endl;
+                << "'; expected --fail-rank R | --throw-rank R [--exit-code C]" << std::endl;
       return 2;
     }
   }
@@ -55,6 +63,10 @@ int main(int argc, char** argv) {
       // reset and exit first, and hp-run then named that peer (status 1) as the failure.
       std::_Exit(exit_code);
     }
+    if (rank == throw_rank) {
+      thrown_on_purpose = true;
+      throw std::runtime_error("rank " + std::to_string(rank) + ": throwing on purpose");
+    }
 
     // Reference on one process.
     at::Tensor x1 = x.clone().set_requires_grad(true);
@@ -76,11 +88,18 @@ int main(int argc, char** argv) {
               << dy.sizes() << " with " << hp::placements_of(dy) << std::endl;
     if (!ok) return 1;
     std::cout << "rank " << rank << ": all checks passed" << std::endl;
-  } catch (const c10::Error& e) {
-    std::cerr << "hp-example: " << e.what_without_backtrace() << std::endl;
-    return 1;
   } catch (const std::exception& e) {
-    std::cerr << "hp-example: " << e.what() << std::endl;
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    const std::string message = "hp-example: " + std::string(c10_error ? c10_error->what_without_backtrace() : e.what());
+    std::cerr << message << std::endl;
+    hp::record_fatal_error(message);
+    if (thrown_on_purpose) {
+      // A slow teardown (as a rank that saves its state before leaving): the peers see the
+      // disconnect now and exit before this rank does.
+      hp::destroy_process_group();
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      return exit_code;
+    }
     return 1;
   }
   return 0;

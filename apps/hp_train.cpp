@@ -10,6 +10,7 @@
 #include <string>
 
 #include "hyper_parallel/distributed.h"
+#include "hyper_parallel/fatal_error.h"
 #include "train/job_config.h"
 #include "train/trainer.h"
 
@@ -21,6 +22,7 @@ int report(std::string message) {
   const std::string prefix = "hp-train: ";
   while (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
   std::cerr << prefix << message << std::endl;
+  hp::record_fatal_error(prefix + message);  // hp-run names the rank whose error came first
   return 1;
 }
 }  // namespace

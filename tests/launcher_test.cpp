@@ -14,6 +14,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -477,6 +478,41 @@ TEST(Launcher, FailingRankStopsTheOthersAndPropagatesItsExitStatus) {
   EXPECT_TRUE(contains(o.err, "hp-run: FAILED: rank 2 exited with status 3")) << o.err;
   // The rank's own last words come before the verdict.
   EXPECT_LT(o.err.find("[rank2]: bye"), o.err.find("hp-run: rank 2"));
+}
+
+// Rank 2 fails first (its error file says so) but is slow to leave; rank 0 sees the
+// failure, records its own error and exits at once. hp-run reaps rank 0 first, yet names
+// rank 2, with rank 2's status and message (torchrun's error files).
+TEST(Launcher, TheRankWhoseErrorCameFirstIsNamedNotTheFirstToExit) {
+  const std::string write_error =
+      "{ printf 'hp-rank-error v1\\n%s\\n%s' \"$(date +%s%N)\" \"$1\" > \"$HP_ERROR_FILE.tmp\" && "
+      "mv \"$HP_ERROR_FILE.tmp\" \"$HP_ERROR_FILE\"; }";
+  const Outcome o = run_hp(sh_ranks(
+      3, "record() " + write_error + "; dir=$(dirname \"$HP_ERROR_FILE\"); "
+         "if [ \"$RANK\" = 2 ]; then record 'the real cause'; trap 'exit 3' TERM; sleep 60 & wait; fi; "
+         "if [ \"$RANK\" = 0 ]; then while [ ! -e \"$dir/rank-2\" ]; do sleep 0.01; done; "
+         "record 'lost my peer'; exit 1; fi; exec sleep 60"));
+  EXPECT_LT(o.seconds, 10.0);
+  EXPECT_EQ(o.exit_code, 3) << o.err;
+  EXPECT_TRUE(contains(o.err, "hp-run: rank 0 (local rank 0, pid ")) << o.err;
+  EXPECT_TRUE(contains(o.err, "hp-run: rank 2's error was recorded first; rank 0 exited with status 1 before it"))
+      << o.err;
+  EXPECT_TRUE(contains(o.err, "hp-run: FAILED: rank 2 exited with status 3: the real cause")) << o.err;
+}
+
+// The error folder is hp-run's own and is gone after the job.
+TEST(Launcher, ErrorFilesAreCleanedUp) {
+  char dir[] = "/tmp/hp_run_tmpdir_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const char* before = std::getenv("TMPDIR");
+  const std::string saved = before ? before : "";
+  ::setenv("TMPDIR", dir, 1);  // hp-run inherits this process's environment
+  const Outcome o = run_hp(sh_ranks(2, "echo \"$HP_ERROR_FILE\"; echo oops > \"$HP_ERROR_FILE\"; exit 4"));
+  before ? ::setenv("TMPDIR", saved.c_str(), 1) : ::unsetenv("TMPDIR");
+  EXPECT_EQ(o.exit_code, 4) << o.err;
+  EXPECT_TRUE(contains(o.out, std::string(dir) + "/hp-run-errors-")) << o.out;
+  EXPECT_TRUE(contains(o.err, "hp-run: FAILED: rank ")) << o.err;
+  EXPECT_EQ(::rmdir(dir), 0) << "hp-run left files in " << dir;
 }
 
 TEST(Launcher, RankKilledBySignalGivesExitCode128PlusSignal) {

@@ -68,6 +68,20 @@ TEST(MultiProcess, AFailingRankStopsTheOthersWithinSeconds) {
   EXPECT_NE(r.output.find("status 3"), std::string::npos) << r.output;
 }
 
+// Rank 1 throws and tears down slowly (closes its process group, then waits a second):
+// the other ranks die of the disconnect and exit first, and hp-run stops rank 1 while it
+// waits. hp-run still names rank 1 and its message, from the ranks' error files. (Were
+// rank 1 to exit first after all, its status 5 would be hp-run's.)
+TEST(MultiProcess, ARankThatThrowsIsNamedEvenWhenItsPeersExitFirst) {
+  auto r = run_command("HP_COLLECTIVE_TIMEOUT_S=120 " + binary_path("hp-run") + " --nproc-per-node 3 " +
+                       binary_path("hp-example") + " --throw-rank 1 --exit-code 5");
+  EXPECT_TRUE(r.exit_code == 1 || r.exit_code == 5) << r.output;
+  EXPECT_LT(r.seconds, 20.0) << r.output;
+  const size_t verdict = r.output.find("hp-run: FAILED: rank 1");
+  ASSERT_NE(verdict, std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(": hp-example: rank 1: throwing on purpose", verdict), std::string::npos) << r.output;
+}
+
 // Item 6 of issue 11: two "nodes" on this machine (two hp-run, --nnodes 2, loopback)
 // train dp 2 x tp 2 with the losses of one hp-run --nproc-per-node 4. The same ranks do
 // the same work in both, so the losses agree exactly (the JSON keeps 17 digits).

@@ -5,6 +5,7 @@
 // (SIGCHLD, SIGINT, SIGTERM), so child exits, signals and output are all
 // handled in one place without races.
 #include "launcher.h"
+#include "rank_error_file.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -27,6 +28,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <system_error>
 
 extern char** environ;
@@ -185,7 +188,9 @@ std::string usage_text() {
       "torch.distributed environment set (RANK, LOCAL_RANK, WORLD_SIZE,\n"
       "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT). Each output\n"
       "line is prefixed with '[rankK]: '. If one rank fails, the others are\n"
-      "stopped and hp-run exits with that rank's status.\n"
+      "stopped and hp-run exits with that rank's status. Each rank may write\n"
+      "why it failed to the file named by HP_ERROR_FILE (hp-train does); the\n"
+      "rank whose error came first is then named, even if a peer exited first.\n"
       "\n"
       "options (also accepted as --option=VALUE; options end at PROGRAM or --):\n"
       "  --nproc-per-node N        processes on this node (default 1)\n"
@@ -453,6 +458,7 @@ struct Rank {
   int local_rank = 0;
   pid_t pid = -1;  // also the process group id
   bool running = false;
+  int wait_status = 0;  // once reaped
   std::string prefix;
   OutputStream out, err;
 };
@@ -517,6 +523,7 @@ class Supervisor {
     }
     set_cloexec(devnull_);
 
+    make_error_dir();
     SignalScope signals;
     start_ranks(port);
     supervise(signals.read_fd());
@@ -553,6 +560,7 @@ class Supervisor {
     // The child's environment: ours minus the variables we set, then ours.
     std::vector<std::pair<std::string, std::string>> vars =
         rank_environment(options_, r.local_rank, port);
+    if (!error_dir_.empty()) vars.emplace_back(kErrorFileVariable, error_file(r));
     std::vector<std::string> env;
     for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
       const std::string entry(*e);
@@ -765,6 +773,7 @@ class Supervisor {
       if (got == 0) continue;
       r.running = false;
       if (got < 0) continue;  // not our child any more; nothing to report
+      r.wait_status = status;
       // Its output first, so a rank's last words precede the verdict.
       if (r.out.fd >= 0) pump(r, r.out, true);
       if (r.err.fd >= 0) pump(r, r.err, true);
@@ -797,6 +806,8 @@ class Supervisor {
         }
       }
     }
+    if (failure_exit_code_ != 0) name_the_cause();
+    remove_error_dir();
     if (failure_exit_code_ != 0) {
       report("FAILED: " + first_failure_);
       return failure_exit_code_;
@@ -808,8 +819,60 @@ class Supervisor {
     return 0;
   }
 
+  // The ranks' error files (rank_error_file.h) live in a fresh folder of $TMPDIR, removed
+  // at the end. Without one (TMPDIR not writable) the first rank to exit is named.
+  void make_error_dir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/hp-run-errors-XXXXXX";
+    if (::mkdtemp(&pattern[0])) error_dir_ = pattern;
+  }
+
+  std::string error_file(const Rank& r) const { return error_dir_ + "/rank-" + std::to_string(r.rank); }
+
+  void remove_error_dir() {
+    if (error_dir_.empty()) return;
+    for (const Rank& r : ranks_) {
+      ::unlink(error_file(r).c_str());
+      ::unlink((error_file(r) + ".tmp").c_str());
+    }
+    ::rmdir(error_dir_.c_str());
+  }
+
+  // After a failure: the rank whose recorded error came first is the cause, even when a
+  // peer exited before it (it died of the disconnect while the cause was tearing down).
+  // The verdict and the exit status become that rank's.
+  void name_the_cause() {
+    const Rank* cause = nullptr;
+    std::optional<RankError> first;
+    for (const Rank& r : ranks_) {
+      if (error_dir_.empty() || r.pid <= 0) continue;
+      const std::optional<RankError> e = read_rank_error_file(error_file(r));
+      if (e && (!first || e->unix_time_ns < first->unix_time_ns)) {
+        first = e;
+        cause = &r;
+      }
+    }
+    if (!cause) return;
+    std::string message = first->message.substr(0, first->message.find('\n'));
+    if (message.size() > 500) message = message.substr(0, 500) + " ...";
+    const std::string rank = "rank " + std::to_string(cause->rank);
+    if (first_failure_.rfind(rank + " ", 0) == 0) {  // the first to exit, as well
+      first_failure_ += ": " + message;
+      return;
+    }
+    report(rank + "'s error was recorded first; " + first_failure_ + " before it, failing after it");
+    if (WIFEXITED(cause->wait_status) && WEXITSTATUS(cause->wait_status) != 0) {
+      first_failure_ = rank + " " + describe_wait_status(cause->wait_status) + ": " + message;
+      failure_exit_code_ = exit_code_for_wait_status(cause->wait_status);
+    } else {  // still tearing down when hp-run stopped it: its status is hp-run's doing
+      first_failure_ = rank + ": " + message + " (then stopped by hp-run: " +
+                       describe_wait_status(cause->wait_status) + ")";
+    }
+  }
+
   const LaunchOptions& options_;
   std::vector<Rank> ranks_;
+  std::string error_dir_;
   int devnull_ = -1;
   bool stopping_ = false;
   bool killed_ = false;

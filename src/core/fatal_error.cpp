@@ -1,0 +1,17 @@
+// fatal_error.cpp — record_fatal_error(): the rank's side of hp-run's error files.
+#include <atomic>
+#include <cstdlib>
+
+#include "hyper_parallel/fatal_error.h"
+#include "launcher/rank_error_file.h"
+
+namespace hyper_parallel {
+
+void record_fatal_error(const std::string& message) {
+  static std::atomic<bool> recorded{false};
+  const char* path = std::getenv(launcher::kErrorFileVariable);
+  if (!path || !*path || recorded.exchange(true)) return;
+  (void)launcher::write_rank_error_file(path, message);
+}
+
+}  // namespace hyper_parallel
