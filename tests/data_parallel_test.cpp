@@ -9,8 +9,10 @@
 #include <cmath>
 #include <iostream>
 #include <mutex>
+#include <tuple>
 
 #include "compat/file_system.h"
+#include "core/async_all_reduce.h"
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
@@ -269,8 +271,9 @@ TEST(DataParallel, ReducerSumsBf16GradientsIntoFloat32Holders) {
 }
 
 // The reducer's refusals: a parameter without a gradient in the armed backward is named
-// (its bucket could never be sent), and finish() without arm() says what is missing. A
-// batch that does not split into equal micro-batches is an error naming the sizes.
+// (its bucket could never be sent), finish() without arm() says what is missing, and a
+// second gradient of one parameter in an armed step is refused, as are buffers Gloo cannot
+// sum in place. A batch that does not split into equal micro-batches names the sizes.
 TEST(DataParallel, ReducerAndMicroBatchErrorsNameWhatIsWrong) {
   run_ranks(2, [&](int64_t) {
     DeviceMesh dp = init_device_mesh("cpu", {2}, {"dp"});
@@ -293,6 +296,27 @@ TEST(DataParallel, ReducerAndMicroBatchErrorsNameWhatIsWrong) {
     } catch (const c10::Error& e) {
       EXPECT_NE(std::string(e.what()).find("parameter 'b.weight' got no gradient"), std::string::npos) << e.what();
     }
+    // Two backward calls in one armed step: the second would send a.weight twice.
+    reducer.arm();
+    const at::Tensor loss = a(at::ones({2, 8})).sum() + b(at::ones({2, 8})).sum();
+    loss.backward({}, /*retain_graph=*/true);
+    try {
+      loss.backward();
+      ADD_FAILURE() << "expected an error";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("got two gradients in one backward"), std::string::npos) << e.what();
+    }
+    // The asynchronous all-reduce under the buckets takes only what Gloo can sum in place.
+    const Communicator& comm = dp.comm(0);
+    for (const at::Tensor& bad : {at::zeros({4, 4}).t(), at::zeros({4}, at::kBFloat16)}) {
+      try {
+        PendingAllReduce::start(comm, bad).wait();
+        ADD_FAILURE() << "expected an error for " << bad.scalar_type();
+      } catch (const c10::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("PendingAllReduce: expected a contiguous buffer that Gloo can sum"),
+                  std::string::npos) << e.what();
+      }
+    }
   });
   const Batch five{at::zeros({5, 3}, at::kLong), at::zeros({5, 3}, at::kLong)};
   try {
@@ -301,6 +325,19 @@ TEST(DataParallel, ReducerAndMicroBatchErrorsNameWhatIsWrong) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("a batch of 5 rows cannot be split into 2 equal parts"), std::string::npos)
         << e.what();
+  }
+  const auto global = std::make_shared<SyntheticBatchStream>(512, 4, 8, 1, 0);
+  for (const auto& [source, rank, size, expected] :
+       std::vector<std::tuple<std::shared_ptr<const BatchSource>, int64_t, int64_t, std::string>>{
+           {nullptr, 0, 1, "ReplicaRows: expected a batch source"},
+           {global, 2, 2, "ReplicaRows: expected 0 <= dp_rank < dp_size, got 2 and 2"},
+           {global, 0, 0, "ReplicaRows: expected 0 <= dp_rank < dp_size, got 0 and 0"}}) {
+    try {
+      ReplicaRows rows(source, rank, size);
+      ADD_FAILURE() << "expected: " << expected;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
   }
 }
 

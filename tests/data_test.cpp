@@ -22,6 +22,7 @@
 
 #include "compat/file_system.h"
 #include "train/data.h"
+#include "train/token_id_file.h"
 
 using namespace hyper_parallel::train;
 namespace compat = hyper_parallel::compat;
@@ -480,6 +481,22 @@ TEST(TextFileCorpus, NoRoomForTheTokenIdsIsAnErrorNamingTheFolder) {
   EXPECT_NE(err.find("/nonexistent/hp_data_test_tmp"), std::string::npos) << err;
   EXPECT_NE(err.find("No such file or directory"), std::string::npos) << err;
   EXPECT_NE(err.find("set TMPDIR"), std::string::npos) << err;
+}
+
+// The ids come back through the mapping; a range past the file and a second mapping
+// are errors naming the corpus.
+TEST(TokenIdFile, IdsComeBackAndMisuseIsNamed) {
+  TokenIdFile ids("corpus 'x'");
+  const int64_t n = (int64_t{1} << 16) + 5;  // a whole block and a few in the buffer
+  for (int64_t i = 0; i < n; ++i) ids.append(i * 3);
+  EXPECT_EQ(ids.size(), n);
+  EXPECT_NE(error_of([&] { ids.for_each_block(n + 1, false, [](int64_t*, int64_t) {}); })
+                .find("corpus 'x': token id range [0, " + std::to_string(n + 1) + ") is not in the file"),
+            std::string::npos);
+  const at::Tensor mapped = ids.map();
+  ASSERT_EQ(mapped.numel(), n);
+  EXPECT_TRUE(mapped.equal(at::arange(n, at::kLong) * 3));
+  EXPECT_NE(error_of([&] { ids.map(); }).find("corpus 'x': its token ids were already mapped"), std::string::npos);
 }
 
 TEST(TextFileCorpus, InvalidUtf8IsRejectedButValidUtf8IsText) {

@@ -13,6 +13,7 @@
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
+#include "train/token_id_file.h"
 
 using hyper_parallel::testing::binary_path;
 using hyper_parallel::testing::run_command;
@@ -94,4 +95,26 @@ TEST_F(DiskFull, AMetricsLineThatDoesNotFitIsNeitherTornNorSilent) {
   std::ifstream in(dir_ + "/metrics/metrics.jsonl", std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_TRUE(text.empty() || text.back() == '\n') << "torn line: " << text;
+}
+
+// A corpus whose token ids do not fit in TMPDIR: the error names the corpus, the file and
+// the reason, and says what to do; the unlinked file leaves nothing behind.
+TEST_F(DiskFull, TokenIdsThatDoNotFitAreAnErrorNamingTheCorpusAndTheFolder) {
+  mount_tmpfs("256k");
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old ? old : "";
+  ::setenv("TMPDIR", dir_.c_str(), 1);
+  std::string error;
+  try {
+    hyper_parallel::train::TokenIdFile ids("corpus 'words.txt'");
+    for (int64_t i = 0; i < (int64_t{1} << 16) * 2; ++i) ids.append(i);  // 1 MiB
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  old ? ::setenv("TMPDIR", saved.c_str(), 1) : ::unsetenv("TMPDIR");
+  for (const std::string& part : {std::string("corpus 'words.txt': cannot write its token ids to the temporary file '") + dir_,
+                                  std::string("No space left on device"), std::string("set TMPDIR")}) {
+    EXPECT_NE(error.find(part), std::string::npos) << error;
+  }
+  EXPECT_TRUE(compat::list_directory(dir_).empty());
 }
