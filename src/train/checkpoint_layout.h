@@ -29,6 +29,9 @@ struct TensorLayout {
 // By the tensor's key in the rank files.
 using LayoutTable = std::map<std::string, TensorLayout>;
 
+// AdamW's step counter: one int64 scalar, the same on every rank.
+inline TensorLayout step_counter_layout() { return TensorLayout{{}, -1, at::kLong}; }
+
 // A rectangular part of a global tensor: where it starts and how big it is, per dim.
 struct Box {
   std::vector<int64_t> offset;

@@ -164,6 +164,58 @@ std::vector<std::string> step_folders(const std::string& folder, bool complete) 
   return out;
 }
 
+// A checkpoint of a different model is refused before any file is read, naming the
+// fields and the tensors whose shapes differ (the latter only where the checkpoint
+// records layouts). `targets`: this job's parameters.
+void refuse_a_different_model(const StepManifest& manifest, const CheckpointIdentity& job,
+                              const std::vector<ReshardTarget>& targets, const std::string& dir) {
+  std::vector<std::string> problems = model_mismatches(manifest.identity, job);
+  if (manifest.tensors) {
+    const auto tensors = layout_mismatches(*manifest.tensors, targets);
+    problems.insert(problems.end(), tensors.begin(), tensors.end());
+    for (const auto& entry : *manifest.tensors) {
+      // (not a structured binding: clang 14 cannot capture one in the lambda)
+      const std::string& key = entry.first;
+      const TensorLayout& l = entry.second;
+      const bool ours = std::any_of(targets.begin(), targets.end(), [&](const ReshardTarget& t) { return t.key == key; });
+      if (key.rfind("model.", 0) == 0 && !ours) {
+        problems.push_back("tensor " + key + ": checkpoint " + shape_string(l.shape) + " " + c10::toString(l.dtype) +
+                           ", not in this job");
+      }
+    }
+  }
+  if (problems.empty()) return;
+  std::string text;
+  for (const auto& m : problems) text += "\n  " + m;
+  throw std::runtime_error("cannot resume from '" + dir + "': the checkpoint was written by a different job:" + text +
+                           "\nresume with the checkpoint's settings, or start over with --checkpoint.overwrite");
+}
+
+// AdamW's state of each parameter from `values` (by "optim.<i>.<name>"), where the
+// checkpoint has it; the moments take their parameter's device and layout.
+void restore_adamw_state(torch::optim::Optimizer& optimizer,
+                         const std::vector<std::pair<std::string, at::Tensor>>& named,
+                         const std::map<std::string, at::Tensor>& values) {
+  auto& state = optimizer.state();
+  for (size_t i = 0; i < named.size(); ++i) {
+    const std::string key = "optim." + std::to_string(i) + ".";
+    if (!values.count(key + "step")) continue;
+    const at::Tensor& p = named[i].second;
+    auto wrap = [&](const at::Tensor& saved_piece) {
+      at::Tensor local = saved_piece.to(p.device(), /*non_blocking=*/false, /*copy=*/true);
+      if (!is_dtensor(p)) return local;
+      FromLocalOptions o;
+      o.shape = p.sizes().vec();
+      return DTensor::from_local(local, mesh_of(p), placements_of(p), o);
+    };
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(values.at(key + "step").item<int64_t>());
+    s->exp_avg(wrap(values.at(key + "exp_avg")));
+    s->exp_avg_sq(wrap(values.at(key + "exp_avg_sq")));
+    state[p.unsafeGetTensorImpl()] = std::move(s);
+  }
+}
+
 }  // namespace
 
 LlamaArgs llama_args(const ModelConfig& m) {
@@ -628,7 +680,7 @@ void Trainer::save_checkpoint() const {
       l.dtype = tensors[key + moment].scalar_type();
       layouts[key + moment] = l;
     }
-    layouts[key + "step"] = TensorLayout{{}, -1, at::kLong};
+    layouts[key + "step"] = step_counter_layout();
   }
   const CheckpointIdentity id = identity();
   const std::string dir = step_directory(checkpoint_folder(), step_);
@@ -700,29 +752,7 @@ void Trainer::load_step(int64_t step) {
     const TensorLayout l = layout_of(value, "model." + name);
     targets.push_back({"model." + name, l, piece_of(l, tp, tp_rank)});
   }
-  // A different model is refused before any file is read, naming the fields and the
-  // tensors whose shapes differ (the latter only where the checkpoint records layouts).
-  std::vector<std::string> problems = model_mismatches(saved, job);
-  if (manifest.tensors) {
-    const auto tensors = layout_mismatches(*manifest.tensors, targets);
-    problems.insert(problems.end(), tensors.begin(), tensors.end());
-    for (const auto& entry : *manifest.tensors) {
-      // (not a structured binding: clang 14 cannot capture one in the lambda)
-      const std::string& key = entry.first;
-      const TensorLayout& l = entry.second;
-      const bool ours = std::any_of(targets.begin(), targets.end(), [&](const ReshardTarget& t) { return t.key == key; });
-      if (key.rfind("model.", 0) == 0 && !ours) {
-        problems.push_back("tensor " + key + ": checkpoint " + shape_string(l.shape) + " " + c10::toString(l.dtype) +
-                           ", not in this job");
-      }
-    }
-  }
-  if (!problems.empty()) {
-    std::string text;
-    for (const auto& m : problems) text += "\n  " + m;
-    throw std::runtime_error("cannot resume from '" + dir + "': the checkpoint was written by a different job:" + text +
-                             "\nresume with the checkpoint's settings, or start over with --checkpoint.overwrite");
-  }
+  refuse_a_different_model(manifest, job, targets, dir);
   // Data-parallel replicas saved the same state: one replica's files are enough.
   const bool resharding = saved_tp != tp;
   auto read = [&](int64_t saved_tp_rank) {
@@ -755,7 +785,7 @@ void Trainer::load_step(int64_t step) {
       const std::string key = "optim." + std::to_string(i) + ".";
       if (!own->tensors.count(key + "step")) continue;
       layouts[key + "exp_avg"] = layouts[key + "exp_avg_sq"] = targets[i].layout;
-      layouts[key + "step"] = TensorLayout{{}, -1, at::kLong};
+      layouts[key + "step"] = step_counter_layout();
     }
   }
   // AdamW's state, where the checkpoint has it: the moments laid out as their parameter.
@@ -765,7 +795,7 @@ void Trainer::load_step(int64_t step) {
     const ReshardTarget param = targets[i];
     targets.push_back({key + "exp_avg", param.layout, param.box});
     targets.push_back({key + "exp_avg_sq", param.layout, param.box});
-    targets.push_back({key + "step", TensorLayout{{}, -1, at::kLong}, Box{}});
+    targets.push_back({key + "step", step_counter_layout(), Box{}});
   }
   ReshardPlan plan(layouts, saved_tp, targets, tp_rank % saved_tp);
   for (int64_t r : plan.sources()) {
@@ -790,24 +820,7 @@ void Trainer::load_step(int64_t step) {
     dst.copy_(values.at("model." + name));
   }
   if (master_) master_->master_to_model();
-  auto& state = optimizer_->state();
-  for (size_t i = 0; i < named.size(); ++i) {
-    const std::string key = "optim." + std::to_string(i) + ".";
-    if (!values.count(key + "step")) continue;
-    const at::Tensor& p = named[i].second;
-    auto wrap = [&](const at::Tensor& saved_piece) {
-      at::Tensor local = saved_piece.to(p.device(), /*non_blocking=*/false, /*copy=*/true);
-      if (!is_dtensor(p)) return local;
-      FromLocalOptions o;
-      o.shape = p.sizes().vec();
-      return DTensor::from_local(local, mesh_of(p), placements_of(p), o);
-    };
-    auto s = std::make_unique<torch::optim::AdamWParamState>();
-    s->step(values.at(key + "step").item<int64_t>());
-    s->exp_avg(wrap(values.at(key + "exp_avg")));
-    s->exp_avg_sq(wrap(values.at(key + "exp_avg_sq")));
-    state[p.unsafeGetTensorImpl()] = std::move(s);
-  }
+  restore_adamw_state(*optimizer_, named, values);
   step_ = step;
   run_id_ = saved.run_id;
 }
