@@ -500,6 +500,23 @@ TEST(Launcher, TheRankWhoseErrorCameFirstIsNamedNotTheFirstToExit) {
   EXPECT_TRUE(contains(o.err, "hp-run: FAILED: rank 2 exited with status 3: the real cause")) << o.err;
 }
 
+// A crash leaves no error file: rank 0 dies of SIGKILL, and rank 1 records "lost my
+// peer" only when hp-run stops it. The crash came first, so rank 0 is named (as torchrun
+// dates a failure without an error file by when it saw the rank exit).
+TEST(Launcher, ACrashWithoutAnErrorFileIsNamedBeforeLaterErrors) {
+  const std::string write_error =
+      "{ printf 'hp-rank-error v1\\n%s\\n%s' \"$(date +%s%N)\" \"$1\" > \"$HP_ERROR_FILE.tmp\" && "
+      "mv \"$HP_ERROR_FILE.tmp\" \"$HP_ERROR_FILE\"; }";
+  const Outcome o = run_hp(sh_ranks(
+      2, "record() " + write_error + "; "
+         "if [ \"$RANK\" = 0 ]; then sleep 0.2; kill -KILL $$; fi; "
+         "trap 'record \"lost my peer\"; exit 1' TERM; sleep 60 & wait"));
+  EXPECT_LT(o.seconds, 10.0);
+  EXPECT_EQ(o.exit_code, 128 + SIGKILL) << o.err;
+  EXPECT_TRUE(contains(o.err, "hp-run: FAILED: rank 0 killed by signal 9 (SIGKILL)")) << o.err;
+  EXPECT_FALSE(contains(o.err, "rank 1's error was recorded first")) << o.err;
+}
+
 // The error folder is hp-run's own and is gone after the job.
 TEST(Launcher, ErrorFilesAreCleanedUp) {
   char dir[] = "/tmp/hp_run_tmpdir_XXXXXX";

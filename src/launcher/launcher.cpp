@@ -459,6 +459,7 @@ struct Rank {
   pid_t pid = -1;  // also the process group id
   bool running = false;
   int wait_status = 0;  // once reaped
+  int64_t reaped_at_ns = 0;  // CLOCK_REALTIME, as the error files' times
   std::string prefix;
   OutputStream out, err;
 };
@@ -774,6 +775,7 @@ class Supervisor {
       r.running = false;
       if (got < 0) continue;  // not our child any more; nothing to report
       r.wait_status = status;
+      r.reaped_at_ns = unix_time_ns();
       // Its output first, so a rank's last words precede the verdict.
       if (r.out.fd >= 0) pump(r, r.out, true);
       if (r.err.fd >= 0) pump(r, r.err, true);
@@ -838,22 +840,28 @@ class Supervisor {
     ::rmdir(error_dir_.c_str());
   }
 
-  // After a failure: the rank whose recorded error came first is the cause, even when a
-  // peer exited before it (it died of the disconnect while the cause was tearing down).
-  // The verdict and the exit status become that rank's.
+  // After a failure: the rank whose error came first is the cause, even when a peer
+  // exited before it (it died of the disconnect while the cause was tearing down). A
+  // failed rank without an error file (a crash) is dated by when hp-run reaped it, as
+  // torchrun does. The verdict and the exit status become the cause's.
   void name_the_cause() {
+    if (error_dir_.empty()) return;
     const Rank* cause = nullptr;
-    std::optional<RankError> first;
+    RankError first;
+    bool recorded = false;  // the cause wrote an error file
     for (const Rank& r : ranks_) {
-      if (error_dir_.empty() || r.pid <= 0) continue;
-      const std::optional<RankError> e = read_rank_error_file(error_file(r));
-      if (e && (!first || e->unix_time_ns < first->unix_time_ns)) {
-        first = e;
+      if (r.pid <= 0 || r.running) continue;
+      std::optional<RankError> e = read_rank_error_file(error_file(r));
+      const bool failed = !(WIFEXITED(r.wait_status) && WEXITSTATUS(r.wait_status) == 0);
+      if (!e && failed) e = RankError{r.reaped_at_ns, ""};
+      if (e && (!cause || e->unix_time_ns < first.unix_time_ns)) {
+        first = *e;
         cause = &r;
+        recorded = !e->message.empty();
       }
     }
-    if (!cause) return;
-    std::string message = first->message.substr(0, first->message.find('\n'));
+    if (!cause || !recorded) return;  // no cause, or a crash: the first to exit is named
+    std::string message = first.message.substr(0, first.message.find('\n'));
     if (message.size() > 500) message = message.substr(0, 500) + " ...";
     const std::string rank = "rank " + std::to_string(cause->rank);
     if (first_failure_.rfind(rank + " ", 0) == 0) {  // the first to exit, as well
