@@ -9,6 +9,8 @@
 # Per layout: tokens/s (global batch tokens / step time, median of the steps after the
 # first two), rank 0's peak memory, collectives per step, and the share of the step rank 0
 # spent blocked in collectives (overlapped data-parallel buckets count only their wait).
+# The "one bucket" rows send all gradients in one all-reduce after backward: what the
+# default 25 MB buckets, sent while backward goes on, gain by overlapping.
 # One thread per rank (OMP_NUM_THREADS=1), so that 4 ranks fit 4 cores; on fewer cores
 # the 4-rank rows share them and their tokens/s says so. Needs a build.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -36,7 +38,9 @@ layouts=(
   "tp 2|1|2|"
   "tp 4|1|4|"
   "dp 2|2|1|"
+  "dp 2, one bucket|2|1|--parallelism.dp_bucket_mb 100000"
   "dp 4|4|1|"
+  "dp 4, one bucket|4|1|--parallelism.dp_bucket_mb 100000"
   "dp 2 x tp 2|2|2|"
 )
 help="$("$bin/hp-train" --help 2>/dev/null)"  # (grep -q on a pipe would cut it short under pipefail)
