@@ -446,6 +446,8 @@ void write_all(int fd, const std::string& data) {
 
 void report(const std::string& line) { write_all(STDERR_FILENO, "hp-run: " + line + "\n"); }
 
+bool succeeded(int wait_status) { return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0; }
+
 // One of a rank's output pipes and the bytes after its last newline.
 struct OutputStream {
   int fd = -1;      // read end; -1 once closed
@@ -779,7 +781,7 @@ class Supervisor {
       // Its output first, so a rank's last words precede the verdict.
       if (r.out.fd >= 0) pump(r, r.out, true);
       if (r.err.fd >= 0) pump(r, r.err, true);
-      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      const bool failed = !succeeded(status);
       if (failed && !stopping_) {
         const std::string what = describe_wait_status(status);
         first_failure_ = "rank " + std::to_string(r.rank) + " " + what;
@@ -852,8 +854,7 @@ class Supervisor {
     for (const Rank& r : ranks_) {
       if (r.pid <= 0 || r.running) continue;
       std::optional<RankError> e = read_rank_error_file(error_file(r));
-      const bool failed = !(WIFEXITED(r.wait_status) && WEXITSTATUS(r.wait_status) == 0);
-      if (!e && failed) e = RankError{r.reaped_at_ns, ""};
+      if (!e && !succeeded(r.wait_status)) e = RankError{r.reaped_at_ns, ""};
       if (e && (!cause || e->unix_time_ns < first.unix_time_ns)) {
         first = *e;
         cause = &r;

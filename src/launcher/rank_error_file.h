@@ -9,15 +9,13 @@
 // hp-run removes its folder at the end; only an hp-run killed by SIGKILL leaves it.
 #pragma once
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
 namespace hyper_parallel::launcher {

@@ -5,13 +5,11 @@
 #include <c10/util/Exception.h>
 
 #include "core/async_all_reduce.h"
-#include "hyper_parallel/dtensor.h"
+#include "train/local_piece.h"
 
 namespace hyper_parallel::train {
 
 namespace {
-
-at::Tensor local_of(const at::Tensor& t) { return is_dtensor(t) ? to_local(t) : t; }
 
 // Gloo cannot sum bfloat16 (and a float32 sum of bfloat16 values is exact up to float32).
 at::ScalarType wire_dtype(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf ? at::kFloat : t; }
@@ -157,17 +155,13 @@ void DataParallelReducer::finish() {
     b.pending.wait();
     for (size_t k : b.slots) {
       Impl::Slot& s = m.slots[k];
-      const at::Tensor sum = b.flat.narrow(0, s.offset, s.numel);
-      if (s.holder.is_same(s.param)) {
-        at::Tensor grad = local_of(s.param.grad());
-        grad.copy_(sum.view(grad.sizes()));
-        continue;
+      if (!s.holder.is_same(s.param)) {
+        // The parameter's gradient is in the sum: the holder's .grad replaces it.
+        s.param.mutable_grad() = at::Tensor();
+        if (!s.holder.grad().defined()) s.holder.mutable_grad() = at::zeros_like(s.holder);
       }
-      // The parameter's gradient is in the sum: the holder's .grad replaces it.
-      s.param.mutable_grad() = at::Tensor();
-      if (!s.holder.grad().defined()) s.holder.mutable_grad() = at::zeros_like(s.holder);
       at::Tensor grad = local_of(s.holder.grad());
-      grad.copy_(sum.view(grad.sizes()));
+      grad.copy_(b.flat.narrow(0, s.offset, s.numel).view(grad.sizes()));
     }
   }
 }

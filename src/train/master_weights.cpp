@@ -3,24 +3,9 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
-#include "hyper_parallel/dtensor.h"
+#include "train/local_piece.h"
 
 namespace hyper_parallel::train {
-
-namespace {
-
-at::Tensor local_of(const at::Tensor& t) { return is_dtensor(t) ? to_local(t) : t; }
-
-// `local` laid out like `like` (a DTensor's mesh, placements and global shape), or as is.
-at::Tensor shaped_like(const at::Tensor& local, const at::Tensor& like) {
-  if (!is_dtensor(like)) return local;
-  FromLocalOptions o;
-  o.shape = like.sizes().vec();
-  o.stride = like.strides().vec();
-  return DTensor::from_local(local, mesh_of(like), placements_of(like), o);
-}
-
-}  // namespace
 
 MasterWeights::MasterWeights(const torch::OrderedDict<std::string, at::Tensor>& model_parameters) {
   at::NoGradGuard no_grad;

@@ -26,6 +26,7 @@
 #include "train/checkpoint_layout.h"
 #include "train/checkpoint_reshard.h"
 #include "train/fault_injection.h"
+#include "train/local_piece.h"
 #include "train/metrics.h"
 #include "train/optim_utils.h"
 #include "train/progress.h"
@@ -202,11 +203,7 @@ void restore_adamw_state(torch::optim::Optimizer& optimizer,
     if (!values.count(key + "step")) continue;
     const at::Tensor& p = named[i].second;
     auto wrap = [&](const at::Tensor& saved_piece) {
-      at::Tensor local = saved_piece.to(p.device(), /*non_blocking=*/false, /*copy=*/true);
-      if (!is_dtensor(p)) return local;
-      FromLocalOptions o;
-      o.shape = p.sizes().vec();
-      return DTensor::from_local(local, mesh_of(p), placements_of(p), o);
+      return shaped_like(saved_piece.to(p.device(), /*non_blocking=*/false, /*copy=*/true), p);
     };
     auto s = std::make_unique<torch::optim::AdamWParamState>();
     s->step(values.at(key + "step").item<int64_t>());
@@ -658,7 +655,7 @@ void Trainer::save_checkpoint() const {
   LayoutTable layouts;  // the same on every rank; rank 0 records it in the manifest
   // The weights the optimizer updates (float32 masters in bfloat16 training).
   for (const auto& [name, v] : named_trained_parameters()) {
-    tensors["model." + name] = (is_dtensor(v) ? to_local(v) : v).detach().clone();
+    tensors["model." + name] = local_of(v).detach().clone();
     extra["placements"][name] = is_dtensor(v) ? to_string(placements_of(v)) : "plain";
     layouts["model." + name] = layout_of(v, "model." + name);
   }
@@ -670,7 +667,7 @@ void Trainer::save_checkpoint() const {
     if (it == state.end()) continue;
     auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
     const std::string key = "optim." + std::to_string(i) + ".";
-    auto local = [](const at::Tensor& t) { return (is_dtensor(t) ? to_local(t) : t).detach().clone(); };
+    auto local = [](const at::Tensor& t) { return local_of(t).detach().clone(); };
     tensors[key + "exp_avg"] = local(s.exp_avg());
     tensors[key + "exp_avg_sq"] = local(s.exp_avg_sq());
     tensors[key + "step"] = at::scalar_tensor(s.step(), at::kLong);
@@ -816,7 +813,7 @@ void Trainer::load_step(int64_t step) {
 
   at::NoGradGuard no_grad;
   for (const auto& [name, value] : named) {
-    at::Tensor dst = is_dtensor(value) ? to_local(value) : value;
+    at::Tensor dst = local_of(value);
     dst.copy_(values.at("model." + name));
   }
   if (master_) master_->master_to_model();
