@@ -7,9 +7,9 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cmath>
+#include <functional>
 #include <iostream>
 #include <mutex>
-#include <tuple>
 
 #include "compat/file_system.h"
 #include "core/async_all_reduce.h"
@@ -104,6 +104,16 @@ RunResult train_with_ignored_tokens(int64_t dp, int64_t tp, int64_t accum, bool 
     if (rank == dp * tp - 1) out = {losses, params};  // the last replica's last TP rank
   });
   return out;
+}
+
+// `f` throws a c10::Error whose message holds `expected`.
+void expect_error(const std::function<void()>& f, const std::string& expected) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error: " << expected;
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
@@ -282,62 +292,35 @@ TEST(DataParallel, ReducerAndMicroBatchErrorsNameWhatIsWrong) {
     params.insert("a.weight", a->weight);
     params.insert("b.weight", b->weight);
     DataParallelReducer reducer(params, dp, 1 << 20);
-    try {
-      reducer.finish();
-      ADD_FAILURE() << "expected an error";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("without arm()"), std::string::npos) << e.what();
-    }
+    expect_error([&] { reducer.finish(); }, "without arm()");
     reducer.arm();
     a(at::ones({2, 8})).sum().backward();  // b takes no part
-    try {
-      reducer.finish();
-      ADD_FAILURE() << "expected an error";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("parameter 'b.weight' got no gradient"), std::string::npos) << e.what();
-    }
+    expect_error([&] { reducer.finish(); }, "parameter 'b.weight' got no gradient");
     // Two backward calls in one armed step: the second would send a.weight twice.
     reducer.arm();
     const at::Tensor loss = a(at::ones({2, 8})).sum() + b(at::ones({2, 8})).sum();
     loss.backward({}, /*retain_graph=*/true);
-    try {
-      loss.backward();
-      ADD_FAILURE() << "expected an error";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("got two gradients in one backward"), std::string::npos) << e.what();
-    }
+    expect_error([&] { loss.backward(); }, "got two gradients in one backward");
     // The asynchronous all-reduce under the buckets takes only what Gloo can sum in place.
     const Communicator& comm = dp.comm(0);
     for (const at::Tensor& bad : {at::zeros({4, 4}).t(), at::zeros({4}, at::kBFloat16)}) {
-      try {
-        PendingAllReduce::start(comm, bad).wait();
-        ADD_FAILURE() << "expected an error for " << bad.scalar_type();
-      } catch (const c10::Error& e) {
-        EXPECT_NE(std::string(e.what()).find("PendingAllReduce: expected a contiguous buffer that Gloo can sum"),
-                  std::string::npos) << e.what();
-      }
+      expect_error([&] { PendingAllReduce::start(comm, bad).wait(); },
+                   "PendingAllReduce: expected a contiguous buffer that Gloo can sum");
     }
   });
   const Batch five{at::zeros({5, 3}, at::kLong), at::zeros({5, 3}, at::kLong)};
-  try {
-    micro_batch(five, 0, 2);
-    ADD_FAILURE() << "expected an error";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("a batch of 5 rows cannot be split into 2 equal parts"), std::string::npos)
-        << e.what();
-  }
+  expect_error([&] { micro_batch(five, 0, 2); }, "a batch of 5 rows cannot be split into 2 equal parts");
   const auto global = std::make_shared<SyntheticBatchStream>(512, 4, 8, 1, 0);
-  for (const auto& [source, rank, size, expected] :
-       std::vector<std::tuple<std::shared_ptr<const BatchSource>, int64_t, int64_t, std::string>>{
+  struct BadRows {
+    std::shared_ptr<const BatchSource> source;
+    int64_t rank, size;
+    std::string expected;
+  };
+  for (const BadRows& c : std::vector<BadRows>{
            {nullptr, 0, 1, "ReplicaRows: expected a batch source"},
            {global, 2, 2, "ReplicaRows: expected 0 <= dp_rank < dp_size, got 2 and 2"},
            {global, 0, 0, "ReplicaRows: expected 0 <= dp_rank < dp_size, got 0 and 0"}}) {
-    try {
-      ReplicaRows rows(source, rank, size);
-      ADD_FAILURE() << "expected: " << expected;
-    } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
-    }
+    expect_error([&] { ReplicaRows rows(c.source, c.rank, c.size); }, c.expected);
   }
 }
 

@@ -480,15 +480,18 @@ TEST(Launcher, FailingRankStopsTheOthersAndPropagatesItsExitStatus) {
   EXPECT_LT(o.err.find("[rank2]: bye"), o.err.find("hp-run: rank 2"));
 }
 
+// A shell function `record MESSAGE` that writes the rank's error file as
+// record_fatal_error() does (rank_error_file.h: header, time in ns, message; via rename).
+constexpr const char* kRecordError =
+    "record() { printf 'hp-rank-error v1\\n%s\\n%s' \"$(date +%s%N)\" \"$1\" > \"$HP_ERROR_FILE.tmp\" && "
+    "mv \"$HP_ERROR_FILE.tmp\" \"$HP_ERROR_FILE\"; }";
+
 // Rank 2 fails first (its error file says so) but is slow to leave; rank 0 sees the
 // failure, records its own error and exits at once. hp-run reaps rank 0 first, yet names
 // rank 2, with rank 2's status and message (torchrun's error files).
 TEST(Launcher, TheRankWhoseErrorCameFirstIsNamedNotTheFirstToExit) {
-  const std::string write_error =
-      "{ printf 'hp-rank-error v1\\n%s\\n%s' \"$(date +%s%N)\" \"$1\" > \"$HP_ERROR_FILE.tmp\" && "
-      "mv \"$HP_ERROR_FILE.tmp\" \"$HP_ERROR_FILE\"; }";
   const Outcome o = run_hp(sh_ranks(
-      3, "record() " + write_error + "; dir=$(dirname \"$HP_ERROR_FILE\"); "
+      3, std::string(kRecordError) + "; dir=$(dirname \"$HP_ERROR_FILE\"); "
          "if [ \"$RANK\" = 2 ]; then record 'the real cause'; trap 'exit 3' TERM; sleep 60 & wait; fi; "
          "if [ \"$RANK\" = 0 ]; then while [ ! -e \"$dir/rank-2\" ]; do sleep 0.01; done; "
          "record 'lost my peer'; exit 1; fi; exec sleep 60"));
@@ -504,11 +507,8 @@ TEST(Launcher, TheRankWhoseErrorCameFirstIsNamedNotTheFirstToExit) {
 // peer" only when hp-run stops it. The crash came first, so rank 0 is named (as torchrun
 // dates a failure without an error file by when it saw the rank exit).
 TEST(Launcher, ACrashWithoutAnErrorFileIsNamedBeforeLaterErrors) {
-  const std::string write_error =
-      "{ printf 'hp-rank-error v1\\n%s\\n%s' \"$(date +%s%N)\" \"$1\" > \"$HP_ERROR_FILE.tmp\" && "
-      "mv \"$HP_ERROR_FILE.tmp\" \"$HP_ERROR_FILE\"; }";
   const Outcome o = run_hp(sh_ranks(
-      2, "record() " + write_error + "; "
+      2, std::string(kRecordError) + "; "
          "if [ \"$RANK\" = 0 ]; then sleep 0.2; kill -KILL $$; fi; "
          "trap 'record \"lost my peer\"; exit 1' TERM; sleep 60 & wait"));
   EXPECT_LT(o.seconds, 10.0);
