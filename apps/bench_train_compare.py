@@ -10,6 +10,13 @@ such differences step by step (AdamW divides by the root of small second moments
 float64 the 60-step debug run goes from 1e-16 at step 1 to ~1e-9 at step 60, in float32
 from 1e-7 to ~1e-3. Hence two bounds: the first EARLY steps, before amplification, at
 the dtype's rounding level, and every step at the amplified level.
+
+float64 is the strict check: both sides keep every activation in float64 (RMSNorm upcasts
+only bf16/fp16), so the first steps agree to ~1e-15 whatever the model size, and 1e-12
+catches any silent float32 step on either side. The float32 bounds are loose on purpose:
+float32 rounding is already amplified within the first steps, by an amount that grows with
+the model (~1e-6 at the debug size, 5e-5 at dim 512 x 4 layers), so a float32 run is a
+smoke check that the two trainers do the same thing, not a measure of exactness.
 """
 import json
 import os
@@ -17,7 +24,7 @@ import statistics
 import sys
 
 EARLY = 10
-LOSS_RTOL = {"float32": (1e-5, 1e-2), "float64": (1e-12, 1e-7)}  # (first EARLY steps, all)
+LOSS_RTOL = {"float32": (2e-4, 1e-2), "float64": (1e-12, 1e-7)}  # (first EARLY steps, all)
 PHASES = ["forward", "loss", "backward", "clip", "optimizer"]
 
 

@@ -32,7 +32,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        xf = x.float()
+        # Reduced precision is normalised in float32, as hp's RMSNorm (src/nn/llama.cpp);
+        # float32 and float64 stay as they are: x.float() would turn a float64 run's
+        # activations into float32 and make the float64 comparison a float32 one.
+        xf = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return normed.to(x.dtype) * self.weight
 
