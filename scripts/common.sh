@@ -97,16 +97,18 @@ hp_python() {
   fi
 }
 
+# hp_build [TARGET...]: configure, then build the named targets (default: all of them).
 hp_build() {
-  local jobs cmake prefix
+  local jobs cmake prefix targets=()
   jobs="$(nproc 2>/dev/null || echo 2)"
   cmake="$(hp_cmake)"
   prefix="$(hp_torch_cmake_prefix)"
   echo "==> configuring in $HP_BUILD_DIR against $prefix"
   "$cmake" -S "$HP_ROOT" -B "$HP_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_PREFIX_PATH="$prefix" -DHP_PYTHON="$(hp_python)" ${HP_CMAKE_ARGS:-} >/dev/null
-  echo "==> building ($jobs jobs)"
-  "$cmake" --build "$HP_BUILD_DIR" -j "$jobs"
+  if (($#)); then targets=(--target "$@"); fi
+  echo "==> building ${*:-everything} ($jobs jobs)"
+  "$cmake" --build "$HP_BUILD_DIR" -j "$jobs" "${targets[@]}"
 }
 
 # A failed test runs once more (--repeat until-pass:2): Gloo's TCP rendezvous on loopback
