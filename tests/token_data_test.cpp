@@ -557,7 +557,7 @@ TEST(PretokenizedTraining, MegatronCorpusTrainsTheSameAtDp1AndDp2AndResumesExact
   const auto rest = train_steps(second, 4, 6);
   ASSERT_EQ(rest.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest[i].loss, dp2[3 + i].loss) << "step " << 4 + i;
-  for (const JobConfig* c : {&one, &two, &first}) compat::remove_all(c->dump_folder);
+  for (const std::string& folder : {one.dump_folder, two.dump_folder, first.dump_folder}) compat::remove_all(folder);
   compat::remove_all(dir);
 }
 
