@@ -75,6 +75,9 @@ void expect_same(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.training.dtype, b.training.dtype);
   EXPECT_EQ(a.training.fused_linear_loss, b.training.fused_linear_loss);
   EXPECT_EQ(a.training.data, b.training.data);
+  EXPECT_EQ(a.training.data_format, b.training.data_format);
+  EXPECT_EQ(a.training.eos_id, b.training.eos_id);
+  EXPECT_EQ(a.training.bos_id, b.training.bos_id);
   EXPECT_EQ(a.training.log_freq, b.training.log_freq);
   EXPECT_EQ(a.training.caching_allocator, b.training.caching_allocator);
   EXPECT_EQ(a.parallelism.tensor_parallel_degree, b.parallelism.tensor_parallel_degree);
@@ -127,6 +130,9 @@ TEST(JobConfig, DefaultsAreTheDocumentedValues) {
   EXPECT_EQ(c.training.seed, 42);
   EXPECT_EQ(c.training.dtype, "float32");
   EXPECT_EQ(c.training.data, "");
+  EXPECT_EQ(c.training.data_format, "auto");
+  EXPECT_EQ(c.training.eos_id, -1);
+  EXPECT_EQ(c.training.bos_id, -1);
   EXPECT_EQ(c.training.log_freq, 1);
   EXPECT_TRUE(c.training.caching_allocator);
   EXPECT_EQ(c.parallelism.tensor_parallel_degree, 1);
@@ -467,6 +473,9 @@ TEST(JobConfig, ToTomlRoundTripsEveryField) {
   c.training.seed = 1234567890123;
   c.training.dtype = "bfloat16";
   c.training.data = "data/corpus.txt";
+  c.training.data_format = "megatron";
+  c.training.eos_id = 2;
+  c.training.bos_id = 1;
   c.training.log_freq = 7;
   c.training.fused_linear_loss = true;
   c.training.caching_allocator = false;
@@ -523,7 +532,7 @@ TEST(JobConfig, UsageListsEveryKeyWithTypeAndDefault) {
     EXPECT_THAT(usage, HasSubstr(flag));
     ++keys;
   }
-  EXPECT_EQ(keys, 48);
+  EXPECT_EQ(keys, 51);
   EXPECT_THAT(usage, HasSubstr("--training.lr FLOAT"));
   EXPECT_THAT(usage, HasSubstr("default 0.003"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.resume BOOL"));
@@ -531,6 +540,9 @@ TEST(JobConfig, UsageListsEveryKeyWithTypeAndDefault) {
   EXPECT_THAT(usage, HasSubstr("--training.dtype STRING"));
   EXPECT_THAT(usage, HasSubstr("default \"float32\""));
   EXPECT_THAT(usage, HasSubstr("[parallelism]"));
+  EXPECT_THAT(usage, HasSubstr("--training.data_format STRING"));
+  EXPECT_THAT(usage, HasSubstr("auto | text | bin_u16 | bin_u32 | megatron"));
+  EXPECT_THAT(usage, HasSubstr("--training.eos_id INT"));
 }
 
 // --- validate --------------------------------------------------------------------------------
@@ -564,6 +576,31 @@ TEST(JobConfig, ValidateErrorsNameTheKey) {
       {[](JobConfig& c) { c.training.dtype = "float16"; },
        "training.dtype = \"float16\" is not one of float32, bfloat16, float64"},
       {[](JobConfig& c) { c.training.log_freq = 0; }, "training.log_freq = 0 must be > 0"},
+      {[](JobConfig& c) {
+         c.training.data = "c.bin";
+         c.training.data_format = "bin_u8";
+       },
+       "training.data_format = \"bin_u8\" is not one of auto, text, bin_u16, bin_u32, megatron"},
+      {[](JobConfig& c) { c.training.data_format = "megatron"; },
+       "training.data_format = \"megatron\" needs training.data"},
+      {[](JobConfig& c) {
+         c.training.data = "c.bin";
+         c.training.eos_id = 32000;
+       },
+       "training.eos_id = 32000 must be -1 (none / the sidecar's) or an id below model.vocab_size = 32000"},
+      {[](JobConfig& c) {
+         c.training.data = "c.bin";
+         c.training.bos_id = -2;
+       },
+       "training.bos_id = -2 must be -1"},
+      {[](JobConfig& c) { c.training.eos_id = 0; }, "training.eos_id = 0 applies to pre-tokenized data"},
+      {[](JobConfig& c) {
+         c.training.data = "notes.txt";
+         c.training.data_format = "text";
+         c.training.bos_id = 1;
+       },
+       "training.bos_id = 1 applies to pre-tokenized data (training.data_format bin_u16, bin_u32, megatron or auto "
+       "on such a file), not to a text corpus"},
       {[](JobConfig& c) { c.parallelism.tensor_parallel_degree = 0; },
        "parallelism.tensor_parallel_degree = 0 must be >= 1"},
       {[](JobConfig& c) { c.parallelism.tensor_parallel_degree = 3; },

@@ -108,7 +108,18 @@ const std::vector<Field>& fields() {
       HP_FIELD(training, seed, "random seed (same on every rank)"),
       HP_FIELD(training, dtype, "float32 | bfloat16 | float64"),
       HP_FIELD(training, device, "cpu | cuda (a GPU per rank over NCCL; HP_BACKEND=gloo lets ranks share one)"),
-      HP_FIELD(training, data, "text file to train on; empty: built-in synthetic corpus"),
+      HP_FIELD(training, data,
+               "corpus to train on: a text file, a flat token .bin, or a Megatron .bin/.idx prefix; empty: "
+               "built-in synthetic corpus"),
+      HP_FIELD(training, data_format,
+               "auto | text | bin_u16 | bin_u32 | megatron (auto: .idx or .bin beside one is Megatron, a .bin "
+               "with a sidecar JSON is flat, else text)"),
+      HP_FIELD(training, eos_id,
+               "pre-tokenized data: end-of-document id, added after each Megatron document not ending with it; "
+               "-1: the sidecar's"),
+      HP_FIELD(training, bos_id,
+               "pre-tokenized data: beginning-of-document id, added before each Megatron document not starting "
+               "with it; -1: the sidecar's (none without one)"),
       HP_FIELD(training, log_freq, "log metrics every this many steps"),
       HP_FIELD(training, fused_linear_loss, "head matmul + cross-entropy fused, in chunks: no logits tensor"),
       HP_FIELD(training, caching_allocator,
@@ -669,6 +680,22 @@ void validate(const JobConfig& cfg) {
           "training.dtype = " + quote(t.dtype) + " is not one of float32, bfloat16, float64");
   require(t.device == "cpu" || t.device == "cuda",
           "training.device = " + quote(t.device) + " is not one of cpu, cuda");
+  const std::string& f = t.data_format;
+  require(f == "auto" || f == "text" || f == "bin_u16" || f == "bin_u32" || f == "megatron",
+          "training.data_format = " + quote(f) + " is not one of auto, text, bin_u16, bin_u32, megatron");
+  require(f == "auto" || !t.data.empty(),
+          "training.data_format = " + quote(f) + " needs training.data (empty: the built-in synthetic corpus)");
+  for (const auto& [key, id] : {std::pair{"training.eos_id", t.eos_id}, std::pair{"training.bos_id", t.bos_id}}) {
+    require(id >= -1 && (m.vocab_size <= 0 || id < m.vocab_size),
+            std::string(key) + " = " + std::to_string(id) + " must be -1 (none / the sidecar's) or an id below "
+            "model.vocab_size = " + std::to_string(m.vocab_size));
+    // The word-level text vocabulary and the synthetic language have no such ids: a set
+    // one would be silently ignored.
+    require(id == -1 || (!t.data.empty() && f != "text"),
+            std::string(key) + " = " + std::to_string(id) + " applies to pre-tokenized data (training.data_format "
+            "bin_u16, bin_u32, megatron or auto on such a file), not to " +
+            (t.data.empty() ? std::string("the synthetic corpus") : std::string("a text corpus")));
+  }
 
   const int64_t tp = cfg.parallelism.tensor_parallel_degree;
   require(tp >= 1, "parallelism.tensor_parallel_degree = " + std::to_string(tp) + " must be >= 1");

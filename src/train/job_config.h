@@ -72,7 +72,14 @@ struct TrainingConfig {
   int64_t seed = 42;              // RNG seed (same on every rank)
   std::string dtype = "float32";  // parameter/compute dtype: float32 | bfloat16 | float64
   std::string device = "cpu";     // cpu | cuda (each rank on its own GPU, NCCL)
-  std::string data = "";          // empty: built-in synthetic corpus; else a text file
+  std::string data = "";          // empty: built-in synthetic corpus; else a corpus file
+  // What training.data holds: auto | text | bin_u16 | bin_u32 | megatron (pretokenized_corpus.h;
+  // auto: a .idx / .bin beside a .idx is Megatron, a .bin with a sidecar naming its dtype is flat).
+  std::string data_format = "auto";
+  // Pre-tokenized corpora: ids put between documents where the format records them
+  // (Megatron), unless a document already starts / ends with them; -1: the sidecar's.
+  int64_t eos_id = -1;
+  int64_t bos_id = -1;
   int64_t log_freq = 1;           // log metrics every this many steps
   // The head matmul and the loss fused (fused_linear_cross_entropy): the [tokens, vocab]
   // logits are never materialised. Needs loss parallel when TP > 1 (it is vocabulary-parallel).

@@ -331,7 +331,20 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
                                                  static_cast<uint64_t>(t.seed), /*split=*/1, dp_rank_, dp),
           train_context_);
     }
+  } else if (const std::string format = resolve_data_format(t.data, t.data_format); format != "text") {
+    token_corpus_ = std::make_shared<const PretokenizedCorpus>(PretokenizedCorpusOptions{
+        t.data, format, config_.model.vocab_size, t.eos_id, t.bos_id, t.seq_len + 1});
+    data_description = token_corpus_->describe();
+    batches_ = token_corpus_->train_batches(t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed), dp_rank_, dp);
+    if (config_.validation.enable) {
+      validator_ = std::make_unique<Validator>(
+          config_.validation, t,
+          token_corpus_->validation_batches(t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed) + 1, dp_rank_, dp),
+          train_context_);
+    }
   } else {
+    TORCH_CHECK(t.eos_id == -1 && t.bos_id == -1, "hp-train: training.data '", t.data,
+                "' is text; training.eos_id / bos_id apply to pre-tokenized corpora only");
     corpus_ = make_text_file_corpus(t.data, config_.model.vocab_size, t.seq_len + 1);
     data_description = corpus_->describe();
     batches_ = std::make_shared<ReplicaRows>(
@@ -491,6 +504,19 @@ Trainer::~Trainer() = default;
 
 std::string Trainer::checkpoint_folder() const { return join(config_.dump_folder, config_.checkpoint.folder); }
 std::string Trainer::metrics_folder() const { return join(config_.dump_folder, config_.metrics.folder); }
+
+CorpusIdentity Trainer::data_identity() const {
+  if (token_corpus_) return token_corpus_->identity();
+  CorpusIdentity id;
+  id.vocab_size = config_.model.vocab_size;
+  if (config_.training.data.empty()) {
+    id.format = "synthetic";  // fully determined by training.seed and the vocabulary
+  } else {
+    id.format = "text";
+    id.files = {identify_file(config_.training.data)};
+  }
+  return id;
+}
 
 double Trainer::forward_backward(const Batch& batch, StepResult& r) {
   const int64_t micro_batches = config_.training.grad_accum_steps;

@@ -19,8 +19,10 @@
 
 #include "hyper_parallel/llama.h"
 #include "train/checkpoint_manifest.h"
+#include "train/corpus_identity.h"
 #include "train/data.h"
 #include "train/data_parallel_reducer.h"
+#include "train/pretokenized_corpus.h"
 #include "train/master_weights.h"
 #include "train/job_config.h"
 #include "train/train_context.h"
@@ -115,6 +117,9 @@ class Trainer {
   bool load_checkpoint();
   // Chosen by rank 0 at start (or taken from the checkpoint resumed), the same on all ranks.
   const std::string& run_id() const { return run_id_; }
+  // What this run trains on (format, files with size and CRC-32C, tokenizer, separators);
+  // hashes the corpus files, so it reads them once per call.
+  CorpusIdentity data_identity() const;
 
  private:
   // What the optimizer updates and checkpoints hold: the model's parameters, or their
@@ -150,6 +155,7 @@ class Trainer {
   std::unique_ptr<MasterWeights> master_;  // bfloat16 training: the float32 weights AdamW updates
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<TokenCorpus> corpus_;  // a text file's tokens; null for the synthetic stream
+  std::shared_ptr<const PretokenizedCorpus> token_corpus_;  // a pre-tokenized training.data
   std::shared_ptr<const BatchSource> batches_;
   TrainContext train_context_;
   std::unique_ptr<Validator> validator_;
