@@ -18,11 +18,12 @@ namespace hp = hyper_parallel;
 
 namespace {
 // One "hp-train: " prefix, also for messages that already carry it.
-int report(std::string message) {
+int report(std::string message, bool caused_by_peer = false) {
   const std::string prefix = "hp-train: ";
   while (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
   std::cerr << prefix << message << std::endl;
-  hp::record_fatal_error(prefix + message);  // hp-run names the rank whose error came first
+  // hp-run names the rank whose own error came first.
+  hp::record_fatal_error(prefix + message, caused_by_peer);
   return 1;
 }
 }  // namespace
@@ -52,6 +53,8 @@ int main(int argc, char** argv) {
       if (results.back().val_loss) std::cout << ", validation loss " << *results.back().val_loss;
       std::cout << std::endl;
     }
+  } catch (const hp::PeerFailure& e) {
+    return report(e.what(), /*caused_by_peer=*/true);
   } catch (const c10::Error& e) {
     return report(e.what_without_backtrace());
   } catch (const std::exception& e) {

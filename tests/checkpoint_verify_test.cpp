@@ -14,7 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "compat/file_system.h"
+#include "harness/job_errors.h"
 #include "harness/rank_harness.h"
+#include "harness/train_steps.h"
 #include "train/checkpoint_io.h"
 #include "train/checkpoint_manifest.h"
 #include "train/trainer.h"
@@ -22,77 +24,29 @@
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::binary_path;
+using hyper_parallel::testing::error_text;
+using hyper_parallel::testing::expect_refused;
+using hyper_parallel::testing::fresh_test_dir;
+using hyper_parallel::testing::rank_errors;
 using hyper_parallel::testing::run_command;
+using hyper_parallel::testing::checkpoint_path;
 using hyper_parallel::testing::run_ranks;
 
 namespace {
 
-std::string fresh_dir(const std::string& name) {
-  static int counter = 0;
-  const std::string dir = compat::join_path(compat::temp_directory(), "hp_ckpt_verify_" + name + "_" +
-                                                                          std::to_string(::getpid()) + "_" +
-                                                                          std::to_string(counter++));
-  compat::remove_all(dir);
-  return dir;
-}
+std::string fresh_dir(const std::string& name) { return fresh_test_dir("hp_ckpt_verify_", name); }
 
-// Even vocabulary: both ranks' shards have the same shape, so a swapped file loads
-// without a shape error unless something checks whose file it is.
 JobConfig job_in(const std::string& dump, int64_t tp, int64_t steps) {
-  JobConfig c;
-  c.dump_folder = dump;
-  c.model.dim = 32;
-  c.model.n_layers = 1;
-  c.model.n_heads = 4;
-  c.model.vocab_size = 512;
-  c.model.multiple_of = 16;
-  c.model.max_seq_len = 32;
-  c.training.batch_size = 4;
-  c.training.seq_len = 16;
-  c.training.steps = steps;
-  c.training.warmup_steps = 1;
-  c.parallelism.tensor_parallel_degree = tp;
-  c.validation.enable = false;
-  c.checkpoint.enable = true;
-  c.checkpoint.interval = 2;
-  c.metrics.enable_plot = false;
-  return c;
+  return hyper_parallel::testing::tiny_checkpointed_job(dump, tp, steps);
 }
 
 void train_job(const JobConfig& job) {
   run_ranks(job.parallelism.tensor_parallel_degree, [&](int64_t) { Trainer(job).train(); });
 }
 
-std::string error_text(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
-
 // Constructs a Trainer for `job` on every rank; returns each rank's error ("" if none).
 std::vector<std::string> construction_errors(const JobConfig& job, int64_t ranks) {
-  std::vector<std::string> errors(static_cast<size_t>(ranks));
-  run_ranks(ranks, [&](int64_t rank) {
-    try {
-      Trainer t(job);
-    } catch (const std::exception& e) {
-      errors[static_cast<size_t>(rank)] = error_text(e);
-    }
-  });
-  return errors;
-}
-
-// Every rank failed, and at least one error holds each of `needles`.
-void expect_refused(const std::vector<std::string>& errors, const std::vector<std::string>& needles) {
-  std::string all;
-  for (size_t r = 0; r < errors.size(); ++r) {
-    EXPECT_FALSE(errors[r].empty()) << "rank " << r << " resumed without an error";
-    all += "[rank " + std::to_string(r) + "] " + errors[r] + "\n";
-  }
-  for (const auto& n : needles) EXPECT_NE(all.find(n), std::string::npos) << "expected '" << n << "' in:\n" << all;
-}
-
-std::string ckpt(const JobConfig& job, const std::string& rel) {
-  return compat::join_path(compat::join_path(job.dump_folder, job.checkpoint.folder), rel);
+  return rank_errors(ranks, [&](int64_t) { Trainer t(job); });
 }
 
 void copy_file(const std::string& from, const std::string& to) {
@@ -113,7 +67,7 @@ JobConfig resumed(JobConfig job, int64_t steps) {
 TEST(CheckpointVerify, AnIntactCheckpointResumesWithTheSameRunId) {
   JobConfig job = job_in(fresh_dir("intact"), 2, 4);
   train_job(job);
-  EXPECT_TRUE(compat::path_exists(ckpt(job, "step-4/manifest.json")));
+  EXPECT_TRUE(compat::path_exists(checkpoint_path(job, "step-4/manifest.json")));
   std::vector<std::string> ids(2);
   run_ranks(2, [&](int64_t rank) {
     Trainer t(resumed(job, 6));
@@ -127,16 +81,16 @@ TEST(CheckpointVerify, AnIntactCheckpointResumesWithTheSameRunId) {
 TEST(CheckpointVerify, SwappedRankFilesAreRefused) {
   JobConfig job = job_in(fresh_dir("swap"), 2, 4);
   train_job(job);
-  ASSERT_EQ(std::rename(ckpt(job, "step-4/rank-0.pt").c_str(), ckpt(job, "step-4/tmp").c_str()), 0);
-  ASSERT_EQ(std::rename(ckpt(job, "step-4/rank-1.pt").c_str(), ckpt(job, "step-4/rank-0.pt").c_str()), 0);
-  ASSERT_EQ(std::rename(ckpt(job, "step-4/tmp").c_str(), ckpt(job, "step-4/rank-1.pt").c_str()), 0);
+  ASSERT_EQ(std::rename(checkpoint_path(job, "step-4/rank-0.pt").c_str(), checkpoint_path(job, "step-4/tmp").c_str()), 0);
+  ASSERT_EQ(std::rename(checkpoint_path(job, "step-4/rank-1.pt").c_str(), checkpoint_path(job, "step-4/rank-0.pt").c_str()), 0);
+  ASSERT_EQ(std::rename(checkpoint_path(job, "step-4/tmp").c_str(), checkpoint_path(job, "step-4/rank-1.pt").c_str()), 0);
   expect_refused(construction_errors(resumed(job, 6), 2), {"step-4/rank-0.pt", "holds rank 1's state", "swapped"});
 }
 
 TEST(CheckpointVerify, ARankFileFromAnotherStepIsRefused) {
   JobConfig job = job_in(fresh_dir("otherstep"), 2, 4);
   train_job(job);
-  copy_file(ckpt(job, "step-2/rank-1.pt"), ckpt(job, "step-4/rank-1.pt"));
+  copy_file(checkpoint_path(job, "step-2/rank-1.pt"), checkpoint_path(job, "step-4/rank-1.pt"));
   expect_refused(construction_errors(resumed(job, 6), 2), {"step-4/rank-1.pt", "does not verify", "copied from another step or run"});
 }
 
@@ -145,14 +99,14 @@ TEST(CheckpointVerify, AFreshRunsRankFileBesideAnOldRunsIsRefused) {
   JobConfig new_run = job_in(fresh_dir("newrun"), 2, 4);
   train_job(old_run);
   train_job(new_run);
-  copy_file(ckpt(new_run, "step-4/rank-0.pt"), ckpt(old_run, "step-4/rank-0.pt"));
+  copy_file(checkpoint_path(new_run, "step-4/rank-0.pt"), checkpoint_path(old_run, "step-4/rank-0.pt"));
   expect_refused(construction_errors(resumed(old_run, 6), 2), {"step-4/rank-0.pt", "matches none of the files"});
 }
 
 TEST(CheckpointVerify, FlippedBytesAreRefused) {
   JobConfig job = job_in(fresh_dir("flip"), 2, 4);
   train_job(job);
-  const std::string path = ckpt(job, "step-4/rank-1.pt");
+  const std::string path = checkpoint_path(job, "step-4/rank-1.pt");
   const int64_t size = compat::file_size(path);
   ASSERT_GT(size, 1000);
   {
@@ -171,7 +125,7 @@ TEST(CheckpointVerify, AForgedRankFileIsRefusedBeforeItsTensorsAreRead) {
   JobConfig job = job_in(fresh_dir("forged"), 1, 4);
   train_job(job);
   // Metadata {"rank":0} only, and a tensor that overruns its buffer (found by fuzzing).
-  copy_file(std::string(HP_SOURCE_DIR) + "/tests/data/checkpoint_storage_too_small.pt", ckpt(job, "step-4/rank-0.pt"));
+  copy_file(std::string(HP_SOURCE_DIR) + "/tests/data/checkpoint_storage_too_small.pt", checkpoint_path(job, "step-4/rank-0.pt"));
   expect_refused(construction_errors(resumed(job, 6), 1), {"step-4/rank-0.pt", "does not verify", "matches none of the files"});
 }
 
@@ -205,7 +159,7 @@ TEST(CheckpointVerify, AFreshRunInAFolderWithCheckpointsIsRefused) {
   JobConfig job = job_in(fresh_dir("fresh"), 2, 4);
   train_job(job);
   expect_refused(construction_errors(job, 2), {"--checkpoint.resume", "--checkpoint.overwrite", "latest: step 4"});
-  EXPECT_EQ(read_latest_marker(ckpt(job, "")), 4) << "the old run's resume point is kept";
+  EXPECT_EQ(read_latest_marker(checkpoint_path(job, "")), 4) << "the old run's resume point is kept";
 }
 
 TEST(CheckpointVerify, OverwriteStartsOverAndDeletesTheOldCheckpoints) {
@@ -215,8 +169,8 @@ TEST(CheckpointVerify, OverwriteStartsOverAndDeletesTheOldCheckpoints) {
   again.checkpoint.overwrite = true;
   again.training.steps = 2;
   train_job(again);
-  EXPECT_EQ(read_latest_marker(ckpt(job, "")), 2);
-  EXPECT_FALSE(compat::path_exists(ckpt(job, "step-4")));
+  EXPECT_EQ(read_latest_marker(checkpoint_path(job, "")), 2);
+  EXPECT_FALSE(compat::path_exists(checkpoint_path(job, "step-4")));
 }
 
 TEST(CheckpointVerify, ResumingPastTheEndSaysSo) {
@@ -228,7 +182,7 @@ TEST(CheckpointVerify, ResumingPastTheEndSaysSo) {
 TEST(CheckpointVerify, ASaveThatFailsOnOneRankIsAnErrorOnEveryRank) {
   JobConfig job = job_in(fresh_dir("onerank"), 2, 2);
   // A directory where rank 1's file goes: its rename fails; rank 0's succeeds.
-  ASSERT_TRUE(compat::create_directories(ckpt(job, "step-2/rank-1.pt/x")));
+  ASSERT_TRUE(compat::create_directories(checkpoint_path(job, "step-2/rank-1.pt/x")));
   std::vector<std::string> errors(2);
   const auto start = std::chrono::steady_clock::now();
   run_ranks(2, [&](int64_t rank) {
@@ -240,7 +194,7 @@ TEST(CheckpointVerify, ASaveThatFailsOnOneRankIsAnErrorOnEveryRank) {
   });
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20.0);
   expect_refused(errors, {"step-2/rank-1.pt", "Is a directory", "failed on rank(s) 1"});
-  EXPECT_FALSE(compat::path_exists(ckpt(job, "latest")));
+  EXPECT_FALSE(compat::path_exists(checkpoint_path(job, "latest")));
 }
 
 // Real processes, killed (_exit) at each point of the save protocol, then resumed.

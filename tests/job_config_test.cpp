@@ -80,6 +80,7 @@ void expect_same(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.training.bos_id, b.training.bos_id);
   EXPECT_EQ(a.training.log_freq, b.training.log_freq);
   EXPECT_EQ(a.training.caching_allocator, b.training.caching_allocator);
+  EXPECT_EQ(a.training.max_skipped_steps, b.training.max_skipped_steps);
   EXPECT_EQ(a.parallelism.tensor_parallel_degree, b.parallelism.tensor_parallel_degree);
   EXPECT_EQ(a.parallelism.disable_loss_parallel, b.parallelism.disable_loss_parallel);
   EXPECT_EQ(a.parallelism.sequence_parallel, b.parallelism.sequence_parallel);
@@ -90,6 +91,8 @@ void expect_same(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.checkpoint.folder, b.checkpoint.folder);
   EXPECT_EQ(a.checkpoint.interval, b.checkpoint.interval);
   EXPECT_EQ(a.checkpoint.resume, b.checkpoint.resume);
+  EXPECT_EQ(a.checkpoint.load_step, b.checkpoint.load_step);
+  EXPECT_EQ(a.checkpoint.allow_data_change, b.checkpoint.allow_data_change);
   EXPECT_EQ(a.validation.enable, b.validation.enable);
   EXPECT_EQ(a.validation.freq, b.validation.freq);
   EXPECT_EQ(a.validation.steps, b.validation.steps);
@@ -135,6 +138,7 @@ TEST(JobConfig, DefaultsAreTheDocumentedValues) {
   EXPECT_EQ(c.training.bos_id, -1);
   EXPECT_EQ(c.training.log_freq, 1);
   EXPECT_TRUE(c.training.caching_allocator);
+  EXPECT_EQ(c.training.max_skipped_steps, 0);
   EXPECT_EQ(c.parallelism.tensor_parallel_degree, 1);
   EXPECT_FALSE(c.parallelism.disable_loss_parallel);
   EXPECT_FALSE(c.parallelism.sequence_parallel);
@@ -144,6 +148,8 @@ TEST(JobConfig, DefaultsAreTheDocumentedValues) {
   EXPECT_EQ(c.checkpoint.folder, "checkpoints");
   EXPECT_EQ(c.checkpoint.interval, 10);
   EXPECT_FALSE(c.checkpoint.resume);
+  EXPECT_EQ(c.checkpoint.load_step, -1);
+  EXPECT_FALSE(c.checkpoint.allow_data_change);
   EXPECT_TRUE(c.validation.enable);
   EXPECT_EQ(c.validation.freq, 10);
   EXPECT_EQ(c.validation.steps, 2);
@@ -479,12 +485,13 @@ TEST(JobConfig, ToTomlRoundTripsEveryField) {
   c.training.log_freq = 7;
   c.training.fused_linear_loss = true;
   c.training.caching_allocator = false;
+  c.training.max_skipped_steps = 5;
   c.parallelism.tensor_parallel_degree = 3;
   c.parallelism.disable_loss_parallel = true;
   c.parallelism.sequence_parallel = true;
   c.parallelism.loss_parallel_strict_mesh = false;
   c.parallelism.loss_parallel_fallback_on_layout_error = true;
-  c.checkpoint = {true, "ckpt", 4, true};
+  c.checkpoint = {true, "ckpt", 4, true, false, 8, true};
   c.validation = {false, 5, 6};
   c.metrics = {"m", false};
 
@@ -532,7 +539,10 @@ TEST(JobConfig, UsageListsEveryKeyWithTypeAndDefault) {
     EXPECT_THAT(usage, HasSubstr(flag));
     ++keys;
   }
-  EXPECT_EQ(keys, 51);
+  EXPECT_EQ(keys, 54);
+  EXPECT_THAT(usage, HasSubstr("--training.max_skipped_steps INT"));
+  EXPECT_THAT(usage, HasSubstr("--checkpoint.load_step INT"));
+  EXPECT_THAT(usage, HasSubstr("--checkpoint.allow_data_change BOOL"));
   EXPECT_THAT(usage, HasSubstr("--training.lr FLOAT"));
   EXPECT_THAT(usage, HasSubstr("default 0.003"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.resume BOOL"));
@@ -625,6 +635,13 @@ TEST(JobConfig, ValidateErrorsNameTheKey) {
       {[](JobConfig& c) { c.parallelism.sequence_parallel = true; },
        "parallelism.sequence_parallel = true needs parallelism.tensor_parallel_degree > 1"},
       {[](JobConfig& c) { c.checkpoint.interval = 0; }, "checkpoint.interval = 0 must be > 0"},
+      {[](JobConfig& c) {
+         c.checkpoint.resume = true;
+         c.checkpoint.load_step = -2;
+       },
+       "checkpoint.load_step = -2 must be >= 0 (or -1: latest)"},
+      {[](JobConfig& c) { c.checkpoint.load_step = 4; }, "checkpoint.load_step = 4 needs checkpoint.resume = true"},
+      {[](JobConfig& c) { c.training.max_skipped_steps = -1; }, "training.max_skipped_steps = -1 must be >= 0"},
       {[](JobConfig& c) { c.checkpoint.folder = ""; }, "checkpoint.folder must not be empty"},
       {[](JobConfig& c) { c.validation.freq = 0; }, "validation.freq = 0 must be > 0"},
       {[](JobConfig& c) { c.validation.steps = 0; }, "validation.steps = 0 must be > 0"},

@@ -503,6 +503,22 @@ TEST(Launcher, TheRankWhoseErrorCameFirstIsNamedNotTheFirstToExit) {
   EXPECT_TRUE(contains(o.err, "hp-run: FAILED: rank 2 exited with status 3: the real cause")) << o.err;
 }
 
+// Ranks that agree on a failure all stop at once: rank 0's "failed on rank(s) 1" (marked as
+// caused by a peer) is recorded before rank 1's own error. The FAILED line quotes rank 1's
+// own error, not the echo (probe: it quoted "... failed on rank(s) 1 (their error says why)").
+TEST(Launcher, ARanksOwnErrorIsNamedBeforeAnEarlierPeerEcho) {
+  const Outcome o = run_hp(sh_ranks(
+      2, std::string(kRecordError) + "; dir=$(dirname \"$HP_ERROR_FILE\"); "
+         "if [ \"$RANK\" = 0 ]; then record 'cause: peer\n"
+         "saving failed on rank(s) 1 (their error says why)'; "
+         "while [ ! -e \"$dir/rank-1\" ]; do sleep 0.01; done; exit 1; fi; "
+         "sleep 0.2; record 'rank-1.pt: Is a directory'; exit 1"));
+  EXPECT_LT(o.seconds, 10.0);
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_TRUE(contains(o.err, "hp-run: FAILED: rank 1 exited with status 1: rank-1.pt: Is a directory")) << o.err;
+  EXPECT_FALSE(contains(o.err, "FAILED: rank 0")) << o.err;
+}
+
 // A crash leaves no error file: rank 0 dies of SIGKILL, and rank 1 records "lost my
 // peer" only when hp-run stops it. The crash came first, so rank 0 is named (as torchrun
 // dates a failure without an error file by when it saw the rank exit).

@@ -24,6 +24,7 @@
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::run_command;
+using hyper_parallel::testing::checkpoint_path;
 using hyper_parallel::testing::run_ranks;
 using hyper_parallel::testing::train_steps;
 
@@ -69,10 +70,6 @@ JobConfig resumed_at(JobConfig job, int64_t tp) {
   job.checkpoint.resume = true;
   job.parallelism.tensor_parallel_degree = tp;
   return job;
-}
-
-std::string ckpt(const JobConfig& job, const std::string& rel) {
-  return compat::join_path(compat::join_path(job.dump_folder, job.checkpoint.folder), rel);
 }
 
 std::string error_text(const std::exception& e) {
@@ -157,7 +154,7 @@ std::string all_of(const std::vector<std::string>& errors) {
 
 TEST(ResumeReshard, SavedAtTp2ResumesAtTp4Tp1AndTp3AsAnUninterruptedRunThere) {
   const JobConfig saved = saved_at_tp2("tp2");
-  const auto saved_state = global_state(ckpt(saved, "step-" + std::to_string(kSavedAt)));
+  const auto saved_state = global_state(checkpoint_path(saved, "step-" + std::to_string(kSavedAt)));
   ASSERT_TRUE(saved_state.count("optim.0.exp_avg_sq")) << "the checkpoint holds AdamW's moments";
   for (int64_t tp : {4, 1, 3}) {
     SCOPED_TRACE("resumed at TP " + std::to_string(tp));
@@ -165,7 +162,7 @@ TEST(ResumeReshard, SavedAtTp2ResumesAtTp4Tp1AndTp3AsAnUninterruptedRunThere) {
     const auto resumed = resume_copy_at(saved, tp, &copy);
     // The state right after the resume, saved in the new layout: the same global tensors,
     // bit for bit (parameters, both moments, step counters), in torch.chunk pieces of tp.
-    const std::string dir = ckpt(copy, "step-" + std::to_string(kSavedAt));
+    const std::string dir = checkpoint_path(copy, "step-" + std::to_string(kSavedAt));
     const StepManifest m = read_manifest(dir);
     EXPECT_EQ(m.identity.tensor_parallel_degree, tp);
     const auto state = global_state(dir);
@@ -238,7 +235,7 @@ TEST(ResumeReshard, AnotherModelIsRefusedNamingTheFieldAndTheTensor) {
 
 TEST(ResumeReshard, AMissingOrDamagedFileThatARankNowNeedsStopsEveryRank) {
   const JobConfig saved = saved_at_tp2("damaged");
-  const std::string step_dir = ckpt(saved, "step-" + std::to_string(kSavedAt));
+  const std::string step_dir = checkpoint_path(saved, "step-" + std::to_string(kSavedAt));
   const std::string rank1 = compat::join_path(step_dir, "rank-1.pt");
   // At TP 4, ranks 2 and 3 hold the second half of every sharded tensor: saved rank 1's
   // file. Ranks 0 and 1 never open it, and still stop.
@@ -271,7 +268,7 @@ TEST(ResumeReshard, AMissingOrDamagedFileThatARankNowNeedsStopsEveryRank) {
 TEST(ResumeReshard, ACheckpointWithoutLayoutsResumesOnlyAtItsOwnDegree) {
   // As an hp-train before resharding wrote it: a manifest without "tensors".
   const JobConfig saved = saved_at_tp2("nolayouts");
-  const std::string manifest = ckpt(saved, "step-" + std::to_string(kSavedAt) + "/" + kManifestName);
+  const std::string manifest = checkpoint_path(saved, "step-" + std::to_string(kSavedAt) + "/" + kManifestName);
   nlohmann::json j = nlohmann::json::parse(read_whole_file(manifest));
   ASSERT_TRUE(j.contains("tensors"));
   j.erase("tensors");
@@ -288,7 +285,7 @@ TEST(ResumeReshard, ADataParallelCheckpointIsReadFromOneReplica) {
   // The TP 2 checkpoint rewritten as a dp 2 x tp 2 job saves it: replica 1's files are
   // replica 0's tensors under ranks 2 and 3 (dp replicas hold the same state).
   const JobConfig saved = saved_at_tp2("dp2");
-  const std::string dir = ckpt(saved, "step-" + std::to_string(kSavedAt));
+  const std::string dir = checkpoint_path(saved, "step-" + std::to_string(kSavedAt));
   const auto saved_state = global_state(dir);
   const StepManifest tp2 = read_manifest(dir);
   CheckpointIdentity id = tp2.identity;
@@ -321,7 +318,7 @@ TEST(ResumeReshard, ADataParallelCheckpointIsReadFromOneReplica) {
     EXPECT_NE(log.str().find("resharded the checkpoint of step 4 from dp 2 x tp 2 to dp 1 x tp " + std::to_string(tp) +
                              " (rank 0 read " + files + " of its 4 files)"),
               std::string::npos) << log.str();
-    const auto state = global_state(ckpt(copy, "step-" + std::to_string(kSavedAt)));
+    const auto state = global_state(checkpoint_path(copy, "step-" + std::to_string(kSavedAt)));
     ASSERT_EQ(state.size(), saved_state.size());
     for (const auto& [key, t] : saved_state) EXPECT_TRUE(at::equal(state.at(key), t)) << key;
     compat::remove_all(copy.dump_folder);

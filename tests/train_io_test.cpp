@@ -355,7 +355,7 @@ TEST_F(TrainMetrics, LoggerWritesJsonLinesThatReadMetricsReads) {
   EXPECT_DOUBLE_EQ(records[0]["loss"].get<double>(), 7.5);
   EXPECT_DOUBLE_EQ(records[0]["tokens_per_s"].get<double>(), 41200.5);
   EXPECT_DOUBLE_EQ(records[0]["grad_norm"].get<double>(), 1.25);
-  EXPECT_TRUE(records[1]["loss"].is_null());  // NaN has no JSON spelling
+  EXPECT_EQ(records[1]["loss"], "NaN");  // JSON has no NaN: the string JavaScript and pandas use
   EXPECT_DOUBLE_EQ(records[2]["val_loss"].get<double>(), 6.75);
   EXPECT_EQ(records[3]["step"], 4);
 }
@@ -435,9 +435,10 @@ TEST_F(TrainMetrics, PlotReportsProblemsWithoutThrowing) {
   EXPECT_FALSE(plot_loss_curve(file("missing.jsonl"), file("a.png"), &error));
   EXPECT_NE(error.find("missing.jsonl"), std::string::npos) << error;
 
-  spit(file("noloss.jsonl"), "{\"step\":1,\"lr\":0.1}\n{\"step\":2,\"loss\":null}\n");
+  // (A null or "NaN" loss is a non-finite step, which the plot marks: not "no loss".)
+  spit(file("noloss.jsonl"), "{\"step\":1,\"lr\":0.1}\n{\"step\":2,\"lr\":0.05}\n");
   EXPECT_FALSE(plot_loss_curve(file("noloss.jsonl"), file("b.png"), &error));
-  EXPECT_NE(error.find("no finite loss"), std::string::npos) << error;
+  EXPECT_NE(error.find("holds no loss values to plot"), std::string::npos) << error;
   EXPECT_FALSE(plot_loss_curve(file("noloss.jsonl"), file("b.png")));  // no error sink: fine too
 
   // No gnuplot on PATH: false with a message, not an exception.

@@ -33,7 +33,10 @@ bool create_directories(const std::string& path, std::string* error) {
   const std::string parent = parent_path(path);
   if (!parent.empty() && parent != path && !create_directories(parent, error)) return false;
   if (::mkdir(path.c_str(), 0777) != 0 && !(errno == EEXIST && is_directory(path))) {
-    if (error) *error = "cannot create directory '" + path + "': " + std::strerror(errno);
+    // EEXIST alone ("File exists") does not say that the thing in the way is a file.
+    const std::string reason = errno == EEXIST ? "a file of that name is in the way (it is not a folder)"
+                                               : std::strerror(errno);
+    if (error) *error = "cannot create directory '" + path + "': " + reason;
     return false;
   }
   return true;

@@ -37,6 +37,7 @@ class PendingAllReduce {
  private:
   c10::intrusive_ptr<c10d::Work> work_;
   at::Tensor buffer_;
+  const Communicator* comm_ = nullptr;  // names the group when the wait fails; outlives the work
 };
 
 }  // namespace hyper_parallel

@@ -8,10 +8,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
 
 #include "compat/c10d_compat.h"
 #include "core/async_all_reduce.h"
 #include "core/collective_stats.h"
+#include "core/group_description.h"
 
 namespace hyper_parallel {
 
@@ -47,7 +53,49 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
+// What errors call each group (group_description.h); a Communicator is not told at
+// construction so that its public header stays as it is.
+struct GroupDescription {
+  std::string where;
+  std::chrono::milliseconds timeout{0};
+};
+std::mutex descriptions_mutex;
+std::map<const Communicator*, GroupDescription> descriptions;
+
+// Waits for a collective issued on `comm`. A failure (a timeout above all: Gloo's own text
+// names neither the group nor the setting) is rethrown naming the operation, the group,
+// its ranks and, for a timeout, HP_COLLECTIVE_TIMEOUT_S.
+void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const Communicator& comm, const char* op) {
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    GroupDescription d;
+    {
+      std::lock_guard<std::mutex> lock(descriptions_mutex);
+      const auto it = descriptions.find(&comm);
+      if (it != descriptions.end()) d = it->second;
+    }
+    const std::string text = e.what();
+    std::string ranks;
+    for (int64_t r : comm.global_ranks()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    std::string message = std::string(op) + " over " + (d.where.empty() ? "a process group" : d.where) +
+                          " (global ranks " + ranks + "; this is rank " +
+                          std::to_string(comm.global_ranks()[comm.rank()]) + ") failed";
+    const bool timed_out = text.find("imed out") != std::string::npos || text.find("imeout") != std::string::npos;
+    if (timed_out) {
+      message += ": a rank of the group did not arrive within the collective timeout";
+      if (d.timeout.count() > 0) {
+        char seconds[32];
+        std::snprintf(seconds, sizeof seconds, "%g", static_cast<double>(d.timeout.count()) / 1000.0);
+        message += " of " + std::string(seconds) + " s";
+      }
+      message += " (HP_COLLECTIVE_TIMEOUT_S sets it, in seconds): it stalled, or it died and its own error says why";
+    }
+    // The backend's text last, on one line: it may name the peer it waited for.
+    throw std::runtime_error(message + ". " + comm.process_group()->getBackendName() + ": " +
+                             text.substr(0, text.find('\n')));
+  }
+}
 
 // NCCL takes CUDA tensors only; say so here rather than in NCCL's words.
 void check_device(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at::Tensor& t, const char* what) {
@@ -80,7 +128,10 @@ Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> pg,
               " does not match the ", size(), " ranks it was created for");
 }
 
-Communicator::~Communicator() = default;
+Communicator::~Communicator() {
+  std::lock_guard<std::mutex> lock(descriptions_mutex);
+  descriptions.erase(this);
+}
 
 void Communicator::all_reduce_(at::Tensor& t, ReduceOp op) const {
   ++tls_counts.all_reduce;
@@ -92,7 +143,7 @@ void Communicator::all_reduce_(at::Tensor& t, ReduceOp op) const {
   std::vector<at::Tensor> v{buf};
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
-  wait(pg_->allreduce(v, opts));
+  wait_for(pg_->allreduce(v, opts), *this, "all_reduce");
   if (op == ReduceOp::Avg) buf.div_(size());
   if (!buf.is_same(t)) t.copy_(buf);
 }
@@ -118,6 +169,7 @@ PendingAllReduce PendingAllReduce::start(const Communicator& comm, const at::Ten
   opts.reduceOp = c10d::ReduceOp::SUM;
   p.work_ = pg->allreduce(v, opts);
   p.buffer_ = buffer;
+  p.comm_ = &comm;
   return p;
 }
 
@@ -126,7 +178,7 @@ void PendingAllReduce::wait() {
   const auto start = std::chrono::steady_clock::now();
   auto work = std::move(work_);
   work_.reset();
-  work->wait();
+  wait_for(work, *comm_, "all_reduce");
   buffer_ = at::Tensor();
   tls_tally.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -175,7 +227,7 @@ at::Tensor Communicator::all_gather(const at::Tensor& local, int64_t dim,
   for (int64_t i = 0; i < size(); ++i) outs.push_back(at::empty_like(send));
   std::vector<std::vector<at::Tensor>> out_lists{outs};
   std::vector<at::Tensor> in{send};
-  wait(pg_->allgather(out_lists, in));
+  wait_for(pg_->allgather(out_lists, in), *this, "all_gather");
   // Concatenated along `dim` itself, so the result is contiguous in its own dim order: a
   // transposed view (cat on dim 0, then movedim) made every consumer that flattens it
   // (each linear reading a gathered sequence) keep its own contiguous copy for backward.
@@ -213,7 +265,7 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& full, int64_t dim, Red
     std::vector<std::vector<at::Tensor>> in_lists{inputs};
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(op);
-    wait(pg_->reduce_scatter(outs, in_lists, opts));
+    wait_for(pg_->reduce_scatter(outs, in_lists, opts), *this, "reduce_scatter");
     return out.narrow(0, 0, mine.length).movedim(0, dim);
   }
   // Gloo on CUDA tensors: all-reduce the whole buffer, keep our piece. Same result,
@@ -232,7 +284,7 @@ void Communicator::broadcast_(at::Tensor& t, int64_t root) const {
   std::vector<at::Tensor> v{buf};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  wait(pg_->broadcast(v, opts));
+  wait_for(pg_->broadcast(v, opts), *this, "broadcast");
   if (!buf.is_same(t)) t.copy_(buf);
 }
 
@@ -240,7 +292,12 @@ void Communicator::barrier() const {
   ++tls_counts.barrier;
   if (size() == 1) return;
   Tallied tally(0);
-  wait(pg_->barrier());
+  wait_for(pg_->barrier(), *this, "barrier");
+}
+
+void describe_group(const Communicator& comm, std::string where, std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(descriptions_mutex);
+  descriptions[&comm] = GroupDescription{std::move(where), timeout};
 }
 
 }  // namespace hyper_parallel

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "compat/c10d_compat.h"
+#include "core/group_description.h"
 #include "hyper_parallel/distributed.h"
 
 namespace hyper_parallel {
@@ -248,6 +249,11 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
   const int64_t mesh_id = world.meshes_created++;
   const std::string backend = options.backend.value_or(
       device_type == world.device_type ? world.backend : compat::default_backend_for(device_type));
+  std::string mesh_text = "[";  // "[dp=2, tp=2]", for errors
+  for (size_t k = 0; k < shape.size(); ++k) {
+    mesh_text += (k ? ", " : "") + d->names[k] + "=" + std::to_string(shape[k]);
+  }
+  mesh_text += "]";
   for (size_t k = 0; k < shape.size(); ++k) {
     // Members of our group along dim k: our coordinate with coordinate[k] varied.
     std::vector<int64_t> members;
@@ -259,6 +265,7 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
     auto pg = compat::make_process_group(backend, store, static_cast<int>(d->coordinate[k]),
                                          static_cast<int>(shape[k]), timeout);
     auto comm = std::make_shared<Communicator>(std::move(pg), std::move(members));
+    describe_group(*comm, "mesh dim '" + d->names[k] + "' of mesh " + mesh_text, timeout);
     world.groups.push_back(comm);
     d->comms.push_back(comm);
   }

@@ -7,11 +7,11 @@
 
 namespace hyper_parallel {
 
-void record_fatal_error(const std::string& message) {
+void record_fatal_error(const std::string& message, bool caused_by_peer) {
   static std::atomic<bool> recorded{false};
   const char* path = std::getenv(launcher::kErrorFileVariable);
   if (!path || !*path || recorded.exchange(true)) return;
-  (void)launcher::write_rank_error_file(path, message);
+  (void)launcher::write_rank_error_file(path, message, caused_by_peer);
 }
 
 }  // namespace hyper_parallel

@@ -21,6 +21,7 @@
 #endif
 
 #include <algorithm>
+#include <climits>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -845,17 +846,26 @@ class Supervisor {
   // After a failure: the rank whose error came first is the cause, even when a peer
   // exited before it (it died of the disconnect while the cause was tearing down). A
   // failed rank without an error file (a crash) is dated by when hp-run reaped it, as
-  // torchrun does. The verdict and the exit status become the cause's.
+  // torchrun does. An error that only reports another rank's failure (kPeerCauseLine)
+  // is the cause only when no rank recorded its own. The verdict and the exit status
+  // become the cause's.
   void name_the_cause() {
     if (error_dir_.empty()) return;
     const Rank* cause = nullptr;
     RankError first;
     bool recorded = false;  // the cause wrote an error file
+    auto before = [&](const RankError& e) {
+      if (!cause) return true;
+      if (e.caused_by_peer != first.caused_by_peer) return first.caused_by_peer;  // own errors first
+      return e.unix_time_ns < first.unix_time_ns;
+    };
+    int64_t earliest_ns = INT64_MAX;  // of any error, a peer's echo included
     for (const Rank& r : ranks_) {
       if (r.pid <= 0 || r.running) continue;
       std::optional<RankError> e = read_rank_error_file(error_file(r));
       if (!e && !succeeded(r.wait_status)) e = RankError{r.reaped_at_ns, ""};
-      if (e && (!cause || e->unix_time_ns < first.unix_time_ns)) {
+      if (e) earliest_ns = std::min(earliest_ns, e->unix_time_ns);
+      if (e && before(*e)) {
         first = *e;
         cause = &r;
         recorded = !e->message.empty();
@@ -869,7 +879,9 @@ class Supervisor {
       first_failure_ += ": " + message;
       return;
     }
-    report(rank + "'s error was recorded first; " + first_failure_ + " before it, failing after it");
+    report(rank + (first.unix_time_ns <= earliest_ns ? "'s error was recorded first; "
+                                                      : "'s own error is the cause (earlier errors only report it); ") +
+           first_failure_ + " before it, failing after it");
     if (WIFEXITED(cause->wait_status) && WEXITSTATUS(cause->wait_status) != 0) {
       first_failure_ = rank + " " + describe_wait_status(cause->wait_status) + ": " + message;
       failure_exit_code_ = exit_code_for_wait_status(cause->wait_status);

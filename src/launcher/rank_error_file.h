@@ -22,10 +22,15 @@ namespace hyper_parallel::launcher {
 
 constexpr const char* kErrorFileVariable = "HP_ERROR_FILE";
 constexpr const char* kErrorFileHeader = "hp-rank-error v1";
+// The optional line before the message of a rank that gave up only because another rank
+// failed (its message names that rank): hp-run then prefers the failing rank's own error,
+// even one recorded a little later (ranks that agree on a failure all throw at once).
+constexpr const char* kPeerCauseLine = "cause: peer\n";
 
 struct RankError {
   int64_t unix_time_ns = 0;
   std::string message;
+  bool caused_by_peer = false;
 };
 
 inline int64_t unix_time_ns() {
@@ -34,14 +39,14 @@ inline int64_t unix_time_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-// Writes "header\n<ns>\n<message>" to a temporary file renamed onto `path`, so a rank
-// killed while writing leaves no half file. Returns false when it cannot (the error is
-// still printed by the caller; hp-run then names the first rank to exit).
-inline bool write_rank_error_file(const std::string& path, const std::string& message) {
+// Writes "header\n<ns>\n[cause: peer\n]<message>" to a temporary file renamed onto
+// `path`, so a rank killed while writing leaves no half file. Returns false when it cannot
+// (the error is still printed by the caller; hp-run then names the first rank to exit).
+inline bool write_rank_error_file(const std::string& path, const std::string& message, bool caused_by_peer = false) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << kErrorFileHeader << "\n" << unix_time_ns() << "\n" << message;
+    out << kErrorFileHeader << "\n" << unix_time_ns() << "\n" << (caused_by_peer ? kPeerCauseLine : "") << message;
     if (!out.flush()) return false;
   }
   return std::rename(tmp.c_str(), path.c_str()) == 0;
@@ -63,6 +68,11 @@ inline std::optional<RankError> read_rank_error_file(const std::string& path) {
   std::ostringstream rest;
   rest << in.rdbuf();
   e.message = rest.str();
+  const std::string peer = kPeerCauseLine;
+  if (e.message.rfind(peer, 0) == 0) {
+    e.caused_by_peer = true;
+    e.message.erase(0, peer.size());
+  }
   return e;
 }
 

@@ -88,14 +88,16 @@ CheckpointIdentity rank_file_identity(const std::string& metadata_json, const st
 std::string CheckpointIdentity::config_hash() const { return fnv1a_hex(model.dump() + "|" + dtype); }
 
 nlohmann::json to_json(const CheckpointIdentity& id) {
-  return {{"run_id", id.run_id},
-          {"step", id.step},
-          {"world_size", id.world_size},
-          {"tensor_parallel_degree", id.tensor_parallel_degree},
-          {"data_parallel_degree", id.data_parallel_degree},
-          {"dtype", id.dtype},
-          {"model", id.model},
-          {"config_hash", id.config_hash()}};
+  nlohmann::json j = {{"run_id", id.run_id},
+                      {"step", id.step},
+                      {"world_size", id.world_size},
+                      {"tensor_parallel_degree", id.tensor_parallel_degree},
+                      {"data_parallel_degree", id.data_parallel_degree},
+                      {"dtype", id.dtype},
+                      {"model", id.model},
+                      {"config_hash", id.config_hash()}};
+  if (!id.data.is_null()) j["data"] = id.data;
+  return j;
 }
 
 CheckpointIdentity identity_from_json(const nlohmann::json& j, const std::string& where) {
@@ -108,6 +110,10 @@ CheckpointIdentity identity_from_json(const nlohmann::json& j, const std::string
   id.dtype = field<std::string>(j, "dtype", where);
   id.model = field<nlohmann::json>(j, "model", where);
   if (!id.model.is_object()) throw std::runtime_error(where + ": field 'model' is not an object");
+  if (j.contains("data")) {
+    id.data = j["data"];
+    if (!id.data.is_object()) throw std::runtime_error(where + ": field 'data' is not an object");
+  }
   const auto hash = field<std::string>(j, "config_hash", where);
   if (hash != id.config_hash()) {
     throw std::runtime_error(where + ": config_hash " + hash + " does not match its model and dtype fields (" +

@@ -35,6 +35,9 @@ struct CheckpointIdentity {
   int64_t data_parallel_degree = 1;
   std::string dtype;                 // training.dtype
   nlohmann::json model;              // every [model] key, by name
+  // What defines the training data (data_identity.h); null in checkpoints of an hp-train
+  // before it was recorded, whose data cannot be checked.
+  nlohmann::json data;
   // FNV-1a 64 of model and dtype (hex): one value to compare in logs and tools.
   std::string config_hash() const;
 };

@@ -1,9 +1,13 @@
-// fault_injection.h — named crash points, to test that a save survives a crash anywhere.
+// fault_injection.h — named fault points, to test that a save survives a crash anywhere
+// and what another job sees while one is in the middle of a save.
 //
 // HP_CRASH_AT=<point> (every rank) or HP_CRASH_AT=<point>@<rank> makes the process
 // print "hp-train: injected crash at <point>" to stderr and _exit(86) when it reaches
 // that point: no destructors, no cleanup, exactly what a kill -9 or a power cut leaves.
-// Unset (the normal case) a crash point costs one cached getenv.
+// HP_PAUSE_AT=<point>[@<rank>] instead prints "hp-train: paused at <point> (rank R, pid
+// P)" to stderr and stops the process (SIGSTOP) there, holding whatever it holds (its
+// locks, its half-written temporary files) until a SIGCONT lets it go on.
+// Unset (the normal case) a fault point costs two cached getenvs.
 #pragma once
 
 #include <cstdint>

@@ -126,6 +126,8 @@ const std::vector<Field>& fields() {
                "CPU: large buffers from hp's caching, huge-page allocator (false: LibTorch's, which faults "
                "fresh pages in every step)"),
       HP_FIELD(training, grad_accum_steps, "micro-batches per step (gradients accumulate; batch_size is the total)"),
+      HP_FIELD(training, max_skipped_steps,
+               "steps with a NaN/inf loss or gradient norm to skip in a row (weights untouched); 0: stop at the first"),
 
       HP_FIELD(parallelism, tensor_parallel_degree, "tensor-parallel ranks"),
       HP_FIELD(parallelism, data_parallel_degree, "data-parallel replicas; world = data x tensor parallel degree"),
@@ -142,6 +144,9 @@ const std::vector<Field>& fields() {
       HP_FIELD(checkpoint, interval, "save every this many steps"),
       HP_FIELD(checkpoint, resume, "resume from the latest checkpoint in the folder"),
       HP_FIELD(checkpoint, overwrite, "start over in a folder with checkpoints, deleting them"),
+      HP_FIELD(checkpoint, load_step, "with resume: the step to resume from; -1: the one `latest` names"),
+      HP_FIELD(checkpoint, allow_data_change,
+               "resume even though the data (corpus, tokenizer, seed, batch size, seq_len) differs from the checkpoint's"),
 
       HP_FIELD(validation, enable, "run validation"),
       HP_FIELD(validation, freq, "validate every this many steps"),
@@ -730,6 +735,13 @@ void validate(const JobConfig& cfg) {
           "checkpoint.resume and checkpoint.overwrite contradict each other: resume continues the "
           "checkpoints in the folder, overwrite deletes them; choose one");
   positive("checkpoint.interval", cfg.checkpoint.interval);
+  require(cfg.checkpoint.load_step >= -1,
+          "checkpoint.load_step = " + std::to_string(cfg.checkpoint.load_step) + " must be >= 0 (or -1: latest)");
+  require(cfg.checkpoint.load_step == -1 || cfg.checkpoint.resume,
+          "checkpoint.load_step = " + std::to_string(cfg.checkpoint.load_step) +
+              " needs checkpoint.resume = true (it names the step to resume from)");
+  require(t.max_skipped_steps >= 0,
+          "training.max_skipped_steps = " + std::to_string(t.max_skipped_steps) + " must be >= 0");
   positive("validation.freq", cfg.validation.freq);
   positive("validation.steps", cfg.validation.steps);
   non_empty("metrics.folder", cfg.metrics.folder);

@@ -88,6 +88,10 @@ struct TrainingConfig {
   // Micro-batches per optimiser step: each replica's rows are split into this many, their
   // gradients accumulate, and the loss is normalised by the global count of target tokens.
   int64_t grad_accum_steps = 1;
+  // Steps whose loss or gradient norm is NaN or infinite are never applied; 0 stops the
+  // run at the first one, N > 0 skips them (weights and optimizer state untouched) until
+  // more than N come in a row (non_finite_steps.h).
+  int64_t max_skipped_steps = 0;
 };
 
 // [checkpoint]: periodic save / resume. folder is relative to job.dump_folder.
@@ -99,6 +103,11 @@ struct CheckpointConfig {
   // Without resume, a folder that already holds checkpoints is an error (it would
   // lose the earlier run's resume point); overwrite deletes them and starts over.
   bool overwrite = false;
+  // With resume: the step to resume from; -1 the one `latest` names.
+  int64_t load_step = -1;
+  // A resume whose data (data_identity.h: corpus, tokenizer, seed, batch size, sequence
+  // length) differs from the checkpoint's is an error unless this says it is intended.
+  bool allow_data_change = false;
 };
 
 // [validation]: periodic evaluation on held-out batches.

@@ -51,6 +51,26 @@ bool finite_number(const nlohmann::json& record, const char* key, double* value)
   return std::isfinite(*value);
 }
 
+// A loss the log recorded as not finite: "NaN", "Infinity", "-Infinity" (or null, as
+// files of an earlier hp-train hold).
+bool non_finite_entry(const nlohmann::json& record, const char* key) {
+  const auto it = record.find(key);
+  return it != record.end() && (it->is_null() || it->is_string());
+}
+
+// JSON has no NaN or infinity (nlohmann writes null, which reads as "missing"): they are
+// written as the strings JavaScript and pandas use for them.
+nlohmann::json with_non_finite_as_strings(nlohmann::json j) {
+  if (j.is_number_float()) {
+    const double v = j.get<double>();
+    if (std::isnan(v)) return "NaN";
+    if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+  } else if (j.is_structured()) {
+    for (auto& child : j) child = with_non_finite_as_strings(std::move(child));
+  }
+  return j;
+}
+
 std::string read_text(const std::string& path, size_t limit) {
   std::ifstream in(path, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -113,7 +133,8 @@ void MetricsLogger::log(const nlohmann::json& record) {
                                 std::string(record.type_name()));
   }
   // "replace": a stray invalid UTF-8 byte in a string field must not stop training.
-  const std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  const std::string line =
+      with_non_finite_as_strings(record).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   struct stat st {};
   if (::fstat(fd_, &st) != 0) throw std::runtime_error("cannot stat metrics file '" + path_ + "': " + errno_text(errno));
   size_t done = 0;
@@ -171,20 +192,23 @@ bool plot_loss_curve(const std::string& jsonl_path, const std::string& png_path,
   train.precision(17);
   val.precision(17);
   size_t train_points = 0, val_points = 0;
+  std::vector<double> non_finite_steps;  // drawn as vertical marks: a loss that is not a point
   for (const auto& r : records) {
     double step = 0, value = 0;
     if (!finite_number(r, "step", &step)) continue;
     if (finite_number(r, "loss", &value)) {
       train << step << ' ' << value << '\n';
       ++train_points;
+    } else if (non_finite_entry(r, "loss")) {
+      non_finite_steps.push_back(step);
     }
     if (finite_number(r, "val_loss", &value)) {
       val << step << ' ' << value << '\n';
       ++val_points;
     }
   }
-  if (train_points == 0 && val_points == 0) {
-    return fail(error, "metrics file '" + jsonl_path + "' holds no finite loss values to plot");
+  if (train_points == 0 && val_points == 0 && non_finite_steps.empty()) {
+    return fail(error, "metrics file '" + jsonl_path + "' holds no loss values to plot");
   }
 
   // Everything next to the PNG: the image can then be renamed into place.
@@ -208,6 +232,14 @@ bool plot_loss_curve(const std::string& jsonl_path, const std::string& png_path,
               "set ylabel 'loss'\n"
               "set key top right box opaque\n"
               "set grid\n";
+    for (double step : non_finite_steps) {
+      script << "set arrow from " << step << ", graph 0 to " << step
+             << ", graph 1 nohead dt 2 lw 1.5 lc rgb '#ff7f0e'\n";
+    }
+    if (train_points == 0 && val_points == 0) {  // nothing else fixes the ranges
+      script << "set xrange [" << non_finite_steps.front() - 1 << ":" << non_finite_steps.back() + 1
+             << "]\nset yrange [0:1]\n";
+    }
     if (train_points) script << "$train << EOD\n" << train.str() << "EOD\n";
     if (val_points) script << "$val << EOD\n" << val.str() << "EOD\n";
     std::vector<std::string> plots;
@@ -218,6 +250,11 @@ bool plot_loss_curve(const std::string& jsonl_path, const std::string& png_path,
     }
     if (val_points) {
       plots.push_back("$val using 1:2 with linespoints pt 7 ps 1.2 lc rgb '#d62728' title 'val loss'");
+    }
+    if (!non_finite_steps.empty()) {
+      plots.push_back("NaN with lines dt 2 lw 1.5 lc rgb '#ff7f0e' title 'non-finite loss (" +
+                      std::to_string(non_finite_steps.size()) + " step" + (non_finite_steps.size() > 1 ? "s" : "") +
+                      ")'");
     }
     script << "plot ";
     for (size_t i = 0; i < plots.size(); ++i) script << (i ? ", " : "") << plots[i];

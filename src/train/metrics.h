@@ -32,7 +32,8 @@ class MetricsLogger {
   MetricsLogger& operator=(const MetricsLogger&) = delete;
 
   // Writes `record` (a JSON object; std::invalid_argument otherwise) as one
-  // line. Non-finite numbers are written as null, as JSON has no NaN/Inf.
+  // line. Non-finite numbers (anywhere in it) are written as the strings "NaN",
+  // "Infinity" and "-Infinity", as JSON has no such numbers (null would read as missing).
   // Throws std::runtime_error naming the file and the OS reason when the write
   // fails; the file then ends with the previous whole line.
   void log(const nlohmann::json& record);
@@ -55,7 +56,8 @@ std::vector<nlohmann::json> read_metrics(const std::string& jsonl_path);
 
 // Renders "loss" (line) and, when present, "val_loss" (points) against "step"
 // to `png_path` with gnuplot (pngcairo terminal when available, png otherwise),
-// with a title, axis labels and a legend. The PNG appears atomically. Returns
+// with a title, axis labels and a legend. Steps whose loss is not finite ("NaN",
+// "Infinity", or null) are drawn as dashed vertical lines ("non-finite loss"). The PNG appears atomically. Returns
 // false and sets *error (when given) instead of throwing when gnuplot is not
 // installed, the metrics cannot be read, hold no loss, or gnuplot fails:
 // a missing plot must never fail a training run.

@@ -4,11 +4,14 @@
 #include <ATen/core/grad_mode.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/functional/loss.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <random>
@@ -17,6 +20,7 @@
 
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/fatal_error.h"
 #include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/parallelism_config.h"
 #include "hyper_parallel/cpu_allocator.h"
@@ -25,11 +29,13 @@
 #include "train/checkpoint_io.h"
 #include "train/checkpoint_layout.h"
 #include "train/checkpoint_reshard.h"
+#include "train/data_identity.h"
 #include "train/fault_injection.h"
 #include "train/local_piece.h"
 #include "train/metrics.h"
 #include "train/optim_utils.h"
 #include "train/progress.h"
+#include "train/storage_checks.h"
 
 namespace hyper_parallel::train {
 
@@ -122,6 +128,30 @@ class PhaseClock {
 
 enum Phase : size_t { kForward = 0, kLoss = 1, kBackward = 2, kClip = 3, kOptimizer = 4 };
 
+// A step's line of metrics.jsonl; `skipped`: non-finite steps skipped so far in this run.
+nlohmann::json metrics_record(const StepResult& r, double tokens_per_s, int64_t skipped) {
+  nlohmann::json rec = {{"step", r.step},       {"loss", r.loss},
+                        {"lr", r.lr},           {"grad_norm", r.grad_norm},
+                        {"skipped", skipped},   {"tokens_per_s", tokens_per_s},
+                        {"peak_memory_mb", peak_memory_mib()}, {"step_s", r.seconds},
+                        {"minor_faults", r.minor_faults},       {"system_s", r.system_seconds}};
+  int64_t collectives = 0;
+  double collective_s = 0;
+  for (size_t i = 0; i < kStepPhases; ++i) {
+    const StepPhase& p = r.phases[i];
+    rec["phases"][kStepPhaseNames[i]] = {{"s", p.seconds},
+                                         {"collectives", p.collectives},
+                                         {"collective_bytes", p.collective_bytes},
+                                         {"collective_s", p.collective_seconds}};
+    collectives += p.collectives;
+    collective_s += p.collective_seconds;
+  }
+  rec["collectives"] = collectives;
+  rec["collective_s"] = collective_s;
+  if (r.val_loss) rec["val_loss"] = *r.val_loss;
+  return rec;
+}
+
 // Sums `values` (on `mesh`'s device) over every rank of `mesh` (all its dims).
 void sum_over_mesh_(at::Tensor& values, const std::optional<DeviceMesh>& mesh) {
   if (!mesh) return;
@@ -163,6 +193,22 @@ std::vector<std::string> step_folders(const std::string& folder, bool complete) 
     if (!complete || compat::path_exists(compat::join_path(dir, kManifestName))) out.push_back(name);
   }
   return out;
+}
+
+// For an error about step `step`: the verified steps before it (a manifest: written only
+// after every file verified) and the flag that resumes from one.
+std::string other_verified_steps(const std::string& folder, int64_t step) {
+  int64_t last = -1;
+  for (const auto& name : step_folders(folder, /*complete=*/true)) {
+    const int64_t s = std::atoll(name.c_str() + 5);
+    if (s < step) last = std::max(last, s);
+  }
+  if (last < 0) {
+    return "no verified step before it is left: start over with --checkpoint.overwrite (deleting the folder's "
+           "checkpoints)";
+  }
+  return "the last verified step before it is " + std::to_string(last) + ": resume from it with --checkpoint.resume "
+         "--checkpoint.load_step " + std::to_string(last);
 }
 
 // A checkpoint of a different model is refused before any file is read, naming the
@@ -315,6 +361,11 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   optimizer_ = std::make_unique<torch::optim::AdamW>(
       trained_parameters(),
       torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(t.weight_decay));
+  non_finite_ = NonFiniteSteps(t.max_skipped_steps);
+  // Before anything is read or written in the dump folder: one job per folder, and
+  // folders that cannot take the job's files found now, not at the first save.
+  lock_dump_folder();
+  check_storage();
 
   // Every TP rank of a replica builds the same rows: the replica's share of the global batch.
   std::string data_description;
@@ -360,6 +411,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
     }
   }
   if (validator_ && dp_mesh_) validator_->set_data_parallel_mesh(*dp_mesh_);
+  data_identity_ = data_identity(t);
   if (dp_mesh_) {
     // bfloat16: the sums go straight into the float32 masters' .grad.
     reducer_ = std::make_unique<DataParallelReducer>(model_->named_parameters(), *dp_mesh_,
@@ -437,6 +489,7 @@ CheckpointIdentity Trainer::identity() const {
   id.data_parallel_degree = config_.parallelism.data_parallel_degree;
   id.dtype = config_.training.dtype;
   id.model = model_json(config_.model);
+  id.data = data_identity_;
   return id;
 }
 
@@ -456,7 +509,69 @@ void Trainer::agree_or_throw(const std::string& own_error, const std::string& wh
   }
   if (!own_error.empty()) throw std::runtime_error(own_error);
   if (!ranks.empty()) {
-    throw std::runtime_error(what + " failed on rank(s) " + ranks + " (their error says why); stopping every rank");
+    throw PeerFailure(what + " failed on rank(s) " + ranks + " (their error says why); stopping every rank");
+  }
+}
+
+void Trainer::lock_dump_folder() {
+  std::string error;
+  try {
+    if (rank_ == 0) dump_folder_lock_ = std::make_unique<DumpFolderLock>(config_.dump_folder);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree_or_throw(error, "locking the dump folder");
+  // Several machines (hp-run --nnodes): each other machine's local rank 0 also locks the
+  // folder unless it sees rank 0's lock there (one shared file system).
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
+  const int64_t world = is_initialized() ? get_world_size() : 1;
+  if (!local_rank || !local_world || std::atoll(local_world) >= world) return;
+  const std::string key = "hp_train/dump_folder_lock";
+  auto& store = *current_world().store;
+  try {
+    if (rank_ == 0) {
+      const std::string& record = dump_folder_lock_->record();
+      store.set(key, std::vector<uint8_t>(record.begin(), record.end()));
+    } else if (std::string(local_rank) == "0") {
+      const std::vector<uint8_t> held = store.get(key);
+      if (read_dump_folder_lock_record(config_.dump_folder) != std::string(held.begin(), held.end())) {
+        dump_folder_lock_ = std::make_unique<DumpFolderLock>(config_.dump_folder);
+      }
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree_or_throw(error, "locking the dump folder");
+}
+
+void Trainer::check_storage() {
+  std::string error;
+  const std::string tag = std::to_string(rank_);
+  try {
+    // Every rank writes its checkpoint file; rank 0 alone the metrics.
+    if (rank_ == 0) check_writable_folder(config_.dump_folder, "job.dump_folder", tag);
+    if (config_.checkpoint.enable) check_writable_folder(checkpoint_folder(), "checkpoint.folder", tag);
+    if (rank_ == 0) check_writable_folder(metrics_folder(), "metrics.folder", tag);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree_or_throw(error, "checking that the job's folders are writable");
+  if (!config_.checkpoint.enable) return;
+  // One checkpoint: every rank's weights and AdamW moments (same dtype as the weights they
+  // train, float32 masters in bfloat16 training).
+  double bytes = 0;
+  for (const auto& p : trained_parameters()) {
+    const at::Tensor local = local_of(p);
+    bytes += 3.0 * static_cast<double>(local.numel()) * static_cast<double>(local.element_size());
+  }
+  at::Tensor total = at::full({1}, bytes, at::TensorOptions().dtype(at::kDouble).device(model_->output->weight.device()));
+  sum_over_mesh_(total, world_mesh_);
+  const auto free = free_bytes(checkpoint_folder());
+  if (rank_ == 0 && log_ && free) {
+    if (auto warning = room_warning(checkpoint_folder(), *free, static_cast<int64_t>(total.cpu().item<double>()))) {
+      *log_ << "hp-train: warning: " << *warning << std::endl;
+    }
   }
 }
 
@@ -577,8 +692,13 @@ StepResult Trainer::train_step(int64_t step) {
   clock.restart();
   r.grad_norm = clip_grad_norm_(trained_parameters(), t.max_norm);
   clock.mark(kClip);
-  optimizer_->step();
-  if (master_) master_->master_to_model();
+  // Both are reduced over every rank, so every rank decides the same: a NaN or infinite
+  // update would poison every weight it touches (and AdamW's moments for good).
+  r.non_finite = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
+  if (!r.non_finite) {
+    optimizer_->step();
+    if (master_) master_->master_to_model();
+  }
   clock.mark(kOptimizer);
   step_ = step;
   const KernelUsage after = kernel_usage();
@@ -616,41 +736,42 @@ std::vector<StepResult> Trainer::train() {
     StepResult r = train_step(step_ + 1);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double tokens_per_s = tokens_per_step / std::max(secs, 1e-9);
-    if (validator_ && (r.step % config_.validation.freq == 0 || r.step == t.steps)) {
+    // Non-finite: skipped, or the run stops here (the same on every rank, nothing of the
+    // step saved; its metrics are still written, so the log shows where it went wrong).
+    std::string stop;
+    try {
+      if (non_finite_.check(r.step, r.loss, r.grad_norm) && rank_ == 0 && log_) {
+        if (progress) progress->finish();
+        *log_ << "hp-train: step " << r.step << ": " << describe_non_finite(r.loss, r.grad_norm) << ": skipped ("
+              << non_finite_.consecutive() << " in a row, at most training.max_skipped_steps = "
+              << t.max_skipped_steps << ")" << std::endl;
+        if (progress) progress = std::make_unique<ProgressLine>(t.steps, *log_, is_terminal(*log_));
+      }
+    } catch (const std::runtime_error& e) {
+      stop = e.what();
+    }
+    if (stop.empty() && validator_ && (r.step % config_.validation.freq == 0 || r.step == t.steps)) {
       r.val_loss = validator_->validate(model_);
     }
-    if (config_.checkpoint.enable && (r.step % config_.checkpoint.interval == 0 || r.step == t.steps)) {
+    if (stop.empty() && config_.checkpoint.enable &&
+        (r.step % config_.checkpoint.interval == 0 || r.step == t.steps)) {
       save_checkpoint();
     }
     // The same decision on every rank, so that a failed write on rank 0 stops them all.
-    if (r.step % t.log_freq == 0 || r.val_loss || r.step == t.steps) {
+    if (r.step % t.log_freq == 0 || r.val_loss || r.step == t.steps || r.non_finite) {
       std::string error;
       if (metrics_) {
-        nlohmann::json rec = {{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
-                              {"tokens_per_s", tokens_per_s}, {"peak_memory_mb", peak_memory_mib()},
-                              {"step_s", r.seconds}, {"minor_faults", r.minor_faults},
-                              {"system_s", r.system_seconds}};
-        int64_t collectives = 0;
-        double collective_s = 0;
-        for (size_t i = 0; i < kStepPhases; ++i) {
-          const StepPhase& p = r.phases[i];
-          rec["phases"][kStepPhaseNames[i]] = {{"s", p.seconds},
-                                               {"collectives", p.collectives},
-                                               {"collective_bytes", p.collective_bytes},
-                                               {"collective_s", p.collective_seconds}};
-          collectives += p.collectives;
-          collective_s += p.collective_seconds;
-        }
-        rec["collectives"] = collectives;
-        rec["collective_s"] = collective_s;
-        if (r.val_loss) rec["val_loss"] = *r.val_loss;
         try {
-          metrics_->log(rec);
+          metrics_->log(metrics_record(r, tokens_per_s, non_finite_.skipped()));
         } catch (const std::exception& e) {
           error = e.what();
         }
       }
       agree_or_throw(error, "writing the metrics of step " + std::to_string(r.step));
+    }
+    if (!stop.empty()) {
+      if (progress) progress->finish();
+      throw std::runtime_error(stop);
     }
     if (progress) {
       progress->update(r.step, r.loss, tokens_per_s, peak_memory_mib());
@@ -737,16 +858,29 @@ void Trainer::save_checkpoint() const {
 }
 
 bool Trainer::load_checkpoint() {
-  std::optional<int64_t> latest;
+  std::optional<int64_t> step;
   std::string error;
   try {
-    latest = read_latest_marker(checkpoint_folder());
-    if (latest) load_step(*latest);
+    const int64_t chosen = config_.checkpoint.load_step;
+    step = chosen >= 0 ? std::optional<int64_t>(chosen) : read_latest_marker(checkpoint_folder());
+    if (step) {
+      const std::string dir = step_directory(checkpoint_folder(), *step);
+      if (!compat::path_exists(compat::join_path(dir, kManifestName))) {
+        throw std::runtime_error(
+            (chosen >= 0 ? "--checkpoint.load_step " + std::to_string(chosen) + ": "
+                         : "'" + compat::join_path(checkpoint_folder(), "latest") + "' names step " +
+                               std::to_string(*step) + ", but ") +
+            "'" + dir + (compat::is_directory(dir) ? "' has no " + std::string(kManifestName) + " (its save did not complete)"
+                                                   : "' does not exist") +
+            "; " + other_verified_steps(checkpoint_folder(), *step));
+      }
+      load_step(*step);
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }
   agree_or_throw(error, "loading the checkpoint");
-  return latest.has_value();
+  return step.has_value();
 }
 
 void Trainer::load_step(int64_t step) {
@@ -776,6 +910,26 @@ void Trainer::load_step(int64_t step) {
     targets.push_back({"model." + name, l, piece_of(l, tp, tp_rank)});
   }
   refuse_a_different_model(manifest, job, targets, dir);
+  if (saved.data.is_null()) {
+    if (rank_ == 0 && log_) {
+      *log_ << "hp-train: the checkpoint of step " << step << " records no data identity (an older hp-train): "
+            << "that the data is the same is not checked" << std::endl;
+    }
+  } else if (const auto changed = data_mismatches(saved.data, data_identity_); !changed.empty()) {
+    std::string list;
+    for (const auto& c : changed) list += (list.empty() ? "" : "; ") + c;
+    if (!config_.checkpoint.allow_data_change) {
+      throw std::runtime_error(
+          "cannot resume from '" + dir + "' on other data than it was trained on: " + list +
+          ". Its weights belong to its data (a text corpus's word ids come from the file, the synthetic "
+          "language and every batch from the seed); pass --checkpoint.allow_data_change to train them on this "
+          "data on purpose (fine-tuning)");
+    }
+    if (rank_ == 0 && log_) {
+      *log_ << "hp-train: --checkpoint.allow_data_change: training the checkpoint of step " << step
+            << " on other data: " << list << std::endl;
+    }
+  }
   // Data-parallel replicas saved the same state: one replica's files are enough.
   const bool resharding = saved_tp != tp;
   auto read = [&](int64_t saved_tp_rank) {
@@ -831,6 +985,13 @@ void Trainer::load_step(int64_t step) {
   }
   own.reset();
   const std::map<std::string, at::Tensor> values = plan.finish();
+  // Weights (or AdamW moments) that are not finite would only train on NaN.
+  for (const auto& [key, value] : values) {
+    if (!value.is_floating_point() || at::isfinite(value).all().item<bool>()) continue;
+    throw std::runtime_error("cannot resume from '" + dir + "': '" + key +
+                             "' holds NaN or infinite values (the run had diverged before this save); " +
+                             other_verified_steps(checkpoint_folder(), step));
+  }
   if (rank_ == 0 && log_ && (resharding || saved.world_size != job.world_size)) {
     *log_ << "hp-train: resharded the checkpoint of step " << step << " from dp " << saved_dp << " x tp " << saved_tp
           << " to dp " << job.world_size / tp << " x tp " << tp << " (rank 0 read " << plan.sources().size() << " of its "

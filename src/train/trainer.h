@@ -22,9 +22,11 @@
 #include "train/corpus_identity.h"
 #include "train/data.h"
 #include "train/data_parallel_reducer.h"
+#include "train/dump_folder_lock.h"
 #include "train/pretokenized_corpus.h"
 #include "train/master_weights.h"
 #include "train/job_config.h"
+#include "train/non_finite_steps.h"
 #include "train/train_context.h"
 #include "train/parallelism_scope.h"
 
@@ -78,6 +80,8 @@ struct StepResult {
   double loss = 0;
   double grad_norm = 0;
   double lr = 0;
+  // The loss or the gradient norm was NaN or infinite: the step was not applied.
+  bool non_finite = false;
   std::optional<double> val_loss;
   std::array<StepPhase, kStepPhases> phases{};
   // Minor page faults of the whole process during the step (first touches of fresh pages).
@@ -95,9 +99,13 @@ class Trainer {
   ~Trainer();
 
   // Runs from the current step (0, or the checkpoint's with --checkpoint.resume) to
-  // training.steps. Returns one result per step run.
+  // training.steps. Returns one result per step run. A step whose loss or gradient norm is
+  // not finite stops it (an error naming the step), or is skipped within
+  // training.max_skipped_steps (non_finite_steps.h).
   std::vector<StepResult> train();
-  // One optimiser step on the sampler's batch for `step` (1-based).
+  // One optimiser step on the sampler's batch for `step` (1-based). When the loss or the
+  // gradient norm is not finite, the optimizer does not step (weights and its state stay
+  // as they were) and the result says non_finite.
   StepResult train_step(int64_t step);
   // Replaces the training batches: `rows` gives this rank's rows of each step (its
   // replica's share of the global batch), e.g. batches with ignored targets in tests.
@@ -112,8 +120,10 @@ class Trainer {
   // The save protocol of checkpoint_manifest.h; a failure on any rank is an error
   // on every rank (naming the file and the OS reason on the rank that failed).
   void save_checkpoint() const;
-  // Loads the latest checkpoint after verifying it (checkpoint_manifest.h); false
-  // when there is none. A mismatch on any rank is an error on every rank.
+  // Loads the latest checkpoint (or checkpoint.load_step) after verifying it
+  // (checkpoint_manifest.h); false when there is none. A mismatch on any rank is an error
+  // on every rank, as are weights that are not finite and, without
+  // checkpoint.allow_data_change, data that differs from the checkpoint's (data_identity.h).
   bool load_checkpoint();
   // Chosen by rank 0 at start (or taken from the checkpoint resumed), the same on all ranks.
   const std::string& run_id() const { return run_id_; }
@@ -128,8 +138,14 @@ class Trainer {
   std::vector<std::pair<std::string, at::Tensor>> named_trained_parameters() const;
   // What this job's checkpoints are (step: the current one).
   CheckpointIdentity identity() const;
-  // Temp files of interrupted saves; refuses (or with overwrite, clears) a folder
-  // holding an earlier run's checkpoints when this run does not resume.
+  // Takes the dump folder's lock (dump_folder_lock.h) or stops every rank naming its holder.
+  void lock_dump_folder();
+  // The folders the job writes are writable, and the checkpoint folder has room for a
+  // checkpoint (a warning otherwise); storage_checks.h.
+  void check_storage();
+  // Temp files of interrupted saves (their writer is gone: this job holds the folder's
+  // lock); refuses (or with overwrite, clears) a folder holding an earlier run's
+  // checkpoints when this run does not resume.
   void prepare_checkpoint_folder();
   // Collective: every rank throws when any rank's `own_error` is non-empty, with its own
   // error or, on the others, which ranks failed at `what`.
@@ -141,6 +157,8 @@ class Trainer {
   std::string metrics_folder() const;
 
   JobConfig config_;
+  // Declared first: released last, after everything the job writes is closed.
+  std::unique_ptr<DumpFolderLock> dump_folder_lock_;  // rank 0 (and node leaders); null elsewhere
   std::optional<ParallelismScope> parallelism_scope_;  // set in the constructor, restored at the end
   std::ostream* log_;
   int64_t rank_ = 0;
@@ -160,6 +178,8 @@ class Trainer {
   TrainContext train_context_;
   std::unique_ptr<Validator> validator_;
   std::unique_ptr<MetricsLogger> metrics_;
+  nlohmann::json data_identity_;  // data_identity.h: recorded in checkpoints, checked on resume
+  NonFiniteSteps non_finite_{0};
   int64_t step_ = 0;
   std::string run_id_;
 };

@@ -4,12 +4,21 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "train/job_config.h"
 #include "train/trainer.h"
 
 namespace hyper_parallel::testing {
+
+// The checkpoint tests' job: a one-layer Llama (dim 32, even vocabulary 512, so both ranks'
+// shards have one shape and a swapped file loads unless something checks whose it is),
+// 4 x 16 tokens per step, no validation or plot, a checkpoint every 2 steps.
+train::JobConfig tiny_checkpointed_job(const std::string& dump, int64_t tp, int64_t steps);
+
+// <job.dump_folder>/<checkpoint.folder>/<rel>.
+std::string checkpoint_path(const train::JobConfig& job, const std::string& rel);
 
 // Steps first..last (1-based) of `job`. The Trainer must start at step first - 1: 0 for a
 // fresh run, the checkpoint's step when the job resumes. With `save`, a checkpoint is
