@@ -2,7 +2,11 @@
 initial weights and optimiser as hp-train, trained with PyTorch's own DTensor +
 parallelize_module + loss_parallel (Gloo, CPU).
 
-    torchrun --nproc-per-node TP bench_train_pytorch.py EXPORT_DIR OUT_JSON
+    torchrun --nproc-per-node DP*TP bench_train_pytorch.py EXPORT_DIR OUT_JSON [DP]
+
+With DP > 1 the world is a DP x TP mesh (hp-train's order: the TP ranks of a replica are
+neighbours); replica r trains on rows [r*B/DP, (r+1)*B/DP) of each exported batch and the
+gradients are averaged over the replicas before clipping (the batch's mean loss).
 
 EXPORT_DIR is what `hp-export-train` wrote (manifest.json, weights/, batches/). Rank 0
 writes OUT_JSON: per-step losses, gradient norms, step times and their phases, peak
@@ -160,6 +164,7 @@ def local(t):
 
 def main():
     export_dir, out_json = sys.argv[1], sys.argv[2]
+    dp = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     with open(os.path.join(export_dir, "manifest.json")) as f:
         man = json.load(f)
     m, t = man["model"], man["training"]
@@ -167,7 +172,8 @@ def main():
     torch.set_num_threads(threads)
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
-    lp = bool(man["loss_parallel"]) and world > 1
+    tp = world // dp
+    lp = bool(man["loss_parallel"]) and tp > 1
 
     model = Llama(m)
     with torch.no_grad():
@@ -177,8 +183,12 @@ def main():
             params[w["name"]].copy_(torch.from_numpy(data).reshape(w["shape"]))
     if man.get("dtype", "float32") == "float64":
         model.double()  # parameters and the RoPE tables, as hp-train's model->to(float64)
-    if world > 1:
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    dp_group = None
+    if dp > 1:
+        world_mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+        dp_group = world_mesh.get_group("dp")
+    if tp > 1:
+        mesh = world_mesh["tp"] if dp > 1 else init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
         for block in model.layers:
             parallelize_module(block, mesh, layer_plan())
         parallelize_module(model, mesh, tp_plan(lp))
@@ -191,6 +201,8 @@ def main():
                                          dtype=np.int64)).reshape(shape)
         y = torch.from_numpy(np.fromfile(os.path.join(export_dir, "batches", "target_%d.bin" % step),
                                          dtype=np.int64)).reshape(shape)
+        rows = shape[0] // dp
+        x, y = (b[rank // tp * rows:(rank // tp + 1) * rows] for b in (x, y))
         t0 = time.perf_counter()
         lr = learning_rate_at(step, t)
         for g in opt.param_groups:
@@ -211,6 +223,15 @@ def main():
             t3 = time.perf_counter()
             loss.backward()
         del logits, loss
+        if dp_group is not None:  # the replicas' mean gradient and loss (equal rows each)
+            for p in model.parameters():
+                if p.grad is not None:
+                    g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                    dist.all_reduce(g, group=dp_group)
+                    g.div_(dp)
+            v = torch.tensor([value], dtype=torch.float64)
+            dist.all_reduce(v, group=dp_group)
+            value = v.item() / dp
         t4 = time.perf_counter()
         # TorchTitan's clipping: the total norm of the DTensor gradients made whole (their
         # norms reduce across ranks), with the plain (replicated) ones counted once; then

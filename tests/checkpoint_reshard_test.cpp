@@ -25,20 +25,39 @@ std::string error_of(const std::function<void()>& fn) {
   return "";
 }
 
+// The expected pieces come from torch.chunk itself, not from the library's piece_of: TP
+// rank r of tp holds torch.chunk(full, tp, dim)[r] (an empty piece where torch.chunk
+// returns fewer than tp, as PyTorch's DTensor pads), the whole tensor for Replicate().
+at::Tensor chunk_of(const at::Tensor& full, const TensorLayout& l, int64_t tp, int64_t r) {
+  if (l.shard_dim < 0) return full;
+  const std::vector<at::Tensor> pieces = full.chunk(tp, l.shard_dim);
+  return r < static_cast<int64_t>(pieces.size()) ? pieces[static_cast<size_t>(r)]
+                                                 : full.narrow(l.shard_dim, full.size(l.shard_dim), 0);
+}
+
+// Where that piece lies: its first index along the shard dim (the dim's length for an
+// empty piece) and its length.
+Box chunk_box(const TensorLayout& l, int64_t tp, int64_t r) {
+  Box b{std::vector<int64_t>(l.shape.size(), 0), l.shape};
+  if (l.shard_dim < 0) return b;
+  const auto d = static_cast<size_t>(l.shard_dim);
+  const at::Tensor mine = chunk_of(at::arange(l.shape[d], at::kLong), {{l.shape[d]}, 0, at::kLong}, tp, r);
+  b.offset[d] = mine.numel() ? mine[0].item<int64_t>() : l.shape[d];
+  b.sizes[d] = mine.numel();
+  return b;
+}
+
 // The saved file of TP rank r: its piece of `full` (a contiguous copy, as a file holds).
 std::map<std::string, at::Tensor> file_of(const std::string& key, const at::Tensor& full, const TensorLayout& l,
                                           int64_t tp, int64_t r) {
-  const Box b = piece_of(l, tp, r);
-  at::Tensor t = full;
-  for (size_t d = 0; d < b.offset.size(); ++d) t = t.narrow(static_cast<int64_t>(d), b.offset[d], b.sizes[d]);
-  return {{key, t.contiguous()}};
+  return {{key, chunk_of(full, l, tp, r).contiguous()}};
 }
 
 // The saved TP ranks whose pieces overlap `want` (what a rank must read for a sharded tensor).
 std::vector<int64_t> overlapping(const TensorLayout& saved, int64_t saved_tp, const Box& want) {
   std::vector<int64_t> out;
   for (int64_t r = 0; r < saved_tp; ++r) {
-    const Box b = piece_of(saved, saved_tp, r);
+    const Box b = chunk_box(saved, saved_tp, r);
     bool any = want.numel() > 0;
     for (size_t d = 0; d < b.offset.size(); ++d) {
       any = any && std::max(b.offset[d], want.offset[d]) < std::min(b.offset[d] + b.sizes[d], want.offset[d] + want.sizes[d]);
@@ -68,7 +87,9 @@ TEST(CheckpointReshard, EveryPieceAtEveryDegreeComesBackBitForBit) {
                            std::to_string(saved_tp) + ", now " + placement_string({shape, dim, at::kFloat}) +
                            " over " + std::to_string(tp) + ", rank " + std::to_string(rank));
               const TensorLayout now{shape, dim, at::kFloat};
-              const Box want = piece_of(now, tp, rank);
+              const Box want = chunk_box(now, tp, rank);
+              EXPECT_EQ(piece_of(now, tp, rank).sizes, want.sizes);
+              if (want.numel() > 0) EXPECT_EQ(piece_of(now, tp, rank).offset, want.offset);
               ReshardPlan plan({{"w", saved}}, saved_tp, {{"w", now, want}}, rank % saved_tp);
               // Only the files that hold part of the piece; one for a whole saved tensor.
               if (saved_dim >= 0) {

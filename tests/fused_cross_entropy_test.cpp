@@ -311,20 +311,31 @@ TEST(FusedCrossEntropyKernel, StatisticsAndGradientMatchAtenOnAwkwardRows) {
 }
 
 // A training loop's next step finds the previous step's gradient buffer free again and
-// writes into it, instead of faulting in a fresh logits-sized buffer.
+// writes into it, instead of faulting in a fresh logits-sized buffer; what it writes there
+// is each step's own gradient (ATen's on the full logits), not a stale one.
 TEST(FusedCrossEntropy, TrainingStepsReuseTheGradientBuffer) {
-  run_ranks(2, [](int64_t) {
+  // The targets are replicated: the same seeded draw on every rank, with one ignored row.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor t = at::randint(16384, {64}, gen, at::kLong);
+  t[5] = -100;
+  std::vector<at::Tensor> fulls, want;
+  for (uint64_t seed : {2, 3, 4}) {
+    fulls.push_back(random_tensor({64, 16384}, seed, at::kFloat));
+    at::Tensor ref = fulls.back().clone().set_requires_grad(true);
+    F::cross_entropy(ref, t).backward();
+    want.push_back(ref.grad());
+  }
+  run_ranks(2, [&](int64_t) {
     auto mesh = init_device_mesh("cpu", {2});
-    const at::Tensor full = random_tensor({64, 16384}, 2, at::kFloat);
-    const at::Tensor t = at::randint(16384, {64}, at::kLong);
-    auto step = [&] {
-      at::Tensor x = distribute_tensor(full, mesh, {Shard(1)}).set_requires_grad(true);
+    auto step = [&](size_t i) {
+      at::Tensor x = distribute_tensor(fulls[i], mesh, {Shard(1)}).set_requires_grad(true);
       auto guard = loss_parallel();
       F::cross_entropy(x, t).backward();
+      EXPECT_TRUE(at::allclose(full_tensor(x.grad()), want[i], 1e-5, 1e-9)) << "step " << i;
       return to_local(x.grad()).const_data_ptr();
     };
-    const void* first = step();
-    EXPECT_EQ(step(), first);
-    EXPECT_EQ(step(), first);
+    const void* first = step(0);
+    EXPECT_EQ(step(1), first);
+    EXPECT_EQ(step(2), first);
   });
 }

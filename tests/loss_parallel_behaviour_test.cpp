@@ -9,6 +9,7 @@
 
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
+#include "loss/loss_parallel_dispatch.h"
 
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
@@ -426,7 +427,19 @@ TEST(LossParallelNames, TableCoversTheDecompositionAndIsExtendable) {
                         "nll_loss_backward", "nll_loss2d_backward", "cross_entropy_loss"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
   }
-  register_loss_parallel_op_names({"softmax_test_only"});
+  // The added name lives only as long as this test: later tests see the built-in table.
+  struct Registered {
+    Registered() { register_loss_parallel_op_names({"softmax_test_only"}); }
+    ~Registered() { unregister_loss_parallel_op_names({"softmax_test_only"}); }
+  };
+  {
+    Registered scope;
+    names = loss_parallel_op_names();
+    EXPECT_NE(std::find(names.begin(), names.end(), "softmax_test_only"), names.end());
+  }
   names = loss_parallel_op_names();
-  EXPECT_NE(std::find(names.begin(), names.end(), "softmax_test_only"), names.end());
+  EXPECT_EQ(std::find(names.begin(), names.end(), "softmax_test_only"), names.end());
+  EXPECT_THROW(unregister_loss_parallel_op_names({"nll_loss_forward"}), c10::ValueError) << "built-ins stay";
+  names = loss_parallel_op_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "nll_loss_forward"), names.end());
 }

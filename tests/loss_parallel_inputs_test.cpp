@@ -97,11 +97,27 @@ TEST_P(LossParallelInputs, AWrongTargetDtypeIsRefusedLikeTheReference) {
                       return F::cross_entropy(logits_on(m), good_target().to(torch::kInt));
                     }),
                     "Long or Byte");
-  // Byte is accepted, as by PyTorch.
-  for (const auto& e : errors_on(GetParam(), [](int64_t, const DeviceMesh& m) {
-         return F::cross_entropy(logits_on(m), good_target().to(torch::kByte));
-       })) {
-    EXPECT_EQ(e, "");
+  // Byte is accepted, as by PyTorch, and gives ATen's loss and gradient on the full logits.
+  const at::Tensor full = random_tensor({kRows, kClasses}, 21);
+  const at::Tensor ref = full.clone().set_requires_grad(true);
+  const at::Tensor want = F::cross_entropy(ref, good_target().to(torch::kByte));
+  want.backward();
+  std::mutex m;
+  std::vector<std::pair<at::Tensor, at::Tensor>> got(static_cast<size_t>(GetParam()));
+  const auto errors = errors_on(GetParam(), [&](int64_t rank, const DeviceMesh& mesh) {
+    at::Tensor x = distribute_tensor(full, mesh, {Shard(1)}).set_requires_grad(true);
+    at::Tensor l = F::cross_entropy(x, good_target().to(torch::kByte));
+    l.backward();
+    std::pair<at::Tensor, at::Tensor> mine{full_tensor(l), full_tensor(x.grad())};  // collectives: outside the lock
+    std::lock_guard<std::mutex> lock(m);
+    got[static_cast<size_t>(rank)] = std::move(mine);
+    return l;
+  });
+  for (size_t r = 0; r < got.size(); ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    ASSERT_TRUE(got[r].first.defined() && got[r].second.defined()) << "rank " << r;
+    EXPECT_TRUE(torch::allclose(got[r].first, want, 1e-12, 1e-14)) << "rank " << r << ": " << got[r].first << " vs " << want;
+    EXPECT_TRUE(torch::allclose(got[r].second, ref.grad(), 1e-12, 1e-14)) << "rank " << r;
   }
 }
 

@@ -178,16 +178,32 @@ TEST(TensorParallelBlocks, VocabParallelEmbeddingMatchesOneProcess) {
 }
 
 TEST(ParallelStyles, ColwiseOutputAlreadyInItsLayoutIsNotRedistributed) {
-  // Shard(-1) and the output's Shard(1) are the same placement: no redistribute node.
-  run_ranks(2, [](int64_t) {
+  // Shard(-1) and the output's Shard(1) are the same placement: no redistribute node, and
+  // the output and the weight's gradient are one process's (the same input on every rank).
+  const at::Tensor x = hyper_parallel::testing::random_tensor({3, 4}, 7);
+  const at::Tensor c = hyper_parallel::testing::random_tensor({3, 6}, 8);
+  const at::Tensor w0 = hyper_parallel::testing::random_tensor({6, 4}, 9);
+  const at::Tensor ref_w = w0.clone().set_requires_grad(true);
+  const at::Tensor y_ref = at::matmul(x, ref_w.t());
+  (y_ref * c).sum().backward();
+  run_ranks(2, [&](int64_t) {
     auto mesh = init_device_mesh("cpu", {2}, {"tp"});
     torch::nn::Linear lin(torch::nn::LinearOptions(4, 6).bias(false));
+    lin->to(torch::kDouble);
+    {
+      torch::NoGradGuard no_grad;
+      lin->weight.copy_(w0);
+    }
     torch::nn::Sequential model(lin);
     parallelize_module(*model, mesh, {{"0", ColwiseParallel::make({.output_layouts = {{Shard(-1)}}, .use_local_output = false})}});
-    at::Tensor x = at::randn({3, 4});
     at::Tensor y = parallel_forward(lin, x);
     ASSERT_TRUE(is_dtensor(y));
     ASSERT_TRUE(y.grad_fn());
     EXPECT_NE(y.grad_fn()->name(), "hyper_parallel::RedistributeBackward");
+    EXPECT_EQ(placements_of(y), Placements{Shard(1)});
+    EXPECT_TRUE(torch::allclose(full_tensor(y), y_ref, 1e-12, 1e-14));
+    (y * distribute_tensor(c, mesh, {Shard(1)})).sum().backward();
+    ASSERT_TRUE(lin->weight.grad().defined());
+    EXPECT_TRUE(torch::allclose(full_tensor(lin->weight.grad()), ref_w.grad(), 1e-12, 1e-14));
   });
 }

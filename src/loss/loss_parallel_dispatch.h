@@ -7,6 +7,7 @@
 #include <c10/util/Optional.h>
 
 #include <string>
+#include <vector>
 
 namespace hyper_parallel {
 
@@ -20,6 +21,10 @@ bool dispatch_loss_parallel(const c10::OperatorHandle& op, const std::string& na
 at::Tensor cross_entropy_parallel(const at::Tensor& logits, const at::Tensor& target,
                                   const c10::optional<at::Tensor>& weight, int64_t reduction,
                                   int64_t ignore_index, double label_smoothing);
+
+// Removes names that register_loss_parallel_op_names added (a test's, so that later tests
+// see the built-in table). A built-in name is refused (c10::ValueError).
+void unregister_loss_parallel_op_names(const std::vector<std::string>& names);
 
 // Registers the loss_parallel route in OpDispatcher and the cross_entropy_loss kernel
 // (once).

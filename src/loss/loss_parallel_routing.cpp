@@ -36,11 +36,16 @@ const std::set<std::string>& backward_names() {
   return names;
 }
 
+const std::set<std::string>& built_in_names() {
+  static const std::set<std::string> names = {"_log_softmax", "_log_softmax_backward_data", "nll_loss_forward",
+                                              "nll_loss2d_forward", "nll_loss_backward", "nll_loss2d_backward",
+                                              "cross_entropy_loss"};
+  return names;
+}
+
 struct Table {
   std::mutex mutex;
-  std::set<std::string> names = {"_log_softmax", "_log_softmax_backward_data", "nll_loss_forward",
-                                 "nll_loss2d_forward", "nll_loss_backward", "nll_loss2d_backward",
-                                 "cross_entropy_loss"};
+  std::set<std::string> names = built_in_names();
 };
 Table& table() {
   static Table* t = new Table();
@@ -234,6 +239,18 @@ void register_loss_parallel_op_names(const std::vector<std::string>& names) {
   {
     std::lock_guard<std::mutex> lock(table().mutex);
     for (const auto& n : names) table().names.insert(n);
+  }
+  clear_layout_cache();
+}
+
+void unregister_loss_parallel_op_names(const std::vector<std::string>& names) {
+  for (const auto& n : names) {
+    TORCH_CHECK_VALUE(!built_in_names().count(n), "unregister_loss_parallel_op_names: '", n,
+                      "' is a built-in loss_parallel op name and cannot be removed");
+  }
+  {
+    std::lock_guard<std::mutex> lock(table().mutex);
+    for (const auto& n : names) table().names.erase(n);
   }
   clear_layout_cache();
 }
