@@ -14,6 +14,7 @@
 #include "loss/cross_entropy_kernels.h"
 #include "loss/fused_cross_entropy.h"
 #include "loss/input_agreement.h"
+#include "loss/logits_device.h"
 #include "loss/loss_parallel_dispatch.h"
 
 namespace hyper_parallel {
@@ -85,6 +86,12 @@ void check_on_logits_mesh(const at::Tensor& t, const ClassSharding& cs, const st
   }
 }
 
+// The device of a plain tensor, or of a DTensor's local piece.
+c10::Device local_device(const at::Tensor& t) {
+  auto* impl = dtensor_impl(t);
+  return impl ? impl->local().device() : t.device();
+}
+
 }  // namespace
 
 at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor& target,
@@ -122,8 +129,10 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
     TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
                 ": label_smoothing must be in [0, 1], got ", label_smoothing);
     check_on_logits_mesh(target, cs, "target", op);
+    check_on_logits_device(local_logits.device(), local_device(target), ce.soft ? "probability target" : "target", op);
     if (weight && weight->defined()) {
       check_on_logits_mesh(*weight, cs, "class weight", op);
+      check_on_logits_device(local_logits.device(), local_device(*weight), "class weight", op);
       at::Tensor w = replicated_value(*weight, "class weight", op);
       TORCH_CHECK(w.dim() == 1 && w.size(0) == cs.num_classes, op, ": expected a class weight of shape [",
                   cs.num_classes, "], got ", w.sizes());
