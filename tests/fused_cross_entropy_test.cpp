@@ -215,6 +215,89 @@ TEST(FusedCrossEntropy, GradientInForwardIsScaledByTheIncomingGradient) {
   });
 }
 
+// A second backward through a retained graph accumulates what ATen's does, whether or not
+// its incoming gradient is the first one's (the first scaled the stored gradient in place).
+TEST(FusedCrossEntropy, GradientInForwardBackwardTwiceAccumulatesAsAten) {
+  const at::Tensor full = random_tensor({5, 9}, 4);
+  const at::Tensor t = torch::tensor({0, 8, 3, -100, 4});
+  const at::Tensor c1 = random_tensor({5}, 5), c2 = random_tensor({5}, 6);
+  for (bool per_row : {false, true}) {
+    // loss * c1 then loss * c2 (scalars 2.5 and 2.5, then 2.5 and 0.5, for the mean)
+    for (bool same : {true, false}) {
+      SCOPED_TRACE(c10::str(per_row ? "none, per-row gradients" : "mean", same ? ", same" : ", different"));
+      const auto opts = F::CrossEntropyFuncOptions().reduction(per_row ? F::CrossEntropyFuncOptions::reduction_t(torch::kNone)
+                                                                       : F::CrossEntropyFuncOptions::reduction_t(torch::kMean));
+      const at::Tensor g1 = per_row ? c1 : torch::tensor(2.5, torch::kDouble);
+      const at::Tensor g2 = same ? g1 : per_row ? c2 : torch::tensor(0.5, torch::kDouble);
+      at::Tensor ref_x = full.clone().set_requires_grad(true);
+      const at::Tensor ref = F::cross_entropy(ref_x, t, opts);
+      (ref * g1).sum().backward({}, /*retain_graph=*/true);
+      (ref * g2).sum().backward();
+      run_ranks(2, [&](int64_t) {
+        auto mesh = init_device_mesh("cpu", {2});
+        at::Tensor x = distribute_tensor(full, mesh, {Shard(1)}).set_requires_grad(true);
+        LossParallelOptions o;
+        o.gradient_in_forward = true;
+        auto guard = loss_parallel(o);
+        const at::Tensor loss = to_local(F::cross_entropy(x * 1.0, t, opts));
+        (loss * g1).sum().backward({}, /*retain_graph=*/true);
+        (loss * g2).sum().backward();
+        EXPECT_TRUE(at::allclose(full_tensor(x.grad()), ref_x.grad(), 1e-12, 1e-14))
+            << full_tensor(x.grad())[0][0].item<double>() << " where ATen gives " << ref_x.grad()[0][0].item<double>();
+      });
+    }
+  }
+}
+
+// Where the first incoming gradient had a zero that the second has not, the stored gradient
+// cannot be recovered: a clear error, not a wrong gradient. A freed graph says so as ATen does.
+TEST(FusedCrossEntropy, GradientInForwardSecondBackwardItCannotServeIsAClearError) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2});
+    at::Tensor x = distribute_tensor(random_tensor({3, 8}, 7), mesh, {Shard(1)}).set_requires_grad(true);
+    LossParallelOptions o;
+    o.gradient_in_forward = true;
+    auto guard = loss_parallel(o);
+    const auto none = F::CrossEntropyFuncOptions().reduction(torch::kNone);
+    const at::Tensor loss = to_local(F::cross_entropy(x * 1.0, torch::tensor({1, 2, 7}), none));
+    (loss * torch::tensor({1.0, 0.0, 2.0}, torch::kDouble)).sum().backward({}, /*retain_graph=*/true);
+    try {
+      loss.sum().backward({}, /*retain_graph=*/true);
+      ADD_FAILURE() << "a second backward through a gradient scaled by zero did not raise";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot be undone"), std::string::npos) << e.what();
+    }
+    const at::Tensor freed = to_local(F::cross_entropy(x * 1.0, torch::tensor({1, 2, 7})));
+    freed.backward();
+    try {
+      freed.backward();
+      ADD_FAILURE() << "a second backward through a freed graph did not raise";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("backward through the graph a second time"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// Leaf logits keep their values and get a .grad of their own: the gradient is written in
+// forward only over logits that are not a leaf (a leaf's values are the caller's).
+TEST(FusedCrossEntropy, GradientInForwardLeavesALeafsValuesAndGradSeparate) {
+  const at::Tensor full = random_tensor({4, 10}, 8);
+  const at::Tensor t = torch::tensor({1, 2, 3, 9});
+  at::Tensor ref_x = full.clone().set_requires_grad(true);
+  F::cross_entropy(ref_x, t).backward();
+  run_ranks(2, [&](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2});
+    at::Tensor x = distribute_tensor(full, mesh, {Shard(1)}).set_requires_grad(true);
+    LossParallelOptions o;
+    o.gradient_in_forward = true;
+    auto guard = loss_parallel(o);
+    F::cross_entropy(x, t).backward();
+    EXPECT_TRUE(full_tensor(x.detach()).equal(full)) << "the leaf's values were overwritten";
+    EXPECT_FALSE(to_local(x.grad()).is_alias_of(to_local(x.detach()))) << "the leaf's .grad aliases its data";
+    EXPECT_TRUE(at::allclose(full_tensor(x.grad()), ref_x.grad(), 1e-12, 1e-14));
+  });
+}
+
 TEST(FusedCrossEntropy, GradientBufferIsReusedOnceThePreviousOneIsFree) {
   release_gradient_buffers();
   at::Tensor a = reusable_gradient_buffer(64, 8192, at::kFloat);
