@@ -26,6 +26,8 @@ inline double relative_error(const at::Tensor& got, const at::Tensor& want) {
 // What the errors were: ATen's (rounding alone) and ours as a multiple of it, over a test.
 class RoundingRecord {
  public:
+  // `multiple`: of ATen's error (kRoundingMultiple; more for data that are fresh each run).
+  explicit RoundingRecord(double multiple = kRoundingMultiple) : multiple_(multiple) {}
   // The relative-error bound for our result in `dtype` (error `ours` against `want`): float64
   // to rounding, float32 to its epsilon times the condition of a softmax over tens of classes;
   // bf16/fp16 from ATen's result in that dtype, `aten` (see bound).
@@ -39,7 +41,7 @@ class RoundingRecord {
   double bound(const at::Tensor& aten, const at::Tensor& want, at::ScalarType dtype, double ours) {
     const double rounding = relative_error(aten, want);
     const double ulp = dtype == at::kHalf ? std::ldexp(1.0, -10) : std::ldexp(1.0, -7);
-    const double b = std::max(kRoundingMultiple * rounding, want.numel() == 1 ? ulp : 0.0);
+    const double b = std::max(multiple_ * rounding, want.numel() == 1 ? ulp : 0.0);
     std::lock_guard<std::mutex> lock(mutex_);
     if (want.numel() > 1) {
       min_rounding_ = std::min(min_rounding_, rounding);
@@ -53,11 +55,12 @@ class RoundingRecord {
     std::lock_guard<std::mutex> lock(mutex_);
     char buf[160];
     std::snprintf(buf, sizeof buf, "rounding alone %.2e..%.2e, ours at most %.2fx it (bound %.1fx)", min_rounding_,
-                  max_rounding_, max_ratio_, kRoundingMultiple);
+                  max_rounding_, max_ratio_, multiple_);
     return buf;
   }
 
  private:
+  double multiple_;
   mutable std::mutex mutex_;
   double min_rounding_ = std::numeric_limits<double>::infinity(), max_rounding_ = 0, max_ratio_ = 0;
 };
