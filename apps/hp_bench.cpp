@@ -281,7 +281,10 @@ nlohmann::json roofline_case(const RooflineCase& c, const hp::DeviceMesh& mesh, 
   std::vector<double> fwds, bwds, totals, exp_rates, reads, writes, exp_bounds, traffic_bounds, percents;
   for (int i = 0; i < iters + 1; ++i) {
     if (c.gradient_in_forward) work.copy_(original);  // the previous step overwrote it
-    at::Tensor x = hp::DTensor::from_local(work, mesh, {hp::Shard(1)}, from_local).detach().set_requires_grad(true);
+    // Logits a model would give: not a leaf (the gradient is written in forward only over
+    // logits that are not the caller's leaf values).
+    at::Tensor leaf = work.detach().set_requires_grad(true);
+    at::Tensor x = hp::DTensor::from_local(leaf, mesh, {hp::Shard(1)}, from_local);
     mesh.comm(0).barrier();
     hp::reset_collective_counts();
     const auto t0 = std::chrono::steady_clock::now();

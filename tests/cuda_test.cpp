@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
+#include "harness/nonfinite_rows.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/hyper_parallel.h"
@@ -184,6 +185,66 @@ TEST(CudaLossParallel, FusedLinearCrossEntropyMatchesTheFullLogits) {
       });
     }
   }
+}
+
+// The CUDA kernel on NaN / +inf / -inf rows (tests/harness/nonfinite_rows.h: the first
+// column, inside a thread's first 256, past them, whole rows) gives ATen's loss and gradient,
+// TP 1-3. tests/cross_entropy_nonfinite_test.cpp runs the kernel's update and merge on the CPU.
+TEST(CudaLossParallel, NonFiniteLogitsGiveAtensLossAndGradient) {
+  HP_REQUIRE_CUDA();
+  using hyper_parallel::testing::expect_same_values;
+  for (int64_t cols : {300, 600}) {
+    const auto rows = hyper_parallel::testing::nonfinite_rows(cols);
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      at::Tensor rx = rows.logits.to(dtype).clone().set_requires_grad(true);
+      const auto none = F::CrossEntropyFuncOptions().reduction(torch::kNone);
+      const at::Tensor want = F::cross_entropy(rx, rows.target, none);
+      want.sum().backward();
+      const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;
+      for (int64_t tp : {1, 2, 3}) {
+        run_cuda_ranks(tp, [&](int64_t) {
+          auto mesh = init_device_mesh("cuda", {tp}, {"tp"});
+          at::Tensor x = distribute_tensor(rows.logits.to(dtype).to(mesh.device()), mesh, {Shard(1)}).set_requires_grad(true);
+          auto guard = loss_parallel();
+          at::Tensor loss = F::cross_entropy(x, rows.target.to(mesh.device()), none);
+          to_local(loss).sum().backward();
+          const std::string what = c10::str(cols, " classes, ", dtype, ", TP ", tp);
+          expect_same_values(full_tensor(loss), want, tol, rows.names, "loss, " + what);
+          expect_same_values(full_tensor(x.grad()), rx.grad(), tol, rows.names, "gradient, " + what);
+        });
+      }
+    }
+  }
+}
+
+// A CPU target, soft target or class weight with CUDA logits is PyTorch's device-mismatch
+// error naming both devices, before any kernel runs: the CUDA context stays usable.
+TEST(CudaLossParallel, CpuInputsWithCudaLogitsAreAnErrorNamingBothDevices) {
+  HP_REQUIRE_CUDA();
+  run_cuda_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cuda", {2}, {"tp"});
+    const at::Device dev = mesh.device();
+    at::Tensor x = distribute_tensor(random_tensor({4, 10}, 1).to(dev), mesh, {Shard(1)});
+    const at::Tensor t = torch::tensor({1, 2, 3, 9});
+    const std::string cuda_name = dev.str();
+    auto guard = loss_parallel();
+    auto expect_error = [&](const std::function<at::Tensor()>& fn, const std::string& what) {
+      try {
+        full_tensor(fn());
+        ADD_FAILURE() << "a " << what << " on cpu with logits on " << cuda_name << " was accepted";
+      } catch (const c10::Error& e) {
+        const std::string m = e.what_without_backtrace();
+        EXPECT_NE(m.find("the " + what + " is on cpu and the logits on " + cuda_name), std::string::npos) << m;
+      }
+    };
+    expect_error([&] { return F::cross_entropy(x, t); }, "target");
+    expect_error([&] { return F::cross_entropy(x, torch::full({4, 10}, 0.1, torch::kDouble)); }, "probability target");
+    expect_error([&] { return F::cross_entropy(x, t.to(dev), F::CrossEntropyFuncOptions().weight(torch::ones({10}, torch::kDouble))); },
+                 "class weight");
+    // The context is intact: the same loss with the target moved runs and agrees with ATen.
+    const at::Tensor want = F::cross_entropy(random_tensor({4, 10}, 1), t);
+    EXPECT_NEAR(full_tensor(F::cross_entropy(x, t.to(dev))).cpu().item<double>(), want.item<double>(), 1e-12);
+  });
 }
 
 TEST(CudaMesh, ACudaWorldWithoutAGpuIsAClearError) {

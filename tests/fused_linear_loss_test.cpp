@@ -6,15 +6,18 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <iostream>
 #include <mutex>
 #include <random>
 
 #include "harness/rank_harness.h"
+#include "harness/rounding_bound.h"
 #include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/hyper_parallel.h"
 
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
+using hyper_parallel::testing::RoundingRecord;
 using hyper_parallel::testing::run_ranks;
 namespace F = torch::nn::functional;
 
@@ -54,7 +57,7 @@ Data make_data(const Case& c, uint64_t seed) {
 at::Tensor reference_loss(const Case& c, const at::Tensor& h, const at::Tensor& w, const Data& d) {
   const at::Tensor x = h.mm(w.t());
   const at::Tensor y = c.softcap > 0 ? c.softcap * torch::tanh(x / c.softcap) : x;
-  const at::Tensor valid = d.target.ne(-100).to(at::kDouble);
+  const at::Tensor valid = d.target.ne(-100).to(h.scalar_type());
   const at::Tensor z_rows = c.z_loss * torch::logsumexp(y, 1).square() * valid;
   auto o = F::CrossEntropyFuncOptions().label_smoothing(c.label_smoothing);
   if (d.class_weight.defined()) o = o.weight(d.class_weight);
@@ -76,14 +79,33 @@ Reference reference(const Case& c, const Data& d, at::ScalarType dtype) {
   return {loss.detach(), h.grad(), w.grad()};
 }
 
+// ATen's own computation in `dtype` (head matmul and cross_entropy in dtype, class weights
+// and incoming gradient too): its distance from `reference` is what rounding alone gives.
+Reference aten_in_dtype(const Case& c, const Data& d, at::ScalarType dtype) {
+  at::Tensor h = d.hidden.to(dtype).set_requires_grad(true);
+  at::Tensor w = d.weight.to(dtype).set_requires_grad(true);
+  Data dd = d;
+  if (d.class_weight.defined()) dd.class_weight = d.class_weight.to(dtype);
+  at::Tensor loss = reference_loss(c, h, w, dd);
+  (loss * d.c_loss.to(dtype)).sum().backward();
+  return {loss.detach(), h.grad(), w.grad()};
+}
+
 double rel_err(const at::Tensor& got, const at::Tensor& want) {
   at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
   return (g - w).norm().item<double>() / std::max(w.norm().item<double>(), 1e-30);
 }
 
-// Loss, d hidden, d weight: float64 to rounding, float32 to its epsilon times the
-// condition of a softmax over ~30 classes, bf16 to its 8-bit mantissa.
-double tolerance(at::ScalarType t) { return t == at::kDouble ? 1e-12 : t == at::kFloat ? 2e-5 : 2e-2; }
+// Loss, d hidden, d weight: float64 to rounding, float32 to 2e-5, bf16 within a small
+// multiple of ATen's own bf16 error on the same inputs (harness/rounding_bound.h).
+RoundingRecord& bf16_errors() {
+  // 2x: the data are fresh each run and ours reached 1.43x on correct code (1.5x fixed data).
+  static RoundingRecord record(2.0);
+  return record;
+}
+double tolerance(at::ScalarType t, const at::Tensor& aten, const at::Tensor& want, double ours) {
+  return bf16_errors().tolerance(t, aten, want, ours);
+}
 
 FusedLinearCrossEntropyOptions options_of(const Case& c, const Data& d, at::ScalarType dtype) {
   FusedLinearCrossEntropyOptions o;
@@ -98,8 +120,8 @@ FusedLinearCrossEntropyOptions options_of(const Case& c, const Data& d, at::Scal
 }
 
 // One case on this rank: hidden plain or a Replicate DTensor, weight Shard(0) on `mesh`.
-void check(const DeviceMesh& mesh, const Case& c, const Data& d, const Reference& ref, at::ScalarType dtype,
-           bool replicate_hidden) {
+void check(const DeviceMesh& mesh, const Case& c, const Data& d, const Reference& ref, const Reference& aten,
+           at::ScalarType dtype, bool replicate_hidden) {
   SCOPED_TRACE(c.name() + " " + c10::toString(dtype) + " TP " + std::to_string(mesh.size()) +
                (replicate_hidden ? " Replicate hidden" : " plain hidden"));
   at::Tensor w = distribute_tensor(d.weight.to(dtype), mesh, {Shard(0)}).set_requires_grad(true);
@@ -113,19 +135,21 @@ void check(const DeviceMesh& mesh, const Case& c, const Data& d, const Reference
   ASSERT_TRUE(is_dtensor(loss));
   EXPECT_EQ(placements_of(loss), Placements{Replicate()});
   EXPECT_EQ(loss.scalar_type(), dtype);
-  const double tol = tolerance(dtype);
-  EXPECT_LE(rel_err(to_local(loss), ref.loss), tol) << to_local(loss) << " vs " << ref.loss;
+  const double loss_err = rel_err(to_local(loss), ref.loss);
+  EXPECT_LE(loss_err, tolerance(dtype, aten.loss, ref.loss, loss_err)) << to_local(loss) << " vs " << ref.loss;
   reset_collective_counts();
   (to_local(loss) * d.c_loss.to(dtype)).sum().backward();
   EXPECT_EQ(collective_counts().all_reduce, 1) << "the hidden's gradient, summed over TP";
   EXPECT_EQ(collective_counts().total(), 1);
   ASSERT_TRUE(h.grad().defined() && w.grad().defined());
   EXPECT_EQ(is_dtensor(h.grad()), replicate_hidden);
-  EXPECT_LE(rel_err(replicate_hidden ? to_local(h.grad()) : h.grad(), ref.grad_hidden), tol) << "d hidden";
+  const double h_err = rel_err(replicate_hidden ? to_local(h.grad()) : h.grad(), ref.grad_hidden);
+  EXPECT_LE(h_err, tolerance(dtype, aten.grad_hidden, ref.grad_hidden, h_err)) << "d hidden";
   const Layout& l = layout_of(w);
-  const at::Tensor want_w = ref.grad_weight.narrow(0, l.local_offset()[0], l.local_shape()[0]);
-  EXPECT_EQ(to_local(w.grad()).sizes(), want_w.sizes());
-  if (want_w.numel() > 0) EXPECT_LE(rel_err(to_local(w.grad()), want_w), tol) << "d weight";
+  EXPECT_EQ(to_local(w.grad()).sizes(), ref.grad_weight.narrow(0, l.local_offset()[0], l.local_shape()[0]).sizes());
+  // The whole gradient (a shard of a few rows measures rounding too noisily).
+  const double w_err = rel_err(full_tensor(w.grad()), ref.grad_weight);
+  EXPECT_LE(w_err, tolerance(dtype, aten.grad_weight, ref.grad_weight, w_err)) << "d weight";
 }
 
 uint64_t fresh_seed() {
@@ -164,20 +188,25 @@ void run_grid(const std::vector<Case>& cases, const std::vector<int64_t>& degree
   SCOPED_TRACE("seed " + std::to_string(seed));
   const std::vector<at::ScalarType> dtypes = {at::kDouble, at::kFloat, at::kBFloat16};
   std::vector<Data> data;
-  std::vector<std::vector<Reference>> refs;
+  std::vector<std::vector<Reference>> refs, aten;
   for (size_t i = 0; i < cases.size(); ++i) {
     data.push_back(make_data(cases[i], seed + 10 * i));
     refs.emplace_back();
-    for (auto dt : dtypes) refs.back().push_back(reference(cases[i], data.back(), dt));
+    aten.emplace_back();
+    for (auto dt : dtypes) {
+      refs.back().push_back(reference(cases[i], data.back(), dt));
+      aten.back().push_back(dt == at::kBFloat16 ? aten_in_dtype(cases[i], data.back(), dt) : Reference{});
+    }
   }
   for (int64_t tp : degrees) {
     run_ranks(tp, [&](int64_t) {
       auto mesh = init_device_mesh("cpu", {tp}, {"tp"});
       for (size_t i = 0; i < cases.size(); ++i) {
-        for (size_t k = 0; k < dtypes.size(); ++k) check(mesh, cases[i], data[i], refs[i][k], dtypes[k], (i + k) % 2);
+        for (size_t k = 0; k < dtypes.size(); ++k) check(mesh, cases[i], data[i], refs[i][k], aten[i][k], dtypes[k], (i + k) % 2);
       }
     });
   }
+  std::cout << "[ bf16     ] " << bf16_errors().summary() << std::endl;
 }
 
 // The message of what fn throws (empty when it does not).

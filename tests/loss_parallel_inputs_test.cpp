@@ -12,6 +12,8 @@
 
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
+#include "loss/logits_device.h"
+#include "loss/loss_parallel_dispatch.h"
 
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
@@ -199,5 +201,41 @@ TEST_P(LossParallelInputs, ATargetOnAnotherMeshIsTheSameErrorEverywhere) {
   expect_same_error(errors, "target on the logits' mesh");
 }
 
+// A target, probability target or class weight on another device than the logits is
+// PyTorch's device-mismatch error, naming both devices, on every rank, before any kernel
+// reads it (a CPU target with CUDA logits put a host pointer into the CUDA kernel). Without
+// a GPU, meta stands in for the other device: cross_entropy_parallel is called directly, as
+// the dispatcher would send a meta target to meta's kernels first. tests/cuda_test.cpp runs
+// the CPU-with-CUDA case on a GPU.
+TEST_P(LossParallelInputs, InputsOnAnotherDeviceThanTheLogitsAreAnErrorNamingBoth) {
+  const auto ce = [](const at::Tensor& target, const c10::optional<at::Tensor>& weight) {
+    return [=](int64_t, const DeviceMesh& m) {
+      return cross_entropy_parallel(logits_on(m), target, weight, at::Reduction::Mean, -100, 0.0);
+    };
+  };
+  expect_same_error(errors_on(GetParam(), ce(good_target().to(at::kMeta), c10::nullopt)),
+                    "the target is on meta and the logits on cpu");
+  expect_same_error(errors_on(GetParam(), ce(good_target(), torch::ones({kClasses}, torch::kDouble).to(at::kMeta))),
+                    "the class weight is on meta and the logits on cpu");
+  expect_same_error(errors_on(GetParam(), ce(torch::full({kRows, kClasses}, 1.0 / kClasses, at::kDouble).to(at::kMeta),
+                                             c10::nullopt)),
+                    "the probability target is on meta and the logits on cpu");
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, LossParallelInputs, ::testing::Values(2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "Ranks"; });
+
+// The check itself on device descriptors: CUDA logits with a CPU target, no GPU needed.
+TEST(LossParallelDevices, TheMismatchNamesBothDevices) {
+  try {
+    check_on_logits_device(c10::Device("cuda:1"), c10::Device("cpu"), "target", "cross_entropy");
+    ADD_FAILURE() << "a CPU target with CUDA logits was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("the target is on cpu and the logits on cuda:1"),
+              std::string::npos)
+        << e.what_without_backtrace();
+  }
+  EXPECT_THROW(check_on_logits_device(c10::Device("cuda:0"), c10::Device("cuda:1"), "class weight", "cross_entropy"),
+               c10::Error);
+  EXPECT_NO_THROW(check_on_logits_device(c10::Device("cuda:1"), c10::Device("cuda:1"), "target", "cross_entropy"));
+}

@@ -208,6 +208,12 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
       for (int64_t j = 0; j < C; ++j) out[j] = scalar_t(0);
       continue;
     }
+    if (!std::isfinite(lse[r])) {
+      // A NaN or +inf logit (lse NaN), or a row all -inf (lse -inf): its whole gradient is
+      // NaN, as ATen's (the vectorised exp would turn exp(NaN) into inf).
+      for (int64_t j = 0; j < C; ++j) out[j] = static_cast<scalar_t>(std::numeric_limits<acc_t>::quiet_NaN());
+      continue;
+    }
     // The target's logit, read before the vector loop may overwrite it (out == x).
     const acc_t x_t = t >= 0 ? static_cast<acc_t>(x[t]) : acc_t(0);
     const Vec vl(lse[r]), va(a), vb(b), vc(c);

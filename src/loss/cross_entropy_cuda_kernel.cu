@@ -5,6 +5,7 @@
 // scalar loads (consecutive threads, consecutive classes).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -14,6 +15,7 @@
 
 #include "loss/cross_entropy_cpu_kernel.h"
 #include "loss/logits_dtype_dispatch.h"
+#include "loss/running_logsumexp.h"
 
 namespace hyper_parallel::ce_kernel {
 
@@ -29,20 +31,6 @@ __device__ __forceinline__ acc_t capped(acc_t x, acc_t cap) {
   return cap > acc_t(0) ? cap * tanh(x / cap) : x;
 }
 
-// Merges (m2, s2) into (m, s): s relative to m, both -inf/0 when empty.
-template <typename acc_t>
-__device__ __forceinline__ void merge(acc_t& m, acc_t& s, acc_t m2, acc_t s2) {
-  if (m2 == -std::numeric_limits<acc_t>::infinity()) return;
-  if (m == -std::numeric_limits<acc_t>::infinity()) {
-    m = m2;
-    s = s2;
-    return;
-  }
-  const acc_t top = m > m2 ? m : m2;  // a NaN in either propagates through exp below
-  s = s * exp(m - top) + s2 * exp(m2 - top);
-  m = (m != m || m2 != m2) ? m + m2 : top;
-}
-
 // Block-wide merge of (m, s) and sums of v1, v2; the result lands in thread 0.
 template <typename acc_t>
 __device__ void block_reduce(acc_t& m, acc_t& s, acc_t& v1, acc_t& v2) {
@@ -56,7 +44,7 @@ __device__ void block_reduce(acc_t& m, acc_t& s, acc_t& v1, acc_t& v2) {
   for (int stride = kThreads / 2; stride > 0; stride /= 2) {
     if (t < stride) {
       acc_t mm = sm[t], sss = ss[t];
-      merge(mm, sss, sm[t + stride], ss[t + stride]);
+      running_lse_merge(mm, sss, sm[t + stride], ss[t + stride]);
       sm[t] = mm;
       ss[t] = sss;
       s1[t] += s1[t + stride];
@@ -83,12 +71,7 @@ __global__ void forward_kernel(ForwardArgs args) {
   acc_t m = ninf, s = 0, v1 = 0, v2 = 0;
   for (int64_t j = threadIdx.x; j < args.cols; j += kThreads) {
     const acc_t y = capped(static_cast<acc_t>(x[j]), cap);
-    if (y > m) {
-      s = (m == ninf ? acc_t(0) : s * exp(m - y)) + acc_t(1);
-      m = y;
-    } else if (y != ninf) {
-      s += exp(y - m);  // NaN y lands here and poisons s
-    }
+    running_lse_push(m, s, y);
     if (q) {
       acc_t wq = q[j] * q_scale + q_shift;
       if (w) wq *= w[j];
@@ -144,20 +127,22 @@ __global__ void backward_kernel(BackwardArgs args) {
 
 }  // namespace
 
-void cuda_forward_stats(const ForwardArgs& args) {
+void cuda_forward_stats(const ForwardArgs& args, c10::DeviceIndex device) {
   if (args.rows == 0) return;
+  const c10::cuda::CUDAGuard guard(device);
   fused_ce::dispatch_logits_dtype(args.dtype, [&](auto tag) {
     using scalar_t = decltype(tag);
-    forward_kernel<scalar_t><<<args.rows, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(args);
+    forward_kernel<scalar_t><<<args.rows, kThreads, 0, at::cuda::getCurrentCUDAStream(device)>>>(args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
 
-void cuda_backward(const BackwardArgs& args) {
+void cuda_backward(const BackwardArgs& args, c10::DeviceIndex device) {
   if (args.rows == 0) return;
+  const c10::cuda::CUDAGuard guard(device);
   fused_ce::dispatch_logits_dtype(args.dtype, [&](auto tag) {
     using scalar_t = decltype(tag);
-    backward_kernel<scalar_t><<<args.rows, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(args);
+    backward_kernel<scalar_t><<<args.rows, kThreads, 0, at::cuda::getCurrentCUDAStream(device)>>>(args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -14,6 +14,7 @@
 #include "loss/cross_entropy_kernels.h"
 #include "loss/fused_cross_entropy.h"
 #include "loss/input_agreement.h"
+#include "loss/logits_device.h"
 #include "loss/loss_parallel_dispatch.h"
 
 namespace hyper_parallel {
@@ -39,16 +40,57 @@ struct CrossEntropyParallelBackward : Node {
     // Throws when the logits were modified in place, or released. (Not saved when the
     // gradient was written over them: their storage is the gradient.)
     if (!ce.gradient_in_forward) saved_logits.unpack();
+    // (With it, nothing was saved: say what SavedVariable says once the graph is freed.)
+    TORCH_CHECK(ce.lse.defined(), "Trying to backward through the graph a second time (or directly access saved "
+                "tensors after they have already been freed). Specify retain_graph=True if you need to backward "
+                "a second time.");
     if (!grads[0].defined()) return {at::Tensor()};
     const at::Tensor g = full_value(grads[0]);
     const ClassShard shard{sharding.comm, sharding.offset, sharding.local_classes, sharding.num_classes};
-    at::Tensor rows = fused_cross_entropy_backward(ce, g, shard);
+    at::Tensor rows = ce.gradient_in_forward ? gradient_written_in_forward(g, shard) : fused_cross_entropy_backward(ce, g, shard);
     return {make_dtensor(from_rows(rows, local_shape, sharding.class_dim), sharding.layout)};
   }
+
+  // gradient_in_forward: the first backward scales the stored gradient in place and hands
+  // out its storage; a later one (through a retained graph) gets a new tensor, the stored
+  // gradient times the ratio of its incoming gradient to the first one, so that backwards
+  // accumulate as ATen's do. Where that ratio does not exist, or someone wrote the storage
+  // since, it raises instead of giving a wrong gradient.
+  at::Tensor gradient_written_in_forward(const at::Tensor& grad_loss, const ClassShard& shard) {
+    const at::Tensor& stored = ce.grad_rows;
+    const char* op = "cross_entropy with gradient_in_forward";
+    TORCH_CHECK(stored._version() == grad_version, op, ": the gradient written over the logits was modified in "
+                "place after ", grad_applied.defined() ? "the first backward handed it out" : "the forward wrote it",
+                "; turn gradient_in_forward off to use the logits' storage otherwise or to backward through this "
+                "loss more than once");
+    const int64_t rows = stored.size(0);
+    const at::Tensor g = (ce.reduction == at::Reduction::None ? grad_loss.reshape({-1})
+                                                              : grad_loss.reshape({}).expand({rows}))
+                             .to(ce.lse.scalar_type());
+    if (!grad_applied.defined()) {
+      at::Tensor out = fused_cross_entropy_backward(ce, grad_loss, shard);  // in place
+      grad_applied = g.clone();
+      grad_version = stored._version();
+      return out;
+    }
+    TORCH_CHECK(grad_applied.ne(0).logical_and(grad_applied.isfinite()).logical_or(g.eq(0)).all().item<bool>(), op,
+                ": a second backward through this loss needs the first one's incoming gradient to be finite and "
+                "nonzero wherever this one is nonzero (the first scaled the stored gradient in place, and a zero or "
+                "non-finite scale cannot be undone); turn gradient_in_forward off to backward more than once");
+    const at::Tensor ratio = at::where(g.eq(0), at::zeros_like(g), g / grad_applied);
+    return (stored.to(g.scalar_type()) * ratio.unsqueeze(1)).to(stored.scalar_type());
+  }
+
+  // gradient_in_forward: the incoming gradient the first backward scaled the stored gradient
+  // by ([M], compute type; undefined before it), and the storage's version after our last
+  // write: a later write by anyone else makes the stored gradient unusable.
+  at::Tensor grad_applied;
+  int64_t grad_version = 0;
   std::string name() const override { return "hyper_parallel::CrossEntropyParallelBackward"; }
   void release_variables() override {
     saved_logits.reset_data();
     ce = FusedCrossEntropy{};
+    grad_applied = at::Tensor();
   }
 };
 
@@ -85,6 +127,12 @@ void check_on_logits_mesh(const at::Tensor& t, const ClassSharding& cs, const st
   }
 }
 
+// The device of a plain tensor, or of a DTensor's local piece.
+c10::Device local_device(const at::Tensor& t) {
+  auto* impl = dtensor_impl(t);
+  return impl ? impl->local().device() : t.device();
+}
+
 }  // namespace
 
 at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor& target,
@@ -111,8 +159,11 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   ce.z_loss_weight = options.z_loss_weight;
   ce.softcap = options.logit_softcap;
   const bool wants_grad = torch::autograd::GradMode::is_enabled() && logits.requires_grad();
-  // Writing the gradient over the logits needs their storage as plain rows.
-  ce.gradient_in_forward = options.gradient_in_forward && wants_grad &&
+  // Writing the gradient over the logits needs their storage as plain rows, and logits
+  // that are neither a leaf nor a view of one: a leaf's values are the caller's (PyTorch
+  // refuses in-place writes to them when they require grad), and its .grad would alias them.
+  const bool leaf_values = logits.is_leaf() || (logits.is_view() && logits._base().is_leaf());
+  ce.gradient_in_forward = options.gradient_in_forward && wants_grad && !leaf_values &&
                            ce.x_rows.is_alias_of(local_logits) &&
                            (ce.x_rows.size(1) <= 1 || ce.x_rows.stride(1) == 1) &&
                            local_logits.is_non_overlapping_and_dense();
@@ -122,8 +173,10 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
     TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
                 ": label_smoothing must be in [0, 1], got ", label_smoothing);
     check_on_logits_mesh(target, cs, "target", op);
+    check_on_logits_device(local_logits.device(), local_device(target), ce.soft ? "probability target" : "target", op);
     if (weight && weight->defined()) {
       check_on_logits_mesh(*weight, cs, "class weight", op);
+      check_on_logits_device(local_logits.device(), local_device(*weight), "class weight", op);
       at::Tensor w = replicated_value(*weight, "class weight", op);
       TORCH_CHECK(w.dim() == 1 && w.size(0) == cs.num_classes, op, ": expected a class weight of shape [",
                   cs.num_classes, "], got ", w.sizes());
@@ -176,6 +229,7 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
     node->ce = std::move(ce);
     node->sharding = cs;
     node->local_shape = local_logits.sizes().vec();
+    if (node->ce.gradient_in_forward) node->grad_version = node->ce.grad_rows._version();
     if (!node->ce.gradient_in_forward) node->saved_logits = torch::autograd::SavedVariable(logits, /*is_output=*/false);
     node->set_next_edges(torch::autograd::collect_next_edges(logits));
     torch::autograd::create_gradient_edge(out, std::move(owner));

@@ -74,7 +74,7 @@ void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const 
   for_row_blocks(x.size(0), x.size(1), [&](int64_t r0, int64_t n) {
     const at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.softcap);
     const at::Tensor m = y.amax(1);
-    const at::Tensor shift = at::where(at::isinf(m), at::zeros_like(m), m);
+    const at::Tensor shift = at::where(at::isneginf(m), at::zeros_like(m), m);
     stats[k::kMax].narrow(0, r0, n).copy_(m);
     stats[k::kSumExp].narrow(0, r0, n).copy_((y - shift.unsqueeze(1)).exp().sum(1));
     if (ce.soft) {
@@ -222,7 +222,7 @@ at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at
   }
   args.stats = stats.data_ptr();
 #if defined(HP_CE_HAVE_CUDA)
-  if (x.is_cuda()) k::cuda_forward_stats(args);
+  if (x.is_cuda()) k::cuda_forward_stats(args, x.device().index());
   else k::forward_stats(args);
 #else
   k::forward_stats(args);
@@ -233,8 +233,9 @@ at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at
 void merge_block_stats(at::Tensor& acc, const at::Tensor& block) {
   const at::Tensor m1 = acc[k::kMax], m2 = block[k::kMax];
   const at::Tensor top = at::maximum(m1, m2);
-  // Rows whose max is -inf in both have nothing summed: shift them by 0, not by -inf.
-  const at::Tensor shift = at::where(at::isinf(top), at::zeros_like(top), top);
+  // Rows whose max is -inf in both have nothing summed: shift them by 0, not by -inf. (Not
+  // +inf: exp(inf - inf) must make the sum NaN, as ATen's does.)
+  const at::Tensor shift = at::where(at::isneginf(top), at::zeros_like(top), top);
   acc[k::kSumExp].copy_(acc[k::kSumExp] * (m1 - shift).exp() + block[k::kSumExp] * (m2 - shift).exp());
   acc[k::kMax].copy_(top);
   acc[k::kV1].add_(block[k::kV1]);
@@ -262,8 +263,9 @@ at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& 
   const at::Tensor all = gathered.narrow(1, 0, k::kStats * rows).view({gathered.size(0), k::kStats, rows});
   const at::Tensor m = all.select(1, k::kMax), s = all.select(1, k::kSumExp);
   at::Tensor top = m.amax(0);
-  // Rows whose max is -inf (all -inf) would give nan in m - top; shift them by 0.
-  top = at::where(at::isinf(top), at::zeros_like(top), top);
+  // Rows whose max is -inf (all -inf) would give nan in m - top; shift them by 0. A +inf max
+  // stays: exp(inf - inf) makes the row NaN, as ATen's exp(x - max) does.
+  top = at::where(at::isneginf(top), at::zeros_like(top), top);
   ce.lse = (s * (m - top).exp()).sum(0).log_().add_(top).contiguous();
   const at::Tensor v1 = all.select(1, k::kV1).sum(0), v2 = all.select(1, k::kV2).sum(0);
 
@@ -336,7 +338,7 @@ void fused_cross_entropy_block_gradient(const FusedCrossEntropy& ce, const Coeff
     args.ldq = row_stride(v.q);
   }
 #if defined(HP_CE_HAVE_CUDA)
-  if (x.is_cuda()) return k::cuda_backward(args);
+  if (x.is_cuda()) return k::cuda_backward(args, x.device().index());
 #endif
   k::backward(args);
 }
