@@ -36,9 +36,12 @@ uint32_t file_crc32c(const std::string& path) {
 
 }  // namespace
 
-nlohmann::json data_identity(const TrainingConfig& t) {
+nlohmann::json data_identity(const TrainingConfig& t, const std::optional<CorpusIdentity>& tokens) {
   nlohmann::json j = {{"seed", t.seed}, {"batch_size", t.batch_size}, {"seq_len", t.seq_len}};
-  if (t.data.empty()) {
+  if (tokens) {
+    j["corpus"] = to_json(*tokens);  // every file's size and CRC-32C, the format, the separators
+    j["tokenizer"] = tokens->tokenizer;
+  } else if (t.data.empty()) {
     j["corpus"] = "synthetic";
     j["tokenizer"] = kSyntheticTokens;
   } else {

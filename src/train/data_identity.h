@@ -15,17 +15,20 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "train/corpus_identity.h"
 #include "train/job_config.h"
 
 namespace hyper_parallel::train {
 
 // The record of `training`'s data, as a JSON object (the checkpoint identity's "data").
-// Reads the whole text file once for its checksum; std::runtime_error naming it when it
-// cannot be read.
-nlohmann::json data_identity(const TrainingConfig& training);
+// A pre-tokenized corpus is recorded by its CorpusIdentity (format, files with size and
+// CRC-32C, tokenizer, separators); a text file is read once for its checksum;
+// std::runtime_error naming it when it cannot be read.
+nlohmann::json data_identity(const TrainingConfig& training, const std::optional<CorpusIdentity>& tokens);
 
 // Every field in which a checkpoint's data record differs from the job's, each as
 // "<key>: checkpoint <a>, this job <b>" with the job config key (training.seed ...).

@@ -411,7 +411,8 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
     }
   }
   if (validator_ && dp_mesh_) validator_->set_data_parallel_mesh(*dp_mesh_);
-  data_identity_ = data_identity(t);
+  data_identity_ = train::data_identity(t, token_corpus_ ? std::optional<CorpusIdentity>(token_corpus_->identity())
+                                                     : std::nullopt);
   if (dp_mesh_) {
     // bfloat16: the sums go straight into the float32 masters' .grad.
     reducer_ = std::make_unique<DataParallelReducer>(model_->named_parameters(), *dp_mesh_,
@@ -620,7 +621,7 @@ Trainer::~Trainer() = default;
 std::string Trainer::checkpoint_folder() const { return join(config_.dump_folder, config_.checkpoint.folder); }
 std::string Trainer::metrics_folder() const { return join(config_.dump_folder, config_.metrics.folder); }
 
-CorpusIdentity Trainer::data_identity() const {
+CorpusIdentity Trainer::corpus_identity() const {
   if (token_corpus_) return token_corpus_->identity();
   CorpusIdentity id;
   id.vocab_size = config_.model.vocab_size;

@@ -129,7 +129,7 @@ class Trainer {
   const std::string& run_id() const { return run_id_; }
   // What this run trains on (format, files with size and CRC-32C, tokenizer, separators);
   // hashes the corpus files, so it reads them once per call.
-  CorpusIdentity data_identity() const;
+  CorpusIdentity corpus_identity() const;
 
  private:
   // What the optimizer updates and checkpoints hold: the model's parameters, or their
