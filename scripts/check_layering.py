@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Fails when a source file includes a folder above its own layer.
+
+The library's folders form a stack; each may include only its own folder, the folders
+below it and the public headers (include/hyper_parallel/):
+
+    compat, bench -> core -> dtensor -> dispatch -> ops -> loss -> nn -> models -> train
+
+apps/ and tests/ sit on top and may include anything. The launcher (src/launcher, hp-run)
+stands alone: it includes only itself and public headers, and no library folder includes
+it. Public headers include only other public headers (an installed package has no src/).
+
+    python3 scripts/check_layering.py [REPO_ROOT]
+"""
+import os
+import re
+import sys
+
+LAYERS = ["compat bench", "core", "dtensor", "dispatch", "ops", "loss", "nn", "models", "train"]
+LEVEL = {folder: i for i, names in enumerate(LAYERS) for folder in names.split()}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+SOURCE_SUFFIXES = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")
+
+
+def includes(path):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            m = INCLUDE.match(line)
+            if m:
+                yield number, m.group(1)
+
+
+def violation(folder, target, own_dir_files):
+    """Why including `target` from a file of src/`folder` breaks the layering, or None."""
+    if target.startswith("hyper_parallel/"):
+        return None
+    if "/" not in target:  # a sibling in the same folder
+        return None if target in own_dir_files else "unknown relative include"
+    top = target.split("/", 1)[0]
+    if folder == "launcher":
+        return None if top == "launcher" else "the launcher stands alone"
+    if top == "launcher":
+        return "only hp-run (apps/) may include the launcher"
+    if top not in LEVEL:
+        return "'%s' is not a library folder" % top
+    if folder not in LEVEL:
+        return "src/%s is not in the layer list of scripts/check_layering.py" % folder
+    if LEVEL[top] > LEVEL[folder]:
+        return "%s is above %s" % (top, folder)
+    return None
+
+
+def main():
+    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
+    problems, checked = [], 0
+    src = os.path.join(root, "src")
+    for dirpath, _, files in os.walk(src):
+        rel = os.path.relpath(dirpath, src)
+        if rel == ".":
+            continue
+        folder = rel.split(os.sep)[0]
+        for name in sorted(files):
+            if not name.endswith(SOURCE_SUFFIXES):
+                continue
+            path = os.path.join(dirpath, name)
+            checked += 1
+            for number, target in includes(path):
+                why = violation(folder, target, files)
+                if why:
+                    problems.append("src/%s/%s:%d includes \"%s\": %s" % (rel, name, number, target, why))
+    public = os.path.join(root, "include", "hyper_parallel")
+    for name in sorted(os.listdir(public)):
+        checked += 1
+        for number, target in includes(os.path.join(public, name)):
+            if not target.startswith("hyper_parallel/"):
+                problems.append("include/hyper_parallel/%s:%d includes \"%s\": a public header includes only "
+                                "public headers" % (name, number, target))
+    for p in problems:
+        print(p)
+    print("%d files checked, %d layering violation(s)" % (checked, len(problems)))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
