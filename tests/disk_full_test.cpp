@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 
@@ -83,13 +84,20 @@ TEST_F(DiskFull, ACheckpointThatDoesNotFitIsACleanErrorNamingTheFile) {
 
 TEST_F(DiskFull, AMetricsLineThatDoesNotFitIsNeitherTornNorSilent) {
   mount_tmpfs("64k");
-  {  // Fill the disk but for a few bytes: less than one metrics line.
+  // The job's start-up writes must succeed so that the metrics file is what runs out of
+  // room: the dump folder's lock file exists already (rewritten in place, no new page),
+  // and one page is left free for the start-up's write probes, which the metrics file
+  // takes after them; its lines fill that page within a few steps.
+  const std::string page(4096, 'x');
+  std::ofstream(dir_ + "/.hp-train.lock", std::ios::binary) << std::string(200, ' ');
+  std::ofstream(dir_ + "/spare", std::ios::binary) << page;
+  {  // Fill the disk.
     std::ofstream filler(dir_ + "/filler", std::ios::binary);
-    const std::string block(1024, 'x');
-    while (filler.write(block.data(), static_cast<std::streamsize>(block.size()))) {
+    while (filler.write(page.data(), static_cast<std::streamsize>(page.size()))) {
     }
   }
-  auto r = run_command(binary_path("hp-train") + kTinyJob + " --training.steps 2 --job.dump_folder " + dir_);
+  ASSERT_EQ(std::remove((dir_ + "/spare").c_str()), 0);
+  auto r = run_command(binary_path("hp-train") + kTinyJob + " --training.steps 40 --job.dump_folder " + dir_);
   expect_clean_failure(r);
   EXPECT_NE(r.output.find("metrics/metrics.jsonl"), std::string::npos) << r.output;
   std::ifstream in(dir_ + "/metrics/metrics.jsonl", std::ios::binary);
