@@ -621,19 +621,6 @@ Trainer::~Trainer() = default;
 std::string Trainer::checkpoint_folder() const { return join(config_.dump_folder, config_.checkpoint.folder); }
 std::string Trainer::metrics_folder() const { return join(config_.dump_folder, config_.metrics.folder); }
 
-CorpusIdentity Trainer::corpus_identity() const {
-  if (token_corpus_) return token_corpus_->identity();
-  CorpusIdentity id;
-  id.vocab_size = config_.model.vocab_size;
-  if (config_.training.data.empty()) {
-    id.format = "synthetic";  // fully determined by training.seed and the vocabulary
-  } else {
-    id.format = "text";
-    id.files = {identify_file(config_.training.data)};
-  }
-  return id;
-}
-
 double Trainer::forward_backward(const Batch& batch, StepResult& r) {
   const int64_t micro_batches = config_.training.grad_accum_steps;
   PhaseClock clock(r);

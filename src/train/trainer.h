@@ -127,9 +127,6 @@ class Trainer {
   bool load_checkpoint();
   // Chosen by rank 0 at start (or taken from the checkpoint resumed), the same on all ranks.
   const std::string& run_id() const { return run_id_; }
-  // What this run trains on (format, files with size and CRC-32C, tokenizer, separators);
-  // hashes the corpus files, so it reads them once per call.
-  CorpusIdentity corpus_identity() const;
 
  private:
   // What the optimizer updates and checkpoints hold: the model's parameters, or their
