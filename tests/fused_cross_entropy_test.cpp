@@ -402,7 +402,9 @@ TEST(FusedCrossEntropyKernel, StatisticsAndGradientMatchAtenOnAwkwardRows) {
     EXPECT_NEAR(sd[3][0].item<double>(), xd[0].sum().item<double>(), 1e-4 * xd[0].abs().sum().item<double>());
     // Backward: a p - b - [t] t_coef, written over a copy of the rows in place.
     at::Tensor out = storage.clone();
-    at::Tensor lse_ct = torch::where(torch::isneginf(lse), torch::zeros_like(lse), lse).to(ct).contiguous();
+    // The log-sum-exp as the combine hands it over: (max, log_sum), an all -inf row's max as 0.
+    const at::Tensor max_ct = torch::where(torch::isneginf(sd[0]), torch::zeros_like(sd[0]), sd[0]).to(ct).contiguous();
+    const at::Tensor log_sum_ct = stats[1].log().contiguous();
     const at::Tensor a = torch::tensor({1.0, 0.0, 2.0, 0.5, 1.0}).to(ct), b = torch::tensor({0.01, 0.0, 0.0, 0.0, 0.02}).to(ct);
     const at::Tensor tc = torch::tensor({1.0, 0.0, 2.0, 0.5, 1.0}).to(ct);
     ce_kernel::BackwardArgs g;
@@ -412,13 +414,15 @@ TEST(FusedCrossEntropyKernel, StatisticsAndGradientMatchAtenOnAwkwardRows) {
     g.rows = rows;
     g.cols = cols;
     g.ldx = g.ldo = ld;
-    g.lse = lse_ct.const_data_ptr();
+    g.row_max = max_ct.const_data_ptr();
+    g.log_sum = log_sum_ct.const_data_ptr();
     g.a = a.const_data_ptr();
     g.b = b.const_data_ptr();
     g.t_coef = tc.const_data_ptr();
     g.target_col = col.const_data_ptr<int64_t>();
     ce_kernel::backward(g);
-    at::Tensor expect = (xd - lse_ct.to(at::kDouble).unsqueeze(1)).exp() * a.to(at::kDouble).unsqueeze(1) - b.to(at::kDouble).unsqueeze(1);
+    const at::Tensor lse_d = max_ct.to(at::kDouble) + log_sum_ct.to(at::kDouble);
+    at::Tensor expect = (xd - lse_d.unsqueeze(1)).exp() * a.to(at::kDouble).unsqueeze(1) - b.to(at::kDouble).unsqueeze(1);
     expect[1].zero_();  // a = b = t = 0: exact zeros
     for (int64_t r : {0, 2, 3, 4}) expect[r][col[r].item<int64_t>()] -= tc[r].item<double>();
     const double gtol = dtype == at::kDouble ? 1e-12 : dtype == at::kFloat ? 1e-5 : 1e-2;

@@ -35,16 +35,20 @@ struct ForwardArgs {
   void* stats = nullptr;          // [kStats, rows], compute type
 };
 
-// grad_j = cap'(x_j) * (a_r exp(y_j - lse_r) - w_j (b_r + c_r q_j) - [j == t_r] t_coef_r),
+// grad_j = cap'(x_j) * (a_r exp((y_j - max_r) - log_sum_r) - w_j (b_r + c_r q_j) - [j == t_r] t_coef_r),
 // with cap' = 1 - tanh^2(x/cap) (1 without soft-capping). Rows with a = b = c = t_coef = 0
 // get exact zeros. out may be x itself (the gradient written over the logits).
+// The log-sum-exp travels as (max, log_sum), never as their rounded sum: y - max is exact
+// near the max, so the softmax keeps its relative accuracy at any logit scale (a float
+// lse of 3e4 is already 1e-3 off, which every exp(y - lse) would carry), as ATen's.
 struct BackwardArgs {
   c10::ScalarType dtype;  // of x and out
   const void* x;
   void* out;
   int64_t rows = 0, cols = 0, ldx = 0, ldo = 0;
   double softcap = 0;
-  const void* lse = nullptr;                 // [rows] compute type
+  const void* row_max = nullptr;             // [rows] compute type: max_c y_c over all classes
+  const void* log_sum = nullptr;             // [rows] compute type: log sum_c exp(y_c - max)
   const void* a = nullptr;                   // [rows] compute type
   const void* b = nullptr;                   // [rows] or null (0)
   const void* c = nullptr;                   // [rows] or null (0); needs q

@@ -6,7 +6,8 @@
 // soft-capped) into an L1-resident buffer while taking their max, then exp-summed from
 // that buffer relative to the running max (rescaled when a block raises it). The logits
 // are read from memory once; each element costs one exp (two with soft-capping: tanh).
-// Backward: one pass, read logits, write gradient, one exp per element.
+// Backward: one pass, read logits, write gradient, one exp per element, of (y - max) -
+// log_sum as ATen's log_softmax forms it (cross_entropy_cpu_kernel.h says why).
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -188,7 +189,8 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
   const acc_t cap = static_cast<acc_t>(args.softcap);
   const acc_t inv_cap = cap > 0 ? acc_t(1) / cap : acc_t(0);
   const Vec vcap(cap), vinv_cap(inv_cap), vone(1);
-  const auto* lse = static_cast<const acc_t*>(args.lse);
+  const auto* row_max = static_cast<const acc_t*>(args.row_max);
+  const auto* log_sum = static_cast<const acc_t*>(args.log_sum);
   const auto* A = static_cast<const acc_t*>(args.a);
   const auto* B = static_cast<const acc_t*>(args.b);
   const auto* Cc = static_cast<const acc_t*>(args.c);
@@ -216,20 +218,23 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
     }
     // The target's logit, read before the vector loop may overwrite it (out == x).
     const acc_t x_t = t >= 0 ? static_cast<acc_t>(x[t]) : acc_t(0);
-    const Vec vl(lse[r]), va(a), vb(b), vc(c);
+    const acc_t mr = row_max[r], lr = log_sum[r];
+    const Vec vmax(mr), vlog_sum(lr), va(a), vb(b), vc(c);
     auto grad = [&](Vec xv, int64_t j) {
-      Vec y = xv;
-      if (cap > 0) y = vcap * (xv * vinv_cap).tanh();
-      Vec g = va * vexp(y - vl);
+      // cap' = 1 - tanh^2 from the tanh itself, as ATen's tanh backward: recovering it as
+      // y / cap rounds again, and near saturation 1 - th^2 keeps only that rounding.
+      Vec y = xv, th(0);
+      if (cap > 0) {
+        th = (xv * vinv_cap).tanh();
+        y = vcap * th;
+      }
+      Vec g = va * vexp((y - vmax) - vlog_sum);
       if (b != 0 || c != 0) {
         Vec sub = q ? at::vec::fmadd(vc, Vec::loadu(q + j), vb) : vb;
         if (w) sub = sub * Vec::loadu(w + j);
         g = g - sub;
       }
-      if (cap > 0) {
-        const Vec th = y * vinv_cap;
-        g = g * (vone - th * th);
-      }
+      if (cap > 0) g = g * (vone - th * th);
       return g;
     };
     for (int64_t j = 0; j < nv; j += kStep) {
@@ -238,11 +243,12 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
       IO::store2(out + j, grad(x0, j), grad(x1, j + VS));
     }
     auto scalar_grad = [&](acc_t xv, int64_t j, bool is_target) {
-      const acc_t y = softcapped(xv, cap, inv_cap);
-      acc_t g = a * std::exp(y - lse[r]);
+      const acc_t th = cap > 0 ? std::tanh(xv * inv_cap) : acc_t(0);
+      const acc_t y = cap > 0 ? cap * th : xv;
+      acc_t g = a * std::exp((y - mr) - lr);
       if (b != 0 || c != 0) g -= (q ? b + c * q[j] : b) * (w ? w[j] : acc_t(1));
       if (is_target) g -= tc;
-      if (cap > 0) g *= acc_t(1) - (y * inv_cap) * (y * inv_cap);
+      if (cap > 0) g *= acc_t(1) - th * th;
       return g;
     };
     for (int64_t j = nv; j < C; ++j) out[j] = static_cast<scalar_t>(scalar_grad(static_cast<acc_t>(x[j]), j, j == t));

@@ -106,7 +106,8 @@ __global__ void backward_kernel(BackwardArgs args) {
   const acc_t b = args.b ? static_cast<const acc_t*>(args.b)[r] : acc_t(0);
   const acc_t c = args.c ? static_cast<const acc_t*>(args.c)[r] : acc_t(0);
   const acc_t tc = args.t_coef ? static_cast<const acc_t*>(args.t_coef)[r] : acc_t(0);
-  const acc_t lse = static_cast<const acc_t*>(args.lse)[r];
+  const acc_t row_max = static_cast<const acc_t*>(args.row_max)[r];
+  const acc_t log_sum = static_cast<const acc_t*>(args.log_sum)[r];
   const int64_t t = args.target_col ? args.target_col[r] : -1;
   const acc_t cap = static_cast<acc_t>(args.softcap);
   const bool zero_row = a == 0 && b == 0 && c == 0 && tc == 0;
@@ -117,7 +118,7 @@ __global__ void backward_kernel(BackwardArgs args) {
     }
     // Each element is read and written by the same thread: out may be x itself.
     const acc_t y = capped(static_cast<acc_t>(x[j]), cap);
-    acc_t g = a * exp(y - lse);
+    acc_t g = a * exp((y - row_max) - log_sum);
     if (b != 0 || c != 0) g -= (q ? b + c * q[j] : b) * (w ? w[j] : acc_t(1));
     if (j == t) g -= tc;
     if (cap > 0) g *= acc_t(1) - (y / cap) * (y / cap);

@@ -99,7 +99,7 @@ at::Tensor from_rows(const at::Tensor& rows, c10::IntArrayRef shape, int64_t cla
   return class_dim == static_cast<int64_t>(shape.size()) - 1 ? out : out.movedim(-1, class_dim).contiguous();
 }
 
-at::Tensor distributed_logsumexp(const at::Tensor& x_rows, const ClassShard& shard) {
+LogSumExp distributed_logsumexp(const at::Tensor& x_rows, const ClassShard& shard) {
   const at::ScalarType ct = compute_type(x_rows.scalar_type());
   at::Tensor m = max_over_classes(x_rows, shard);
   // Rows whose max is -inf (all -inf) would give nan in x - m; shift them by 0.
@@ -111,13 +111,13 @@ at::Tensor distributed_logsumexp(const at::Tensor& x_rows, const ClassShard& sha
     });
   }
   shard.comm->all_reduce_(s, ReduceOp::Sum);
-  return s.log_().add_(shift);
+  return {shift, s.log_()};
 }
 
 at::Tensor distributed_log_softmax(const at::Tensor& x_rows, const ClassShard& shard) {
   reject_cross_entropy_only_options("log_softmax");
-  at::Tensor lse = distributed_logsumexp(x_rows, shard);
-  return x_rows.to(lse.scalar_type()) - lse.unsqueeze(1);
+  const LogSumExp lse = distributed_logsumexp(x_rows, shard);
+  return (x_rows.to(lse.max.scalar_type()) - lse.max.unsqueeze(1)).sub_(lse.log_sum.unsqueeze(1));
 }
 
 at::Tensor distributed_log_softmax_backward(const at::Tensor& grad_rows, const at::Tensor& out_rows,

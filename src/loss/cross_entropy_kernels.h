@@ -29,8 +29,15 @@ at::ScalarType compute_type(at::ScalarType t);
 at::Tensor to_rows(const at::Tensor& x, int64_t class_dim);
 at::Tensor from_rows(const at::Tensor& rows, c10::IntArrayRef shape, int64_t class_dim);
 
-// log(sum_c exp(x_c)) over all classes of every row, in compute_type: [M].
-at::Tensor distributed_logsumexp(const at::Tensor& x_rows, const ClassShard& shard);
+// log(sum_c exp(x_c)) over all classes of every row, in compute_type, as two [M] parts:
+// lse = max + log_sum. Kept apart so that x - max is formed first, exact near the max, as
+// ATen's log_softmax does; the rounded sum would carry its rounding (1e-3 at 3e4 in float)
+// into every log-probability.
+struct LogSumExp {
+  at::Tensor max;      // the row max (0 for rows that are all -inf)
+  at::Tensor log_sum;  // log sum_c exp(x_c - max)
+};
+LogSumExp distributed_logsumexp(const at::Tensor& x_rows, const ClassShard& shard);
 // K1: the log-softmax rows, in compute_type.
 at::Tensor distributed_log_softmax(const at::Tensor& x_rows, const ClassShard& shard);
 // d/dx of log_softmax for an arbitrary incoming gradient: g - exp(out) * sum_c g.

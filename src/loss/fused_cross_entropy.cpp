@@ -132,13 +132,16 @@ Coefficients coefficients(const FusedCrossEntropy& ce, const at::Tensor& g_rows,
 at::Tensor rows_of(const at::Tensor& t, int64_t r0, int64_t n) { return t.defined() ? t.narrow(0, r0, n) : t; }
 
 void backward_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const at::Tensor& out, const Coefficients& co,
-                   const BlockView& v, const at::Tensor& lse) {
-  const at::ScalarType ct = lse.scalar_type();
+                   const BlockView& v, const at::Tensor& row_max, const at::Tensor& log_sum) {
+  const at::ScalarType ct = row_max.scalar_type();
   const at::Tensor& w = v.w;
   for_row_blocks(x.size(0), x.size(1), [&](int64_t r0, int64_t n) {
     auto rows = [&](const at::Tensor& t) { return t.narrow(0, r0, n).unsqueeze(1); };
-    const at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.softcap);
-    at::Tensor g = (y - rows(lse)).exp_().mul_(rows(co.a));
+    const at::Tensor xc = x.narrow(0, r0, n).to(ct);
+    // cap' from the tanh itself (cross_entropy_cpu_kernel_impl.h says why).
+    const at::Tensor th = ce.softcap > 0 ? (xc / ce.softcap).tanh_() : at::Tensor();
+    const at::Tensor y = ce.softcap > 0 ? th * ce.softcap : xc;
+    at::Tensor g = (y - rows(row_max)).sub_(rows(log_sum)).exp_().mul_(rows(co.a));
     if (co.b.defined() || co.c.defined()) {
       at::Tensor sub = co.b.defined() ? rows(co.b) : at::zeros({n, 1}, g.options());
       if (co.c.defined()) sub = sub + rows(co.c) * v.q.narrow(0, r0, n);
@@ -149,7 +152,7 @@ void backward_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const at::T
       const at::Tensor hit = at::where(col.ge(0), co.t.narrow(0, r0, n), at::zeros_like(co.t.narrow(0, r0, n)));
       g.scatter_add_(1, col.clamp_min(0).unsqueeze(1), -hit.unsqueeze(1));
     }
-    if (ce.softcap > 0) g.mul_(1 - (y / ce.softcap).square());
+    if (ce.softcap > 0) g.mul_(1 - th.square());
     out.narrow(0, r0, n).copy_(g);
   });
 }
@@ -266,21 +269,25 @@ at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& 
   // Rows whose max is -inf (all -inf) would give nan in m - top; shift them by 0. A +inf max
   // stays: exp(inf - inf) makes the row NaN, as ATen's exp(x - max) does.
   top = at::where(at::isneginf(top), at::zeros_like(top), top);
-  ce.lse = (s * (m - top).exp()).sum(0).log_().add_(top).contiguous();
+  ce.row_max = top.contiguous();
+  ce.log_sum = (s * (m - top).exp()).sum(0).log_();
+  ce.lse = ce.row_max + ce.log_sum;
   const at::Tensor v1 = all.select(1, k::kV1).sum(0), v2 = all.select(1, k::kV2).sum(0);
 
   const at::Tensor valid_b = ce.valid.to(at::kBool);
   at::Tensor ce_rows;
   if (ce.soft) {
     ce.row_weight = v1;                  // A = sum_c w_c q'_c
-    ce_rows = v1 * ce.lse - v2;          // -sum_c w_c q'_c log p_c
+    ce_rows = (v1 * ce.row_max - v2) + v1 * ce.log_sum;  // -sum_c w_c q'_c log p_c
     ce.ce_denominator = at::scalar_tensor(static_cast<double>(rows), opts);
     ce.z_denominator = ce.ce_denominator;
   } else {
-    ce_rows = (1 - eps) * ce.row_weight * (ce.lse - v1);  // v1: the target's y
+    // -log p_t = (M - y_t) + log_sum: M - y_t is exact near the max (v1: the target's y).
+    ce_rows = (1 - eps) * ce.row_weight * ((ce.row_max - v1) + ce.log_sum);
     if (eps > 0) {
       const at::Tensor W = ce.weight ? ce.weight->sum() : at::scalar_tensor(C, opts);
-      ce_rows = ce_rows + (eps / C) * (W * ce.lse - v2);  // -sum_c w_c log p_c, v2 = sum_c w_c y_c
+      // -sum_c w_c log p_c, v2 = sum_c w_c y_c
+      ce_rows = ce_rows + (eps / C) * ((W * ce.row_max - v2) + W * ce.log_sum);
     }
     ce_rows = at::where(valid_b, ce_rows, at::zeros_like(ce_rows));
     ce.ce_denominator = ce.row_weight.sum();
@@ -315,8 +322,8 @@ void fused_cross_entropy_block_gradient(const FusedCrossEntropy& ce, const Coeff
               "fused cross-entropy: gradient blocks need a unit class stride");
   const BlockView v = block_view(ce, r0, n, c0, nc, shard);
   const Coefficients b{rows_of(co.a, r0, n), rows_of(co.b, r0, n), rows_of(co.c, r0, n), rows_of(co.t, r0, n)};
-  const at::Tensor lse = ce.lse.narrow(0, r0, n);
-  if (!has_kernel(x)) return backward_aten(ce, x, out, b, v, lse);
+  const at::Tensor row_max = ce.row_max.narrow(0, r0, n), log_sum = ce.log_sum.narrow(0, r0, n);
+  if (!has_kernel(x)) return backward_aten(ce, x, out, b, v, row_max, log_sum);
   k::BackwardArgs args;
   args.dtype = x.scalar_type();
   args.x = x.const_data_ptr();
@@ -326,7 +333,8 @@ void fused_cross_entropy_block_gradient(const FusedCrossEntropy& ce, const Coeff
   args.ldx = row_stride(x);
   args.ldo = row_stride(out);
   args.softcap = ce.softcap;
-  args.lse = lse.const_data_ptr();
+  args.row_max = row_max.const_data_ptr();
+  args.log_sum = log_sum.const_data_ptr();
   args.a = b.a.const_data_ptr();
   args.b = ptr_or_null(b.b);
   args.c = ptr_or_null(b.c);

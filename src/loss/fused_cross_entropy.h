@@ -4,7 +4,8 @@
 // Each rank computes per row: its local max m_p and sum_p exp(y - m_p), the target's y
 // when it owns the target, and the sums label smoothing / probability targets need
 // (y = x, or cap * tanh(x / cap) with soft-capping). After the all-gather every rank has
-// all ranks' values and combines them the same way: lse = M + log sum_p s_p exp(m_p - M).
+// all ranks' values and combines them the same way: lse = M + log sum_p s_p exp(m_p - M),
+// with M and the log kept apart, and the loss formed as (M - y_t) + log, as ATen does.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -30,7 +31,8 @@ struct FusedCrossEntropy {
   // then only scales it. The caller checks that x_rows is the logits' own storage.
   bool gradient_in_forward = false;
   // Forward results, kept for backward ([M], compute type unless said).
-  at::Tensor lse;
+  at::Tensor row_max, log_sum;  // lse = row_max + log_sum, kept apart (cross_entropy_cpu_kernel.h)
+  at::Tensor lse;               // their sum, for the z-loss
   at::Tensor row_weight;  // index: w[t] (0 where ignored); soft: A = sum_c w_c q'_c
   at::Tensor valid;       // 1 for counted rows, 0 for ignored ones
   at::Tensor target_col;  // index: local column of an owned target, else -1 (int64)
