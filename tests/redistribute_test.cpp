@@ -152,12 +152,112 @@ TEST(Redistribute, CountsOneCollectivePerChangedMeshDim) {
   });
 }
 
-TEST(DistributeTensor, BroadcastsFromTheSourceRankWhenAsked) {
+// Ranks seeded differently (per-rank dropout or data-loader seeds) each draw another
+// tensor. PyTorch's default (src_data_rank = 0) takes the data of mesh coordinate 0, so the
+// DTensor is rank 0's tensor, with one scatter (Shard) or broadcast (Replicate, Partial)
+// per mesh dim, and the same pieces as rank 0's tensor distributed locally.
+TEST(DistributeTensor, TakesCoordinateZerosDataByDefaultWhenRanksHoldDifferentData) {
+  auto draw = [](int64_t rank, at::ScalarType dtype) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(4242 + rank);  // this rank's own seed
+    return at::randn({7, 6}, gen, at::kDouble).to(dtype);
+  };
+  auto check = [&](const DeviceMesh& mesh, int64_t rank, const Placements& ps) {
+    for (auto dtype : {at::kDouble, at::kBFloat16}) {
+      SCOPED_TRACE(to_string(ps) + " " + c10::toString(dtype) + " on " + mesh.str());
+      reset_collective_counts();
+      at::Tensor d = distribute_tensor(draw(rank, dtype), mesh, ps);
+      EXPECT_EQ(collective_counts().total(), mesh.ndim()) << "one scatter or broadcast per mesh dim";
+      EXPECT_TRUE(full_tensor(d).equal(draw(0, dtype)));
+      EXPECT_TRUE(to_local(d).equal(to_local(distribute_tensor(draw(0, dtype), mesh, ps, std::nullopt))));
+    }
+  };
+  for (int64_t n : {2, 3, 4}) {  // 3 and 4: uneven pieces (7 rows, 6 columns)
+    run_ranks(n, [&](int64_t rank) {
+      auto mesh = init_device_mesh("cpu", {n});
+      for (const Placements& ps : std::vector<Placements>{{Shard(0)}, {Shard(1)}, {Replicate()}, {Partial()}}) {
+        check(mesh, rank, ps);
+      }
+    });
+  }
+  run_ranks(4, [&](int64_t rank) {
+    auto mesh = init_device_mesh("cpu", {2, 2});
+    for (const Placements& ps : std::vector<Placements>{{Shard(0), Replicate()}, {Replicate(), Shard(1)},
+                                                         {Shard(0), Shard(0)}, {Shard(1), Shard(0)},
+                                                         {Partial(), Shard(1)}, {Replicate(), Replicate()}}) {
+      check(mesh, rank, ps);
+    }
+  });
+}
+
+// std::nullopt (PyTorch's src_data_rank=None): each rank's own data as is, no collective.
+TEST(DistributeTensor, NulloptTakesEachRanksOwnDataWithoutCollectives) {
+  run_ranks(2, [](int64_t rank) {
+    auto mesh = init_device_mesh("cpu", {2});
+    at::Tensor mine = at::full({4, 2}, static_cast<double>(rank), at::kDouble);
+    reset_collective_counts();
+    at::Tensor d = distribute_tensor(mine, mesh, {Shard(0)}, std::nullopt);
+    EXPECT_EQ(collective_counts().total(), 0);
+    EXPECT_TRUE(to_local(d).equal(mine.narrow(0, 2 * rank, 2)));
+  });
+}
+
+// src_data_rank names the source's rank within each mesh dim, as PyTorch's group_src: 1 on
+// a 2 x 2 mesh is coordinate (1, 1), global rank 3.
+TEST(DistributeTensor, SourceRankIsACoordinateOfEveryMeshDim) {
   run_ranks(4, [](int64_t rank) {
     auto mesh = init_device_mesh("cpu", {2, 2});
     at::Tensor mine = at::full({3, 2}, static_cast<double>(rank), at::kDouble);
-    at::Tensor d = distribute_tensor(mine, mesh, {Replicate(), Shard(0)}, /*src_data_rank=*/3);
+    at::Tensor d = distribute_tensor(mine, mesh, {Replicate(), Shard(0)}, /*src_data_rank=*/1);
     EXPECT_TRUE(full_tensor(d).equal(at::full({3, 2}, 3.0, at::kDouble)));
+    EXPECT_THROW(distribute_tensor(mine, mesh, {Replicate(), Shard(0)}, /*src_data_rank=*/2), c10::Error);
+  });
+}
+
+// As PyTorch: a tensor computed by autograd is refused (DTensor::from_local is the way).
+TEST(DistributeTensor, RefusesANonLeafTensor) {
+  run_ranks(1, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {1});
+    at::Tensor x = at::ones({2, 2}, at::kDouble).set_requires_grad(true);
+    EXPECT_THROW(distribute_tensor(x * 2, mesh, {Replicate()}), c10::Error);
+  });
+}
+
+// As PyTorch: run_check broadcasts coordinate 0's data along Replicate mesh dims.
+TEST(DTensorFromLocal, RunCheckTakesCoordinateZerosDataForReplicate) {
+  run_ranks(3, [](int64_t rank) {
+    auto mesh = init_device_mesh("cpu", {3});
+    at::Tensor mine = at::full({2, 2}, static_cast<double>(rank + 1), at::kDouble);
+    FromLocalOptions check;
+    check.run_check = true;
+    at::Tensor d = DTensor::from_local(mine, mesh, {Replicate()}, check);
+    EXPECT_TRUE(to_local(d).equal(at::ones({2, 2}, at::kDouble)));
+    EXPECT_TRUE(mine.equal(at::full({2, 2}, static_cast<double>(rank + 1), at::kDouble))) << "input written";
+  });
+}
+
+// grad_placements of from_local and full_tensor (PyTorch's keyword of both): how the
+// gradient reaching them is laid out.
+TEST(DTensorFromLocal, GradPlacementsSayHowTheGradientIsLaidOut) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2});
+    for (bool partial : {false, true}) {
+      at::Tensor x = at::ones({2, 2}, at::kDouble).set_requires_grad(true);
+      FromLocalOptions o;
+      if (partial) o.grad_placements = Placements{Partial()};
+      (to_local(DTensor::from_local(x, mesh, {Replicate()}, o)) * 3).sum().backward();
+      at::Tensor total = x.grad().clone();
+      mesh.comm(0).all_reduce_(total, ReduceOp::Sum);
+      // Partial: the ranks' pieces add up to the gradient; Replicate: each holds all of it.
+      EXPECT_TRUE(total.equal(at::full({2, 2}, partial ? 3.0 : 6.0, at::kDouble))) << partial;
+    }
+    for (bool partial : {false, true}) {
+      at::Tensor d = distribute_tensor(at::ones({4, 2}, at::kDouble), mesh, {Shard(0)}).set_requires_grad(true);
+      std::optional<Placements> g;
+      if (partial) g = Placements{Partial()};
+      full_tensor(d, g).sum().backward();
+      // Each rank's gradient of ones: summed over the ranks when Partial.
+      EXPECT_TRUE(to_local(d.grad()).equal(at::full({2, 2}, partial ? 2.0 : 1.0, at::kDouble))) << partial;
+    }
   });
 }
 

@@ -29,8 +29,9 @@ struct CollectiveCounts {
   int64_t broadcast = 0;
   int64_t all_to_all = 0;
   int64_t barrier = 0;
+  int64_t scatter = 0;
   int64_t total() const {
-    return all_reduce + all_gather + reduce_scatter + broadcast + all_to_all + barrier;
+    return all_reduce + all_gather + reduce_scatter + broadcast + all_to_all + barrier + scatter;
   }
 };
 CollectiveCounts collective_counts();
@@ -57,6 +58,9 @@ class Communicator {
   // Reduces `full` across members and returns this member's torch.chunk piece along dim.
   at::Tensor reduce_scatter(const at::Tensor& full, int64_t dim, ReduceOp op) const;
   void broadcast_(at::Tensor& t, int64_t root) const;
+  // Member `root`'s `full`, split along `dim` in torch.chunk pieces: returns this member's
+  // piece. The other members' `full` gives only the shape and dtype (the same everywhere).
+  at::Tensor scatter(const at::Tensor& full, int64_t dim, int64_t root) const;
   void barrier() const;
 
  private:

@@ -19,19 +19,29 @@
 namespace hyper_parallel {
 
 struct FromLocalOptions {
-  // Verify across the mesh that the pieces fit together (shapes, dtypes): one
-  // all-gather of metadata. Off by default, as in PyTorch.
+  // Verify across the mesh that the pieces fit together (shapes, dtypes): one all-gather
+  // of metadata; and, as PyTorch, broadcast the data of coordinate 0 along every
+  // Replicate mesh dim (one broadcast each). Off by default, as in PyTorch.
   bool run_check = false;
   // Global shape/stride. Without them the shards are taken to be even (local * n).
   std::optional<std::vector<int64_t>> shape;
   std::optional<std::vector<int64_t>> stride;
+  // The placements `local`'s gradient is redistributed to before it is unwrapped.
+  // Unset: the forward placements with Partial -> Replicate (PyTorch's default).
+  std::optional<Placements> grad_placements;
 };
 
-// Splits `full` (the same on every rank; with src_data_rank it is first broadcast from
-// that global rank) into the pieces `placements` give this rank. The result is a leaf.
+// The DTensor whose full value is `full` as held at coordinate `src_data_rank` of every
+// mesh dim (PyTorch's default 0: the source's data, so the result is the single-device
+// tensor even where ranks hold different data). Mesh dim by mesh dim, in order: Shard
+// scatters the source's pieces (one scatter), Replicate and Partial broadcast (one
+// broadcast). std::nullopt (PyTorch's src_data_rank=None) takes each rank's own `full`
+// as is, with no collective: only right when every rank holds the same data. Every rank
+// passes the same shape and dtype. `full` must be a leaf (use DTensor::from_local
+// inside autograd); the result is a leaf with full's requires_grad.
 at::Tensor distribute_tensor(const at::Tensor& full, const DeviceMesh& mesh,
                              const Placements& placements,
-                             std::optional<int64_t> src_data_rank = std::nullopt);
+                             std::optional<int64_t> src_data_rank = 0);
 
 struct DTensor {
   // Wraps each rank's `local` piece. Differentiable: the gradient of `local` is the
@@ -44,8 +54,10 @@ struct DTensor {
 // layout, or of `grad_placements` when given).
 at::Tensor to_local(const at::Tensor& dtensor,
                     const std::optional<Placements>& grad_placements = std::nullopt);
-// All-gathers / reduces into the full tensor on every rank (differentiable).
-at::Tensor full_tensor(const at::Tensor& dtensor);
+// All-gathers / reduces into the full tensor on every rank (differentiable; the plain
+// gradient is taken as `grad_placements`' pieces when given, else as Replicate).
+at::Tensor full_tensor(const at::Tensor& dtensor,
+                       const std::optional<Placements>& grad_placements = std::nullopt);
 // Moves to other placements (differentiable; backward goes the other way, with
 // Partial sources receiving Replicate gradients as in PyTorch).
 at::Tensor redistribute(const at::Tensor& dtensor, const DeviceMesh& mesh,

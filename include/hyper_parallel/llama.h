@@ -104,7 +104,9 @@ TORCH_MODULE(Llama);
 // feed_forward and the head all-gather from it. Uneven sequence pieces (seq % tp != 0)
 // are supported: the DTensors carry the global length.
 ParallelizePlan llama_tp_plan(bool loss_parallel, bool sequence_parallel = false);
-// Checks the model fits the TP degree (heads, hidden dims) and applies the plan.
-void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel = false);
+// Checks the model fits the TP degree (heads, hidden dims) and applies the plan;
+// src_data_rank as in parallelize_module.
+void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel = false,
+                       std::optional<int64_t> src_data_rank = 0);
 
 }  // namespace hyper_parallel

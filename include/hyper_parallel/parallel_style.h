@@ -47,9 +47,9 @@ class ParallelStyle {
   virtual ~ParallelStyle() = default;
   virtual std::string name() const = 0;
   // Shards `module`'s parameters over `mesh` and returns its input/output conversions.
-  // `path` names the module in messages.
-  virtual ModuleLayouts apply(torch::nn::Module& module, const std::string& path,
-                              const DeviceMesh& mesh) const = 0;
+  // `path` names the module in messages; `src_data_rank` as in distribute_tensor.
+  virtual ModuleLayouts apply(torch::nn::Module& module, const std::string& path, const DeviceMesh& mesh,
+                              std::optional<int64_t> src_data_rank) const = 0;
 };
 using ParallelStylePtr = std::shared_ptr<const ParallelStyle>;
 
@@ -66,7 +66,8 @@ class ColwiseParallel : public ParallelStyle {
   explicit ColwiseParallel(StyleOptions o = {}) : options_(std::move(o)) {}
   static ParallelStylePtr make(StyleOptions o = {}) { return std::make_shared<ColwiseParallel>(std::move(o)); }
   std::string name() const override { return "ColwiseParallel"; }
-  ModuleLayouts apply(torch::nn::Module& module, const std::string& path, const DeviceMesh& mesh) const override;
+  ModuleLayouts apply(torch::nn::Module& module, const std::string& path, const DeviceMesh& mesh,
+                      std::optional<int64_t> src_data_rank) const override;
 
  private:
   StyleOptions options_;
@@ -79,7 +80,8 @@ class RowwiseParallel : public ParallelStyle {
   explicit RowwiseParallel(StyleOptions o = {}) : options_(std::move(o)) {}
   static ParallelStylePtr make(StyleOptions o = {}) { return std::make_shared<RowwiseParallel>(std::move(o)); }
   std::string name() const override { return "RowwiseParallel"; }
-  ModuleLayouts apply(torch::nn::Module& module, const std::string& path, const DeviceMesh& mesh) const override;
+  ModuleLayouts apply(torch::nn::Module& module, const std::string& path, const DeviceMesh& mesh,
+                      std::optional<int64_t> src_data_rank) const override;
 
  private:
   StyleOptions options_;
@@ -93,7 +95,8 @@ class PrepareModuleInput : public ParallelStyle {
   PrepareModuleInput(Placements input_layouts, Placements desired_input_layouts, bool use_local_output = false)
       : input_(std::move(input_layouts)), desired_(std::move(desired_input_layouts)), local_(use_local_output) {}
   std::string name() const override { return "PrepareModuleInput"; }
-  ModuleLayouts apply(torch::nn::Module& module, const std::string& path, const DeviceMesh& mesh) const override;
+  ModuleLayouts apply(torch::nn::Module& module, const std::string& path, const DeviceMesh& mesh,
+                      std::optional<int64_t> src_data_rank) const override;
 
  private:
   Placements input_, desired_;
@@ -118,7 +121,8 @@ class SequenceParallel : public ParallelStyle {
     return std::make_shared<SequenceParallel>(sequence_dim, use_local_output);
   }
   std::string name() const override { return "SequenceParallel"; }
-  ModuleLayouts apply(torch::nn::Module& module, const std::string& path, const DeviceMesh& mesh) const override;
+  ModuleLayouts apply(torch::nn::Module& module, const std::string& path, const DeviceMesh& mesh,
+                      std::optional<int64_t> src_data_rank) const override;
 
  private:
   int64_t sequence_dim_;
@@ -128,8 +132,12 @@ class SequenceParallel : public ParallelStyle {
 // Keyed by sub-module path ("layers.0.attention.wq"); '*' matches one path component.
 using ParallelizePlan = std::vector<std::pair<std::string, ParallelStylePtr>>;
 
-// Applies every entry of the plan; a pattern that matches nothing is an error.
-void parallelize_module(torch::nn::Module& root, const DeviceMesh& mesh, const ParallelizePlan& plan);
+// Applies every entry of the plan; a pattern that matches nothing is an error. Parameters
+// are sharded with distribute_tensor(..., src_data_rank), PyTorch's default 0: the values
+// of mesh coordinate 0. std::nullopt takes each rank's own values as they are (no
+// collective), right only when every rank initialised the module identically.
+void parallelize_module(torch::nn::Module& root, const DeviceMesh& mesh, const ParallelizePlan& plan,
+                        std::optional<int64_t> src_data_rank = 0);
 
 // The conversions recorded for a module (nullptr when it was not parallelized).
 const ModuleLayouts* module_layouts(const torch::nn::Module& module);

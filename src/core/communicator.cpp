@@ -108,6 +108,26 @@ void check_device(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at::Te
 bool needs_float_wire(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 && pg->getBackendName() == "gloo";
 }
+// The torch.chunk pieces of `full` along `dim`, each moved to dim 0 and padded at its end to
+// the first (largest) piece's length: c10d's scatters need equal-sized buffers.
+std::vector<at::Tensor> padded_chunks(const at::Tensor& full, int64_t dim, int64_t n) {
+  const int64_t max_len = chunk_range(full.size(dim), n, 0).length;
+  const at::Tensor moved = full.movedim(dim, 0);
+  std::vector<at::Tensor> pieces;
+  pieces.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const ChunkRange r = chunk_range(full.size(dim), n, i);
+    at::Tensor piece = moved.narrow(0, r.offset, r.length).contiguous();
+    if (r.length < max_len) {
+      std::vector<int64_t> pad(2 * piece.dim(), 0);
+      pad[pad.size() - 1] = max_len - r.length;  // pads dim 0 at the end
+      piece = at::constant_pad_nd(piece, pad, 0);
+    }
+    pieces.push_back(piece);
+  }
+  return pieces;
+}
+
 }  // namespace
 
 CollectiveCounts collective_counts() { return tls_counts; }
@@ -247,19 +267,7 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& full, int64_t dim, Red
   if (compat::has_native_reduce_scatter(pg_, full.device().type()) && op != ReduceOp::Avg) {
     ++tls_counts.reduce_scatter;
     Tallied tally(bytes_of(full));
-    const int64_t max_len = chunk_range(full.size(dim), size(), 0).length;
-    at::Tensor moved = full.movedim(dim, 0);
-    std::vector<at::Tensor> inputs;
-    for (int64_t i = 0; i < size(); ++i) {
-      ChunkRange r = chunk_range(full.size(dim), size(), i);
-      at::Tensor piece = moved.narrow(0, r.offset, r.length).contiguous();
-      if (r.length < max_len) {
-        std::vector<int64_t> pad(2 * piece.dim(), 0);
-        pad[pad.size() - 1] = max_len - r.length;
-        piece = at::constant_pad_nd(piece, pad, 0);
-      }
-      inputs.push_back(piece);
-    }
+    std::vector<at::Tensor> inputs = padded_chunks(full, dim, size());
     at::Tensor out = at::empty_like(inputs[0]);
     std::vector<at::Tensor> outs{out};
     std::vector<std::vector<at::Tensor>> in_lists{inputs};
@@ -286,6 +294,29 @@ void Communicator::broadcast_(at::Tensor& t, int64_t root) const {
   opts.rootRank = root;
   wait_for(pg_->broadcast(v, opts), *this, "broadcast");
   if (!buf.is_same(t)) t.copy_(buf);
+}
+
+at::Tensor Communicator::scatter(const at::Tensor& full, int64_t dim, int64_t root) const {
+  TORCH_CHECK(root >= 0 && root < size(), "scatter: root ", root, " is not a member of a group of ", size());
+  const ChunkRange mine = chunk_range(full.size(dim), size(), rank_);
+  if (needs_float_wire(pg_, full)) return scatter(full.to(at::kFloat), dim, root).to(at::kBFloat16);
+  ++tls_counts.scatter;
+  if (size() == 1) return full.narrow(dim, mine.offset, mine.length);
+  check_device(pg_, full, "scatter");
+  // The padded piece, `dim` first (as padded_chunks lays it out).
+  std::vector<int64_t> piece_shape(full.sizes().begin(), full.sizes().end());
+  piece_shape.erase(piece_shape.begin() + dim);
+  piece_shape.insert(piece_shape.begin(), chunk_range(full.size(dim), size(), 0).length);
+  at::Tensor out = at::empty(piece_shape, full.options());
+  if (out.numel() == 0) return out.narrow(0, 0, mine.length).movedim(0, dim);  // nothing to send
+  Tallied tally(rank_ == root ? bytes_of(full) : bytes_of(out));
+  std::vector<std::vector<at::Tensor>> in_lists;
+  if (rank_ == root) in_lists.push_back(padded_chunks(full, dim, size()));
+  std::vector<at::Tensor> outs{out};
+  c10d::ScatterOptions opts;
+  opts.rootRank = root;
+  wait(pg_->scatter(outs, in_lists, opts));
+  return out.narrow(0, 0, mine.length).movedim(0, dim);
 }
 
 void Communicator::barrier() const {

@@ -120,6 +120,33 @@ void check_pieces_across_mesh(const at::Tensor& local, const Layout& layout) {
   }
 }
 
+// This rank's piece of the value `data` has at coordinate `src` of every mesh dim, mesh dim
+// by mesh dim as PyTorch's distribute_tensor: Shard scatters, Replicate and Partial
+// broadcast; Partial then keeps the value on one coordinate (local_piece's rule).
+at::Tensor piece_from_source(const at::Tensor& data, const Layout& target, int64_t src) {
+  const DeviceMesh& mesh = target.mesh();
+  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+    TORCH_CHECK(src >= 0 && src < mesh.size(m), "distribute_tensor: src_data_rank ", src,
+                " is not a coordinate of every dim of ", mesh.str(), " (it names the source's rank "
+                "within each mesh dim, as PyTorch's; std::nullopt takes each rank's own data)");
+  }
+  at::Tensor piece = data;
+  bool owned = false;  // piece is a buffer of our own, not the caller's storage
+  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+    const Placement p = target.placements()[m].normalized(data.dim());
+    if (p.is_shard()) {
+      piece = mesh.comm(m).scatter(piece, p.dim(), src);
+      owned = !piece.is_alias_of(data);
+    } else {
+      if (!owned) piece = piece.clone(at::MemoryFormat::Contiguous);
+      owned = true;
+      mesh.comm(m).broadcast_(piece, src);
+    }
+  }
+  const Layout replicated_partials = target.with_placements(partial_to_replicate(target.placements()));
+  return redistribute_local(piece, replicated_partials, target);
+}
+
 }  // namespace
 
 bool is_dtensor(const at::Tensor& t) { return dtensor_impl(t) != nullptr; }
@@ -136,28 +163,14 @@ at::Tensor distribute_tensor(const at::Tensor& full, const DeviceMesh& mesh,
                              const Placements& placements, std::optional<int64_t> src_data_rank) {
   TORCH_CHECK(!is_dtensor(full), "distribute_tensor expects a plain tensor, got a DTensor with ",
               to_string(placements_of(full)));
-  at::Tensor data = full.detach();
-  if (src_data_rank) {
-    const auto& ranks = mesh.ranks();
-    auto it = std::find(ranks.begin(), ranks.end(), *src_data_rank);
-    TORCH_CHECK(it != ranks.end(), "distribute_tensor: src_data_rank ", *src_data_rank,
-                " is not in ", mesh.str());
-    // Broadcast along each mesh dim from the source's coordinate, outermost first.
-    // After step m every rank agreeing with the source on dims > m has the data;
-    // other lines broadcast stale values that a later step overwrites.
-    int64_t rem = it - ranks.begin();
-    std::vector<int64_t> src(mesh.ndim());
-    for (int64_t m = mesh.ndim() - 1; m >= 0; --m) {
-      src[m] = rem % mesh.size(m);
-      rem /= mesh.size(m);
-    }
-    data = data.clone(at::MemoryFormat::Contiguous);
-    for (int64_t m = 0; m < mesh.ndim(); ++m) mesh.comm(m).broadcast_(data, src[m]);
-  }
+  TORCH_CHECK(full.is_leaf(), "distribute_tensor expects a leaf tensor (a parameter, a buffer, data), got one "
+              "computed by ", full.grad_fn()->name(), "; use DTensor::from_local to make a DTensor inside autograd");
+  // As PyTorch: the tensor moves to the mesh's device type first.
+  at::Tensor data = full.device().type() == mesh.device().type() ? full.detach() : full.detach().to(mesh.device());
   const std::vector<int64_t> shape(data.sizes().begin(), data.sizes().end());
   Layout target(mesh, placements, shape);
-  at::Tensor local = local_piece(data, target);
-  at::Tensor out = make_dtensor(local.is_alias_of(data) ? local.clone() : local, target);
+  at::Tensor local = src_data_rank ? piece_from_source(data, target, *src_data_rank) : local_piece(data, target);
+  at::Tensor out = make_dtensor(local.is_alias_of(full) ? local.clone() : local, target);
   if (full.requires_grad()) out.set_requires_grad(true);
   return out;
 }
@@ -168,12 +181,21 @@ at::Tensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
   std::vector<int64_t> shape =
       options.shape ? *options.shape : even_global_shape(local, mesh, placements);
   Layout layout(mesh, placements, shape, options.stride.value_or(std::vector<int64_t>{}));
-  if (options.run_check) check_pieces_across_mesh(local, layout);
-  at::Tensor out = make_dtensor(local, layout);
+  at::Tensor data = local;
+  if (options.run_check) {
+    check_pieces_across_mesh(local, layout);
+    // As PyTorch: Replicate mesh dims take coordinate 0's data (into a copy: the caller's
+    // tensor is not written).
+    for (int64_t m = 0; m < mesh.ndim(); ++m) {
+      if (!placements[m].is_replicate()) continue;
+      if (data.is_same(local)) data = local.detach().clone(at::MemoryFormat::Contiguous);
+      mesh.comm(m).broadcast_(data, 0);
+    }
+  }
+  at::Tensor out = make_dtensor(data, layout);
   if (needs_history(local)) {
-    attach(out, local,
-           compat::make_node<FromLocalBackward>(layout.with_placements(
-               partial_to_replicate(layout.placements()))));
+    const Placements grad = options.grad_placements.value_or(partial_to_replicate(layout.placements()));
+    attach(out, local, compat::make_node<FromLocalBackward>(layout.with_placements(grad)));
   }
   return out;
 }
@@ -208,9 +230,9 @@ at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements)
   return redistribute(dtensor, mesh_of(dtensor), placements);
 }
 
-at::Tensor full_tensor(const at::Tensor& dtensor) {
+at::Tensor full_tensor(const at::Tensor& dtensor, const std::optional<Placements>& grad_placements) {
   const Layout& layout = layout_of(dtensor);
-  return to_local(redistribute(dtensor, Placements(layout.mesh().ndim(), Placement::replicate())));
+  return to_local(redistribute(dtensor, Placements(layout.mesh().ndim(), Placement::replicate())), grad_placements);
 }
 
 }  // namespace hyper_parallel

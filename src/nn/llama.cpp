@@ -225,14 +225,15 @@ ParallelizePlan llama_tp_plan(bool loss_parallel, bool sequence_parallel) {
   return plan;
 }
 
-void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel) {
+void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel,
+                       std::optional<int64_t> src_data_rank) {
   const LlamaArgs& a = model->args();
   const int64_t tp = tp_mesh.size();
   TORCH_CHECK(a.n_heads % tp == 0, "parallelize_llama: n_heads ", a.n_heads,
               " does not split over tensor_parallel_degree ", tp, " (each rank needs whole heads)");
   TORCH_CHECK(a.hidden_dim() % tp == 0 && a.dim % tp == 0, "parallelize_llama: dim ", a.dim, " and ffn hidden ",
               a.hidden_dim(), " must be divisible by tensor_parallel_degree ", tp);
-  parallelize_module(*model, tp_mesh, llama_tp_plan(loss_parallel, sequence_parallel));
+  parallelize_module(*model, tp_mesh, llama_tp_plan(loss_parallel, sequence_parallel), src_data_rank);
   // SequenceParallel replaced the norms' registered weights by Replicate DTensors; the
   // forward reads the member.
   for (const auto& m : model->modules(/*include_self=*/false)) {

@@ -46,9 +46,9 @@ Placements on_mesh(const std::optional<Placements>& given, Placement fallback, c
 // Puts this rank's piece of the module's own (identically initialised) parameter in
 // place, keeps requires_grad, and makes the gradient come back in the same layout.
 at::Tensor shard_parameter(torch::nn::Module& module, const std::string& name, const DeviceMesh& mesh,
-                           const Placements& placements) {
+                           const Placements& placements, std::optional<int64_t> src_data_rank) {
   at::Tensor full = module.named_parameters(/*recurse=*/false)[name];
-  at::Tensor d = distribute_tensor(full.detach(), mesh, placements);
+  at::Tensor d = distribute_tensor(full.detach(), mesh, placements, src_data_rank);
   replace_parameter(module, name, d);
   at::Tensor param = module.named_parameters(false)[name];
   // Autograd may produce a gradient in another layout (e.g. a replicated embedding
@@ -67,8 +67,8 @@ std::string type_error(const std::string& style, const std::string& path, const 
 
 }  // namespace
 
-ModuleLayouts ColwiseParallel::apply(torch::nn::Module& module, const std::string& path,
-                                     const DeviceMesh& mesh) const {
+ModuleLayouts ColwiseParallel::apply(torch::nn::Module& module, const std::string& path, const DeviceMesh& mesh,
+                                     std::optional<int64_t> src_data_rank) const {
   ModuleLayouts l;
   l.mesh = mesh;
   l.input_layouts = on_mesh(options_.input_layouts, Placement::replicate(), mesh);
@@ -76,18 +76,18 @@ ModuleLayouts ColwiseParallel::apply(torch::nn::Module& module, const std::strin
   l.output_layouts = on_mesh(options_.output_layouts, Placement::shard(-1), mesh);
   l.use_local_output = options_.use_local_output;
   if (auto* lin = dynamic_cast<torch::nn::LinearImpl*>(&module)) {
-    lin->weight = shard_parameter(module, "weight", mesh, {Placement::shard(0)});
-    if (lin->bias.defined()) lin->bias = shard_parameter(module, "bias", mesh, {Placement::shard(0)});
+    lin->weight = shard_parameter(module, "weight", mesh, {Placement::shard(0)}, src_data_rank);
+    if (lin->bias.defined()) lin->bias = shard_parameter(module, "bias", mesh, {Placement::shard(0)}, src_data_rank);
   } else if (auto* emb = dynamic_cast<torch::nn::EmbeddingImpl*>(&module)) {
-    emb->weight = shard_parameter(module, "weight", mesh, {Placement::shard(1)});
+    emb->weight = shard_parameter(module, "weight", mesh, {Placement::shard(1)}, src_data_rank);
   } else {
     TORCH_CHECK(false, type_error(name(), path, module));
   }
   return l;
 }
 
-ModuleLayouts RowwiseParallel::apply(torch::nn::Module& module, const std::string& path,
-                                     const DeviceMesh& mesh) const {
+ModuleLayouts RowwiseParallel::apply(torch::nn::Module& module, const std::string& path, const DeviceMesh& mesh,
+                                     std::optional<int64_t> src_data_rank) const {
   ModuleLayouts l;
   l.mesh = mesh;
   l.output_layouts = on_mesh(options_.output_layouts, Placement::replicate(), mesh);
@@ -95,19 +95,20 @@ ModuleLayouts RowwiseParallel::apply(torch::nn::Module& module, const std::strin
   if (auto* lin = dynamic_cast<torch::nn::LinearImpl*>(&module)) {
     l.input_layouts = on_mesh(options_.input_layouts, Placement::shard(-1), mesh);
     l.desired_input = Placements(mesh.ndim(), Placement::shard(-1));
-    lin->weight = shard_parameter(module, "weight", mesh, {Placement::shard(1)});
-    if (lin->bias.defined()) lin->bias = shard_parameter(module, "bias", mesh, {Placement::replicate()});
+    lin->weight = shard_parameter(module, "weight", mesh, {Placement::shard(1)}, src_data_rank);
+    if (lin->bias.defined()) lin->bias = shard_parameter(module, "bias", mesh, {Placement::replicate()}, src_data_rank);
   } else if (auto* emb = dynamic_cast<torch::nn::EmbeddingImpl*>(&module)) {
     l.input_layouts = on_mesh(options_.input_layouts, Placement::replicate(), mesh);
     l.desired_input = Placements(mesh.ndim(), Placement::replicate());
-    emb->weight = shard_parameter(module, "weight", mesh, {Placement::shard(0)});
+    emb->weight = shard_parameter(module, "weight", mesh, {Placement::shard(0)}, src_data_rank);
   } else {
     TORCH_CHECK(false, type_error(name(), path, module));
   }
   return l;
 }
 
-ModuleLayouts PrepareModuleInput::apply(torch::nn::Module&, const std::string&, const DeviceMesh& mesh) const {
+ModuleLayouts PrepareModuleInput::apply(torch::nn::Module&, const std::string&, const DeviceMesh& mesh,
+                                        std::optional<int64_t>) const {
   ModuleLayouts l;
   l.mesh = mesh;
   l.input_layouts = input_;
@@ -117,14 +118,14 @@ ModuleLayouts PrepareModuleInput::apply(torch::nn::Module&, const std::string&, 
   return l;
 }
 
-ModuleLayouts SequenceParallel::apply(torch::nn::Module& module, const std::string& path,
-                                      const DeviceMesh& mesh) const {
+ModuleLayouts SequenceParallel::apply(torch::nn::Module& module, const std::string& path, const DeviceMesh& mesh,
+                                      std::optional<int64_t> src_data_rank) const {
   const auto params = module.named_parameters(/*recurse=*/false);
   TORCH_CHECK(module.children().empty(), name(), ": module '", path, "' is a ", module.name(),
               " with sub-modules; expected a leaf module that works per token (a norm)");
   // Replicated, with a hook that turns the Partial gradient (this rank's tokens only)
   // into the sum over the TP ranks.
-  for (const auto& item : params) shard_parameter(module, item.key(), mesh, {Placement::replicate()});
+  for (const auto& item : params) shard_parameter(module, item.key(), mesh, {Placement::replicate()}, src_data_rank);
   ModuleLayouts l;
   l.mesh = mesh;
   l.input_layouts = Placements(mesh.ndim(), Placement::shard(sequence_dim_));
@@ -178,7 +179,8 @@ bool path_matches(const std::string& pattern, const std::string& path) {
 }
 }  // namespace
 
-void parallelize_module(torch::nn::Module& root, const DeviceMesh& mesh, const ParallelizePlan& plan) {
+void parallelize_module(torch::nn::Module& root, const DeviceMesh& mesh, const ParallelizePlan& plan,
+                        std::optional<int64_t> src_data_rank) {
   TORCH_CHECK(mesh.ndim() == 1, "parallelize_module: expected a 1-D tensor-parallel mesh, got ", mesh.str(),
               "; pass mesh[\"tp\"]");
   const auto modules = root.named_modules(/*name_prefix=*/"", /*include_self=*/false);
@@ -189,7 +191,7 @@ void parallelize_module(torch::nn::Module& root, const DeviceMesh& mesh, const P
       matched = true;
       TORCH_CHECK(!module_layouts(*item.value()), "parallelize_module: '", item.key(), "' (matched by '", pattern,
                   "') is already parallelized; expected each module in one plan entry");
-      ModuleLayouts l = style->apply(*item.value(), item.key(), mesh);
+      ModuleLayouts l = style->apply(*item.value(), item.key(), mesh, src_data_rank);
       std::lock_guard<std::mutex> lock(registry_mutex);
       registry()[item.value().get()] = Entry{item.value(), std::move(l)};
     }

@@ -354,7 +354,11 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
     world_mesh_ = tp_mesh_;
   }
   dp_rank_ = dp_mesh_ ? dp_mesh_->local_rank(0) : 0;
-  if (tp_enabled_) parallelize_llama(model_, *tp_mesh_, loss_parallel_enabled_, par.sequence_parallel);
+  // init_weights(seed) gave every rank the same weights: each shards its own copy, with no
+  // scatter from TP rank 0 (src_data_rank = nullopt).
+  if (tp_enabled_) {
+    parallelize_llama(model_, *tp_mesh_, loss_parallel_enabled_, par.sequence_parallel, /*src_data_rank=*/std::nullopt);
+  }
   const auto& t = config_.training;
   // bfloat16 parameters train through float32 master copies (master_weights.h).
   if (dtype == at::kBFloat16) master_ = std::make_unique<MasterWeights>(model_->named_parameters());
