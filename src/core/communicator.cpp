@@ -315,7 +315,7 @@ at::Tensor Communicator::scatter(const at::Tensor& full, int64_t dim, int64_t ro
   std::vector<at::Tensor> outs{out};
   c10d::ScatterOptions opts;
   opts.rootRank = root;
-  wait(pg_->scatter(outs, in_lists, opts));
+  wait_for(pg_->scatter(outs, in_lists, opts), *this, "scatter");
   return out.narrow(0, 0, mine.length).movedim(0, dim);
 }
 

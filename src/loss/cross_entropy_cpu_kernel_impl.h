@@ -210,8 +210,8 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
       for (int64_t j = 0; j < C; ++j) out[j] = scalar_t(0);
       continue;
     }
-    if (!std::isfinite(lse[r])) {
-      // A NaN or +inf logit (lse NaN), or a row all -inf (lse -inf): its whole gradient is
+    if (!std::isfinite(row_max[r] + log_sum[r])) {
+      // A NaN or +inf logit (lse = max + log_sum NaN), or a row all -inf (lse -inf): its whole gradient is
       // NaN, as ATen's (the vectorised exp would turn exp(NaN) into inf).
       for (int64_t j = 0; j < C; ++j) out[j] = static_cast<scalar_t>(std::numeric_limits<acc_t>::quiet_NaN());
       continue;
