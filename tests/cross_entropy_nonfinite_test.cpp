@@ -35,7 +35,44 @@ std::pair<float, float> kernel_running_lse(const float* y, int64_t cols) {
   return {m[0], s[0]};
 }
 
+// The CUDA forward kernel's label-smoothing sum of one row, relative to the row max, as its
+// threads and block_reduce form it: {max, sum_c w_c (y_c - max)}.
+std::pair<float, float> kernel_relative_sum(const float* y, const float* w, int64_t cols) {
+  constexpr int kThreads = 256;
+  std::vector<float> m(kThreads, -std::numeric_limits<float>::infinity()), s(kThreads, 0.f), v(kThreads, 0.f),
+      u(kThreads, 0.f);
+  for (int t = 0; t < kThreads; ++t) {
+    for (int64_t j = t; j < cols; j += kThreads) {
+      const float before = m[t];
+      ce_kernel::running_lse_push(m[t], s[t], y[j]);
+      ce_kernel::relative_sum_push(v[t], u[t], before, m[t], y[j], w[j]);
+    }
+  }
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    for (int t = 0; t < stride; ++t) {
+      float mm = m[t];
+      ce_kernel::running_lse_merge(mm, s[t], m[t + stride], s[t + stride]);
+      ce_kernel::relative_sum_merge(v[t], u[t], m[t], v[t + stride], u[t + stride], m[t + stride], mm);
+      m[t] = mm;
+    }
+  }
+  return {m[0], v[0]};
+}
+
 }  // namespace
+
+// At logits near 3e4, sum_c w_c y_c in float is ~1e-3 off (about the smoothing loss itself);
+// kept relative to the running max, the sum is as accurate as its small terms.
+TEST(RunningLogSumExp, TheCudaKernelsSmoothingSumIsRelativeToTheMaxAndFloat32Accurate) {
+  const int64_t cols = 1003;
+  const at::Tensor x = (at::randn({cols}, at::kDouble) * 4 + 3e4).to(at::kFloat);
+  const at::Tensor w = (at::rand({cols}, at::kDouble) + 0.5).to(at::kFloat);
+  const auto [m, v] = kernel_relative_sum(x.const_data_ptr<float>(), w.const_data_ptr<float>(), cols);
+  const at::Tensor xd = x.to(at::kDouble), wd = w.to(at::kDouble);
+  EXPECT_EQ(m, x.max().item<float>());
+  const double want = (wd * (xd - xd.max())).sum().item<double>();
+  EXPECT_NEAR(v, want, 1e-5 * std::abs(want)) << "relative sum " << v << " vs float64 " << want;
+}
 
 TEST(RunningLogSumExp, TheCudaKernelsThreadsAndMergeGiveAtenOnNonFiniteRows) {
   for (int64_t cols : {300, 600, 1003}) {

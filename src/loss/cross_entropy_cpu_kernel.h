@@ -17,8 +17,10 @@ enum Stat : int64_t {
   kSumExp = 1,  // sum of exp(y - max) over them
   kV1 = 2,      // index targets: y at the target when this rank owns it, else 0
                 // probability targets: A = sum_c w_c q'_c
-  kV2 = 3,      // index + label smoothing: sum_c w_c y_c; probability targets: sum_c w_c q'_c y_c
-  kStats = 4,
+  kV2 = 3,      // index + label smoothing: sum_c w_c (y_c - ref); probability targets:
+                // sum_c w_c q'_c (y_c - ref); ref = relative_sum_reference(max) (running_logsumexp.h)
+  kU = 4,       // the weight summed into kV2: sum_c w_c, or sum_c w_c q'_c (0 when kV2 is unused)
+  kStats = 5,
 };
 
 struct ForwardArgs {
@@ -27,7 +29,7 @@ struct ForwardArgs {
   int64_t rows = 0, cols = 0, ldx = 0;
   double softcap = 0;             // > 0: y = softcap * tanh(x / softcap)
   const int64_t* target_col = nullptr;  // [rows], local column or -1 (index targets)
-  bool smoothing_sum = false;     // fill kV2 = sum_c w_c y_c (index targets)
+  bool smoothing_sum = false;     // fill kV2 and kU (index targets)
   const void* weight = nullptr;   // [cols] compute type, or null (all ones)
   const void* q = nullptr;        // probability targets [rows, cols], compute type, row stride ldq
   int64_t ldq = 0;

@@ -23,6 +23,7 @@
 
 #include "loss/cross_entropy_cpu_kernel.h"
 #include "loss/logits_dtype_dispatch.h"
+#include "loss/running_logsumexp.h"
 
 #ifndef CPU_CAPABILITY
 #error "define CPU_CAPABILITY before including cross_entropy_cpu_kernel_impl.h"
@@ -105,6 +106,7 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
     acc_t m = ninf;
     Vec vs(0), v1(0), v2(0);
     acc_t s_tail = 0, t1 = 0, t2 = 0;
+    acc_t u = 0;  // the weight summed into v2 so far (running_logsumexp.h: relative sums)
     for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
       const int64_t n = std::min(kBlock, C - c0);
       const int64_t nv = n - n % kStep;
@@ -128,11 +130,13 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
         buf[j] = softcapped(static_cast<acc_t>(x[c0 + j]), cap, inv_cap);
         bm = (std::isnan(buf[j]) || buf[j] > bm) ? buf[j] : bm;
       }
-      // A larger (or NaN) block max rescales what was summed so far.
+      // A larger (or NaN) block max rescales what was summed so far, and moves the
+      // reference the relative sum v2 is kept against.
       if (!(bm <= m)) {
         const acc_t f = std::exp(m - bm);
         vs = vs * Vec(f);
         s_tail *= f;
+        rebase_relative_sum(t2, u, relative_sum_reference(m), relative_sum_reference(bm));
         m = bm;
       }
       // Pass 2 (L1): sum of exp(y - m); all -inf so far contributes nothing.
@@ -141,27 +145,46 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
         for (int64_t j = 0; j < nv; j += VS) vs = vs + vexp(Vec::loadu(buf + j) - vmax);
         for (int64_t j = nv; j < n; ++j) s_tail += std::exp(buf[j] - m);
       }
+      const acc_t ref = relative_sum_reference(m);
+      const Vec vref(ref);
       if (q) {
-        // A = sum w q', B = sum w q' y
+        // A = sum w q', B = sum w q' (y - ref)
         const Vec vscale(q_scale), vshift(q_shift);
+        Vec vu(0);
+        acc_t tu = 0;
         for (int64_t j = 0; j < nv; j += VS) {
           Vec wq = at::vec::fmadd(Vec::loadu(q + c0 + j), vscale, vshift);
           if (w) wq = wq * Vec::loadu(w + c0 + j);
-          v1 = v1 + wq;
-          v2 = at::vec::fmadd(wq, Vec::loadu(buf + j), v2);
+          vu = vu + wq;
+          v2 = at::vec::fmadd(wq, Vec::loadu(buf + j) - vref, v2);
         }
         for (int64_t j = nv; j < n; ++j) {
           acc_t wq = q[c0 + j] * q_scale + q_shift;
           if (w) wq *= w[c0 + j];
-          t1 += wq;
-          t2 += wq * buf[j];
+          tu += wq;
+          t2 += wq * (buf[j] - ref);
         }
+        v1 = v1 + vu;
+        t1 += tu;
+        u += at::vec::vec_reduce_all<acc_t>([](Vec& a, Vec& b) { return a + b; }, vu) + tu;
       } else if (args.smoothing_sum) {
+        Vec vu(0);
         for (int64_t j = 0; j < nv; j += VS) {
-          const Vec y = Vec::loadu(buf + j);
-          v2 = w ? at::vec::fmadd(Vec::loadu(w + c0 + j), y, v2) : v2 + y;
+          const Vec y = Vec::loadu(buf + j) - vref;
+          if (w) {
+            const Vec wj = Vec::loadu(w + c0 + j);
+            v2 = at::vec::fmadd(wj, y, v2);
+            vu = vu + wj;
+          } else {
+            v2 = v2 + y;
+          }
         }
-        for (int64_t j = nv; j < n; ++j) t2 += w ? w[c0 + j] * buf[j] : buf[j];
+        acc_t tu = w ? at::vec::vec_reduce_all<acc_t>([](Vec& a, Vec& b) { return a + b; }, vu) : acc_t(nv);
+        for (int64_t j = nv; j < n; ++j) {
+          t2 += w ? w[c0 + j] * (buf[j] - ref) : buf[j] - ref;
+          tu += w ? w[c0 + j] : acc_t(1);
+        }
+        u += tu;
       }
     }
     const acc_t s = at::vec::vec_reduce_all<acc_t>([](Vec& a, Vec& b) { return a + b; }, vs) + s_tail;
@@ -173,9 +196,10 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
       const int64_t t = args.target_col ? args.target_col[r] : -1;
       stats[kV1 * args.rows + r] = t >= 0 ? softcapped(static_cast<acc_t>(x[t]), cap, inv_cap) : acc_t(0);
     }
+    const bool relative = q || args.smoothing_sum;
     stats[kV2 * args.rows + r] =
-        (q || args.smoothing_sum) ? at::vec::vec_reduce_all<acc_t>([](Vec& a, Vec& b) { return a + b; }, v2) + t2
-                                  : acc_t(0);
+        relative ? at::vec::vec_reduce_all<acc_t>([](Vec& a, Vec& b) { return a + b; }, v2) + t2 : acc_t(0);
+    stats[kU * args.rows + r] = relative ? u : acc_t(0);
   }
 }
 

@@ -31,24 +31,28 @@ __device__ __forceinline__ acc_t capped(acc_t x, acc_t cap) {
   return cap > acc_t(0) ? cap * tanh(x / cap) : x;
 }
 
-// Block-wide merge of (m, s) and sums of v1, v2; the result lands in thread 0.
+// Block-wide merge of (m, s), the sum v1, and the relative sum v2 with its weight u
+// (running_logsumexp.h); the result lands in thread 0.
 template <typename acc_t>
-__device__ void block_reduce(acc_t& m, acc_t& s, acc_t& v1, acc_t& v2) {
-  __shared__ acc_t sm[kThreads], ss[kThreads], s1[kThreads], s2[kThreads];
+__device__ void block_reduce(acc_t& m, acc_t& s, acc_t& v1, acc_t& v2, acc_t& u) {
+  __shared__ acc_t sm[kThreads], ss[kThreads], s1[kThreads], s2[kThreads], su[kThreads];
   const int t = threadIdx.x;
   sm[t] = m;
   ss[t] = s;
   s1[t] = v1;
   s2[t] = v2;
+  su[t] = u;
   __syncthreads();
   for (int stride = kThreads / 2; stride > 0; stride /= 2) {
     if (t < stride) {
-      acc_t mm = sm[t], sss = ss[t];
+      acc_t mm = sm[t], sss = ss[t], vv = s2[t], uu = su[t];
       running_lse_merge(mm, sss, sm[t + stride], ss[t + stride]);
+      relative_sum_merge(vv, uu, sm[t], s2[t + stride], su[t + stride], sm[t + stride], mm);
       sm[t] = mm;
       ss[t] = sss;
       s1[t] += s1[t + stride];
-      s2[t] += s2[t + stride];
+      s2[t] = vv;
+      su[t] = uu;
     }
     __syncthreads();
   }
@@ -56,6 +60,7 @@ __device__ void block_reduce(acc_t& m, acc_t& s, acc_t& v1, acc_t& v2) {
   s = ss[0];
   v1 = s1[0];
   v2 = s2[0];
+  u = su[0];
 }
 
 template <typename scalar_t>
@@ -68,20 +73,21 @@ __global__ void forward_kernel(ForwardArgs args) {
   const acc_t cap = static_cast<acc_t>(args.softcap);
   const acc_t q_scale = static_cast<acc_t>(args.q_scale), q_shift = static_cast<acc_t>(args.q_shift);
   const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
-  acc_t m = ninf, s = 0, v1 = 0, v2 = 0;
+  acc_t m = ninf, s = 0, v1 = 0, v2 = 0, u = 0;
   for (int64_t j = threadIdx.x; j < args.cols; j += kThreads) {
     const acc_t y = capped(static_cast<acc_t>(x[j]), cap);
+    const acc_t m_before = m;
     running_lse_push(m, s, y);
     if (q) {
       acc_t wq = q[j] * q_scale + q_shift;
       if (w) wq *= w[j];
       v1 += wq;
-      v2 += wq * y;
+      relative_sum_push(v2, u, m_before, m, y, wq);
     } else if (args.smoothing_sum) {
-      v2 += w ? w[j] * y : y;
+      relative_sum_push(v2, u, m_before, m, y, w ? w[j] : acc_t(1));
     }
   }
-  block_reduce(m, s, v1, v2);
+  block_reduce(m, s, v1, v2, u);
   if (threadIdx.x != 0) return;
   acc_t* stats = static_cast<acc_t*>(args.stats);
   stats[kMax * args.rows + r] = m;
@@ -90,8 +96,10 @@ __global__ void forward_kernel(ForwardArgs args) {
     const int64_t t = args.target_col ? args.target_col[r] : -1;
     v1 = t >= 0 ? capped(static_cast<acc_t>(x[t]), cap) : acc_t(0);
   }
+  const bool relative = q || args.smoothing_sum;
   stats[kV1 * args.rows + r] = v1;
-  stats[kV2 * args.rows + r] = (q || args.smoothing_sum) ? v2 : acc_t(0);
+  stats[kV2 * args.rows + r] = relative ? v2 : acc_t(0);
+  stats[kU * args.rows + r] = relative ? u : acc_t(0);
 }
 
 template <typename scalar_t>

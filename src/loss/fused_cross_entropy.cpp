@@ -45,6 +45,14 @@ void for_row_blocks(int64_t rows, int64_t cols, Fn&& fn) {
 
 at::Tensor capped(const at::Tensor& x, double cap) { return cap > 0 ? (x / cap).tanh_().mul_(cap) : x; }
 
+// running_logsumexp.h's relative sums on tensors: the reference a max gives (0 where the max
+// is not finite), and V = sum u (y - reference of m) moved to reference ref.
+at::Tensor relative_sum_reference(const at::Tensor& m) { return at::where(at::isfinite(m), m, at::zeros_like(m)); }
+at::Tensor rebased_relative_sum(const at::Tensor& v, const at::Tensor& u, const at::Tensor& m, const at::Tensor& ref) {
+  const at::Tensor shift = (relative_sum_reference(m) - ref) * u;
+  return v + at::where(u.ne(0), shift, at::zeros_like(shift));
+}
+
 // One block's slice of the per-row and per-class inputs: rows [r0, r0 + n), local classes
 // [c0, c0 + nc). Target columns become block-local (-1 where the target lies outside).
 struct BlockView {
@@ -77,19 +85,24 @@ void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const 
     const at::Tensor shift = at::where(at::isneginf(m), at::zeros_like(m), m);
     stats[k::kMax].narrow(0, r0, n).copy_(m);
     stats[k::kSumExp].narrow(0, r0, n).copy_((y - shift.unsqueeze(1)).exp().sum(1));
+    // kV2 relative to the row's max (running_logsumexp.h), with its weight kU.
+    const at::Tensor relative_y = y - relative_sum_reference(m).unsqueeze(1);
     if (ce.soft) {
       at::Tensor wq = v.q.narrow(0, r0, n) * q_scale + q_shift;
       if (w.defined()) wq = wq * w.unsqueeze(0);
       stats[k::kV1].narrow(0, r0, n).copy_(wq.sum(1));
-      stats[k::kV2].narrow(0, r0, n).copy_((wq * y).sum(1));
+      stats[k::kV2].narrow(0, r0, n).copy_((wq * relative_y).sum(1));
+      stats[k::kU].narrow(0, r0, n).copy_(wq.sum(1));
     } else {
       const at::Tensor col = v.target_col.narrow(0, r0, n);
       const at::Tensor picked = y.gather(1, col.clamp_min(0).unsqueeze(1)).squeeze(1);
       stats[k::kV1].narrow(0, r0, n).copy_(at::where(col.ge(0), picked, at::zeros_like(picked)));
       if (ce.label_smoothing > 0) {
-        stats[k::kV2].narrow(0, r0, n).copy_((w.defined() ? y * w.unsqueeze(0) : y).sum(1));
+        stats[k::kV2].narrow(0, r0, n).copy_((w.defined() ? relative_y * w.unsqueeze(0) : relative_y).sum(1));
+        stats[k::kU].narrow(0, r0, n).fill_(w.defined() ? w.sum().item<double>() : static_cast<double>(y.size(1)));
       } else {
         stats[k::kV2].narrow(0, r0, n).zero_();
+        stats[k::kU].narrow(0, r0, n).zero_();
       }
     }
   });
@@ -240,9 +253,12 @@ void merge_block_stats(at::Tensor& acc, const at::Tensor& block) {
   // +inf: exp(inf - inf) must make the sum NaN, as ATen's does.)
   const at::Tensor shift = at::where(at::isneginf(top), at::zeros_like(top), top);
   acc[k::kSumExp].copy_(acc[k::kSumExp] * (m1 - shift).exp() + block[k::kSumExp] * (m2 - shift).exp());
+  const at::Tensor ref = relative_sum_reference(top);
+  acc[k::kV2].copy_(rebased_relative_sum(acc[k::kV2], acc[k::kU], m1, ref) +
+                    rebased_relative_sum(block[k::kV2], block[k::kU], m2, ref));
   acc[k::kMax].copy_(top);
   acc[k::kV1].add_(block[k::kV1]);
-  acc[k::kV2].add_(block[k::kV2]);
+  acc[k::kU].add_(block[k::kU]);
 }
 
 at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& stats, const ClassShard& shard,
@@ -272,22 +288,25 @@ at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& 
   ce.row_max = top.contiguous();
   ce.log_sum = (s * (m - top).exp()).sum(0).log_();
   ce.lse = ce.row_max + ce.log_sum;
-  const at::Tensor v1 = all.select(1, k::kV1).sum(0), v2 = all.select(1, k::kV2).sum(0);
+  const at::Tensor v1 = all.select(1, k::kV1).sum(0), u = all.select(1, k::kU);
+  // sum_c u_c (y_c - ref) over all classes, ref = the global max (running_logsumexp.h).
+  const at::Tensor v2 = rebased_relative_sum(all.select(1, k::kV2), u, m, relative_sum_reference(top)).sum(0);
+  const at::Tensor u_all = u.sum(0);
 
   const at::Tensor valid_b = ce.valid.to(at::kBool);
   at::Tensor ce_rows;
   if (ce.soft) {
     ce.row_weight = v1;                  // A = sum_c w_c q'_c
-    ce_rows = (v1 * ce.row_max - v2) + v1 * ce.log_sum;  // -sum_c w_c q'_c log p_c
+    // -sum_c w_c q'_c log p_c = A log_sum - sum_c w_c q'_c (y_c - max)
+    ce_rows = u_all * ce.log_sum - v2;
     ce.ce_denominator = at::scalar_tensor(static_cast<double>(rows), opts);
     ce.z_denominator = ce.ce_denominator;
   } else {
     // -log p_t = (M - y_t) + log_sum: M - y_t is exact near the max (v1: the target's y).
     ce_rows = (1 - eps) * ce.row_weight * ((ce.row_max - v1) + ce.log_sum);
     if (eps > 0) {
-      const at::Tensor W = ce.weight ? ce.weight->sum() : at::scalar_tensor(C, opts);
-      // -sum_c w_c log p_c, v2 = sum_c w_c y_c
-      ce_rows = ce_rows + (eps / C) * ((W * ce.row_max - v2) + W * ce.log_sum);
+      // -sum_c w_c log p_c = W log_sum - sum_c w_c (y_c - max), W = sum_c w_c
+      ce_rows = ce_rows + (eps / C) * (u_all * ce.log_sum - v2);
     }
     ce_rows = at::where(valid_b, ce_rows, at::zeros_like(ce_rows));
     ce.ce_denominator = ce.row_weight.sum();

@@ -273,7 +273,7 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
       stats.narrow(1, r0, n).copy_(acc);
     });
   }
-  // The forward's one collective (an all-gather of 4 x tokens values), and the loss.
+  // The forward's one collective (an all-gather of 5 x tokens values), and the loss.
   at::Tensor loss = fused_cross_entropy_combine(ce, stats, in.shard).to(dt);
   if (in.weight_layout) {
     const DeviceMesh& mesh = in.weight_layout->mesh();

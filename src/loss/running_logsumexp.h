@@ -53,6 +53,44 @@ HP_HOST_DEVICE inline void running_lse_merge(acc_t& m, acc_t& s, acc_t m2, acc_t
   m = (m != m || m2 != m2) ? m + m2 : top;
 }
 
+// Label smoothing and probability targets need V = sum_c u_c y_c over the classes (u_c: the
+// class weight, or w_c q'_c), and the loss subtracts it from (sum_c u_c) lse. At large logits
+// the two cancel: at 3e4 in float, a sum of y_c is 1e-3 off, about the loss itself. So the
+// kernels keep V relative to a reference, sum_c u_c (y_c - ref), with ref = the running max
+// (0 while that is not finite), and U = sum_c u_c: the terms are then small, as the
+// log-probabilities ATen sums are, and a change of reference moves V by (old - new) U.
+template <typename acc_t>
+HP_HOST_DEVICE inline acc_t relative_sum_reference(acc_t m) {
+  return m - m == acc_t(0) ? m : acc_t(0);  // m - m is NaN for +-inf and NaN
+}
+
+// V relative to old_ref -> relative to new_ref (U: the weight summed into V).
+template <typename acc_t>
+HP_HOST_DEVICE inline void rebase_relative_sum(acc_t& v, acc_t u, acc_t old_ref, acc_t new_ref) {
+  if (u != acc_t(0) && old_ref != new_ref) v += (old_ref - new_ref) * u;
+}
+
+// (v, u) <- with y of weight `weight` added, the max having gone from m_before to m_after.
+template <typename acc_t>
+HP_HOST_DEVICE inline void relative_sum_push(acc_t& v, acc_t& u, acc_t m_before, acc_t m_after, acc_t y,
+                                             acc_t weight) {
+  const acc_t ref = relative_sum_reference(m_after);
+  rebase_relative_sum(v, u, relative_sum_reference(m_before), ref);
+  v += weight * (y - ref);
+  u += weight;
+}
+
+// (v, u) of max m <- merged with (v2, u2) of max m2, relative to the merged max.
+template <typename acc_t>
+HP_HOST_DEVICE inline void relative_sum_merge(acc_t& v, acc_t& u, acc_t m, acc_t v2, acc_t u2, acc_t m2,
+                                              acc_t m_merged) {
+  const acc_t ref = relative_sum_reference(m_merged);
+  rebase_relative_sum(v, u, relative_sum_reference(m), ref);
+  rebase_relative_sum(v2, u2, relative_sum_reference(m2), ref);
+  v += v2;
+  u += u2;
+}
+
 }  // namespace hyper_parallel::ce_kernel
 
 #undef HP_HOST_DEVICE
