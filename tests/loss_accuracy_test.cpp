@@ -9,9 +9,12 @@
 // grows) and offset logits s + 4 randn (a softmax over many classes with a log-sum-exp near
 // s, where a float32 log-sum-exp rounded into one number is 1e-3 off at s = 3e4).
 //
-// The floor: an error below one rounding of the result (the dtype's unit roundoff) is the
-// best any computation returning that dtype can do, so ATen's error counts as at least that
-// (ATen may be exact by luck on a case where a different summation order is not).
+// The floor: an error below one rounding of the result (the dtype's unit roundoff u) is the
+// best any computation returning that dtype can do, so ATen's loss error counts as at least
+// u, and its gradient error as at least the few roundings every element's gradient takes
+// (run_sweep says which), since ATen may be exact by luck where another order is not. The fused
+// linear path's hidden and weight gradients are products with the logits' gradient: their
+// floor is u times how much one rounding of that gradient may move them (conditioning).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -133,6 +136,9 @@ at::Tensor pytorch_loss(const Config& cfg, const at::Tensor& x, const Inputs& in
 struct Result {
   at::Tensor loss;
   std::vector<at::Tensor> grads;
+  // Of the float64 reference: per gradient, how much a rounding of the logits' gradient
+  // alone may move it, relative to it (1 where the gradient is the logits' own).
+  std::vector<double> conditioning;
 };
 
 Result pytorch_result(const Config& cfg, const Inputs& in, at::ScalarType dtype) {
@@ -141,14 +147,23 @@ Result pytorch_result(const Config& cfg, const Inputs& in, at::ScalarType dtype)
     // Copies: .to() of the same dtype would hand back (and mark) the shared input itself.
     at::Tensor h = in.hidden.to(dtype).clone().set_requires_grad(true);
     at::Tensor w = in.weight.to(dtype).clone().set_requires_grad(true);
-    r.loss = pytorch_loss(cfg, at::matmul(h, w.t()), in, dtype);
+    at::Tensor logits = at::matmul(h, w.t());
+    logits.retain_grad();
+    r.loss = pytorch_loss(cfg, logits, in, dtype);
     (r.loss * in.c.to(dtype)).sum().backward();
     r.grads = {h.grad(), w.grad()};
+    // d hidden = G W and d weight = G^T H: with G rounded (relative error u per element),
+    // any order of computing them may be off by u |G| |W| (u |G|^T |H|), and where the
+    // classes' terms cancel (large logit offsets) that is far more than u of the result.
+    const at::Tensor G = logits.grad().abs(), H = h.detach().abs(), W = w.detach().abs();
+    r.conditioning = {(G.mm(W).norm() / r.grads[0].norm()).item<double>(),
+                      (G.t().mm(H).norm() / r.grads[1].norm()).item<double>()};
   } else {
     at::Tensor x = in.logits.to(dtype).clone().set_requires_grad(true);
     r.loss = pytorch_loss(cfg, x, in, dtype);
     (r.loss * in.c.to(dtype)).sum().backward();
     r.grads = {x.grad()};
+    r.conditioning = {1.0};
   }
   r.loss = r.loss.detach();
   return r;
@@ -216,26 +231,25 @@ struct Case {
   }
 };
 
-// Label smoothing and probability targets sum w_c y_c over the classes and subtract it from
-// (sum w_c) lse: at large offsets the two cancel, and float32 keeps ~1e-5 of 3e4 (ATen sums
-// the log-probabilities, which are small). Fixing it needs those sums taken relative to each
-// rank's max inside the kernels; until then these cases are the disabled test below.
-bool cancels(const Config& cfg, bool offset, double scale) {
-  return offset && scale >= 1e3 && (cfg.smoothing > 0 || cfg.soft);
+bool fits_float16(const Result& r) {
+  bool fits = r.loss.abs().max().item<double>() <= 65504;
+  for (const at::Tensor& g : r.grads) fits = fits && g.abs().max().item<double>() <= 65504;
+  return fits;
 }
 
-std::vector<Case> make_cases(bool cancelling) {
+std::vector<Case> make_cases() {
   std::vector<Case> cases;
   uint64_t seed = 7000;
   for (const Config& cfg : configs()) {
     for (double scale : kScales) {
       for (bool offset : {false, true}) {
-        if (cancels(cfg, offset, scale) != cancelling) continue;
         for (at::ScalarType dtype : kDtypes) {
           // float16 holds at most 65504: larger logits are infinite before any loss runs.
           if (dtype == at::kHalf && (offset ? scale + 6 * kOffsetSpread : 5 * scale) > 65504) continue;
           Case c{cfg, scale, offset, dtype, make_inputs(cfg, scale, offset, dtype, seed += 10), {}, {}};
           c.ref = pytorch_result(cfg, c.in, at::kDouble);
+          // Nor can it hold a loss or gradient past 65504 (the z-loss of a log-sum-exp of 3e4).
+          if (dtype == at::kHalf && !fits_float16(c.ref)) continue;
           c.aten = pytorch_result(cfg, c.in, dtype);
           cases.push_back(std::move(c));
         }
@@ -261,8 +275,17 @@ void run_sweep(const std::vector<Case>& cases) {
         double grad_ratio = 0;
         for (size_t i = 0; i < ours.grads.size(); ++i) {
           const double e = rel_err(ours.grads[i], c.ref.grads[i]), a = rel_err(c.aten.grads[i], c.ref.grads[i]);
-          EXPECT_LE(e, 2 * std::max(a, floor)) << "gradient " << i << ": ours " << e << ", ATen " << a;
-          grad_ratio = std::max(grad_ratio, e / std::max(a, floor));
+          // A gradient element takes at least two roundings after the softmax (the exp and
+          // the product with the coefficients), soft-capping one more (1 - tanh^2), and
+          // gradient_in_forward one more by design (it forms the gradient before the incoming
+          // one is known, and scales it in backward). Where a case's gradient is a single
+          // element (soft-capped logits of 1e6 saturate all others), ATen's error is one
+          // draw of that chain: 1.4 u once, where ours was 2.9 u.
+          const int roundings = 2 + (c.cfg.cap > 0) + c.cfg.grad_in_forward;
+          const double grad_floor = roundings * floor * std::max(1.0, c.ref.conditioning[i]);
+          EXPECT_LE(e, 2 * std::max(a, grad_floor))
+              << "gradient " << i << ": ours " << e << ", ATen " << a << ", floor " << grad_floor;
+          grad_ratio = std::max(grad_ratio, e / std::max(a, grad_floor));
         }
         EXPECT_LE(loss_ratio, 2.0) << "loss: ours " << rel_err(ours.loss, c.ref.loss) << ", ATen "
                                    << rel_err(c.aten.loss, c.ref.loss);
@@ -282,10 +305,5 @@ void run_sweep(const std::vector<Case>& cases) {
 }  // namespace
 
 TEST(LossAccuracy, EveryLossPathIsWithinTwiceAtensErrorInItsDtypeAtEveryLogitScale) {
-  run_sweep(make_cases(/*cancelling=*/false));
-}
-
-// Known gap (see cancels()): run with --gtest_also_run_disabled_tests.
-TEST(LossAccuracy, DISABLED_SmoothingAndProbabilityTargetsAtLargeLogitOffsets) {
-  run_sweep(make_cases(/*cancelling=*/true));
+  run_sweep(make_cases());
 }

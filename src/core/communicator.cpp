@@ -308,7 +308,7 @@ at::Tensor Communicator::scatter(const at::Tensor& full, int64_t dim, int64_t ro
   piece_shape.erase(piece_shape.begin() + dim);
   piece_shape.insert(piece_shape.begin(), chunk_range(full.size(dim), size(), 0).length);
   at::Tensor out = at::empty(piece_shape, full.options());
-  if (out.numel() == 0) return out.narrow(0, 0, mine.length).movedim(0, dim);  // nothing to send
+  if (out.numel() == 0) return out.narrow(0, 0, mine.length).movedim(0, dim).contiguous();  // nothing to send
   Tallied tally(rank_ == root ? bytes_of(full) : bytes_of(out));
   std::vector<std::vector<at::Tensor>> in_lists;
   if (rank_ == root) in_lists.push_back(padded_chunks(full, dim, size()));
@@ -316,7 +316,9 @@ at::Tensor Communicator::scatter(const at::Tensor& full, int64_t dim, int64_t ro
   c10d::ScatterOptions opts;
   opts.rootRank = root;
   wait_for(pg_->scatter(outs, in_lists, opts), *this, "scatter");
-  return out.narrow(0, 0, mine.length).movedim(0, dim);
+  // Contiguous, as PyTorch's distribute_tensor pieces are (kernels that write in place,
+  // such as the fused loss's gradient in forward, need a unit innermost stride).
+  return out.narrow(0, 0, mine.length).movedim(0, dim).contiguous();
 }
 
 void Communicator::barrier() const {

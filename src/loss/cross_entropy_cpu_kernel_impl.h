@@ -63,16 +63,27 @@ struct Io {
   }
 };
 
-// ATen's polynomial exp for float (no libm call, ~2 ulp), Sleef's for double.
+// ATen's polynomial exp for float (no libm call, ~2 ulp), Sleef's for double: for the
+// forward's sums, where the errors of many terms average out.
 template <typename V>
 inline V vexp(const V& v) {
   if constexpr (std::is_same_v<V, Vectorized<float>>) return v.exp_u20();
   else return v.exp();
 }
 
+// Sleef's 1-ulp exp, the one ATen's softmax uses: each gradient element is one exp, and
+// the 2-ulp one left float32 gradients up to 3.5 ulp off where ATen's are 1.5
+// (LossAccuracy.*).
+template <typename V>
+inline V vexp_precise(const V& v) {
+  return v.exp();
+}
+
+// x / cap, not x * (1 / cap): the reciprocal is one more rounding, and near saturation
+// 1 - tanh^2 turns one ulp of x / cap into hundreds in the gradient (ATen divides).
 template <typename acc_t>
-inline acc_t softcapped(acc_t x, acc_t cap, acc_t inv_cap) {
-  return cap > 0 ? cap * std::tanh(x * inv_cap) : x;
+inline acc_t softcapped(acc_t x, acc_t cap) {
+  return cap > 0 ? cap * std::tanh(x / cap) : x;
 }
 
 // Rows per at::parallel_for task: about 64 K elements, so tasks amortise their start.
@@ -91,8 +102,7 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
   alignas(64) acc_t buf[kBlock];
   alignas(64) acc_t lanes[VS];
   const acc_t cap = static_cast<acc_t>(args.softcap);
-  const acc_t inv_cap = cap > 0 ? acc_t(1) / cap : acc_t(0);
-  const Vec vcap(cap), vinv_cap(inv_cap);
+  const Vec vcap(cap);
   const auto* x_all = static_cast<const scalar_t*>(args.x);
   const auto* w = static_cast<const acc_t*>(args.weight);
   const auto* q_all = static_cast<const acc_t*>(args.q);
@@ -116,8 +126,8 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
         Vec a, b;
         IO::load2(x + c0 + j, a, b);
         if (cap > 0) {
-          a = vcap * (a * vinv_cap).tanh();
-          b = vcap * (b * vinv_cap).tanh();
+          a = vcap * (a / vcap).tanh();
+          b = vcap * (b / vcap).tanh();
         }
         a.store(buf + j);
         b.store(buf + j + VS);
@@ -127,7 +137,7 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
       acc_t bm = ninf;
       for (int64_t l = 0; l < VS; ++l) bm = (std::isnan(lanes[l]) || lanes[l] > bm) ? lanes[l] : bm;
       for (int64_t j = nv; j < n; ++j) {
-        buf[j] = softcapped(static_cast<acc_t>(x[c0 + j]), cap, inv_cap);
+        buf[j] = softcapped(static_cast<acc_t>(x[c0 + j]), cap);
         bm = (std::isnan(buf[j]) || buf[j] > bm) ? buf[j] : bm;
       }
       // A larger (or NaN) block max rescales what was summed so far, and moves the
@@ -194,7 +204,7 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
       stats[kV1 * args.rows + r] = at::vec::vec_reduce_all<acc_t>([](Vec& a, Vec& b) { return a + b; }, v1) + t1;
     } else {
       const int64_t t = args.target_col ? args.target_col[r] : -1;
-      stats[kV1 * args.rows + r] = t >= 0 ? softcapped(static_cast<acc_t>(x[t]), cap, inv_cap) : acc_t(0);
+      stats[kV1 * args.rows + r] = t >= 0 ? softcapped(static_cast<acc_t>(x[t]), cap) : acc_t(0);
     }
     const bool relative = q || args.smoothing_sum;
     stats[kV2 * args.rows + r] =
@@ -211,8 +221,7 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
   constexpr int64_t VS = Vec::size();
   constexpr int64_t kStep = IO::kStep;
   const acc_t cap = static_cast<acc_t>(args.softcap);
-  const acc_t inv_cap = cap > 0 ? acc_t(1) / cap : acc_t(0);
-  const Vec vcap(cap), vinv_cap(inv_cap), vone(1);
+  const Vec vcap(cap), vone(1);
   const auto* row_max = static_cast<const acc_t*>(args.row_max);
   const auto* log_sum = static_cast<const acc_t*>(args.log_sum);
   const auto* A = static_cast<const acc_t*>(args.a);
@@ -249,10 +258,10 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
       // y / cap rounds again, and near saturation 1 - th^2 keeps only that rounding.
       Vec y = xv, th(0);
       if (cap > 0) {
-        th = (xv * vinv_cap).tanh();
+        th = (xv / vcap).tanh();
         y = vcap * th;
       }
-      Vec g = va * vexp((y - vmax) - vlog_sum);
+      Vec g = va * vexp_precise((y - vmax) - vlog_sum);
       if (b != 0 || c != 0) {
         Vec sub = q ? at::vec::fmadd(vc, Vec::loadu(q + j), vb) : vb;
         if (w) sub = sub * Vec::loadu(w + j);
@@ -267,7 +276,7 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
       IO::store2(out + j, grad(x0, j), grad(x1, j + VS));
     }
     auto scalar_grad = [&](acc_t xv, int64_t j, bool is_target) {
-      const acc_t th = cap > 0 ? std::tanh(xv * inv_cap) : acc_t(0);
+      const acc_t th = cap > 0 ? std::tanh(xv / cap) : acc_t(0);
       const acc_t y = cap > 0 ? cap * th : xv;
       acc_t g = a * std::exp((y - mr) - lr);
       if (b != 0 || c != 0) g -= (q ? b + c * q[j] : b) * (w ? w[j] : acc_t(1));

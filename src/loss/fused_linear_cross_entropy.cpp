@@ -181,13 +181,18 @@ struct FusedLinearCrossEntropyBackward : Node {
     at::Tensor gw = want_w ? at::empty({Vl, D}, w.options()) : at::Tensor();
     at::Tensor gw_block = want_w && low ? at::empty({std::min(blocks.vocab, Vl), D}, w.options().dtype(ct))
                                         : at::Tensor();
-    // Products of one block in bf16/fp16, before they are added to the fp32 accumulators.
-    at::Tensor gh_product = want_h && low ? at::empty({blocks.tokens, D}, h.options()) : at::Tensor();
-    at::Tensor gw_product = want_w && low ? at::empty({blocks.vocab, D}, w.options()) : at::Tensor();
+    // float16 products of one block can overflow where the whole sum does not (the
+    // gradient's terms cancel over all classes, not over one block's): they are formed in
+    // float. bfloat16 has float's range.
+    const bool wide_products = dt == at::kHalf;
+    // bfloat16 products of one block, before they are added to the fp32 accumulators.
+    at::Tensor gh_product = want_h && low && !wide_products ? at::empty({blocks.tokens, D}, h.options()) : at::Tensor();
+    at::Tensor gw_product = want_w && low && !wide_products ? at::empty({blocks.vocab, D}, w.options()) : at::Tensor();
     const at::Tensor tile = block_buffer(blocks, h);
     for_blocks(Vl, blocks.vocab, [&](int64_t c0, int64_t nc) {
       if (nc == 0) return;
       const at::Tensor wb = w.narrow(0, c0, nc);
+      const at::Tensor wb_wide = wide_products ? wb.to(ct) : at::Tensor();
       at::Tensor acc = want_w ? (low ? gw_block.narrow(0, 0, nc) : gw.narrow(0, c0, nc)) : at::Tensor();
       if (acc.defined()) acc.zero_();
       for_blocks(T, blocks.tokens, [&](int64_t r0, int64_t n) {
@@ -195,20 +200,27 @@ struct FusedLinearCrossEntropyBackward : Node {
         at::Tensor d = view_of(tile, n, nc);
         at::mm_out(d, hc, wb.t());  // the block's logits, then d loss / d logits over them
         fused_cross_entropy_block_gradient(ce, co, d, d, r0, c0, in.shard);
+        const at::Tensor d_wide = wide_products ? d.to(ct) : at::Tensor();
         if (want_h) {
           at::Tensor rows = gh.narrow(0, r0, n);
-          if (low) {
+          if (wide_products) {
+            rows.addmm_(d_wide, wb_wide);
+          } else if (low) {
             at::Tensor product = view_of(gh_product, n, D);
             rows.add_(at::mm_out(product, d, wb));
+          } else {
+            rows.addmm_(d, wb);
           }
-          else rows.addmm_(d, wb);
         }
         if (want_w) {
-          if (low) {
+          if (wide_products) {
+            acc.addmm_(d_wide.t(), hc.to(ct));
+          } else if (low) {
             at::Tensor product = view_of(gw_product, nc, D);
             acc.add_(at::mm_out(product, d.t(), hc));
+          } else {
+            acc.addmm_(d.t(), hc);
           }
-          else acc.addmm_(d.t(), hc);
         }
       });
       if (want_w && low) gw.narrow(0, c0, nc).copy_(acc);
