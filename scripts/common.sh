@@ -48,26 +48,46 @@ hp_install_missing() {
   if [ -z "${HP_LIBTORCH:-}" ]; then hp_install_torch_venv; fi
 }
 
-# The venv is complete only once its marker exists; an interrupted install is redone.
+# What the venv holds. transformers, safetensors, tokenizers and sentencepiece: the Hugging
+# Face parity tests build tiny models offline and compare ours with them; the token-data
+# tools use the tokenizers.
+HP_VENV_REQUIREMENTS=(
+  "torch==$HP_TORCH_VERSION" numpy "cmake==$HP_CMAKE_VERSION"
+  transformers==5.24.0 safetensors==0.8.0 tokenizers==0.23.3 sentencepiece==0.2.3
+)
+
+# The venv is complete once its marker holds the current requirements; an interrupted
+# install is redone, and a venv made from an older list is topped up (torch is not
+# downloaded again). A lock keeps two builds on this machine from installing at once.
 hp_install_torch_venv() {
-  local marker="$HP_VENV/.hp-complete"
-  if [ -f "$marker" ]; then
-    echo "==> reusing torch $HP_TORCH_VERSION in $HP_VENV"
-    return
-  fi
-  echo "==> installing torch==$HP_TORCH_VERSION (LibTorch with CUDA + NCCL) into $HP_VENV"
-  local python="${HP_BOOTSTRAP_PYTHON:-python3}"
-  rm -rf "$HP_VENV"
+  local marker="$HP_VENV/.hp-complete" wanted="${HP_VENV_REQUIREMENTS[*]}"
   mkdir -p "$HP_CACHE"
-  if ! "$python" -m venv "$HP_VENV" 2>/dev/null; then
-    # Debian's own python3 needs python3-venv for that.
-    DEBIAN_FRONTEND=noninteractive hp_sudo apt-get install -y -qq --no-install-recommends python3-venv
+  exec {hp_venv_lock}>"$HP_CACHE/.venv.lock"
+  flock "$hp_venv_lock"
+  if [ -f "$marker" ] && [ "$(cat "$marker")" = "$wanted" ]; then
+    echo "==> reusing torch $HP_TORCH_VERSION in $HP_VENV"
+  elif [ -f "$marker" ]; then
+    echo "==> topping up $HP_VENV to: $wanted"
+    hp_venv_pip_install
+  else
+    echo "==> installing torch==$HP_TORCH_VERSION (LibTorch with CUDA + NCCL) into $HP_VENV"
+    local python="${HP_BOOTSTRAP_PYTHON:-python3}"
     rm -rf "$HP_VENV"
-    /usr/bin/python3 -m venv "$HP_VENV"
+    if ! "$python" -m venv "$HP_VENV" 2>/dev/null; then
+      # Debian's own python3 needs python3-venv for that.
+      DEBIAN_FRONTEND=noninteractive hp_sudo apt-get install -y -qq --no-install-recommends python3-venv
+      rm -rf "$HP_VENV"
+      /usr/bin/python3 -m venv "$HP_VENV"
+    fi
+    hp_venv_pip_install
   fi
-  "$HP_VENV/bin/python" -m pip install -q --progress-bar off --disable-pip-version-check \
-    "torch==$HP_TORCH_VERSION" numpy "cmake==$HP_CMAKE_VERSION"
-  touch "$marker"
+  flock -u "$hp_venv_lock"
+  exec {hp_venv_lock}>&-
+}
+
+hp_venv_pip_install() {
+  "$HP_VENV/bin/python" -m pip install -q --progress-bar off --disable-pip-version-check "${HP_VENV_REQUIREMENTS[@]}"
+  echo "${HP_VENV_REQUIREMENTS[*]}" >"$HP_VENV/.hp-complete"
 }
 
 # The CMake package folder of the LibTorch to build against.
