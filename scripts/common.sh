@@ -189,7 +189,7 @@ hp_fuzz() {
   export ASAN_OPTIONS="$ASAN_OPTIONS:allocator_may_return_null=1:quarantine_size_mb=64"
   local crashes="$HP_SAN_BUILD_DIR/fuzz-crashes" log artifact rc
   rm -rf "$crashes" && mkdir -p "$crashes"
-  for name in job_config op_spec checkpoint_reader megatron_index; do
+  for name in job_config op_spec checkpoint_reader megatron_index safetensors_header; do
     work="$HP_SAN_BUILD_DIR/fuzz-corpus/$name"
     log="$HP_SAN_BUILD_DIR/fuzz-$name.log"
     rm -rf "$work" && mkdir -p "$work"

@@ -1,5 +1,6 @@
-// A small Llama (token embedding, RMSNorm, RoPE, causal attention, SwiGLU MLP, output
-// head) and its TorchTitan tensor-parallel plan.
+// The Llama family (token embedding, RMSNorm, RoPE, causal grouped-query attention, SwiGLU
+// MLP, output head), its TorchTitan tensor-parallel plan, and its adapter to transformers'
+// LlamaForCausalLM checkpoints (hf_checkpoint.h; sources in src/models/llama/).
 //
 // Parallelized sub-modules are called through hp::parallel_forward, so the same code runs
 // on one process and under any TP degree. Attention works on each rank's local heads
@@ -11,23 +12,54 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include <optional>
+#include <string>
+
 #include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/hf_checkpoint.h"
 #include "hyper_parallel/parallel_style.h"
 
 namespace hyper_parallel {
+
+// llama3 rope scaling (Llama 3.1): the inverse frequencies rescaled by wavelength, as
+// transformers' _compute_llama3_parameters.
+struct Llama3RopeScaling {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
 
 struct LlamaArgs {
   int64_t dim = 256;
   int64_t n_layers = 2;
   int64_t n_heads = 8;
+  int64_t n_kv_heads = 0;  // grouped-query attention: key/value heads; 0: n_heads
+  int64_t explicit_head_dim = 0;  // 0: dim / n_heads (Hugging Face configs may set head_dim)
   int64_t vocab_size = 32000;
   int64_t ffn_hidden_dim = 0;  // 0: 2/3 * 4 * dim rounded up to multiple_of
   int64_t multiple_of = 64;
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
+  std::optional<Llama3RopeScaling> rope_scaling;
+  // RoPE tables computed in float32 step by step as transformers does (set by
+  // from_hf_config, so that long contexts agree with the checkpoint's own model); false:
+  // in float64, rounded to float32 once.
+  bool rope_tables_like_hf = false;
+  // The checkpoint ties the output head to the embeddings. The model still holds two
+  // parameters (see docs/hf_models.md); the adapter loads both from the one tensor and sums
+  // their gradients when mapping back to Hugging Face names.
+  bool tie_word_embeddings = false;
   int64_t max_seq_len = 512;
   int64_t hidden_dim() const;
-  int64_t head_dim() const { return dim / n_heads; }
+  int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : dim / n_heads; }
+  int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+
+  // From a transformers LlamaConfig (config.json): the fields the model honours are read,
+  // the ones it cannot represent (attention_bias, mlp_bias, hidden_act other than silu, a
+  // rope type other than default/llama3 ...) are refused naming the field and its value.
+  static LlamaArgs from_hf_config_file(const std::string& path);
+  static LlamaArgs from_hf_config_json(const std::string& json_text, const std::string& source = "config.json");
 };
 
 class RMSNormImpl : public torch::nn::Module {
@@ -49,6 +81,7 @@ class AttentionImpl : public torch::nn::Module {
 
  private:
   int64_t head_dim_;
+  int64_t group_;  // query heads per key/value head
 };
 TORCH_MODULE(Attention);
 
@@ -96,6 +129,9 @@ class LlamaImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Llama);
 
+// The RoPE tables [max_seq_len, head_dim / 2] (cos, sin) as float32, for `args`.
+std::pair<at::Tensor, at::Tensor> llama_rope_tables(const LlamaArgs& args);
+
 // TorchTitan's TP plan for this model: embeddings Rowwise (vocabulary-parallel), q/k/v and
 // w1/w3 Colwise, wo and w2 Rowwise, the output head Colwise with Shard(-1) DTensor logits
 // when loss parallel is enabled, or replicated local logits when it is not (§11.4).
@@ -104,9 +140,17 @@ TORCH_MODULE(Llama);
 // feed_forward and the head all-gather from it. Uneven sequence pieces (seq % tp != 0)
 // are supported: the DTensors carry the global length.
 ParallelizePlan llama_tp_plan(bool loss_parallel, bool sequence_parallel = false);
-// Checks the model fits the TP degree (heads, hidden dims) and applies the plan;
-// src_data_rank as in parallelize_module.
+// Checks the model fits the TP degree (query and key/value heads, hidden dims) and applies
+// the plan; src_data_rank as in parallelize_module.
 void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel = false,
                        std::optional<int64_t> src_data_rank = 0);
+
+// Our parameter names against transformers' LlamaForCausalLM (q/k rows in rotate-half
+// order there; a tied head reads model.embed_tokens.weight).
+HfAdapter llama_hf_adapter(const LlamaArgs& args);
+
+struct ModelFamily;
+// The registry's entry (model_registry.h).
+ModelFamily llama_family();
 
 }  // namespace hyper_parallel

@@ -5,6 +5,7 @@
 #include "train/job_config.h"
 
 #include "compat/file_system.h"
+#include "hyper_parallel/model_registry.h"
 
 #include <toml++/toml.h>
 
@@ -83,7 +84,7 @@ const std::vector<Field>& fields() {
       job_field("dump_folder", &JobConfig::dump_folder, "root folder of everything the run writes"),
       job_field("description", &JobConfig::description, "free text describing the job (not used)"),
 
-      HP_FIELD(model, name, "model family"),
+      HP_FIELD(model, name, "model family (known: llama)"),
       HP_FIELD(model, dim, "hidden (embedding) size"),
       HP_FIELD(model, n_layers, "transformer blocks"),
       HP_FIELD(model, n_heads, "attention heads (divides dim; divisible by the TP degree)"),
@@ -642,6 +643,13 @@ void validate(const JobConfig& cfg) {
 
   const ModelConfig& m = cfg.model;
   non_empty("model.name", m.name);
+  if (!m.name.empty()) {
+    try {
+      model_family(m.name);  // an unknown family is refused, never trained as Llama
+    } catch (const std::invalid_argument& e) {
+      errors.push_back("model.name = \"" + m.name + "\": " + e.what());
+    }
+  }
   positive("model.dim", m.dim);
   positive("model.n_layers", m.n_layers);
   positive("model.n_heads", m.n_heads);

@@ -12,12 +12,6 @@
 
 namespace hyper_parallel {
 
-int64_t LlamaArgs::hidden_dim() const {
-  if (ffn_hidden_dim > 0) return ffn_hidden_dim;
-  const int64_t h = 2 * (4 * dim) / 3;
-  return multiple_of * ((h + multiple_of - 1) / multiple_of);
-}
-
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", at::ones({dim}));
 }
@@ -75,14 +69,14 @@ at::Tensor module_input(const torch::nn::Module& module, const at::Tensor& x) {
 
 }  // namespace
 
-AttentionImpl::AttentionImpl(const LlamaArgs& a) : head_dim_(a.head_dim()) {
-  auto make = [&](const char* name) {
-    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(a.dim, a.dim).bias(false)));
+AttentionImpl::AttentionImpl(const LlamaArgs& a) : head_dim_(a.head_dim()), group_(a.n_heads / a.kv_heads()) {
+  auto make = [&](const char* name, int64_t in, int64_t out) {
+    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)));
   };
-  wq = make("wq");
-  wk = make("wk");
-  wv = make("wv");
-  wo = make("wo");
+  wq = make("wq", a.dim, a.n_heads * a.head_dim());
+  wk = make("wk", a.dim, a.kv_heads() * a.head_dim());
+  wv = make("wv", a.dim, a.kv_heads() * a.head_dim());
+  wo = make("wo", a.n_heads * a.head_dim(), a.dim);
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -93,6 +87,12 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   at::Tensor q = apply_rope(heads(parallel_forward(wq, in)), cos, sin).transpose(1, 2);
   at::Tensor k = apply_rope(heads(parallel_forward(wk, in)), cos, sin).transpose(1, 2);
   at::Tensor v = heads(parallel_forward(wv, in)).transpose(1, 2);
+  if (group_ > 1) {
+    // Grouped-query attention: query head h reads key/value head h / group_, as
+    // transformers' repeat_kv (under TP the local query heads read the local kv heads).
+    k = k.repeat_interleave(group_, 1);
+    v = v.repeat_interleave(group_, 1);
+  }
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
   at::Tensor causal = at::ones({s, s}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
   at::Tensor p = at::softmax(scores.masked_fill(causal, -std::numeric_limits<double>::infinity()), -1);
@@ -127,18 +127,19 @@ at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& 
 }
 
 LlamaImpl::LlamaImpl(const LlamaArgs& a) : args_(a) {
-  TORCH_CHECK(a.dim % a.n_heads == 0, "Llama: dim ", a.dim, " must be divisible by n_heads ", a.n_heads);
+  TORCH_CHECK(a.explicit_head_dim > 0 || a.dim % a.n_heads == 0, "Llama: dim ", a.dim,
+              " must be divisible by n_heads ", a.n_heads, " (or head_dim given)");
+  TORCH_CHECK(a.n_heads % a.kv_heads() == 0, "Llama: n_heads ", a.n_heads, " must be a multiple of n_kv_heads ",
+              a.kv_heads());
   TORCH_CHECK(a.head_dim() % 2 == 0, "Llama: head_dim ", a.head_dim(), " must be even for RoPE");
   tok_embeddings = register_module("tok_embeddings", torch::nn::Embedding(a.vocab_size, a.dim));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < a.n_layers; ++i) layers->push_back(TransformerBlock(a));
   norm = register_module("norm", RMSNorm(a.dim, a.norm_eps));
   output = register_module("output", torch::nn::Linear(torch::nn::LinearOptions(a.dim, a.vocab_size).bias(false)));
-  const int64_t half = a.head_dim() / 2;
-  at::Tensor freqs = at::pow(a.rope_theta, -at::arange(half, at::kDouble) * 2.0 / a.head_dim());
-  at::Tensor angles = at::outer(at::arange(a.max_seq_len, at::kDouble), freqs);
-  rope_cos_ = register_buffer("rope_cos", angles.cos().to(at::kFloat));
-  rope_sin_ = register_buffer("rope_sin", angles.sin().to(at::kFloat));
+  auto [cos, sin] = llama_rope_tables(a);
+  rope_cos_ = register_buffer("rope_cos", cos);
+  rope_sin_ = register_buffer("rope_sin", sin);
 }
 
 at::Tensor LlamaImpl::forward(const at::Tensor& tokens) { return parallel_forward(output, hidden_states(tokens)); }
@@ -166,78 +167,9 @@ void LlamaImpl::init_weights(uint64_t seed) {
     at::Tensor v = at::normal(0.0, out_proj ? depth_std : 0.02, p.sizes(), gen, p.options().dtype(at::kFloat));
     p.copy_(v.clamp(-0.06, 0.06));
   }
-}
-
-namespace {
-
-// The output head: Shard(-1) DTensor logits for loss parallel, replicated local ones otherwise.
-StyleOptions head_options(bool loss_parallel, std::optional<Placements> input_layouts) {
-  StyleOptions head;
-  head.input_layouts = std::move(input_layouts);
-  head.output_layouts = Placements{loss_parallel ? Placement::shard(-1) : Placement::replicate()};
-  head.use_local_output = !loss_parallel;
-  return head;
-}
-
-// TorchTitan's sequence-parallel plan. Between the TP regions activations are Shard(1)
-// DTensors (the residual stream, the norms, their inputs and outputs: 1 / tp of the
-// sequence per rank); a region all-gathers the sequence on entry (PrepareModuleInput:
-// Shard(1) -> Replicate, once for q/k/v and once for w1/w3) and its row-parallel exit
-// reduce-scatters the Partial sum straight to Shard(1) (instead of an all-reduce).
-ParallelizePlan llama_sp_plan(bool loss_parallel) {
-  const Placements seq{Placement::shard(1)}, rep{Placement::replicate()};
-  StyleOptions to_seq;  // a row-parallel exit: reduce-scatter, keep the DTensor
-  to_seq.output_layouts = seq;
-  to_seq.use_local_output = false;
-  return {
-      {"tok_embeddings", RowwiseParallel::make(to_seq)},
-      {"layers.*.attention_norm", SequenceParallel::make()},
-      {"layers.*.attention", std::make_shared<PrepareModuleInput>(seq, rep)},
-      {"layers.*.attention.wq", ColwiseParallel::make()},
-      {"layers.*.attention.wk", ColwiseParallel::make()},
-      {"layers.*.attention.wv", ColwiseParallel::make()},
-      {"layers.*.attention.wo", RowwiseParallel::make(to_seq)},
-      {"layers.*.ffn_norm", SequenceParallel::make()},
-      {"layers.*.feed_forward", std::make_shared<PrepareModuleInput>(seq, rep)},
-      {"layers.*.feed_forward.w1", ColwiseParallel::make()},
-      {"layers.*.feed_forward.w3", ColwiseParallel::make()},
-      {"layers.*.feed_forward.w2", RowwiseParallel::make(to_seq)},
-      {"norm", SequenceParallel::make()},
-      {"output", ColwiseParallel::make(head_options(loss_parallel, seq))},
-  };
-}
-
-}  // namespace
-
-ParallelizePlan llama_tp_plan(bool loss_parallel, bool sequence_parallel) {
-  if (sequence_parallel) return llama_sp_plan(loss_parallel);
-  ParallelizePlan plan = {
-      {"tok_embeddings", RowwiseParallel::make()},
-      {"layers.*.attention.wq", ColwiseParallel::make()},
-      {"layers.*.attention.wk", ColwiseParallel::make()},
-      {"layers.*.attention.wv", ColwiseParallel::make()},
-      {"layers.*.attention.wo", RowwiseParallel::make()},
-      {"layers.*.feed_forward.w1", ColwiseParallel::make()},
-      {"layers.*.feed_forward.w3", ColwiseParallel::make()},
-      {"layers.*.feed_forward.w2", RowwiseParallel::make()},
-  };
-  plan.emplace_back("output", ColwiseParallel::make(head_options(loss_parallel, std::nullopt)));
-  return plan;
-}
-
-void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel,
-                       std::optional<int64_t> src_data_rank) {
-  const LlamaArgs& a = model->args();
-  const int64_t tp = tp_mesh.size();
-  TORCH_CHECK(a.n_heads % tp == 0, "parallelize_llama: n_heads ", a.n_heads,
-              " does not split over tensor_parallel_degree ", tp, " (each rank needs whole heads)");
-  TORCH_CHECK(a.hidden_dim() % tp == 0 && a.dim % tp == 0, "parallelize_llama: dim ", a.dim, " and ffn hidden ",
-              a.hidden_dim(), " must be divisible by tensor_parallel_degree ", tp);
-  parallelize_module(*model, tp_mesh, llama_tp_plan(loss_parallel, sequence_parallel), src_data_rank);
-  // SequenceParallel replaced the norms' registered weights by Replicate DTensors; the
-  // forward reads the member.
-  for (const auto& m : model->modules(/*include_self=*/false)) {
-    if (auto* n = dynamic_cast<RMSNormImpl*>(m.get())) n->weight = n->named_parameters(/*recurse=*/false)["weight"];
+  // A tied model's head starts as its embeddings (the two are separate parameters).
+  if (args_.tie_word_embeddings && output->weight.sizes() == tok_embeddings->weight.sizes()) {
+    output->weight.copy_(tok_embeddings->weight);
   }
 }
 

@@ -1,0 +1,39 @@
+// Model families by name (`model.name` of a job): what the rest of the code needs of a
+// family without knowing it — build it from a transformers config.json, apply its
+// tensor-parallel plan, and its state-dict adapter to and from Hugging Face names.
+// A family lives in its own folder (src/models/<family>/) and adds one line to the table
+// in src/models/model_registry.cpp.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/hf_checkpoint.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace hyper_parallel {
+
+struct ModelFamily {
+  std::string name;
+  // The module a transformers config.json describes (config fields the family cannot
+  // represent are refused, naming the field and its value).
+  std::function<std::shared_ptr<torch::nn::Module>(const std::string& config_json_path)> from_hf_config;
+  // Applies the family's TP plan. Each rank shards its own copy of the weights, with no
+  // scatter (src_data_rank = nullopt): every rank built the same module from one seed, or
+  // is about to load its shard from a checkpoint.
+  std::function<void(torch::nn::Module& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel)>
+      parallelize;
+  std::function<HfAdapter(const torch::nn::Module& model)> hf_adapter;
+};
+
+// The family called `name`; an unknown name throws std::invalid_argument listing the known ones.
+const ModelFamily& model_family(const std::string& name);
+std::vector<std::string> model_family_names();
+
+}  // namespace hyper_parallel

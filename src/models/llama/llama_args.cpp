@@ -1,0 +1,194 @@
+// LlamaArgs: derived sizes, the RoPE tables, and reading a transformers LlamaConfig.
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "hyper_parallel/llama.h"
+
+namespace hyper_parallel {
+
+int64_t LlamaArgs::hidden_dim() const {
+  if (ffn_hidden_dim > 0) return ffn_hidden_dim;
+  const int64_t h = 2 * (4 * dim) / 3;
+  return multiple_of * ((h + multiple_of - 1) / multiple_of);
+}
+
+namespace {
+
+// Inverse frequencies in float32, operation by operation as transformers computes them
+// (compute_default_rope_parameters, _compute_llama3_parameters): Python's `a / t` is
+// t.reciprocal() * a, so the same roundings happen here.
+at::Tensor hf_inverse_frequencies(const LlamaArgs& a) {
+  const int64_t d = a.head_dim();
+  at::Tensor exponent = at::arange(0, d, 2, at::kLong).to(at::kFloat) / static_cast<double>(d);
+  at::Tensor inv = at::reciprocal(at::pow(a.rope_theta, exponent));
+  if (!a.rope_scaling) return inv;
+  const Llama3RopeScaling& s = *a.rope_scaling;
+  const double old_len = static_cast<double>(s.original_max_position_embeddings);
+  const double low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
+  at::Tensor wavelen = at::reciprocal(inv) * (2 * M_PI);
+  at::Tensor scaled = at::where(wavelen > low_wavelen, inv / s.factor, inv);
+  at::Tensor smooth = (at::reciprocal(wavelen) * old_len - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  at::Tensor smoothed = at::rsub(smooth, 1) * scaled / s.factor + smooth * scaled;
+  at::Tensor medium = at::logical_not(wavelen < high_wavelen).logical_and(at::logical_not(wavelen > low_wavelen));
+  return at::where(medium, smoothed, scaled);
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> llama_rope_tables(const LlamaArgs& a) {
+  if (a.rope_tables_like_hf || a.rope_scaling) {
+    // transformers: position_ids.float() * inv_freq, cos/sin in float32.
+    at::Tensor angles = at::arange(a.max_seq_len, at::kLong).to(at::kFloat).unsqueeze(1) *
+                        hf_inverse_frequencies(a).unsqueeze(0);
+    return {angles.cos(), angles.sin()};
+  }
+  const int64_t half = a.head_dim() / 2;
+  at::Tensor freqs = at::pow(a.rope_theta, -at::arange(half, at::kDouble) * 2.0 / a.head_dim());
+  at::Tensor angles = at::outer(at::arange(a.max_seq_len, at::kDouble), freqs);
+  return {angles.cos().to(at::kFloat), angles.sin().to(at::kFloat)};
+}
+
+namespace {
+
+using nlohmann::json;
+
+// Reads a transformers config, naming the file and field in every error.
+class HfConfigReader {
+ public:
+  HfConfigReader(const json& j, std::string source) : j_(j), source_(std::move(source)) {}
+
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    throw std::runtime_error(source_ + ": " + field + " " + what);
+  }
+  [[noreturn]] void refuse(const std::string& field, const json& value, const std::string& why) const {
+    fail(field, "= " + value.dump() + ": " + why);
+  }
+  bool has(const json& in, const char* key) const { return in.contains(key) && !in.at(key).is_null(); }
+
+  template <class T>
+  T get(const json& in, const std::string& prefix, const char* key, std::optional<T> fallback = std::nullopt) const {
+    if (!has(in, key)) {
+      if (fallback) return *fallback;
+      fail(prefix + key, "is missing");
+    }
+    const json& v = in.at(key);
+    if constexpr (std::is_same_v<T, int64_t>) {
+      if (!v.is_number_integer()) refuse(prefix + key, v, "expected an integer");
+    } else if constexpr (std::is_same_v<T, double>) {
+      if (!v.is_number()) refuse(prefix + key, v, "expected a number");
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (!v.is_boolean()) refuse(prefix + key, v, "expected true or false");
+    } else {
+      if (!v.is_string()) refuse(prefix + key, v, "expected a string");
+    }
+    return v.get<T>();
+  }
+  template <class T>
+  T get(const char* key, std::optional<T> fallback = std::nullopt) const {
+    return get<T>(j_, "", key, fallback);
+  }
+
+  const json& j_;
+  std::string source_;
+};
+
+}  // namespace
+
+LlamaArgs LlamaArgs::from_hf_config_json(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw std::runtime_error(source + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) throw std::runtime_error(source + ": expected a JSON object (a transformers config)");
+  HfConfigReader r(j, source);
+  const std::string model_type = r.get<std::string>("model_type", std::string("llama"));
+  if (model_type != "llama") r.refuse("model_type", model_type, "the llama family reads model_type \"llama\"");
+
+  LlamaArgs a;
+  a.dim = r.get<int64_t>("hidden_size");
+  a.n_layers = r.get<int64_t>("num_hidden_layers");
+  a.n_heads = r.get<int64_t>("num_attention_heads");
+  a.n_kv_heads = r.get<int64_t>("num_key_value_heads", a.n_heads);
+  a.explicit_head_dim = r.get<int64_t>("head_dim", int64_t{0});
+  a.vocab_size = r.get<int64_t>("vocab_size");
+  a.ffn_hidden_dim = r.get<int64_t>("intermediate_size");
+  a.norm_eps = r.get<double>("rms_norm_eps", 1e-6);  // transformers' LlamaConfig default
+  a.max_seq_len = r.get<int64_t>("max_position_embeddings", int64_t{2048});
+  a.tie_word_embeddings = r.get<bool>("tie_word_embeddings", false);
+  a.rope_tables_like_hf = true;
+  for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                          "vocab_size", "intermediate_size", "max_position_embeddings"}) {
+    if (r.has(j, key) && j.at(key).get<int64_t>() <= 0) r.refuse(key, j.at(key), "must be > 0");
+  }
+  if (a.n_heads % a.kv_heads() != 0) {
+    r.refuse("num_key_value_heads", j.at("num_key_value_heads"),
+             "must divide num_attention_heads = " + std::to_string(a.n_heads));
+  }
+  if (a.explicit_head_dim == 0 && a.dim % a.n_heads != 0) {
+    r.fail("hidden_size", "= " + std::to_string(a.dim) + " is not divisible by num_attention_heads = " +
+                              std::to_string(a.n_heads) + " and head_dim is not given");
+  }
+  if (a.head_dim() % 2 != 0) r.fail("head_dim", "= " + std::to_string(a.head_dim()) + " must be even for RoPE");
+
+  // What the model cannot represent is refused, never ignored.
+  const std::string act = r.get<std::string>("hidden_act", std::string("silu"));
+  if (act != "silu") r.refuse("hidden_act", act, "the model's MLP is SwiGLU (silu)");
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    if (r.get<bool>(key, false)) r.refuse(key, true, "the model's projections have no bias");
+  }
+  if (r.has(j, "attention_dropout") && r.get<double>("attention_dropout") != 0.0) {
+    r.refuse("attention_dropout", j.at("attention_dropout"), "the model has no attention dropout");
+  }
+  if (r.has(j, "pretraining_tp") && r.get<int64_t>("pretraining_tp") != 1) {
+    r.refuse("pretraining_tp", j.at("pretraining_tp"), "only 1 (the plain projections) is supported");
+  }
+
+  // RoPE: transformers 5 writes rope_parameters (rope_theta inside); older files a
+  // top-level rope_theta and an optional rope_scaling.
+  const char* rope_key = r.has(j, "rope_parameters") ? "rope_parameters" : "rope_scaling";
+  a.rope_theta = r.get<double>("rope_theta", 10000.0);
+  if (r.has(j, rope_key)) {
+    const json& rope = j.at(rope_key);
+    const std::string p = std::string(rope_key) + ".";
+    if (!rope.is_object()) r.refuse(rope_key, rope, "expected an object");
+    a.rope_theta = r.get<double>(rope, p, "rope_theta", a.rope_theta);
+    const char* type_key = r.has(rope, "rope_type") ? "rope_type" : "type";
+    const std::string type = r.get<std::string>(rope, p, type_key, std::string("default"));
+    if (r.has(rope, "partial_rotary_factor") && r.get<double>(rope, p, "partial_rotary_factor") != 1.0) {
+      r.refuse(p + "partial_rotary_factor", rope.at("partial_rotary_factor"), "only 1.0 (rotary over the whole head) is supported");
+    }
+    if (type == "llama3") {
+      Llama3RopeScaling s;
+      s.factor = r.get<double>(rope, p, "factor");
+      s.low_freq_factor = r.get<double>(rope, p, "low_freq_factor");
+      s.high_freq_factor = r.get<double>(rope, p, "high_freq_factor");
+      s.original_max_position_embeddings = r.get<int64_t>(rope, p, "original_max_position_embeddings");
+      if (!(s.factor > 0) || !(s.low_freq_factor > 0) || !(s.high_freq_factor > s.low_freq_factor)) {
+        r.refuse(rope_key, rope, "llama3 scaling needs factor > 0 and high_freq_factor > low_freq_factor > 0");
+      }
+      a.rope_scaling = s;
+    } else if (type != "default") {
+      r.refuse(p + type_key, type, "supported rope types: default, llama3");
+    }
+  }
+  if (!(a.rope_theta > 0)) r.refuse("rope_theta", a.rope_theta, "must be > 0");
+  if (!(a.norm_eps > 0)) r.refuse("rms_norm_eps", a.norm_eps, "must be > 0");
+  return a;
+}
+
+LlamaArgs LlamaArgs::from_hf_config_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read the model config " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return from_hf_config_json(text.str(), path);
+}
+
+}  // namespace hyper_parallel

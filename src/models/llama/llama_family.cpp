@@ -1,0 +1,52 @@
+// The Llama family for the registry, and its state-dict adapter to and from the names of
+// transformers' LlamaForCausalLM.
+#include <torch/nn/module.h>
+
+#include "hyper_parallel/llama.h"
+#include "hyper_parallel/model_registry.h"
+
+namespace hyper_parallel {
+
+HfAdapter llama_hf_adapter(const LlamaArgs& a) {
+  HfAdapter m = {{"tok_embeddings.weight", "model.embed_tokens.weight"}};
+  for (int64_t i = 0; i < a.n_layers; ++i) {
+    const std::string ours = "layers." + std::to_string(i) + ".", hf = "model.layers." + std::to_string(i) + ".";
+    m.push_back({ours + "attention.wq.weight", hf + "self_attn.q_proj.weight", a.head_dim()});
+    m.push_back({ours + "attention.wk.weight", hf + "self_attn.k_proj.weight", a.head_dim()});
+    m.push_back({ours + "attention.wv.weight", hf + "self_attn.v_proj.weight"});
+    m.push_back({ours + "attention.wo.weight", hf + "self_attn.o_proj.weight"});
+    m.push_back({ours + "feed_forward.w1.weight", hf + "mlp.gate_proj.weight"});
+    m.push_back({ours + "feed_forward.w2.weight", hf + "mlp.down_proj.weight"});
+    m.push_back({ours + "feed_forward.w3.weight", hf + "mlp.up_proj.weight"});
+    m.push_back({ours + "attention_norm.weight", hf + "input_layernorm.weight"});
+    m.push_back({ours + "ffn_norm.weight", hf + "post_attention_layernorm.weight"});
+  }
+  m.push_back({"norm.weight", "model.norm.weight"});
+  // Tied: the head reads the embeddings' tensor (the file has no lm_head.weight).
+  m.push_back({"output.weight", a.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"});
+  return m;
+}
+
+namespace {
+
+Llama as_llama(const torch::nn::Module& m) {
+  auto impl = std::dynamic_pointer_cast<LlamaImpl>(const_cast<torch::nn::Module&>(m).shared_from_this());
+  TORCH_CHECK(impl, "the llama family was handed a ", m.name(), ", not a Llama");
+  return Llama(impl);
+}
+
+}  // namespace
+
+ModelFamily llama_family() {
+  return {
+      "llama",
+      [](const std::string& config) { return Llama(LlamaArgs::from_hf_config_file(config)).ptr(); },
+      [](torch::nn::Module& m, const DeviceMesh& mesh, bool loss_parallel, bool sequence_parallel) {
+        Llama model = as_llama(m);
+        parallelize_llama(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);
+      },
+      [](const torch::nn::Module& m) { return llama_hf_adapter(as_llama(m)->args()); },
+  };
+}
+
+}  // namespace hyper_parallel

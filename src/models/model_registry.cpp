@@ -1,0 +1,35 @@
+#include "hyper_parallel/model_registry.h"
+
+#include <stdexcept>
+
+#include "hyper_parallel/llama.h"
+
+namespace hyper_parallel {
+
+namespace {
+
+const std::vector<ModelFamily>& families() {
+  static const std::vector<ModelFamily> table = {
+      llama_family(),
+  };
+  return table;
+}
+
+}  // namespace
+
+std::vector<std::string> model_family_names() {
+  std::vector<std::string> names;
+  for (const auto& f : families()) names.push_back(f.name);
+  return names;
+}
+
+const ModelFamily& model_family(const std::string& name) {
+  for (const auto& f : families()) {
+    if (f.name == name) return f;
+  }
+  std::string known;
+  for (const auto& n : model_family_names()) known += (known.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown model family '" + name + "'; known: " + known);
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,284 @@
+// Reading Hugging Face checkpoints: the safetensors format's rules, the loader's errors
+// (the same on every rank), the Llama config fields honoured or refused, the RoPE row
+// permutation, and the model registry.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <fstream>
+
+#include "compat/file_system.h"
+#include "harness/rank_harness.h"
+#include "hyper_parallel/hyper_parallel.h"
+#include "hyper_parallel/llama.h"
+#include "hyper_parallel/model_registry.h"
+#include "models/safetensors.h"
+#include "train/job_config.h"
+
+using namespace hyper_parallel;
+using hyper_parallel::testing::run_ranks;
+using ::testing::HasSubstr;
+
+namespace {
+
+std::string scratch(const std::string& name) {
+  const std::string dir = compat::join_path(compat::temp_directory(), "hp_hf_test_" + std::to_string(::getpid()));
+  compat::create_directories(dir);
+  return compat::join_path(dir, name);
+}
+
+std::string bytes_with_header(const std::string& json, const std::string& data) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(static_cast<uint64_t>(json.size()) >> (8 * i));
+  return out + json + data;
+}
+
+std::string parse_error(const std::string& bytes) {
+  try {
+    hf::parse_safetensors_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), bytes.size(), "f.safetensors");
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+LlamaArgs tiny_hf_args(bool tied = false) {
+  LlamaArgs a;
+  a.dim = 16;
+  a.n_layers = 1;
+  a.n_heads = 4;
+  a.n_kv_heads = 2;
+  a.explicit_head_dim = 8;
+  a.vocab_size = 11;
+  a.ffn_hidden_dim = 24;
+  a.max_seq_len = 8;
+  a.tie_word_embeddings = tied;
+  a.rope_tables_like_hf = true;
+  return a;
+}
+
+// A checkpoint folder with the model's own parameters under Hugging Face names.
+std::map<std::string, at::Tensor> save_as_hf(Llama& model, const std::string& folder, at::ScalarType dtype) {
+  std::map<std::string, at::Tensor> ours;
+  for (const auto& p : model->named_parameters()) ours[p.key()] = p.value().detach().to(dtype);
+  auto hf_named = to_hf_names(ours, llama_hf_adapter(model->args()), /*sum_shared=*/false);
+  compat::create_directories(folder);
+  hf::write_safetensors(folder + "/model.safetensors", hf_named);
+  return hf_named;
+}
+
+std::string config_error(const std::string& json) {
+  try {
+    LlamaArgs::from_hf_config_json(json);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* kConfig = R"({"model_type": "llama", "hidden_size": 16, "num_hidden_layers": 1,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 11, "intermediate_size": 24 %s})";
+
+std::string config_with(const std::string& extra) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf, kConfig, extra.c_str());
+  return buf;
+}
+
+}  // namespace
+
+TEST(Safetensors, WrittenFileReadsBackWithMetadataAndUnalignedData) {
+  const std::string path = scratch("round.safetensors");
+  at::Tensor a = at::arange(6, at::kFloat).view({2, 3}), b = at::arange(3, at::kBFloat16);
+  hf::write_safetensors(path, {{"a", a}, {"b", b}}, {{"format", "pt"}});
+  hf::SafetensorsFile f(path);
+  EXPECT_EQ(f.header().metadata.at("format"), "pt");
+  EXPECT_EQ(f.entry("a").shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(f.entry("b").dtype, at::kBFloat16);
+  EXPECT_THAT(parse_error(bytes_with_header(R"({"x":{"dtype":"U8","shape":[3],"data_offsets":[0,3]}})", "abc")), "");
+  EXPECT_THROW(f.entry("c"), std::runtime_error);
+}
+
+TEST(Safetensors, MalformedHeadersAreErrorsNamingFileAndTensor) {
+  EXPECT_THAT(parse_error("abc"), HasSubstr("shorter than the 8-byte header length"));
+  EXPECT_THAT(parse_error(bytes_with_header("{}", "").substr(0, 9)), HasSubstr("truncated"));
+  EXPECT_THAT(parse_error(bytes_with_header("[1]", "")), HasSubstr("not a JSON object"));
+  EXPECT_THAT(parse_error(bytes_with_header("{", "")), HasSubstr("not valid JSON"));
+  EXPECT_THAT(parse_error(bytes_with_header(R"({"w":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}})", "a")),
+              HasSubstr("tensor 'w': unknown or unsupported dtype \"F8_E4M3\""));
+  EXPECT_THAT(parse_error(bytes_with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "abcd")),
+              HasSubstr("f.safetensors: tensor 'w': data_offsets [0,8] run past the end of the file"));
+  EXPECT_THAT(parse_error(bytes_with_header(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "abcdefgh")),
+              HasSubstr("[3] F32 needs 12 bytes, data_offsets [0,8] hold 8"));
+  EXPECT_THAT(parse_error(bytes_with_header(
+                  R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"v":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})",
+                  "abc")),
+              HasSubstr("overlap"));
+  EXPECT_THAT(parse_error(bytes_with_header(R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})", "abc")),
+              HasSubstr("hole"));
+  EXPECT_THAT(parse_error(bytes_with_header(R"({"w":{"dtype":"U8","shape":[-2],"data_offsets":[0,2]}})", "ab")),
+              HasSubstr("not a non-negative integer"));
+  EXPECT_THAT(parse_error(bytes_with_header(
+                  R"({"w":{"dtype":"F64","shape":[4294967296,536870912],"data_offsets":[0,0]}})", "")),
+              HasSubstr("needs more than 2^64"));
+  EXPECT_THAT(parse_error(bytes_with_header(R"({"__metadata__":{"a":1}})", "")), HasSubstr("__metadata__.a"));
+  EXPECT_THAT(parse_error(std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8)), HasSubstr("exceeds the format's limit"));
+}
+
+TEST(HfCheckpoint, RopeRowPermutationRoundTripsAndMatchesRotateHalf) {
+  at::Tensor w = at::randn({2 * 8, 5}, at::kDouble);
+  EXPECT_TRUE(at::equal(rope_rows_to_hf(rope_rows_from_hf(w, 8), 8), w));
+  // Rotate-half pairs rows (i, i + 4) of a head; ours puts them at (2i, 2i + 1).
+  at::Tensor ours = rope_rows_from_hf(w, 8);
+  EXPECT_TRUE(at::equal(ours[2 * 1], w[1]));
+  EXPECT_TRUE(at::equal(ours[2 * 1 + 1], w[1 + 4]));
+  EXPECT_TRUE(at::equal(ours[8 + 2 * 3 + 1], w[8 + 3 + 4]));
+}
+
+TEST(HfCheckpoint, LoadedShardsEqualTheFullModelAtTP2InEveryDtype) {
+  Llama full(tiny_hf_args(/*tied=*/true));
+  full->init_weights(5);
+  for (at::ScalarType stored : {at::kFloat, at::kBFloat16, at::kDouble}) {
+    const std::string folder = scratch(std::string("full_") + c10::toString(stored));
+    save_as_hf(full, folder, stored);
+    run_ranks(2, [&](int64_t) {
+      auto mesh = init_device_mesh("cpu", {2}, {"tp"});
+      Llama model(tiny_hf_args(true));
+      model->to(at::kDouble);
+      parallelize_llama(model, mesh, true);
+      load_hf_checkpoint(*model, llama_hf_adapter(model->args()), folder);
+      for (const auto& p : model->named_parameters()) {
+        at::Tensor want = full->named_parameters()[p.key()].detach().to(stored).to(at::kDouble);
+        EXPECT_TRUE(at::equal(full_tensor(p.value()), want)) << p.key() << " stored as " << stored;
+      }
+    });
+  }
+}
+
+TEST(HfCheckpoint, MissingUnexpectedAndMisshapenTensorsAreTheSameErrorOnEveryRank) {
+  Llama full(tiny_hf_args());
+  full->init_weights(5);
+  const std::string folder = scratch("broken");
+  auto tensors = save_as_hf(full, folder + "_ok", at::kFloat);
+  tensors.erase("model.norm.weight");
+  tensors["model.layers.0.mlp.up_proj.weight"] = at::zeros({25, 16});
+  tensors["model.extra.weight"] = at::zeros({2});
+  tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = at::zeros({4});  // derived: ignored
+  compat::create_directories(folder);
+  hf::write_safetensors(folder + "/model.safetensors", tensors);
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](int64_t rank) {
+    auto mesh = init_device_mesh("cpu", {2}, {"tp"});
+    Llama model(tiny_hf_args());
+    parallelize_llama(model, mesh, true);
+    try {
+      load_hf_checkpoint(*model, llama_hf_adapter(model->args()), folder);
+      ADD_FAILURE() << "expected an error";
+    } catch (const std::runtime_error& e) {
+      messages[rank] = e.what();
+    }
+  });
+  EXPECT_EQ(messages[0], messages[1]);
+  EXPECT_THAT(messages[0], HasSubstr("missing tensor 'model.norm.weight' (for norm.weight [16])"));
+  EXPECT_THAT(messages[0], HasSubstr("model.safetensors: tensor 'model.layers.0.mlp.up_proj.weight' has shape [25, 16], "
+                                     "the model expects [24, 16] for layers.0.feed_forward.w3.weight"));
+  EXPECT_THAT(messages[0], HasSubstr("model.safetensors: unexpected tensor 'model.extra.weight' [2]"));
+  EXPECT_THAT(messages[0], ::testing::Not(HasSubstr("inv_freq")));
+}
+
+TEST(HfCheckpoint, ShardedIndexNamingAMissingFileOrTensorIsAnError) {
+  const std::string folder = scratch("index");
+  compat::create_directories(folder);
+  hf::write_safetensors(folder + "/a.safetensors", {{"x", at::zeros({2})}});
+  std::ofstream(folder + "/model.safetensors.index.json") << R"({"weight_map": {"x": "a.safetensors", "y": "b.safetensors"}})";
+  Llama model(tiny_hf_args());
+  try {
+    load_hf_checkpoint(*model, llama_hf_adapter(model->args()), folder);
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("b.safetensors: cannot open"));
+  }
+  std::ofstream(folder + "/model.safetensors.index.json") << R"({"weight_map": {"y": "a.safetensors"}})";
+  try {
+    load_hf_checkpoint(*model, llama_hf_adapter(model->args()), folder);
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("a.safetensors: has no tensor 'y'"));
+  }
+  EXPECT_THROW(load_hf_checkpoint(*model, llama_hf_adapter(model->args()), scratch("nothing_here")), std::runtime_error);
+}
+
+TEST(HfLlamaConfig, FieldsAreReadAndUnrepresentableOnesRefusedByName) {
+  const LlamaArgs a = LlamaArgs::from_hf_config_json(config_with(
+      R"(, "head_dim": 8, "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "max_position_embeddings": 32,
+          "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 16})"));
+  EXPECT_EQ(a.kv_heads(), 2);
+  EXPECT_EQ(a.head_dim(), 8);
+  EXPECT_EQ(a.hidden_dim(), 24);
+  EXPECT_EQ(a.norm_eps, 1e-6);
+  EXPECT_EQ(a.rope_theta, 500000.0);
+  EXPECT_TRUE(a.tie_word_embeddings);
+  ASSERT_TRUE(a.rope_scaling.has_value());
+  EXPECT_EQ(a.rope_scaling->original_max_position_embeddings, 16);
+  // Older files: a top-level rope_theta, rope_scaling with "type".
+  EXPECT_EQ(LlamaArgs::from_hf_config_json(config_with(R"(, "rope_theta": 1234.0, "rope_scaling": null)")).rope_theta, 1234.0);
+  EXPECT_EQ(LlamaArgs::from_hf_config_json(config_with("")).norm_eps, 1e-6);  // transformers' default
+
+  EXPECT_THAT(config_error(config_with(R"(, "attention_bias": true)")), HasSubstr("attention_bias = true"));
+  EXPECT_THAT(config_error(config_with(R"(, "mlp_bias": true)")), HasSubstr("mlp_bias = true"));
+  EXPECT_THAT(config_error(config_with(R"(, "hidden_act": "gelu")")), HasSubstr("hidden_act = \"gelu\""));
+  EXPECT_THAT(config_error(config_with(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 4.0})")),
+              HasSubstr("rope_parameters.rope_type = \"yarn\": supported rope types: default, llama3"));
+  EXPECT_THAT(config_error(config_with(R"(, "rope_scaling": {"type": "linear", "factor": 2.0})")),
+              HasSubstr("rope_scaling.type = \"linear\""));
+  EXPECT_THAT(config_error(config_with(R"(, "model_type": "qwen2")")), HasSubstr("model_type = \"qwen2\""));
+  EXPECT_THAT(config_error(R"({"hidden_size": 16})"), HasSubstr("num_hidden_layers is missing"));
+  EXPECT_THAT(config_error(config_with(R"(, "intermediate_size": 2.5)")), HasSubstr("intermediate_size = 2.5: expected an integer"));
+}
+
+TEST(HfLlamaConfig, RopeTablesAreTransformersFloat32OnesAndLlama3ScalingChangesThem) {
+  LlamaArgs a = tiny_hf_args();
+  a.max_seq_len = 4096;
+  const auto [cos_hf, sin_hf] = llama_rope_tables(a);
+  a.rope_tables_like_hf = false;
+  const auto [cos_ours, sin_ours] = llama_rope_tables(a);
+  // The float64 tables rounded once differ from transformers' float32 ones at long positions.
+  EXPECT_GT((cos_hf - cos_ours).abs().max().item<double>(), 1e-5);
+  a.rope_tables_like_hf = true;
+  a.rope_scaling = Llama3RopeScaling{8.0, 1.0, 4.0, 16};
+  const auto [cos_scaled, sin_scaled] = llama_rope_tables(a);
+  EXPECT_GT((cos_scaled - cos_hf).abs().max().item<double>(), 1e-2);
+}
+
+TEST(HfLlamaConfig, KvHeadsThatDoNotSplitOverTPAreAnErrorNamingBoth) {
+  run_ranks(4, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {4});
+    Llama model(tiny_hf_args());  // 4 query heads split, 2 kv heads do not
+    try {
+      parallelize_llama(model, mesh, true);
+      ADD_FAILURE() << "expected an error";
+    } catch (const c10::Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("n_kv_heads 2 does not split over tensor_parallel_degree 4"));
+    }
+  });
+}
+
+TEST(ModelRegistry, UnknownFamilyIsAnErrorListingTheKnownOnes) {
+  EXPECT_EQ(model_family("llama").name, "llama");
+  try {
+    model_family("qwen2");
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "unknown model family 'qwen2'; known: llama");
+  }
+  train::JobConfig cfg;
+  cfg.model.name = "qwen2";
+  try {
+    train::validate(cfg);
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr("model.name = \"qwen2\": unknown model family 'qwen2'; known: llama"));
+  }
+}
