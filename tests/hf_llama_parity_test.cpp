@@ -4,6 +4,8 @@
 // gradient, mapped back to Hugging Face names, agree with transformers' within 1e-10 in
 // float64 and 1e-5 in float32. Skipped, saying why, when the venv has no transformers.
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <torch/nn/functional/loss.h>
 
 #include <unistd.h>
@@ -66,8 +68,9 @@ double max_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
 }
 
+// NaN until rank 0 has compared (a case whose ranks threw prints NaN, not 0).
 struct Differences {
-  double logits = 0, loss = 0, grads = 0;
+  double logits = std::nan(""), loss = std::nan(""), grads = 0;
 };
 
 // One case at one TP degree and dtype; returns the largest differences seen on rank 0.

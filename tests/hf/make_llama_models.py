@@ -23,11 +23,12 @@ except ImportError as e:  # pragma: no cover - depends on the venv
     print(f"SKIP: {e} (scripts/common.sh installs transformers into the venv)")
     sys.exit(77)
 
-BASE = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+BASE = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
             head_dim=16, intermediate_size=64, vocab_size=101, max_position_embeddings=64,
             rms_norm_eps=1e-6, tie_word_embeddings=False)
 CASES = {
-    # GQA 4 query / 2 kv heads, an explicit head_dim (4 x 16 != 48), uneven vocabulary.
+    # GQA 8 query / 4 kv heads (2 query heads per kv head; TP 4 gives each rank one kv
+    # head), an explicit head_dim (8 x 16 != 48), uneven vocabulary.
     "gqa": dict(save={}),
     "tied": dict(config=dict(tie_word_embeddings=True), save={}),
     "llama3": dict(config=dict(rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
