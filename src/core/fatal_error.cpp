@@ -3,7 +3,7 @@
 #include <cstdlib>
 
 #include "hyper_parallel/fatal_error.h"
-#include "launcher/rank_error_file.h"
+#include "hyper_parallel/rank_error_file.h"
 
 namespace hyper_parallel {
 

@@ -5,7 +5,9 @@
 // cause: the first rank to exit may well be a peer that died of the disconnect while the
 // failing rank was still tearing down.
 //
-// Header-only and LibTorch-free: libhyper_parallel writes the files, hp-run reads them.
+// Header-only and LibTorch-free: libhyper_parallel writes the files (record_fatal_error,
+// fatal_error.h), hp-run reads them; a public header so that both include it from below
+// (the launcher includes nothing else of the library). A launcher of your own can read them.
 // hp-run removes its folder at the end; only an hp-run killed by SIGKILL leaves it.
 #pragma once
 
