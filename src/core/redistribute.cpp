@@ -1,7 +1,5 @@
 #include "core/redistribute.h"
 
-#include "dtensor/dtensor_impl.h"
-
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 
@@ -45,18 +43,6 @@ at::Tensor partition(const at::Tensor& local, const Layout& layout, ReduceOp op,
 }
 
 }  // namespace
-
-at::Tensor local_piece(const at::Tensor& t, const Layout& layout) {
-  if (auto* impl = dtensor_impl(t)) return redistribute_local(impl->local(), impl->layout(), layout);
-  return redistribute_local(t, layout.with_placements(Placements(layout.mesh().ndim(), Placement::replicate())), layout);
-}
-
-at::Tensor full_value(const at::Tensor& t) {
-  auto* impl = dtensor_impl(t);
-  if (!impl) return t;
-  const Layout& l = impl->layout();
-  return redistribute_local(impl->local(), l, l.with_placements(Placements(l.mesh().ndim(), Placement::replicate())));
-}
 
 Placements partial_to_replicate(const Placements& placements) {
   Placements out = placements;

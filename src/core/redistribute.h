@@ -16,14 +16,6 @@ namespace hyper_parallel {
 
 at::Tensor redistribute_local(const at::Tensor& local, const Layout& from, const Layout& to);
 
-// This rank's piece of `t` under `layout`: a DTensor is redistributed from its own
-// layout, a plain tensor is taken as the replicated full value.
-at::Tensor local_piece(const at::Tensor& t, const Layout& layout);
-
-// The full value of a tensor argument as a plain tensor: a DTensor's pieces gathered
-// and reduced (no autograd), a plain tensor as it is.
-at::Tensor full_value(const at::Tensor& t);
-
 // Partial -> Replicate everywhere: the placements a gradient flowing back into a
 // tensor of `placements` must have (PyTorch's backward rule).
 Placements partial_to_replicate(const Placements& placements);

@@ -5,7 +5,6 @@
 
 #include <unordered_map>
 
-#include "core/redistribute.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor.h"
 

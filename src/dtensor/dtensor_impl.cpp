@@ -3,6 +3,8 @@
 #include <ATen/core/TensorBody.h>
 #include <c10/util/Exception.h>
 
+#include "core/redistribute.h"
+
 namespace hyper_parallel {
 
 namespace {
@@ -86,6 +88,18 @@ const at::Tensor& local_of(const at::Tensor& dtensor) {
   auto* impl = dtensor_impl(dtensor);
   TORCH_CHECK(impl, "expected a DTensor, got a plain tensor of shape ", dtensor.sizes());
   return impl->local();
+}
+
+at::Tensor local_piece(const at::Tensor& t, const Layout& layout) {
+  if (auto* impl = dtensor_impl(t)) return redistribute_local(impl->local(), impl->layout(), layout);
+  return redistribute_local(t, layout.with_placements(Placements(layout.mesh().ndim(), Placement::replicate())), layout);
+}
+
+at::Tensor full_value(const at::Tensor& t) {
+  auto* impl = dtensor_impl(t);
+  if (!impl) return t;
+  const Layout& l = impl->layout();
+  return redistribute_local(impl->local(), l, l.with_placements(Placements(l.mesh().ndim(), Placement::replicate())));
 }
 
 }  // namespace hyper_parallel

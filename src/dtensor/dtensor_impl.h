@@ -45,6 +45,13 @@ DTensorImpl* dtensor_impl(const at::Tensor& t);
 // The local piece of a DTensor, as stored (no autograd).
 const at::Tensor& local_of(const at::Tensor& dtensor);
 
+// An op's tensor argument, DTensor or plain, as a plain tensor (no autograd).
+// This rank's piece of `t` under `layout`: a DTensor is redistributed from its own
+// layout, a plain tensor is taken as the replicated full value.
+at::Tensor local_piece(const at::Tensor& t, const Layout& layout);
+// The full value: a DTensor's pieces gathered and reduced, a plain tensor as it is.
+at::Tensor full_value(const at::Tensor& t);
+
 // Installs the dispatch-key kernels (once per process); called on first DTensor creation.
 void ensure_dtensor_dispatch_registered();
 // Features built on the dispatcher (loss_parallel) hook themselves up here instead of

@@ -5,7 +5,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
-#include "core/redistribute.h"
+#include "dtensor/dtensor_impl.h"
 
 namespace hyper_parallel {
 
