@@ -15,6 +15,7 @@
 #include "core/redistribute.h"
 #include "dispatch/bypass_ops.h"
 #include "dispatch/layout_cache.h"
+#include "dispatch/op_registry.h"
 #include "dispatch/op_resolution.h"
 #include "dispatch/op_spec_loader.h"
 #include "dtensor/dtensor_impl.h"

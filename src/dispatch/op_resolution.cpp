@@ -6,11 +6,9 @@
 #include <memory>
 #include <unordered_map>
 
-namespace hyper_parallel {
+#include "dispatch/op_registry.h"
 
-// op_dispatcher.cpp: the registry's lookups.
-DistributedOpPtr find_distributed_op(const std::string& op_name);
-std::vector<OpDispatcher::ContextRoute> context_routes_claiming(const std::string& op_name);
+namespace hyper_parallel {
 
 namespace {
 

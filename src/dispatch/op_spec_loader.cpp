@@ -10,13 +10,12 @@
 #include <mutex>
 #include <sstream>
 
-#include "hyper_parallel/dispatch.h"
 #include "compat/file_system.h"
+#include "dispatch/op_registry.h"
+#include "hyper_parallel/dispatch.h"
 #include "hyper_parallel/distributed_op.h"
 
 namespace hyper_parallel {
-
-void set_distributed_op_origin(const std::string& op_name, const std::string& origin);  // op_dispatcher.cpp
 
 namespace {
 
@@ -175,7 +174,5 @@ std::vector<OpSpecFile> read_op_spec_dirs(const std::string& dirs) {
   }
   return out;
 }
-
-void reload_distributed_ops();
 
 }  // namespace hyper_parallel
