@@ -8,7 +8,9 @@ below it and the public headers (include/hyper_parallel/):
 
 apps/ and tests/ sit on top and may include anything. The launcher (src/launcher, hp-run)
 stands alone: it includes only itself and public headers, and no library folder includes
-it. Public headers include only other public headers (an installed package has no src/).
+it. Public headers include only other public headers (an installed package has no src/);
+the train headers, installed for HyperParallel::hp_train, include only train/ and public
+headers.
 
     python3 scripts/check_layering.py [REPO_ROOT]
 """
@@ -30,10 +32,16 @@ def includes(path):
                 yield number, m.group(1)
 
 
-def violation(folder, target, own_dir_files):
-    """Why including `target` from a file of src/`folder` breaks the layering, or None."""
+INSTALLED_HEADER_FOLDERS = ("train",)
+
+
+def violation(folder, name, target, own_dir_files):
+    """Why including `target` from src/`folder`/`name` breaks the layering, or None."""
     if target.startswith("hyper_parallel/"):
         return None
+    if folder in INSTALLED_HEADER_FOLDERS and name.endswith(".h") and "/" in target \
+            and not target.startswith(folder + "/"):
+        return "an installed %s header includes only %s/ and public headers" % (folder, folder)
     if "/" not in target:  # a sibling in the same folder
         return None if target in own_dir_files else "unknown relative include"
     top = target.split("/", 1)[0]
@@ -65,7 +73,7 @@ def main():
             path = os.path.join(dirpath, name)
             checked += 1
             for number, target in includes(path):
-                why = violation(folder, target, files)
+                why = violation(folder, name, target, files)
                 if why:
                     problems.append("src/%s/%s:%d includes \"%s\": %s" % (rel, name, number, target, why))
     public = os.path.join(root, "include", "hyper_parallel")
