@@ -18,3 +18,7 @@ env -u LD_LIBRARY_PATH "$work/prefix/bin/hp-train" --help | grep -- "--training.
   -DCMAKE_CXX_COMPILER_LAUNCHER="$(command -v ccache || true)" >/dev/null
 "$cmake" --build "$work/consumer" >/dev/null
 env -u LD_LIBRARY_PATH "$work/consumer/consumer"
+# The installed train headers and HyperParallel::hp_train (docs/training.md, "The Trainer from C++").
+test -f "$work/prefix/include/hyper_parallel_train/train/trainer.h"
+env -u LD_LIBRARY_PATH "$work/consumer/train_consumer" --parallelism.tensor_parallel_degree 1 \
+  --training.steps 2 --job.dump_folder "$work/train_job" | grep "train consumer OK: 2 steps"

@@ -1,0 +1,25 @@
+// Builds against the installed train headers (HyperParallel::hp_train), as
+// docs/training.md shows: parses a job config, then trains it on one process.
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <iostream>
+
+#include "hyper_parallel/distributed.h"
+#include "train/job_config.h"
+#include "train/trainer.h"
+
+namespace hp = hyper_parallel;
+
+int main(int argc, char** argv) {
+  bool help = false;
+  hp::train::JobConfig cfg = hp::train::parse_job_config(argc, argv, &help);
+  if (help) {
+    std::cout << hp::train::job_config_usage();
+    return 0;
+  }
+  hp::init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1);
+  hp::train::Trainer trainer(cfg, &std::cout);
+  const auto results = trainer.train();
+  std::cout << "train consumer OK: " << results.size() << " steps" << std::endl;
+  return results.empty() ? 1 : 0;
+}
