@@ -41,7 +41,8 @@ ShardingDecision EmbeddingOp::infer_layout(const OpCall& call) const {
   };
   ShardingDecision d;
   d.input_placements.assign(tensors.size(), std::nullopt);
-  // No meta kernels here (index_select has none in LibTorch 1.13): shapes by hand.
+  // Shapes by hand, not infer_output_shapes(): they are plain arithmetic here, and a meta
+  // run costs a boxed call (a CPU run for an op without a C++ meta kernel).
   if (!backward_) {
     const TensorArg& weight = tensors.at(0);
     const TensorArg& ids = tensors.at(1);

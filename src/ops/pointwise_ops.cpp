@@ -5,6 +5,9 @@
 #include <ATen/ExpandUtils.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <numeric>
+
 namespace hyper_parallel {
 
 namespace {
@@ -41,12 +44,14 @@ std::string PointwiseOp::rule() const {
                     : linearity_ == Linearity::Additive ? "Partial(sum) + Partial(sum) or Replicate -> Partial(sum)"
                     : linearity_ == Linearity::Quotient ? "Partial(sum) / Replicate -> Partial(sum)"
                                                         : "Partial(sum) * Replicate -> Partial(sum)";
-  return std::string("output follows the first input's Shard (broadcast dims replicated); ") + lin;
+  return std::string("per mesh dim the cheapest of: sharded where an input's Shard lands (ties: the earlier "
+                     "input), Partial(sum) when linear, Replicate; in place keeps self's placements; broadcast "
+                     "dims replicated; ") + lin;
 }
 
 ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
-  // The output shape is the operands' broadcast (no meta run: many pointwise ops have
-  // no meta kernel in LibTorch 1.13).
+  // The output shape is the operands' broadcast, computed here: a meta run
+  // (infer_output_shapes) would cost a boxed call on every pointwise op.
   std::vector<int64_t> out;
   for (const auto& t : call.tensors()) {
     out = at::infer_size(out, t.shape);
@@ -55,32 +60,26 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
   const auto& tensors = call.tensors();
   const int64_t nm = mesh.ndim();
 
-  // Every tensor argument takes part (0-d plain tensors too: an addend must become
-  // Partial when the result is).
-  std::vector<size_t> operands(tensors.size());
-  for (size_t k = 0; k < tensors.size(); ++k) operands[k] = k;
-
   bool has_scalar_addend = false;
   for (const auto& a : call.schema().arguments()) {
     has_scalar_addend |= a.name() == "other" && a.type()->kind() == c10::TypeKind::NumberType;
   }
   // Whether Partial(sum) operands on mesh dim m may stay unreduced.
   auto partial_passes = [&](int64_t m) {
-    std::vector<size_t> partial, other;
-    for (size_t k : operands) {
+    std::vector<size_t> partial;
+    for (size_t k = 0; k < tensors.size(); ++k) {
       const TensorArg& t = tensors[k];
-      bool is_partial = t.layout && t.layout->placement(m) == Placement::partial(ReduceOp::Sum);
-      (is_partial ? partial : other).push_back(k);
+      if (t.layout && t.layout->placement(m) == Placement::partial(ReduceOp::Sum)) partial.push_back(k);
     }
     if (partial.empty()) return false;
     switch (linearity_) {
       case Linearity::None: return false;
-      case Linearity::Unary: return operands.size() == 1;
+      case Linearity::Unary: return tensors.size() == 1;
       // Replicate addends become Partial (kept on one rank, zeros elsewhere: no
       // communication); a non-tensor Scalar addend would be added on every rank.
       case Linearity::Additive: return !has_scalar_addend;
       case Linearity::Multiplicative: return partial.size() == 1;  // any single factor
-      case Linearity::Quotient: return partial.size() == 1 && partial[0] == operands[0];  // the numerator
+      case Linearity::Quotient: return partial.size() == 1 && partial[0] == 0;  // the numerator
     }
     return false;
   };
@@ -111,11 +110,14 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
   } else {
     // Per mesh dim, the candidates are: the output sharded where an operand's shard lands
     // (in argument order), Partial(sum) if the op is linear in the partial operands, and
-    // Replicate; the shared cost model keeps the one that moves the fewest bytes.
+    // Replicate; the shared cost model keeps the one that moves the fewest bytes. Every
+    // tensor argument is an operand (0-d plain tensors too: an addend must become Partial
+    // when the result is).
+    std::vector<size_t> operands(tensors.size());
+    std::iota(operands.begin(), operands.end(), size_t{0});
     for (int64_t m = 0; m < nm; ++m) {
       std::vector<Placement> outputs;
-      for (size_t k : operands) {
-        const TensorArg& t = tensors[k];
+      for (const TensorArg& t : tensors) {
         if (!t.layout || !t.layout->placement(m).is_shard()) continue;
         const int64_t od = output_dim(t, t.layout->placement(m).dim(), out);
         if (od < 0) continue;
@@ -130,7 +132,7 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
       std::vector<DimStrategy> candidates;
       for (const Placement& o : outputs) {
         DimStrategy s{{}, o};
-        for (size_t k : operands) s.inputs.push_back(operand_placement(tensors[k], o, m, out));
+        for (const TensorArg& t : tensors) s.inputs.push_back(operand_placement(t, o, m, out));
         candidates.push_back(std::move(s));
       }
       target[m] = outputs[cheapest_strategy(call, m, operands, candidates)];
@@ -138,13 +140,7 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
   }
 
   ShardingDecision d;
-  for (size_t k = 0; k < tensors.size(); ++k) {
-    const TensorArg& t = tensors[k];
-    const bool operand = std::find(operands.begin(), operands.end(), k) != operands.end();
-    if (!operand) {
-      d.input_placements.emplace_back(std::nullopt);
-      continue;
-    }
+  for (const TensorArg& t : tensors) {
     Placements want(nm, Placement::replicate());
     for (int64_t m = 0; m < nm; ++m) want[m] = operand_placement(t, target[m], m, out);
     if (!t.layout && (t.shape.empty() && linearity_ != Linearity::Additive)) {

@@ -1,5 +1,6 @@
-// Pointwise ops (add, mul, gelu, where ...): outputs follow the inputs' shards under
-// broadcasting; Partial passes through only where the op is linear in it.
+// Pointwise ops (add, mul, gelu, where ...): per mesh dim, the output is sharded where an
+// input's shard lands under broadcasting, Partial where the op is linear in its Partial
+// inputs, or replicated, whichever the cost model finds moves the fewest bytes.
 #pragma once
 
 #include "hyper_parallel/distributed_op.h"
@@ -11,7 +12,8 @@ class PointwiseOp : public DistributedOp {
   // How Partial(sum) inputs may pass through unreduced:
   //   None            never: partial inputs are reduced first (gelu, exp, max ...)
   //   Unary           f(sum x_i) = sum f(x_i) for the one tensor input (neg, clone)
-  //   Additive        all tensor inputs Partial(sum) (add, sub)
+  //   Additive        any Partial(sum) inputs; the other tensor inputs become Partial(sum)
+  //                   (kept on one rank), but not with a Scalar addend (add, sub)
   //   Multiplicative  exactly one Partial(sum) input (mul)
   //   Quotient        exactly one Partial(sum) input, the numerator (div)
   enum class Linearity { None, Unary, Additive, Multiplicative, Quotient };
