@@ -5,7 +5,7 @@
 #
 #   bash scripts/gpu_check.sh [LIBTORCH]      # default: the LibTorch of python3's torch
 #
-# A GPU machine without internet (DEVICE.md) lacks some Debian -dev packages; fetch them
+# A GPU machine without internet lacks some Debian -dev packages; fetch them
 # here first, into .gpu-deps/ (ignored by git, carried to the machine):
 #   bash scripts/gpu_check.sh --fetch-debs
 set -uo pipefail
