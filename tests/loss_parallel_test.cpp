@@ -1,4 +1,4 @@
-// loss_parallel against single-process cross_entropy on the full logits (spec §8):
+// loss_parallel against single-process cross_entropy on the full logits:
 // loss and logits gradient for TP 2, 3, 4, every reduction, weights, ignore_index,
 // label smoothing, probability targets, 1-D/2-D/N-D and LM-shaped inputs.
 #include <gtest/gtest.h>

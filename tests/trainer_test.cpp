@@ -1,6 +1,5 @@
-// The Trainer: loss curves agree across TP 1, TP 2 with loss parallel and TP 2 without
-// (spec §8 regression, issue "Must show"), and resuming from a checkpoint continues
-// exactly.
+// The Trainer: loss curves agree across TP 1, TP 2 with loss parallel and TP 2 without,
+// and resuming from a checkpoint continues exactly.
 #include <gtest/gtest.h>
 #include <iostream>
 

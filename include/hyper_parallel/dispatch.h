@@ -1,4 +1,4 @@
-// OpDispatcher: where every ATen op on a DTensor goes (spec §4.1.1, scheme A).
+// OpDispatcher: where every ATen op on a DTensor goes (docs/design.md, "The dispatcher").
 //
 // dispatch(op, stack) is a short chain of handlers, tried in order:
 //   1. bypass ops that need no layout rule (detach, item, copy_ ...)

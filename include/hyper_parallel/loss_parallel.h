@@ -1,5 +1,5 @@
 // loss_parallel: exact cross-entropy on logits sharded along the class (vocabulary)
-// dimension, without gathering them (spec §4-§8, §11).
+// dimension, without gathering them (docs/design.md: the math; docs/loss_parallel.md: the use).
 //
 //   {
 //     auto guard = hp::loss_parallel();                  // RAII, thread-local

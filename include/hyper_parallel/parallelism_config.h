@@ -2,7 +2,7 @@
 //
 // The loss_parallel fields are read by loss_parallel() and the cross-entropy routing
 // through the process-wide config below (the Trainer sets it from the TOML file).
-// Precedence (spec §11.2: the config is the root, guard options override for tests):
+// Precedence (the config is the root; guard options override it, for tests):
 //   disable_loss_parallel = true   loss_parallel() guards activate nothing (a warning
 //                                  once); the model's output head gathers the logits.
 //   loss_parallel_strict_mesh      used when LossParallelOptions::strict is unset.

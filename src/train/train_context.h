@@ -1,4 +1,4 @@
-// TrainContext (spec §6.2, §11.1.2): what the Trainer wraps the loss and its backward in —
+// TrainContext: what the Trainer wraps the loss and its backward in —
 // TorchTitan's get_train_context(enable_loss_parallel). Calling it yields a guard: a
 // loss_parallel() guard when enabled, an empty one otherwise. The Validator takes the
 // same context so that validation computes the loss the same way.
