@@ -13,7 +13,7 @@ namespace hyper_parallel {
 
 namespace {
 
-// Part of every layout-cache key while the context is active (spec §5.2, §9).
+// Part of every layout-cache key while the context is active (docs/design.md, "Routing").
 constexpr uint64_t kLossParallelToken = 0x4c6f737350617231ULL;  // "LossPar1"
 
 struct ContextState {

@@ -11,7 +11,7 @@
 
 namespace hyper_parallel {
 
-// Scheme A (spec §4.1.1): handles a routed op on a class-sharded input. Returns false
+// Routing (docs/design.md, "Routing"): handles a routed op on a class-sharded input. Returns false
 // when the call is not class-sharded after all (the ordinary path then takes it).
 bool dispatch_loss_parallel(const c10::OperatorHandle& op, const std::string& name,
                             torch::jit::Stack* stack);

@@ -1,4 +1,4 @@
-// Scheme A routing (spec §4.1.1): the loss_parallel context route in OpDispatcher, the
+// Loss-parallel routing (docs/design.md, "Routing"): the loss_parallel context route in OpDispatcher, the
 // op-name table, the per-op kernels (K1/K2 and the backward kernels), and the
 // cross_entropy_loss entry that sends the whole loss to the fused kernel.
 #include <ATen/ATen.h>
