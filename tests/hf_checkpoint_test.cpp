@@ -7,6 +7,10 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <optional>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/functional/loss.h>
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
@@ -153,6 +157,53 @@ TEST(HfCheckpoint, LoadedShardsEqualTheFullModelAtTP2InEveryDtype) {
         const at::Tensor got = is_dtensor(p.value()) ? full_tensor(p.value()) : p.value();
         EXPECT_TRUE(at::equal(got, want)) << p.key() << " stored as " << stored;
       }
+    });
+  }
+}
+
+// A tied model holds ONE parameter for the embeddings and the head: named_parameters (what
+// the optimizer, clipping, master weights and checkpoints walk) lists it once, the head
+// reads it across dtype moves and TP sharding, and its gradient is the sum of both uses:
+// the embeddings' plus the head's gradient of the same weights held as two parameters.
+TEST(HfCheckpoint, TiedHeadIsTheEmbeddingParameterAndItsGradientSumsBothUsesAtTP1AndTP2) {
+  Llama untied(tiny_hf_args(/*tied=*/false));
+  untied->init_weights(3);
+  untied->to(at::kDouble);
+  {
+    at::NoGradGuard no_grad;
+    untied->output->weight.copy_(untied->tok_embeddings->weight);
+  }
+  const at::Tensor tokens = at::randint(11, {2, 6}, at::make_generator<at::CPUGeneratorImpl>(1));
+  const at::Tensor targets = at::randint(11, {12}, at::make_generator<at::CPUGeneratorImpl>(2));
+  at::Tensor ref_loss = torch::nn::functional::cross_entropy(untied->forward(tokens).flatten(0, 1), targets);
+  ref_loss.backward();
+  const at::Tensor want = untied->tok_embeddings->weight.grad() + untied->output->weight.grad();
+  EXPECT_GT((untied->output->weight.grad()).abs().max().item<double>(), 0.0);
+
+  for (int64_t tp : {1, 2}) {
+    run_ranks(tp, [&](int64_t) {
+      Llama tied(tiny_hf_args(/*tied=*/true));
+      EXPECT_FALSE(tied->named_parameters().contains("output.weight"));
+      EXPECT_EQ(tied->named_parameters().size() + 1, untied->named_parameters().size());
+      tied->to(at::kDouble);  // set_data in place: the head still reads the same tensor
+      EXPECT_TRUE(tied->output->weight.is_same(tied->tok_embeddings->weight));
+      EXPECT_EQ(tied->output->weight.scalar_type(), at::kDouble);
+      {
+        at::NoGradGuard no_grad;
+        for (const auto& p : tied->named_parameters()) p.value().copy_(untied->named_parameters()[p.key()]);
+      }
+      std::optional<LossParallelGuard> guard;
+      if (tp > 1) {
+        parallelize_llama(tied, init_device_mesh("cpu", {tp}, {"tp"}), /*loss_parallel=*/true);
+        EXPECT_TRUE(tied->output->weight.is_same(tied->tok_embeddings->weight));
+        EXPECT_TRUE(placements_of(tied->tok_embeddings->weight) == Placements{Placement::shard(0)});
+        guard.emplace();
+      }
+      at::Tensor loss = torch::nn::functional::cross_entropy(tied->forward(tokens).flatten(0, 1), targets);
+      loss.backward();
+      auto full = [](const at::Tensor& t) { return (is_dtensor(t) ? full_tensor(t) : t).detach(); };
+      EXPECT_NEAR(full(loss).item<double>(), ref_loss.item<double>(), 1e-13) << "tp " << tp;
+      EXPECT_LE((full(tied->tok_embeddings->weight.grad()) - want).abs().max().item<double>(), 1e-13) << "tp " << tp;
     });
   }
 }

@@ -2,7 +2,8 @@
 // random LlamaForCausalLM models offline and records what transformers computes on them)
 // at TP 1, 2 and 4 (ranks as threads): the logits, the loss and every parameter's
 // gradient, mapped back to Hugging Face names, agree with transformers' within 1e-10 in
-// float64 and 1e-5 in float32. Skipped, saying why, when the venv has no transformers.
+// float64 and 1e-5 in float32. The tied model's head is its embedding parameter, whose
+// gradient is transformers' gradient of the tied weight. Skipped, saying why, when the venv has no transformers.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -91,6 +92,10 @@ Differences run_case(const std::string& name, at::ScalarType dtype, int64_t tp, 
     const HfAdapter adapter = family.hf_adapter(*module);
     load_hf_checkpoint(*module, adapter, folder);
     Llama model(std::dynamic_pointer_cast<LlamaImpl>(module));
+    if (model->args().tie_word_embeddings) {  // one parameter, read by the head at every TP degree
+      EXPECT_TRUE(model->output->weight.is_same(model->tok_embeddings->weight)) << name << " tp " << tp;
+      EXPECT_FALSE(model->named_parameters().contains("output.weight")) << name;
+    }
 
     std::optional<LossParallelGuard> guard;
     if (tp > 1) guard.emplace();

@@ -46,9 +46,8 @@ struct LlamaArgs {
   // from_hf_config, so that long contexts agree with the checkpoint's own model); false:
   // in float64, rounded to float32 once.
   bool rope_tables_like_hf = false;
-  // The checkpoint ties the output head to the embeddings. The model still holds two
-  // parameters (see docs/hf_models.md); the adapter loads both from the one tensor and sums
-  // their gradients when mapping back to Hugging Face names.
+  // The output head is the embeddings' parameter: one tensor [vocab, dim], registered by
+  // tok_embeddings only (docs/hf_models.md, "Tied embeddings").
   bool tie_word_embeddings = false;
   int64_t max_seq_len = 512;
   int64_t hidden_dim() const;
@@ -117,6 +116,10 @@ class LlamaImpl : public torch::nn::Module {
   // the global RNG), scaled like TorchTitan's (std 0.02, output projections by depth).
   void init_weights(uint64_t seed);
   const LlamaArgs& args() const { return args_; }
+  // Tied models: points output->weight at tok_embeddings->weight (the head registers no
+  // weight). The constructor and parallelize_llama call it; call it again after replacing
+  // the embeddings' parameter yourself.
+  void tie_head();
 
   torch::nn::Embedding tok_embeddings{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -146,7 +149,7 @@ void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parall
                        std::optional<int64_t> src_data_rank = 0);
 
 // Our parameter names against transformers' LlamaForCausalLM (q/k rows in rotate-half
-// order there; a tied head reads model.embed_tokens.weight).
+// order there; a tied model has no output.weight of its own and the file no lm_head.weight).
 HfAdapter llama_hf_adapter(const LlamaArgs& args);
 
 struct ModelFamily;

@@ -1,4 +1,5 @@
 #include "hyper_parallel/module_utils.h"
+#include "nn/parameter_table.h"
 
 #include <torch/nn/module.h>
 
@@ -19,6 +20,20 @@ void replace_parameter(torch::nn::Module& module, const std::string& name, const
               "'; its parameters are ", c10::Join(", ", params.keys()));
   const bool requires_grad = slot->requires_grad();
   *slot = value.detach().set_requires_grad(requires_grad);
+}
+
+at::Tensor unregister_parameter(torch::nn::Module& module, const std::string& name) {
+  auto& params = module.*ParameterTableAccess::table();
+  const auto* slot = params.find(name);
+  TORCH_CHECK(slot, "unregister_parameter: module ", module.name(), " has no parameter '", name,
+              "'; its parameters are ", c10::Join(", ", params.keys()));
+  at::Tensor removed = *slot;
+  params.erase(name);
+  return removed;
+}
+
+bool has_own_parameter(const torch::nn::Module& module, const std::string& name) {
+  return module.named_parameters(/*recurse=*/false).contains(name);
 }
 
 }  // namespace hyper_parallel

@@ -11,6 +11,7 @@
 
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/module_utils.h"
+#include "nn/parameter_table.h"
 
 namespace hyper_parallel {
 
@@ -76,7 +77,11 @@ ModuleLayouts ColwiseParallel::apply(torch::nn::Module& module, const std::strin
   l.output_layouts = on_mesh(options_.output_layouts, Placement::shard(-1), mesh);
   l.use_local_output = options_.use_local_output;
   if (auto* lin = dynamic_cast<torch::nn::LinearImpl*>(&module)) {
-    lin->weight = shard_parameter(module, "weight", mesh, {Placement::shard(0)}, src_data_rank);
+    // A weight the module does not register is another module's parameter (a head tied
+    // to the embeddings): its owner shards it, and the model points the head at the result.
+    if (has_own_parameter(module, "weight")) {
+      lin->weight = shard_parameter(module, "weight", mesh, {Placement::shard(0)}, src_data_rank);
+    }
     if (lin->bias.defined()) lin->bias = shard_parameter(module, "bias", mesh, {Placement::shard(0)}, src_data_rank);
   } else if (auto* emb = dynamic_cast<torch::nn::EmbeddingImpl*>(&module)) {
     emb->weight = shard_parameter(module, "weight", mesh, {Placement::shard(1)}, src_data_rank);

@@ -22,8 +22,8 @@ HfAdapter llama_hf_adapter(const LlamaArgs& a) {
     m.push_back({ours + "ffn_norm.weight", hf + "post_attention_layernorm.weight"});
   }
   m.push_back({"norm.weight", "model.norm.weight"});
-  // Tied: the head reads the embeddings' tensor (the file has no lm_head.weight).
-  m.push_back({"output.weight", a.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"});
+  // Tied: the head is the embeddings' parameter (no output.weight; no lm_head.weight in the file).
+  if (!a.tie_word_embeddings) m.push_back({"output.weight", "lm_head.weight"});
   return m;
 }
 

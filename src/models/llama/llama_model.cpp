@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "hyper_parallel/dtensor.h"
+#include "nn/parameter_table.h"
 
 namespace hyper_parallel {
 
@@ -137,6 +138,12 @@ LlamaImpl::LlamaImpl(const LlamaArgs& a) : args_(a) {
   for (int64_t i = 0; i < a.n_layers; ++i) layers->push_back(TransformerBlock(a));
   norm = register_module("norm", RMSNorm(a.dim, a.norm_eps));
   output = register_module("output", torch::nn::Linear(torch::nn::LinearOptions(a.dim, a.vocab_size).bias(false)));
+  // Tied: the head reads the embeddings' parameter and registers none of its own, so the
+  // optimizer, clipping, master weights, checkpoints and the HF mapping see one tensor and
+  // autograd sums the gradients of both uses into it. Module::to converts the parameter in
+  // place (set_data), so the tie survives dtype and device moves; parallelize_llama points
+  // the head at the sharded parameter.
+  if (a.tie_word_embeddings) tie_head();
   auto [cos, sin] = llama_rope_tables(a);
   rope_cos_ = register_buffer("rope_cos", cos);
   rope_sin_ = register_buffer("rope_sin", sin);
@@ -167,10 +174,12 @@ void LlamaImpl::init_weights(uint64_t seed) {
     at::Tensor v = at::normal(0.0, out_proj ? depth_std : 0.02, p.sizes(), gen, p.options().dtype(at::kFloat));
     p.copy_(v.clamp(-0.06, 0.06));
   }
-  // A tied model's head starts as its embeddings (the two are separate parameters).
-  if (args_.tie_word_embeddings && output->weight.sizes() == tok_embeddings->weight.sizes()) {
-    output->weight.copy_(tok_embeddings->weight);
-  }
+}
+
+void LlamaImpl::tie_head() {
+  TORCH_CHECK(args_.tie_word_embeddings, "Llama: tie_head on a model whose args do not tie the head");
+  if (has_own_parameter(*output, "weight")) unregister_parameter(*output, "weight");
+  output->weight = tok_embeddings->weight;
 }
 
 }  // namespace hyper_parallel

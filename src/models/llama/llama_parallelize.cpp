@@ -76,6 +76,9 @@ void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parall
   TORCH_CHECK(a.hidden_dim() % tp == 0 && a.dim % tp == 0, "parallelize_llama: dim ", a.dim, " and ffn hidden ",
               a.hidden_dim(), " must be divisible by tensor_parallel_degree ", tp);
   parallelize_module(*model, tp_mesh, llama_tp_plan(loss_parallel, sequence_parallel), src_data_rank);
+  // Tied: the embeddings' weight is now a Shard(0) DTensor over the vocabulary, exactly the
+  // layout ColwiseParallel gives a head's weight (same rows per rank), so the head reads it.
+  if (a.tie_word_embeddings) model->tie_head();
   // SequenceParallel replaced the norms' registered weights by Replicate DTensors; the
   // forward reads the member.
   for (const auto& m : model->modules(/*include_self=*/false)) {
