@@ -94,6 +94,9 @@ const std::vector<Field>& fields() {
       HP_FIELD(model, norm_eps, "RMSNorm epsilon"),
       HP_FIELD(model, rope_theta, "RoPE base frequency"),
       HP_FIELD(model, max_seq_len, "longest sequence the RoPE tables cover"),
+      HP_FIELD(model, hf_assets_path,
+               "Hugging Face model folder: the model is built from its config.json, which sets the sizes above (one "
+               "set to another value is an error); empty: the sizes above"),
 
       HP_FIELD(training, batch_size, "sequences per step"),
       HP_FIELD(training, seq_len, "tokens per sequence (<= model.max_seq_len)"),
@@ -148,6 +151,12 @@ const std::vector<Field>& fields() {
       HP_FIELD(checkpoint, load_step, "with resume: the step to resume from; -1: the one `latest` names"),
       HP_FIELD(checkpoint, allow_data_change,
                "resume even though the data (corpus, tokenizer, seed, batch size, seq_len) differs from the checkpoint's"),
+      HP_FIELD(checkpoint, initial_load_path,
+               "folder whose weights a run starts from when it does not resume (a resume takes precedence); needs "
+               "initial_load_in_hf"),
+      HP_FIELD(checkpoint, initial_load_in_hf,
+               "read the initial weights as a Hugging Face safetensors checkpoint: initial_load_path, or "
+               "model.hf_assets_path when that is empty"),
 
       HP_FIELD(validation, enable, "run validation"),
       HP_FIELD(validation, freq, "validate every this many steps"),
@@ -658,7 +667,8 @@ void validate(const JobConfig& cfg) {
   positive("model.max_seq_len", m.max_seq_len);
   require(m.ffn_hidden_dim >= 0, "model.ffn_hidden_dim = " + std::to_string(m.ffn_hidden_dim) +
                                      " must be >= 0 (0: derived from model.dim)");
-  if (m.dim > 0 && m.n_heads > 0) {
+  // A Hugging Face config may give head_dim explicitly (not dim / n_heads): the family checks it.
+  if (m.dim > 0 && m.n_heads > 0 && m.hf_assets_path.empty()) {
     if (m.dim % m.n_heads != 0) {
       errors.push_back("model.dim = " + std::to_string(m.dim) +
                        " must be divisible by model.n_heads = " + std::to_string(m.n_heads));
@@ -677,7 +687,9 @@ void validate(const JobConfig& cfg) {
   positive("training.log_freq", t.log_freq);
   require(t.warmup_steps >= 0,
           "training.warmup_steps = " + std::to_string(t.warmup_steps) + " must be >= 0");
-  require(t.seq_len <= m.max_seq_len, "training.seq_len = " + std::to_string(t.seq_len) +
+  // A Hugging Face model's sizes are not known before make_job_model reads its config.json.
+  const bool sizes_known = m.hf_assets_path.empty() || m.hf_sizes_applied;
+  require(!sizes_known || t.seq_len <= m.max_seq_len, "training.seq_len = " + std::to_string(t.seq_len) +
                                           " must be <= model.max_seq_len = " +
                                           std::to_string(m.max_seq_len));
   require(t.lr > 0, "training.lr = " + num(t.lr) + " must be > 0");
@@ -699,7 +711,7 @@ void validate(const JobConfig& cfg) {
   require(f == "auto" || !t.data.empty(),
           "training.data_format = " + quote(f) + " needs training.data (empty: the built-in synthetic corpus)");
   for (const auto& [key, id] : {std::pair{"training.eos_id", t.eos_id}, std::pair{"training.bos_id", t.bos_id}}) {
-    require(id >= -1 && (m.vocab_size <= 0 || id < m.vocab_size),
+    require(id >= -1 && (m.vocab_size <= 0 || !sizes_known || id < m.vocab_size),
             std::string(key) + " = " + std::to_string(id) + " must be -1 (none / the sidecar's) or an id below "
             "model.vocab_size = " + std::to_string(m.vocab_size));
     // The word-level text vocabulary and the synthetic language have no such ids: a set
@@ -712,7 +724,7 @@ void validate(const JobConfig& cfg) {
 
   const int64_t tp = cfg.parallelism.tensor_parallel_degree;
   require(tp >= 1, "parallelism.tensor_parallel_degree = " + std::to_string(tp) + " must be >= 1");
-  if (tp >= 1 && m.n_heads > 0) {  // attention shards whole heads across the TP ranks
+  if (tp >= 1 && m.n_heads > 0 && sizes_known) {  // attention shards whole heads across the TP ranks
     require(m.n_heads % tp == 0, "model.n_heads = " + std::to_string(m.n_heads) +
                                      " must be divisible by parallelism.tensor_parallel_degree = " +
                                      std::to_string(tp));
@@ -748,6 +760,15 @@ void validate(const JobConfig& cfg) {
   require(cfg.checkpoint.load_step == -1 || cfg.checkpoint.resume,
           "checkpoint.load_step = " + std::to_string(cfg.checkpoint.load_step) +
               " needs checkpoint.resume = true (it names the step to resume from)");
+  const CheckpointConfig& c = cfg.checkpoint;
+  require(c.initial_load_path.empty() || c.initial_load_in_hf,
+          "checkpoint.initial_load_path = " + quote(c.initial_load_path) +
+              " is only read as a Hugging Face checkpoint: set checkpoint.initial_load_in_hf = true for one; starting "
+              "from one of hp-train's own checkpoints is not supported this way, use checkpoint.resume (with "
+              "checkpoint.folder pointing at it)");
+  require(!c.initial_load_in_hf || !m.hf_assets_path.empty(),
+          "checkpoint.initial_load_in_hf = true needs model.hf_assets_path (the folder with the model's "
+          "config.json, often the checkpoint's own folder): the model must be the checkpoint's");
   require(t.max_skipped_steps >= 0,
           "training.max_skipped_steps = " + std::to_string(t.max_skipped_steps) + " must be >= 0");
   positive("validation.freq", cfg.validation.freq);

@@ -50,6 +50,13 @@ struct ModelConfig {
   double norm_eps = 1e-5;         // RMSNorm epsilon
   double rope_theta = 10000.0;    // RoPE base frequency
   int64_t max_seq_len = 512;      // longest sequence the RoPE tables cover
+  // A Hugging Face model folder (config.json, tokenizer files): the model is the family's
+  // from_hf_config of its config.json, and the sizes above are set from it (one set to a
+  // value other than both its default and the config's is an error naming both).
+  std::string hf_assets_path = "";
+  // Set once the sizes above were read from hf_assets_path (make_job_model); until then
+  // validate() skips the rules relating them to other keys. Not a TOML key.
+  bool hf_sizes_applied = false;
 };
 
 // The MLP hidden size the model uses: ffn_hidden_dim, or Llama's derivation when it is 0.
@@ -108,6 +115,11 @@ struct CheckpointConfig {
   // A resume whose data (data_identity.h: corpus, tokenizer, seed, batch size, sequence
   // length) differs from the checkpoint's is an error unless this says it is intended.
   bool allow_data_change = false;
+  // Weights read at the start of a run that does not resume (TorchTitan's names; a resume
+  // from a checkpoint in `folder` takes precedence). Only Hugging Face checkpoints
+  // (initial_load_in_hf) are read; empty path with initial_load_in_hf: model.hf_assets_path.
+  std::string initial_load_path = "";
+  bool initial_load_in_hf = false;
 };
 
 // [validation]: periodic evaluation on held-out batches.

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <random>
@@ -22,6 +23,8 @@
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/fatal_error.h"
 #include "hyper_parallel/fused_linear_loss.h"
+#include "hyper_parallel/hf_checkpoint.h"
+#include "hyper_parallel/model_registry.h"
 #include "hyper_parallel/parallelism_config.h"
 #include "hyper_parallel/cpu_allocator.h"
 #include "compat/file_system.h"
@@ -261,20 +264,6 @@ void restore_adamw_state(torch::optim::Optimizer& optimizer,
 
 }  // namespace
 
-LlamaArgs llama_args(const ModelConfig& m) {
-  LlamaArgs a;
-  a.dim = m.dim;
-  a.n_layers = m.n_layers;
-  a.n_heads = m.n_heads;
-  a.vocab_size = m.vocab_size;
-  a.ffn_hidden_dim = m.ffn_hidden_dim;
-  a.multiple_of = m.multiple_of;
-  a.norm_eps = m.norm_eps;
-  a.rope_theta = m.rope_theta;
-  a.max_seq_len = m.max_seq_len;
-  return a;
-}
-
 Validator::Validator(const ValidationConfig& config, const TrainingConfig& training, const at::Tensor& tokens,
                      TrainContext validation_context)
     : Validator(config, training,
@@ -315,6 +304,15 @@ double Validator::validate(Llama& model) const {
 
 Trainer::Trainer(JobConfig config, std::ostream* log)
     : config_(std::move(config)), log_(log), train_context_(false) {
+  // Large CPU buffers from a cache of huge-page-backed blocks that outlives each step: no
+  // fresh-page faults after the first step (issue 14), whatever the environment says.
+  if (config_.training.device == "cpu" && config_.training.caching_allocator) install_caching_cpu_allocator();
+  // Before validate(): with model.hf_assets_path the sizes it checks come from config.json.
+  model_ = make_job_model(config_.model);
+  if (!config_.model.hf_assets_path.empty()) {
+    std::ifstream in(compat::join_path(config_.model.hf_assets_path, "config.json"));
+    hf_config_ = nlohmann::json::parse(in);  // make_job_model has read it already
+  }
   validate(config_);
   TORCH_CHECK(!config_.checkpoint.resume || config_.checkpoint.enable,
               "hp-train: --checkpoint.resume needs checkpoint.enable = true (nothing would be read)");
@@ -331,10 +329,6 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   parallelism_scope_.emplace(par);
   train_context_ = get_train_context(loss_parallel_enabled_);
 
-  // Large CPU buffers from a cache of huge-page-backed blocks that outlives each step: no
-  // fresh-page faults after the first step (issue 14), whatever the environment says.
-  if (config_.training.device == "cpu" && config_.training.caching_allocator) install_caching_cpu_allocator();
-  model_ = Llama(llama_args(config_.model));
   model_->init_weights(static_cast<uint64_t>(config_.training.seed));
   const at::ScalarType dtype = dtype_of(config_.training.dtype);
   const at::Device device = is_initialized() ? current_world().device : at::Device(at::kCPU);
@@ -357,8 +351,9 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   // init_weights(seed) gave every rank the same weights: each shards its own copy, with no
   // scatter from TP rank 0 (src_data_rank = nullopt).
   if (tp_enabled_) {
-    parallelize_llama(model_, *tp_mesh_, loss_parallel_enabled_, par.sequence_parallel, /*src_data_rank=*/std::nullopt);
+    model_family(config_.model.name).parallelize(*model_, *tp_mesh_, loss_parallel_enabled_, par.sequence_parallel);
   }
+  initial_load();
   const auto& t = config_.training;
   // bfloat16 parameters train through float32 master copies (master_weights.h).
   if (dtype == at::kBFloat16) master_ = std::make_unique<MasterWeights>(model_->named_parameters());
@@ -425,9 +420,13 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   }
   if (rank_ == 0 && log_) {
     *log_ << "hp-train: " << data_description << "\n"
-          << "hp-train: llama dim " << config_.model.dim << ", " << config_.model.n_layers << " layers, "
-          << config_.model.n_heads << " heads, vocab " << config_.model.vocab_size << "; DP " << dp << " x TP "
-          << par.tensor_parallel_degree;
+          << "hp-train: " << config_.model.name << " dim " << config_.model.dim << ", " << config_.model.n_layers
+          << " layers, " << config_.model.n_heads << " heads";
+    const LlamaArgs& a = model_->args();
+    if (a.kv_heads() != a.n_heads) *log_ << " (" << a.kv_heads() << " key/value)";
+    *log_ << ", vocab " << config_.model.vocab_size << (a.tie_word_embeddings ? " (tied embeddings)" : "");
+    if (!config_.model.hf_assets_path.empty()) *log_ << " from " << config_.model.hf_assets_path;
+    *log_ << "; DP " << dp << " x TP " << par.tensor_parallel_degree;
     if (reducer_) *log_ << " (" << reducer_->bucket_count() << " gradient buckets)";
     if (t.grad_accum_steps > 1) *log_ << ", " << t.grad_accum_steps << " micro-batches per step";
     if (par.sequence_parallel) *log_ << ", sequence parallel";
@@ -494,6 +493,9 @@ CheckpointIdentity Trainer::identity() const {
   id.data_parallel_degree = config_.parallelism.data_parallel_degree;
   id.dtype = config_.training.dtype;
   id.model = model_json(config_.model);
+  // A Hugging Face model's whole config (kv heads, head_dim, tying, rope scaling are not
+  // [model] keys): a resume on another config is refused, and an export can rebuild it.
+  if (!hf_config_.is_null()) id.model["hf_config"] = hf_config_;
   id.data = data_identity_;
   return id;
 }
@@ -516,6 +518,38 @@ void Trainer::agree_or_throw(const std::string& own_error, const std::string& wh
   if (!ranks.empty()) {
     throw PeerFailure(what + " failed on rank(s) " + ranks + " (their error says why); stopping every rank");
   }
+}
+
+void Trainer::initial_load() {
+  const auto& c = config_.checkpoint;
+  if (!c.initial_load_in_hf) return;
+  const std::string path = c.initial_load_path.empty() ? config_.model.hf_assets_path : c.initial_load_path;
+  if (c.enable && c.resume) {
+    // A resume that finds a checkpoint loads it; a damaged `latest` counts as found, so
+    // that load_checkpoint reports it rather than this run silently starting over.
+    bool found = c.load_step >= 0;
+    try {
+      found = found || read_latest_marker(checkpoint_folder()).has_value();
+    } catch (const std::exception&) {
+      found = true;
+    }
+    if (found) {
+      if (rank_ == 0 && log_) {
+        *log_ << "hp-train: resuming: " << path << " is not read (a resume takes precedence)" << std::endl;
+      }
+      return;
+    }
+  }
+  // Every rank checks the same headers alike (load_hf_checkpoint); an error of one rank
+  // alone (its file system) still stops every rank.
+  std::string error;
+  try {
+    load_hf_checkpoint(*model_, model_family(config_.model.name).hf_adapter(*model_), path);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree_or_throw(error, "loading the Hugging Face checkpoint " + path);
+  if (rank_ == 0 && log_) *log_ << "hp-train: weights loaded from the Hugging Face checkpoint in " << path << std::endl;
 }
 
 void Trainer::lock_dump_folder() {

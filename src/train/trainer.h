@@ -26,6 +26,7 @@
 #include "train/pretokenized_corpus.h"
 #include "train/master_weights.h"
 #include "train/job_config.h"
+#include "train/job_model.h"
 #include "train/non_finite_steps.h"
 #include "train/train_context.h"
 #include "train/parallelism_scope.h"
@@ -149,6 +150,9 @@ class Trainer {
   void agree_or_throw(const std::string& own_error, const std::string& what) const;
   // Verifies and loads step `step` of the checkpoint folder (throws on this rank only).
   void load_step(int64_t step);
+  // checkpoint.initial_load_path (or model.hf_assets_path) into the model, unless a
+  // resume will load a checkpoint instead (TorchTitan's precedence).
+  void initial_load();
   double forward_backward(const Batch& batch, StepResult& r);
   std::string checkpoint_folder() const;
   std::string metrics_folder() const;
@@ -175,13 +179,12 @@ class Trainer {
   TrainContext train_context_;
   std::unique_ptr<Validator> validator_;
   std::unique_ptr<MetricsLogger> metrics_;
+  nlohmann::json hf_config_;     // model.hf_assets_path's config.json, recorded in checkpoints
   nlohmann::json data_identity_;  // data_identity.h: recorded in checkpoints, checked on resume
   NonFiniteSteps non_finite_{0};
   int64_t step_ = 0;
   std::string run_id_;
 };
 
-// The model arguments of a job's [model] section.
-LlamaArgs llama_args(const ModelConfig& model);
 
 }  // namespace hyper_parallel::train
