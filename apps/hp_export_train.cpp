@@ -4,9 +4,11 @@
 //   hp-export-train DIR [--config FILE] [--section.key VALUE ...]
 //
 // DIR/manifest.json names the model and optimiser settings; DIR/weights/<name>.bin holds
-// every parameter of the unsharded model exactly as hp-train initialises it (float32, raw
-// little-endian, row-major; a float64 job converts them as hp-train does); DIR/batches/{input,target}_<step>.bin the int64 token batches
-// of steps 1..training.steps, exactly as hp-train draws them.
+// every parameter of the unsharded model exactly as hp-train starts from it (initialised
+// from the seed, or read from the Hugging Face checkpoint of checkpoint.initial_load_in_hf;
+// float32, raw little-endian, row-major; a float64 job converts them as hp-train does);
+// DIR/batches/{input,target}_<step>.bin the int64 token batches of steps 1..training.steps,
+// exactly as hp-train draws them (synthetic, text or pre-tokenized data).
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -17,6 +19,8 @@
 #include "compat/file_system.h"
 #include "train/checkpoint_io.h"
 #include "hyper_parallel/llama.h"
+#include "hyper_parallel/model_registry.h"
+#include "train/pretokenized_corpus.h"
 #include "train/data.h"
 #include "train/job_config.h"
 #include "train/trainer.h"
@@ -42,14 +46,18 @@ int main(int argc, char** argv) {
     }
     const std::string dir = argv[1];
     std::vector<std::string> args(argv + 2, argv + argc);
-    const hp::train::JobConfig cfg = hp::train::parse_job_config(args);
+    hp::train::JobConfig cfg = hp::train::parse_job_config(args);
+    hp::Llama model = hp::train::make_job_model(cfg.model);  // sets cfg.model from a Hugging Face config
     const auto& m = cfg.model;
     const auto& t = cfg.training;
     if (t.dtype != "float32" && t.dtype != "float64") {
       throw std::runtime_error("hp-export-train: training.dtype = " + t.dtype + ": only float32 and float64 are exported");
     }
-    hp::Llama model(hp::train::llama_args(m));
     model->init_weights(static_cast<uint64_t>(t.seed));
+    if (cfg.checkpoint.initial_load_in_hf) {
+      const std::string& path = cfg.checkpoint.initial_load_path.empty() ? m.hf_assets_path : cfg.checkpoint.initial_load_path;
+      hp::load_hf_checkpoint(*model, hp::model_family(m.name).hf_adapter(*model), path);
+    }
     hp::train::make_directories(hp::compat::join_path(dir, "weights"));
     hp::train::make_directories(hp::compat::join_path(dir, "batches"));
     nlohmann::json weights = nlohmann::json::array();
@@ -62,6 +70,10 @@ int main(int argc, char** argv) {
     if (t.data.empty()) {
       batches = std::make_shared<hp::train::SyntheticBatchStream>(m.vocab_size, t.batch_size, t.seq_len,
                                                                  static_cast<uint64_t>(t.seed), /*split=*/0);
+    } else if (const std::string format = hp::train::resolve_data_format(t.data, t.data_format); format != "text") {
+      const hp::train::PretokenizedCorpus tokens(hp::train::PretokenizedCorpusOptions{
+          t.data, format, m.vocab_size, t.eos_id, t.bos_id, t.seq_len + 1});
+      batches = tokens.train_batches(t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed), /*dp_rank=*/0, /*dp_size=*/1);
     } else {
       corpus = hp::train::make_text_file_corpus(t.data, m.vocab_size, t.seq_len + 1);
       batches = std::make_shared<hp::train::BatchSampler>(corpus->train_tokens(), t.batch_size, t.seq_len,
@@ -72,12 +84,13 @@ int main(int argc, char** argv) {
       write_raw(hp::compat::join_path(dir, "batches/input_" + std::to_string(step) + ".bin"), b.input.to(at::kLong));
       write_raw(hp::compat::join_path(dir, "batches/target_" + std::to_string(step) + ".bin"), b.target.to(at::kLong));
     }
-    const hp::LlamaArgs a = hp::train::llama_args(m);
+    const hp::LlamaArgs& a = model->args();
     nlohmann::json manifest = {
         {"model",
          {{"dim", a.dim}, {"n_layers", a.n_layers}, {"n_heads", a.n_heads}, {"vocab_size", a.vocab_size},
           {"hidden_dim", a.hidden_dim()}, {"norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
-          {"max_seq_len", a.max_seq_len}}},
+          {"max_seq_len", a.max_seq_len}, {"n_kv_heads", a.kv_heads()}, {"head_dim", a.head_dim()},
+          {"tie_word_embeddings", a.tie_word_embeddings}, {"hf_assets_path", m.hf_assets_path}}},
         {"training",
          {{"batch_size", t.batch_size}, {"seq_len", t.seq_len}, {"steps", t.steps}, {"warmup_steps", t.warmup_steps},
           {"lr", t.lr}, {"min_lr_ratio", t.min_lr_ratio}, {"weight_decay", t.weight_decay}, {"beta1", t.beta1},

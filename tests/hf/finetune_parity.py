@@ -1,0 +1,128 @@
+"""Fine-tuning parity with transformers: hp-train at TP 2 (real processes through hp-run,
+loss_parallel) starts from a tiny random transformers LlamaForCausalLM made offline and
+trains it on a pre-tokenized corpus; a plain PyTorch loop trains transformers' own model,
+loaded from the same folder, with the same AdamW (every parameter decayed, as hp-train
+does), learning-rate schedule, gradient clipping and batches (exported by hp-export-train).
+Per-step losses and gradient norms must agree within TOL in float64.
+
+    python finetune_parity.py BIN_DIR WORK_DIR [--steps N] [--tp N]
+
+Cases: "gqa" (4 query / 2 kv heads, explicit head_dim, untied) and "tied"
+(tie_word_embeddings: one parameter for the embeddings and the head on both sides).
+Exits 77 when transformers is not importable (the ctest skips), 1 when a step disagrees.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "apps"))
+# Exits 77 without transformers; patches RMSNorm so that float64 stays float64 (see there).
+from make_llama_models import BASE  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from bench_train_pytorch import learning_rate_at  # noqa: E402  hp's schedule, already mirrored there
+
+TOL = 1e-8
+CASES = {"gqa": {}, "tied": {"tie_word_embeddings": True}}
+
+
+def make_model(folder, overrides):
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**{**BASE, **overrides}))
+    with torch.no_grad():  # norms away from 1 so that their gradients and values matter
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    model.save_pretrained(folder)
+
+
+def reference_losses(folder, export):
+    """transformers' model trained by a plain loop on hp-train's batches and settings."""
+    with open(os.path.join(export, "manifest.json")) as f:
+        man = json.load(f)
+    t = man["training"]
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="sdpa")
+    model.train()
+    params = list(model.parameters())  # deduplicated: a tied weight once, as in hp-train
+    opt = torch.optim.AdamW(params, lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"],
+                            weight_decay=t["weight_decay"], foreach=False)
+    shape = [t["batch_size"], t["seq_len"]]
+    out = []
+    for step in range(1, t["steps"] + 1):
+        x, y = (torch.from_numpy(np.fromfile(os.path.join(export, "batches", "%s_%d.bin" % (k, step)),
+                                             dtype=np.int64)).reshape(shape) for k in ("input", "target"))
+        for g in opt.param_groups:
+            g["lr"] = learning_rate_at(step, t)
+        opt.zero_grad(set_to_none=True)
+        logits = model(input_ids=x).logits
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())  # the mean over every target token
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(params, t["max_norm"])
+        opt.step()
+        out.append((loss.item(), norm.item()))
+    return out
+
+
+def run(cmd, log):
+    with open(log, "w") as f:
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if r.returncode != 0:
+        sys.stdout.write(open(log).read())
+        raise SystemExit("FAILED: %s (exit %d)" % (" ".join(cmd[:3]), r.returncode))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bin_dir")
+    ap.add_argument("work")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--tp", type=int, default=2)
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    # A flat uint16 corpus (nanoGPT's layout) of random ids: the windows hp-train samples
+    # from it are what both sides train on.
+    corpus = os.path.join(args.work, "corpus.bin")
+    rng = np.random.default_rng(0)
+    rng.integers(0, BASE["vocab_size"], size=20000, dtype=np.uint16).tofile(corpus)
+    failed = False
+    for name, overrides in CASES.items():
+        folder = os.path.join(args.work, name)
+        make_model(folder, overrides)
+        job = ["--model.hf_assets_path", folder, "--checkpoint.initial_load_in_hf", "true",
+               "--training.data", corpus, "--training.data_format", "bin_u16", "--training.dtype", "float64",
+               "--training.steps", str(args.steps), "--training.batch_size", "4", "--training.seq_len", "32",
+               "--training.warmup_steps", "3", "--training.lr", "3e-3", "--training.max_norm", "1.0",
+               "--parallelism.tensor_parallel_degree", str(args.tp), "--validation.enable", "false",
+               "--checkpoint.enable", "false", "--metrics.enable_plot", "false", "--training.log_freq", "1"]
+        export = os.path.join(args.work, "export_" + name)
+        dump = os.path.join(args.work, "hp_" + name)
+        run([os.path.join(args.bin_dir, "hp-export-train"), export] + job, export + ".log")
+        run([os.path.join(args.bin_dir, "hp-run"), "--nproc-per-node", str(args.tp),
+             os.path.join(args.bin_dir, "hp-train")] + job + ["--job.dump_folder", dump], dump + ".log")
+        with open(os.path.join(dump, "metrics", "metrics.jsonl")) as f:
+            ours = [json.loads(line) for line in f if line.strip()]
+        ref = reference_losses(folder, export)
+        print("%s: hp-train TP %d (loss_parallel) vs transformers %s, float64, %d steps"
+              % (name, args.tp, __import__("transformers").__version__, args.steps))
+        print("  step  loss (hp-train)        loss (transformers)    |d loss|   |d grad norm|")
+        worst = 0.0
+        for rec, (loss, norm) in zip(ours, ref):
+            d, dn = abs(rec["loss"] - loss), abs(rec["grad_norm"] - norm)
+            worst = max(worst, d, dn)
+            print("  %4d  %.17f  %.17f  %.1e    %.1e" % (rec["step"], rec["loss"], loss, d, dn))
+        ok = len(ours) == len(ref) == args.steps and worst <= TOL
+        print("  max |d| %.1e: %s (tolerance %.0e)" % (worst, "ok" if ok else "FAILED", TOL))
+        failed = failed or not ok
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
