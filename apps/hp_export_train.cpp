@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
     }
     model->init_weights(static_cast<uint64_t>(t.seed));
     if (cfg.checkpoint.initial_load_in_hf) {
-      const std::string& path = cfg.checkpoint.initial_load_path.empty() ? m.hf_assets_path : cfg.checkpoint.initial_load_path;
+      const std::string& path =
+          cfg.checkpoint.initial_load_path.empty() ? m.hf_assets_path : cfg.checkpoint.initial_load_path;
       hp::load_hf_checkpoint(*model, hp::model_family(m.name).hf_adapter(*model), path);
     }
     hp::train::make_directories(hp::compat::join_path(dir, "weights"));
@@ -73,7 +74,8 @@ int main(int argc, char** argv) {
     } else if (const std::string format = hp::train::resolve_data_format(t.data, t.data_format); format != "text") {
       const hp::train::PretokenizedCorpus tokens(hp::train::PretokenizedCorpusOptions{
           t.data, format, m.vocab_size, t.eos_id, t.bos_id, t.seq_len + 1});
-      batches = tokens.train_batches(t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed), /*dp_rank=*/0, /*dp_size=*/1);
+      batches = tokens.train_batches(t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed), /*dp_rank=*/0,
+                                     /*dp_size=*/1);
     } else {
       corpus = hp::train::make_text_file_corpus(t.data, m.vocab_size, t.seq_len + 1);
       batches = std::make_shared<hp::train::BatchSampler>(corpus->train_tokens(), t.batch_size, t.seq_len,
