@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "compat/file_system.h"
+#include "harness/build_paths.h"
 #include "harness/job_errors.h"
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
@@ -125,7 +126,8 @@ TEST(CheckpointVerify, AForgedRankFileIsRefusedBeforeItsTensorsAreRead) {
   JobConfig job = job_in(fresh_dir("forged"), 1, 4);
   train_job(job);
   // Metadata {"rank":0} only, and a tensor that overruns its buffer (found by fuzzing).
-  copy_file(std::string(HP_SOURCE_DIR) + "/tests/data/checkpoint_storage_too_small.pt", checkpoint_path(job, "step-4/rank-0.pt"));
+  copy_file(hyper_parallel::testing::source_dir() + "/tests/data/checkpoint_storage_too_small.pt",
+            checkpoint_path(job, "step-4/rank-0.pt"));
   expect_refused(construction_errors(resumed(job, 6), 1), {"step-4/rank-0.pt", "does not verify", "matches none of the files"});
 }
 
@@ -238,7 +240,7 @@ TEST(CheckpointVerify, ACrashAtAnyPointOfASaveLeavesLatestOnAVerifiedStep) {
 // (2.5, 1e300, 2^64 - 1) was converted anyway: 2.5 became step 2, and 1e300 is
 // undefined behaviour. Each is now refused, naming the field.
 TEST(CheckpointVerify, AManifestNumberThatIsNotAnInt64IsNamed) {
-  const std::string seed = std::string(HP_SOURCE_DIR) + "/fuzz/corpus/checkpoint_reader/manifest.json";
+  const std::string seed = hyper_parallel::testing::source_dir() + "/fuzz/corpus/checkpoint_reader/manifest.json";
   std::ifstream in(seed);
   const nlohmann::json good = nlohmann::json::parse(in);
   const std::string dir = fresh_dir("numbers");

@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "compat/file_system.h"
+#include "harness/build_paths.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
@@ -37,13 +38,14 @@ struct HfModels {
 const HfModels& hf_models() {
   static const HfModels models = [] {
     HfModels m;
-    const std::string python = HP_PYTHON;
+    const std::string python = hyper_parallel::testing::python_path();
     if (python.empty()) {
       m.skip_reason = "no Python configured (HP_PYTHON); scripts/common.sh's venv has transformers";
       return m;
     }
     m.dir = compat::join_path(compat::temp_directory(), "hp_hf_llama_" + std::to_string(::getpid()));
-    const auto r = run_command("'" + python + "' '" HP_SOURCE_DIR "/tests/hf/make_llama_models.py' '" + m.dir + "'");
+    const std::string script = hyper_parallel::testing::source_dir() + "/tests/hf/make_llama_models.py";
+    const auto r = run_command("'" + python + "' '" + script + "' '" + m.dir + "'");
     if (r.exit_code == 77) {
       m.skip_reason = r.output;
     } else if (r.exit_code != 0) {

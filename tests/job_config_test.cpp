@@ -1,6 +1,7 @@
 // JobConfig (src/train/job_config.h): defaults, configs/debug_model.toml, command-line
 // overrides, error messages (unknown keys, wrong types, malformed TOML), to_toml round
 // trip, --help text and validate().
+#include "harness/build_paths.h"
 #include "train/job_config.h"
 
 #include <gmock/gmock.h>
@@ -14,17 +15,13 @@
 #include <string>
 #include <vector>
 
-#ifndef HP_SOURCE_DIR
-#error "HP_SOURCE_DIR must name the source tree (for configs/debug_model.toml)"
-#endif
-
 using namespace hyper_parallel::train;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
 namespace {
 
-const std::string kDebugModel = std::string(HP_SOURCE_DIR) + "/configs/debug_model.toml";
+const std::string kDebugModel = hyper_parallel::testing::source_dir() + "/configs/debug_model.toml";
 
 // Writes text to a fresh file under the test temp dir and returns its path.
 std::string write_temp(const std::string& name, const std::string& text) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "compat/file_system.h"
+#include "harness/build_paths.h"
 #include "harness/train_steps.h"
 #include "train/corpus_identity.h"
 #include "train/flat_token_file.h"
@@ -46,7 +47,7 @@ std::string temp_dir(const std::string& name) {
 }
 
 std::string python() {
-  const std::string configured = HP_PYTHON;
+  const std::string configured = hyper_parallel::testing::python_path();
   return configured.empty() ? "python3" : configured;
 }
 
@@ -59,7 +60,8 @@ void python_write(const std::string& prefix, const Docs& docs, const std::string
   std::ofstream(docs_path) << nlohmann::json(docs).dump();
   const std::string script = prefix + ".write.py";
   std::ofstream(script) << "import json, sys\n"
-                        << "sys.path.insert(0, " << nlohmann::json(std::string(HP_SOURCE_DIR) + "/scripts").dump()
+                        << "sys.path.insert(0, "
+                        << nlohmann::json(hyper_parallel::testing::source_dir() + "/scripts").dump()
                         << ")\nimport tokenize_corpus as tc\n"
                         << "docs = json.load(open(" << nlohmann::json(docs_path).dump() << "))\n"
                         << "prefix, fmt, dtype, cut = " << nlohmann::json(prefix).dump() << ", \"" << format

@@ -1,3 +1,4 @@
+#include "harness/build_paths.h"
 #include "harness/rank_harness.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -74,7 +75,7 @@ at::Tensor random_tensor(c10::IntArrayRef shape, uint64_t seed, at::ScalarType d
 }
 
 std::string binary_path(const std::string& name) {
-  return std::string(HP_BINARY_DIR) + "/" + name;
+  return binary_dir() + "/" + name;
 }
 
 CommandResult run_command(const std::string& command) {
