@@ -18,6 +18,7 @@
 #include "hyper_parallel/llama.h"
 #include "hyper_parallel/model_registry.h"
 #include "models/safetensors.h"
+#include "models/safetensors_writer.h"
 #include "train/job_config.h"
 
 using namespace hyper_parallel;

@@ -9,10 +9,11 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 namespace hyper_parallel::hf {
 
@@ -28,49 +29,34 @@ constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 
 }  // namespace
 
-c10::ScalarType safetensors_dtype(const std::string& name) {
-  static const std::map<std::string, c10::ScalarType> known = {
+namespace {
+
+// The dtypes read and written here, by their names in the format.
+const std::vector<std::pair<std::string, c10::ScalarType>>& dtype_table() {
+  static const std::vector<std::pair<std::string, c10::ScalarType>> table = {
       {"F64", c10::kDouble}, {"F32", c10::kFloat}, {"F16", c10::kHalf}, {"BF16", c10::kBFloat16},
       {"I64", c10::kLong},   {"I32", c10::kInt},   {"I16", c10::kShort}, {"I8", c10::kChar},
       {"U8", c10::kByte},    {"BOOL", c10::kBool},
   };
-  auto it = known.find(name);
-  if (it == known.end()) {
-    throw std::runtime_error("unknown or unsupported dtype \"" + name +
-                             "\" (read: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL)");
-  }
-  return it->second;
+  return table;
 }
 
-void write_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  static const std::map<c10::ScalarType, std::string> names = {
-      {c10::kDouble, "F64"}, {c10::kFloat, "F32"}, {c10::kHalf, "F16"}, {c10::kBFloat16, "BF16"},
-      {c10::kLong, "I64"},   {c10::kInt, "I32"},   {c10::kShort, "I16"}, {c10::kChar, "I8"},
-      {c10::kByte, "U8"},    {c10::kBool, "BOOL"},
-  };
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> data;
-  uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    auto it = names.find(t.scalar_type());
-    if (it == names.end()) throw std::invalid_argument("write_safetensors: " + name + " has dtype " + c10::toString(t.scalar_type()) + ", which safetensors files here do not hold");
-    at::Tensor c = t.detach().cpu().contiguous();
-    const uint64_t bytes = c.nbytes();
-    header[name] = {{"dtype", it->second}, {"shape", c.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-    data.push_back(std::move(c));
+}  // namespace
+
+c10::ScalarType safetensors_dtype(const std::string& name) {
+  for (const auto& [n, t] : dtype_table()) {
+    if (n == name) return t;
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) fail(path, std::string("cannot create: ") + std::strerror(errno));
-  uint8_t length[8];
-  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-  bool ok = std::fwrite(length, 1, 8, f) == 8 && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  for (const auto& c : data) ok = ok && std::fwrite(c.data_ptr(), 1, c.nbytes(), f) == c.nbytes();
-  if (std::fclose(f) != 0 || !ok) fail(path, "write failed (disk full?)");
+  throw std::runtime_error("unknown or unsupported dtype \"" + name +
+                           "\" (read: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL)");
+}
+
+std::string safetensors_dtype_name(c10::ScalarType type) {
+  for (const auto& [n, t] : dtype_table()) {
+    if (t == type) return n;
+  }
+  throw std::invalid_argument(std::string("dtype ") + c10::toString(type) +
+                              " has no safetensors name here (F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL)");
 }
 
 SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size, uint64_t file_size,

@@ -1,4 +1,4 @@
-// safetensors, read from its specification (huggingface/safetensors, "Format"): 8 bytes
+// safetensors, read from its specification (safetensors_writer.h writes it) (huggingface/safetensors, "Format"): 8 bytes
 // little-endian header length N, N bytes of JSON {name: {"dtype", "shape",
 // "data_offsets": [begin, end)}} plus an optional "__metadata__" string map, then the data;
 // offsets are relative to byte 8 + N. No alignment is assumed.
@@ -65,10 +65,7 @@ class SafetensorsFile {
 
 // The ATen type of a safetensors dtype name; throws naming it for one we do not read.
 c10::ScalarType safetensors_dtype(const std::string& name);
-
-// Writes `tensors` (any device, made contiguous on the CPU) as one safetensors file, the
-// header padded with spaces to a multiple of 8 bytes as the reference implementation does.
-void write_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+// And back ("BF16"); throws std::invalid_argument naming a dtype the format has no name for here.
+std::string safetensors_dtype_name(c10::ScalarType type);
 
 }  // namespace hyper_parallel::hf
