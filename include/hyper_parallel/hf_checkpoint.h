@@ -1,7 +1,7 @@
 // Hugging Face checkpoints in and out of our models: a model family's state-dict adapter
-// (its parameter names against the checkpoint's, and the q/k RoPE row order), and the
-// loader that fills a (possibly tensor-parallel) module from a folder holding
-// `model.safetensors` or a sharded `model.safetensors.index.json`.
+// (its parameter names against the checkpoint's, and the q/k RoPE row order), the loader
+// that fills a (possibly tensor-parallel) module from a folder holding `model.safetensors`
+// or a sharded `model.safetensors.index.json`, and the export that writes such a folder.
 //
 //   Llama model(LlamaArgs::from_hf_config_file(dir + "/config.json"));
 //   parallelize_llama(model, tp_mesh, /*loss_parallel=*/true);
@@ -16,7 +16,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +38,9 @@ struct HfTensorMapping {
   // > 0: the rows are heads of this size in transformers' rotate-half RoPE order
   // (i, i + head_dim/2); ours rotate adjacent pairs (2i, 2i+1).
   int64_t rope_head_dim = 0;
+  // Tied weights (several of ours read `hf`): the name this one is written under when an
+  // export finds them no longer equal (trained separately), e.g. "lm_head.weight".
+  std::string untied_hf;
 };
 using HfAdapter = std::vector<HfTensorMapping>;
 
@@ -52,5 +60,48 @@ void load_hf_checkpoint(torch::nn::Module& model, const HfAdapter& adapter, cons
 // (gradients), and must be equal otherwise (weights), or this throws naming them.
 std::map<std::string, at::Tensor> to_hf_names(const std::map<std::string, at::Tensor>& ours,
                                               const HfAdapter& adapter, bool sum_shared);
+
+// What an export tells the family's config writer (ModelFamily::to_hf_config).
+// (The export itself adds "dtype" and the source's token ids.)
+struct HfConfigChoices {
+  bool tie_word_embeddings = false;  // the tied tensors were still equal, and written once
+};
+// config.json's text for the exported model.
+using HfConfigWriter = std::function<std::string(const HfConfigChoices&)>;
+
+struct HfExportOptions {
+  // Of the written tensors (BF16, F16, F32 or F64); unset: the parameters' own dtype, as
+  // transformers' save_pretrained keeps the model's.
+  std::optional<c10::ScalarType> dtype;
+  // Above this many bytes of tensor data the weights are split into
+  // model-0000i-of-0000N.safetensors with a model.safetensors.index.json, as transformers
+  // splits them (a tensor larger than this gets a file of its own); the default is
+  // transformers 5's max_shard_size, "50GB".
+  int64_t max_shard_bytes = 50'000'000'000;
+  // A Hugging Face folder the model came from: its tokenizer files and
+  // generation_config.json are copied, and its config's token ids (bos/eos/pad) kept.
+  std::string source_folder;
+};
+
+struct HfExportResult {
+  std::vector<std::string> files;  // written, in the folder, in writing order
+  int64_t total_bytes = 0;         // of tensor data (the index's metadata.total_size)
+  bool tie_word_embeddings = false;
+};
+
+// Writes `model` as a Hugging Face checkpoint folder: config.json (from `config`),
+// model.safetensors or shards with their index, and the source's tokenizer files.
+// Collective: every rank holding a piece of the model calls it (each full tensor is
+// gathered over the parameters' mesh, one at a time, in the same order everywhere); the
+// mesh's first rank writes. q/k rows are written back in rotate-half order. Tied weights
+// that are still equal are written once (tie_word_embeddings true); when training made
+// them differ, each under its `untied_hf` name (tie_word_embeddings false). Every file is
+// written atomically; shards and the single file of an earlier export in the folder are
+// replaced (a stale index would otherwise win over a new model.safetensors). Any error
+// (a folder that cannot be written, a full disk) is raised on every rank with the same
+// message.
+HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const HfAdapter& adapter,
+                                    const HfConfigWriter& config, const std::string& folder,
+                                    const HfExportOptions& options = {});
 
 }  // namespace hyper_parallel

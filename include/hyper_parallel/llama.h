@@ -59,6 +59,10 @@ struct LlamaArgs {
   // rope type other than default/llama3 ...) are refused naming the field and its value.
   static LlamaArgs from_hf_config_file(const std::string& path);
   static LlamaArgs from_hf_config_json(const std::string& json_text, const std::string& source = "config.json");
+  // And back: a transformers LlamaConfig (config.json, as transformers 5 writes it:
+  // rope_parameters with rope_theta inside) that from_hf_config_json reads as these args.
+  // `tie_word_embeddings` as the export found the weights (see export_hf_checkpoint).
+  std::string to_hf_config_json(bool tie_word_embeddings) const;
 };
 
 class RMSNormImpl : public torch::nn::Module {

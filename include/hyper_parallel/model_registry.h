@@ -1,6 +1,7 @@
 // Model families by name (`model.name` of a job): what the rest of the code needs of a
 // family without knowing it — build it from a transformers config.json, apply its
-// tensor-parallel plan, and its state-dict adapter to and from Hugging Face names.
+// tensor-parallel plan, its state-dict adapter to and from Hugging Face names, and the
+// config.json that describes it again.
 // A family lives in its own folder (src/models/<family>/) and adds one line to the table
 // in src/models/model_registry.cpp.
 #pragma once
@@ -30,10 +31,16 @@ struct ModelFamily {
   std::function<void(torch::nn::Module& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel)>
       parallelize;
   std::function<HfAdapter(const torch::nn::Module& model)> hf_adapter;
+  // config.json for `model` (what from_hf_config reads back as the same model).
+  std::function<std::string(const torch::nn::Module& model, const HfConfigChoices& choices)> to_hf_config;
 };
 
 // The family called `name`; an unknown name throws std::invalid_argument listing the known ones.
 const ModelFamily& model_family(const std::string& name);
 std::vector<std::string> model_family_names();
+
+// export_hf_checkpoint (hf_checkpoint.h) with the family's adapter and config.json.
+HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const ModelFamily& family,
+                                    const std::string& folder, const HfExportOptions& options = {});
 
 }  // namespace hyper_parallel

@@ -32,4 +32,12 @@ const ModelFamily& model_family(const std::string& name) {
   throw std::invalid_argument("unknown model family '" + name + "'; known: " + known);
 }
 
+HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const ModelFamily& family,
+                                    const std::string& folder, const HfExportOptions& options) {
+  if (!family.to_hf_config) throw std::invalid_argument("model family '" + family.name + "' cannot write a config.json yet");
+  return export_hf_checkpoint(
+      model, family.hf_adapter(model), [&](const HfConfigChoices& c) { return family.to_hf_config(model, c); }, folder,
+      options);
+}
+
 }  // namespace hyper_parallel

@@ -191,4 +191,37 @@ LlamaArgs LlamaArgs::from_hf_config_file(const std::string& path) {
   return from_hf_config_json(text.str(), path);
 }
 
+std::string LlamaArgs::to_hf_config_json(bool tie_word_embeddings) const {
+  json rope = {{"rope_type", rope_scaling ? "llama3" : "default"}, {"rope_theta", rope_theta}};
+  if (rope_scaling) {
+    rope["factor"] = rope_scaling->factor;
+    rope["low_freq_factor"] = rope_scaling->low_freq_factor;
+    rope["high_freq_factor"] = rope_scaling->high_freq_factor;
+    rope["original_max_position_embeddings"] = rope_scaling->original_max_position_embeddings;
+  }
+  // Every field the model depends on is written, none left to LlamaConfig's defaults.
+  const json j = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"hidden_size", dim},
+      {"intermediate_size", hidden_dim()},
+      {"num_hidden_layers", n_layers},
+      {"num_attention_heads", n_heads},
+      {"num_key_value_heads", kv_heads()},
+      {"head_dim", head_dim()},
+      {"rms_norm_eps", norm_eps},
+      {"vocab_size", vocab_size},
+      {"max_position_embeddings", max_seq_len},
+      {"rope_parameters", rope},
+      {"tie_word_embeddings", tie_word_embeddings},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"mlp_bias", false},
+      {"attention_dropout", 0.0},
+      {"pretraining_tp", 1},
+      {"use_cache", true},
+  };
+  return j.dump(2);
+}
+
 }  // namespace hyper_parallel

@@ -8,22 +8,26 @@
 namespace hyper_parallel {
 
 HfAdapter llama_hf_adapter(const LlamaArgs& a) {
-  HfAdapter m = {{"tok_embeddings.weight", "model.embed_tokens.weight"}};
+  HfAdapter m;
+  auto map = [&m](const std::string& ours, const std::string& hf, int64_t rope_head_dim = 0) {
+    m.push_back(HfTensorMapping{ours, hf, rope_head_dim, ""});
+  };
+  map("tok_embeddings.weight", "model.embed_tokens.weight");
   for (int64_t i = 0; i < a.n_layers; ++i) {
     const std::string ours = "layers." + std::to_string(i) + ".", hf = "model.layers." + std::to_string(i) + ".";
-    m.push_back({ours + "attention.wq.weight", hf + "self_attn.q_proj.weight", a.head_dim()});
-    m.push_back({ours + "attention.wk.weight", hf + "self_attn.k_proj.weight", a.head_dim()});
-    m.push_back({ours + "attention.wv.weight", hf + "self_attn.v_proj.weight"});
-    m.push_back({ours + "attention.wo.weight", hf + "self_attn.o_proj.weight"});
-    m.push_back({ours + "feed_forward.w1.weight", hf + "mlp.gate_proj.weight"});
-    m.push_back({ours + "feed_forward.w2.weight", hf + "mlp.down_proj.weight"});
-    m.push_back({ours + "feed_forward.w3.weight", hf + "mlp.up_proj.weight"});
-    m.push_back({ours + "attention_norm.weight", hf + "input_layernorm.weight"});
-    m.push_back({ours + "ffn_norm.weight", hf + "post_attention_layernorm.weight"});
+    map(ours + "attention.wq.weight", hf + "self_attn.q_proj.weight", a.head_dim());
+    map(ours + "attention.wk.weight", hf + "self_attn.k_proj.weight", a.head_dim());
+    map(ours + "attention.wv.weight", hf + "self_attn.v_proj.weight");
+    map(ours + "attention.wo.weight", hf + "self_attn.o_proj.weight");
+    map(ours + "feed_forward.w1.weight", hf + "mlp.gate_proj.weight");
+    map(ours + "feed_forward.w2.weight", hf + "mlp.down_proj.weight");
+    map(ours + "feed_forward.w3.weight", hf + "mlp.up_proj.weight");
+    map(ours + "attention_norm.weight", hf + "input_layernorm.weight");
+    map(ours + "ffn_norm.weight", hf + "post_attention_layernorm.weight");
   }
-  m.push_back({"norm.weight", "model.norm.weight"});
+  map("norm.weight", "model.norm.weight");
   // Tied: the head is the embeddings' parameter (no output.weight; no lm_head.weight in the file).
-  if (!a.tie_word_embeddings) m.push_back({"output.weight", "lm_head.weight"});
+  if (!a.tie_word_embeddings) map("output.weight", "lm_head.weight");
   return m;
 }
 
@@ -46,6 +50,9 @@ ModelFamily llama_family() {
         parallelize_llama(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);
       },
       [](const torch::nn::Module& m) { return llama_hf_adapter(as_llama(m)->args()); },
+      [](const torch::nn::Module& m, const HfConfigChoices& c) {
+        return as_llama(m)->args().to_hf_config_json(c.tie_word_embeddings);
+      },
   };
 }
 
