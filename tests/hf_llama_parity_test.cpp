@@ -9,63 +9,23 @@
 #include <cmath>
 #include <torch/nn/functional/loss.h>
 
-#include <unistd.h>
-
-#include <cstring>
 #include <iostream>
 #include <mutex>
 
 #include "compat/file_system.h"
-#include "harness/build_paths.h"
+#include "harness/hf_models.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
 #include "hyper_parallel/model_registry.h"
-#include "models/safetensors.h"
 
 using namespace hyper_parallel;
-using hyper_parallel::testing::run_command;
+using hyper_parallel::testing::hf_models;
+using hyper_parallel::testing::read_safetensors_file;
 using hyper_parallel::testing::run_ranks;
 namespace F = torch::nn::functional;
 
 namespace {
-
-// The models, made once for the suite ("" with the reason when they cannot be).
-struct HfModels {
-  std::string dir, skip_reason;
-};
-
-const HfModels& hf_models() {
-  static const HfModels models = [] {
-    HfModels m;
-    const std::string python = hyper_parallel::testing::python_path();
-    if (python.empty()) {
-      m.skip_reason = "no Python configured (HP_PYTHON); scripts/common.sh's venv has transformers";
-      return m;
-    }
-    m.dir = compat::join_path(compat::temp_directory(), "hp_hf_llama_" + std::to_string(::getpid()));
-    const std::string script = hyper_parallel::testing::source_dir() + "/tests/hf/make_llama_models.py";
-    const auto r = run_command("'" + python + "' '" + script + "' '" + m.dir + "'");
-    if (r.exit_code == 77) {
-      m.skip_reason = r.output;
-    } else if (r.exit_code != 0) {
-      m.skip_reason = "FAILED";
-      ADD_FAILURE() << "make_llama_models.py failed:\n" << r.output;
-    }
-    return m;
-  }();
-  return models;
-}
-
-std::map<std::string, at::Tensor> read_all(const std::string& path) {
-  hf::SafetensorsFile f(path);
-  std::map<std::string, at::Tensor> out;
-  for (const auto& [name, e] : f.header().tensors) {
-    out[name] = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-    std::memcpy(out[name].data_ptr(), f.data(e), e.end - e.begin);
-  }
-  return out;
-}
 
 double max_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
@@ -79,7 +39,7 @@ struct Differences {
 // One case at one TP degree and dtype; returns the largest differences seen on rank 0.
 Differences run_case(const std::string& name, at::ScalarType dtype, int64_t tp, double tol) {
   const std::string folder = compat::join_path(hf_models().dir, name);
-  const auto ref = read_all(folder + "/reference_" + (dtype == at::kDouble ? "float64" : "float32") + ".safetensors");
+  const auto ref = read_safetensors_file(folder + "/reference_" + (dtype == at::kDouble ? "float64" : "float32") + ".safetensors");
   Differences worst;
   std::mutex mu;
   run_ranks(tp, [&](int64_t rank) {

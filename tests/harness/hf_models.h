@@ -1,0 +1,22 @@
+// The tiny random transformers models of tests/hf/make_llama_models.py, made once per test
+// process (the venv's Python takes a while to import transformers), and reading a
+// safetensors file whole.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <string>
+
+namespace hyper_parallel::testing {
+
+struct HfModels {
+  std::string dir;          // <dir>/<case>/: gqa, tied, llama3, sharded, bf16
+  std::string skip_reason;  // non-empty: the models could not be made (say it with GTEST_SKIP)
+};
+const HfModels& hf_models();
+
+// Every tensor of one safetensors file, by name.
+std::map<std::string, at::Tensor> read_safetensors_file(const std::string& path);
+
+}  // namespace hyper_parallel::testing
