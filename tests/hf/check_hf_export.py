@@ -11,7 +11,7 @@ JSON line on stdout:
   loading_info     what from_pretrained reported missing/unexpected/mismatched (all empty)
   tie              the export's config.tie_word_embeddings
   d_logits         max |logits(export) - logits(source)|, both run in float32; for a
-                   bfloat16 export the source model is first rounded by torch
+                   bfloat16 export the source's parameters are first rounded by torch
                    (.to(bfloat16).to(float32)): the same weights, so 0 is expected
   d_logits_fp32    for a bfloat16 export: against the unrounded source (the rounding's effect)
   max_logit        max |logits(source)| (the scale of the above)
@@ -56,8 +56,9 @@ def check(job):
         written[k].dtype == expected[k].dtype and torch.equal(written[k], expected[k]) for k in expected)
     with torch.no_grad():
         original = source(input_ids=tokens).logits
-        if bf16:
-            source = source.to(torch.bfloat16).to(torch.float32)
+        if bf16:  # the parameters only: .to() would round the rotary inv_freq buffer too
+            for p in source.parameters():
+                p.copy_(p.to(torch.bfloat16).to(torch.float32))
         reference = source(input_ids=tokens).logits
         logits = export(input_ids=tokens).logits
     result = {
