@@ -58,8 +58,7 @@ int main(int argc, char** argv) {
     const hp::HfExportResult r = hp::export_hf_checkpoint(*saved.model, hp::model_family(saved.config.name), out, options);
     std::cout << "hp-hf-export: step " << saved.step << " (saved at dp " << saved.identity.data_parallel_degree
               << " x tp " << saved.identity.tensor_parallel_degree << ", " << saved.identity.dtype << ") -> " << out
-              << ": " << r.files.size() << " files, " << r.total_bytes << " bytes of tensors, tie_word_embeddings "
-              << (r.tie_word_embeddings ? "true" : "false") << ", "
+              << ": " << r.files.size() << " files, " << r.total_bytes << " bytes of tensors, "
               << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s" << std::endl;
   } catch (const std::exception& e) {
     std::cerr << "hp-hf-export: " << e.what() << std::endl;

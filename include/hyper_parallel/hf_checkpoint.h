@@ -34,13 +34,10 @@ namespace hyper_parallel {
 // One of our parameters and where a Hugging Face checkpoint keeps it.
 struct HfTensorMapping {
   std::string ours;  // our parameter's name (Module::named_parameters())
-  std::string hf;    // the checkpoint's tensor name (several of ours may read one: tied weights)
+  std::string hf;    // the checkpoint's tensor name
   // > 0: the rows are heads of this size in transformers' rotate-half RoPE order
   // (i, i + head_dim/2); ours rotate adjacent pairs (2i, 2i+1).
   int64_t rope_head_dim = 0;
-  // Tied weights (several of ours read `hf`): the name this one is written under when an
-  // export finds them no longer equal (trained separately), e.g. "lm_head.weight".
-  std::string untied_hf;
 };
 using HfAdapter = std::vector<HfTensorMapping>;
 
@@ -61,13 +58,9 @@ void load_hf_checkpoint(torch::nn::Module& model, const HfAdapter& adapter, cons
 std::map<std::string, at::Tensor> to_hf_names(const std::map<std::string, at::Tensor>& ours,
                                               const HfAdapter& adapter, bool sum_shared);
 
-// What an export tells the family's config writer (ModelFamily::to_hf_config).
-// (The export itself adds "dtype" and the source's token ids.)
-struct HfConfigChoices {
-  bool tie_word_embeddings = false;  // the tied tensors were still equal, and written once
-};
-// config.json's text for the exported model.
-using HfConfigWriter = std::function<std::string(const HfConfigChoices&)>;
+// config.json's text for the exported model (the export adds "dtype" and the source's
+// token ids).
+using HfConfigWriter = std::function<std::string()>;
 
 struct HfExportOptions {
   // Of the written tensors (BF16, F16, F32 or F64); unset: the parameters' own dtype, as
@@ -86,16 +79,15 @@ struct HfExportOptions {
 struct HfExportResult {
   std::vector<std::string> files;  // written, in the folder, in writing order
   int64_t total_bytes = 0;         // of tensor data (the index's metadata.total_size)
-  bool tie_word_embeddings = false;
 };
 
 // Writes `model` as a Hugging Face checkpoint folder: config.json (from `config`),
 // model.safetensors or shards with their index, and the source's tokenizer files.
 // Collective: every rank holding a piece of the model calls it (each full tensor is
 // gathered over the parameters' mesh, one at a time, in the same order everywhere); the
-// mesh's first rank writes. q/k rows are written back in rotate-half order. Tied weights
-// that are still equal are written once (tie_word_embeddings true); when training made
-// them differ, each under its `untied_hf` name (tie_word_embeddings false). Every file is
+// mesh's first rank writes. q/k rows are written back in rotate-half order. A tied model
+// holds one parameter for its embeddings and head, so it is written once, as the adapter
+// names it (config.json says tie_word_embeddings). Every file is
 // written atomically; shards and the single file of an earlier export in the folder are
 // replaced (a stale index would otherwise win over a new model.safetensors). Any error
 // (a folder that cannot be written, a full disk) is raised on every rank with the same

@@ -61,8 +61,7 @@ struct LlamaArgs {
   static LlamaArgs from_hf_config_json(const std::string& json_text, const std::string& source = "config.json");
   // And back: a transformers LlamaConfig (config.json, as transformers 5 writes it:
   // rope_parameters with rope_theta inside) that from_hf_config_json reads as these args.
-  // `tie_word_embeddings` as the export found the weights (see export_hf_checkpoint).
-  std::string to_hf_config_json(bool tie_word_embeddings) const;
+  std::string to_hf_config_json() const;
 };
 
 class RMSNormImpl : public torch::nn::Module {

@@ -32,7 +32,7 @@ struct ModelFamily {
       parallelize;
   std::function<HfAdapter(const torch::nn::Module& model)> hf_adapter;
   // config.json for `model` (what from_hf_config reads back as the same model).
-  std::function<std::string(const torch::nn::Module& model, const HfConfigChoices& choices)> to_hf_config;
+  std::function<std::string(const torch::nn::Module& model)> to_hf_config;
 };
 
 // The family called `name`; an unknown name throws std::invalid_argument listing the known ones.

@@ -117,7 +117,6 @@ struct Output {
   std::string name;
   const HfTensorMapping* mapping;
   at::Tensor param;
-  at::Tensor cached;  // gathered already (tied weights, compared before the plan)
   int64_t bytes = 0;
 };
 
@@ -191,9 +190,13 @@ HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const HfAdap
   if (params.empty()) throw std::invalid_argument(what + "the model has no parameters");
   const c10::ScalarType dtype = options.dtype.value_or(params.front().second.scalar_type());
   const std::string dtype_name = torch_dtype_name(dtype);
-  std::set<std::string> mapped;
+  // A tied model holds one parameter for its embeddings and head: the adapter names it once.
+  std::set<std::string> mapped, hf_names;
   for (const auto& m : adapter) {
     if (!by_name.count(m.ours)) throw std::invalid_argument(what + "the adapter names '" + m.ours + "', which the model does not have");
+    if (!hf_names.insert(m.hf).second) {
+      throw std::invalid_argument(what + "the adapter maps two of our parameters to '" + m.hf + "'");
+    }
     mapped.insert(m.ours);
   }
   for (const auto& [name, p] : params) {
@@ -216,50 +219,10 @@ HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const HfAdap
   raise_writer_error(group, error);
 
   at::NoGradGuard no_grad;
-  // 3. The checkpoint's tensors in adapter order. Tied weights (one name, several of ours)
-  // are compared on every rank from the same gathered tensors, so all decide alike.
+  // 3. The checkpoint's tensors in adapter order.
   std::vector<Output> outputs;
-  bool tied = false, untied = false;
-  {
-    std::map<std::string, std::vector<const HfTensorMapping*>> sharing;
-    for (const auto& m : adapter) sharing[m.hf].push_back(&m);
-    std::set<std::string> done;
-    for (const auto& m : adapter) {
-      if (!done.insert(m.hf).second) continue;
-      const auto& sources = sharing.at(m.hf);
-      if (sources.size() == 1) {
-        outputs.push_back({m.hf, &m, by_name.at(m.ours), {}, 0});
-        continue;
-      }
-      std::vector<at::Tensor> full;
-      bool equal = true;
-      for (const auto* s : sources) {
-        full.push_back(gather(by_name.at(s->ours), *s));
-        equal = equal && at::equal(full.front(), full.back());
-      }
-      if (equal) {
-        tied = true;
-        outputs.push_back({m.hf, &m, by_name.at(m.ours), full.front(), 0});
-        continue;
-      }
-      untied = true;
-      std::set<std::string> names;
-      for (size_t i = 0; i < sources.size(); ++i) {
-        const std::string name = sources[i]->untied_hf.empty() ? m.hf : sources[i]->untied_hf;
-        if (!names.insert(name).second) {
-          throw std::runtime_error(what + "our " + sources[i]->ours + " and another parameter both map to " + name +
-                                   " and differ, and the adapter names no other name for one of them");
-        }
-        outputs.push_back({name, sources[i], by_name.at(sources[i]->ours), full[i], 0});
-      }
-    }
-  }
-  if (tied && untied) {
-    throw std::runtime_error(what + "some tied weights are still equal and some are not; config.json has one "
-                                    "tie_word_embeddings for them");
-  }
+  for (const auto& m : adapter) outputs.push_back({m.hf, &m, by_name.at(m.ours), 0});
   HfExportResult result;
-  result.tie_word_embeddings = tied;
   for (Output& o : outputs) {
     int64_t numel = 1;
     for (int64_t s : o.param.sizes()) numel *= s;  // global (a DTensor's sizes are)
@@ -274,7 +237,7 @@ HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const HfAdap
     const std::string file = shards.size() == 1 ? kSingleFile : shard_name(i, shards.size());
     std::map<std::string, at::Tensor> tensors;
     for (const Output* o : shards[i]) {
-      at::Tensor t = o->cached.defined() ? o->cached : gather(o->param, *o->mapping);
+      at::Tensor t = gather(o->param, *o->mapping);
       if (group.writer) tensors[o->name] = t.to(dtype).contiguous();  // round to nearest even, as Tensor.to
       weight_map[o->name] = file;
     }
@@ -299,7 +262,7 @@ HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const HfAdap
         write_text(compat::join_path(folder, kIndexFile), index.dump(2) + "\n");
         result.files.push_back(kIndexFile);
       }
-      nlohmann::json cfg = nlohmann::json::parse(config(HfConfigChoices{tied}));
+      nlohmann::json cfg = nlohmann::json::parse(config());
       cfg["dtype"] = dtype_name;  // transformers 5's name for torch_dtype
       const std::string source_config = compat::join_path(options.source_folder, "config.json");
       if (!options.source_folder.empty() && compat::path_exists(source_config)) {

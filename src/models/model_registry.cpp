@@ -36,7 +36,7 @@ HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const ModelF
                                     const std::string& folder, const HfExportOptions& options) {
   if (!family.to_hf_config) throw std::invalid_argument("model family '" + family.name + "' cannot write a config.json yet");
   return export_hf_checkpoint(
-      model, family.hf_adapter(model), [&](const HfConfigChoices& c) { return family.to_hf_config(model, c); }, folder,
+      model, family.hf_adapter(model), [&] { return family.to_hf_config(model); }, folder,
       options);
 }
 

@@ -191,7 +191,7 @@ LlamaArgs LlamaArgs::from_hf_config_file(const std::string& path) {
   return from_hf_config_json(text.str(), path);
 }
 
-std::string LlamaArgs::to_hf_config_json(bool tie_word_embeddings) const {
+std::string LlamaArgs::to_hf_config_json() const {
   json rope = {{"rope_type", rope_scaling ? "llama3" : "default"}, {"rope_theta", rope_theta}};
   if (rope_scaling) {
     rope["factor"] = rope_scaling->factor;

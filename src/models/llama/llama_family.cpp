@@ -10,7 +10,7 @@ namespace hyper_parallel {
 HfAdapter llama_hf_adapter(const LlamaArgs& a) {
   HfAdapter m;
   auto map = [&m](const std::string& ours, const std::string& hf, int64_t rope_head_dim = 0) {
-    m.push_back(HfTensorMapping{ours, hf, rope_head_dim, ""});
+    m.push_back(HfTensorMapping{ours, hf, rope_head_dim});
   };
   map("tok_embeddings.weight", "model.embed_tokens.weight");
   for (int64_t i = 0; i < a.n_layers; ++i) {
@@ -50,8 +50,8 @@ ModelFamily llama_family() {
         parallelize_llama(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);
       },
       [](const torch::nn::Module& m) { return llama_hf_adapter(as_llama(m)->args()); },
-      [](const torch::nn::Module& m, const HfConfigChoices& c) {
-        return as_llama(m)->args().to_hf_config_json(c.tie_word_embeddings);
+      [](const torch::nn::Module& m) {
+        return as_llama(m)->args().to_hf_config_json();
       },
   };
 }
