@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "compat/file_system.h"
+#include "harness/build_paths.h"
 #include "harness/hf_models.h"
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
@@ -33,10 +34,13 @@
 #include "train/saved_model.h"
 
 using namespace hyper_parallel;
+using hyper_parallel::testing::binary_path;
 using hyper_parallel::testing::hf_models;
+using hyper_parallel::testing::python_path;
 using hyper_parallel::testing::read_safetensors_file;
 using hyper_parallel::testing::run_command;
 using hyper_parallel::testing::run_ranks;
+using hyper_parallel::testing::source_dir;
 using ::testing::HasSubstr;
 
 namespace {
@@ -174,7 +178,7 @@ TEST(SafetensorsWriter, PythonSafetensorsReadsWhatItWrites) {
   hf::write_safetensors(path, {{"a", at::arange(6, at::kFloat).view({2, 3})}, {"b", at::arange(5).to(at::kBFloat16)},
                                {"c", at::full({3}, 0.5, at::kHalf)}, {"d", at::arange(4, at::kDouble)}},
                         {{"format", "pt"}});
-  const auto r = run_command(std::string("'") + HP_PYTHON + "' -c \"from safetensors.torch import load_file; import torch; t = load_file('" +
+  const auto r = run_command("'" + python_path() + "' -c \"from safetensors.torch import load_file; import torch; t = load_file('" +
                              path + "'); print(sorted((k, str(v.dtype), list(v.shape), float(v.double().sum())) for k, v in t.items()))\"");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("[('a', 'torch.float32', [2, 3], 15.0), ('b', 'torch.bfloat16', [5], 10.0), "
@@ -360,7 +364,7 @@ TEST(HfExport, TransformersLoadsTheExportWithTheSameLogitsAtTP1And2) {
   add("llama3", 2, at::kBFloat16, 8000);
   const std::string jobs_file = scratch("jobs.json");
   std::ofstream(jobs_file) << jobs.dump();
-  const auto r = run_command("'" HP_PYTHON "' '" HP_SOURCE_DIR "/tests/hf/check_hf_export.py' '" + jobs_file + "'");
+  const auto r = run_command("'" + python_path() + "' '" + source_dir() + "/tests/hf/check_hf_export.py' '" + jobs_file + "'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::istringstream lines(r.output);
   size_t checked = 0;
@@ -408,14 +412,14 @@ TEST(HfExport, HpHfExportWritesTheWeightsOfATrainingCheckpointSavedAtDp2Tp2) {
   }
 
   const std::string out = scratch("from_training");
-  const auto r = run_command(std::string(HP_BINARY_DIR) + "/hp-hf-export '" + folder + "' '" + out + "' --dtype float32 2>&1");
+  const auto r = run_command(binary_path("hp-hf-export") + " '" + folder + "' '" + out + "' --dtype float32 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("step 2 (saved at dp 2 x tp 2, float32)"));
   auto module = model_family("llama").from_hf_config(out + "/config.json");
   load_hf_checkpoint(*module, model_family("llama").hf_adapter(*module), out);
   auto exported = module->named_parameters();
   for (const auto& p : saved.model->named_parameters()) EXPECT_TRUE(at::equal(exported[p.key()], p.value())) << p.key();
-  const auto missing = run_command(std::string(HP_BINARY_DIR) + "/hp-hf-export '" + scratch("no_run") + "' '" + out + "' 2>&1");
+  const auto missing = run_command(binary_path("hp-hf-export") + " '" + scratch("no_run") + "' '" + out + "' 2>&1");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_THAT(missing.output, HasSubstr("no checkpoint in"));
 }
