@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 
+#include "harness/build_paths.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/sharding_strategy.h"
@@ -40,7 +41,7 @@ std::string error_of(const std::function<void()>& fn) {
   return "";
 }
 
-const std::string kData = HP_TEST_DATA_DIR;
+const std::string kData = hyper_parallel::testing::source_dir() + "/tests/data";
 
 }  // namespace
 
@@ -60,7 +61,7 @@ TEST(OpRegistry, BuiltInSpecsNameTheirFiles) {
 }
 
 TEST(OpRegistry, YamlDirAndPluginAddWorkingOps) {
-  RegistryEnv env((kData + "/ops_yaml").c_str(), HP_TEST_PLUGIN_PATH);
+  RegistryEnv env((kData + "/ops_yaml").c_str(), hyper_parallel::testing::rule_plugin_path().c_str());
   reload_distributed_ops();
   auto origins = distributed_op_origins();
   EXPECT_NE(origins["flip"].find("extra_ops.yaml:2"), std::string::npos) << origins["flip"];
@@ -103,7 +104,7 @@ TEST(OpRegistry, AnUnknownClassParameterValueNamesEntryKeyAndChoices) {
 }
 
 TEST(OpRegistry, PluginWithoutEntryPointNamesTheSymbol) {
-  RegistryEnv env(nullptr, HP_TEST_BAD_PLUGIN_PATH);
+  RegistryEnv env(nullptr, hyper_parallel::testing::no_entry_point_plugin_path().c_str());
   const std::string msg = error_of([] { reload_distributed_ops(); });
   EXPECT_NE(msg.find("hyper_parallel_register_ops"), std::string::npos) << msg;
   EXPECT_NE(msg.find("no_entry_point"), std::string::npos) << msg;

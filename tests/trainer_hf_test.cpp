@@ -19,6 +19,7 @@
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
 #include "models/safetensors.h"
+#include "models/safetensors_writer.h"
 #include "train/job_config.h"
 #include "train/trainer.h"
 

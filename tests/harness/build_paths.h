@@ -10,5 +10,9 @@ namespace hyper_parallel::testing {
 std::string binary_dir();   // the build's bin/ (hp-run, hp-train, ...)
 std::string source_dir();   // the source tree's root
 std::string python_path();  // HP_PYTHON; empty when none was configured
+// The registry tests' rule plugins (tests/plugin/): one that registers a rule, one that
+// lacks the entry point.
+std::string rule_plugin_path();
+std::string no_entry_point_plugin_path();
 
 }  // namespace hyper_parallel::testing
