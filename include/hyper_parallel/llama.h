@@ -49,6 +49,9 @@ struct LlamaArgs {
   // The output head is the embeddings' parameter: one tensor [vocab, dim], registered by
   // tok_embeddings only (docs/hf_models.md, "Tied embeddings").
   bool tie_word_embeddings = false;
+  // Per-head RMSNorm of queries and keys (weights [head_dim]) before RoPE: Qwen3's
+  // attention (src/models/qwen3/); Llama has none.
+  bool qk_norm = false;
   int64_t max_seq_len = 512;
   int64_t hidden_dim() const;
   int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : dim / n_heads; }
@@ -57,8 +60,11 @@ struct LlamaArgs {
   // From a transformers LlamaConfig (config.json): the fields the model honours are read,
   // the ones it cannot represent (attention_bias, mlp_bias, hidden_act other than silu, a
   // rope type other than default/llama3 ...) are refused naming the field and its value.
+  // `model_type`: the one the caller's family reads (families shaped like Llama share
+  // this reader and add their own fields).
   static LlamaArgs from_hf_config_file(const std::string& path);
-  static LlamaArgs from_hf_config_json(const std::string& json_text, const std::string& source = "config.json");
+  static LlamaArgs from_hf_config_json(const std::string& json_text, const std::string& source = "config.json",
+                                       const std::string& model_type = "llama");
   // And back: a transformers LlamaConfig (config.json, as transformers 5 writes it:
   // rope_parameters with rope_theta inside) that from_hf_config_json reads as these args.
   std::string to_hf_config_json() const;
@@ -80,6 +86,7 @@ class AttentionImpl : public torch::nn::Module {
   explicit AttentionImpl(const LlamaArgs& args);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
   torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // per head, with args.qk_norm only
 
  private:
   int64_t head_dim_;
@@ -150,6 +157,9 @@ ParallelizePlan llama_tp_plan(bool loss_parallel, bool sequence_parallel = false
 // the plan; src_data_rank as in parallelize_module.
 void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel = false,
                        std::optional<int64_t> src_data_rank = 0);
+// The same checks with another family's plan for this module (Qwen3's adds its q/k norms).
+void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, const ParallelizePlan& plan,
+                       std::optional<int64_t> src_data_rank);
 
 // Our parameter names against transformers' LlamaForCausalLM (q/k rows in rotate-half
 // order there; a tied model has no output.weight of its own and the file no lm_head.weight).
@@ -158,5 +168,7 @@ HfAdapter llama_hf_adapter(const LlamaArgs& args);
 struct ModelFamily;
 // The registry's entry (model_registry.h).
 ModelFamily llama_family();
+// A registry module as the Llama it is (families shaped like Llama build one); throws otherwise.
+Llama as_llama(const torch::nn::Module& module);
 
 }  // namespace hyper_parallel

@@ -99,7 +99,8 @@ class HfConfigReader {
 
 }  // namespace
 
-LlamaArgs LlamaArgs::from_hf_config_json(const std::string& text, const std::string& source) {
+LlamaArgs LlamaArgs::from_hf_config_json(const std::string& text, const std::string& source,
+                                         const std::string& family_model_type) {
   json j;
   try {
     j = json::parse(text);
@@ -108,8 +109,10 @@ LlamaArgs LlamaArgs::from_hf_config_json(const std::string& text, const std::str
   }
   if (!j.is_object()) throw std::runtime_error(source + ": expected a JSON object (a transformers config)");
   HfConfigReader r(j, source);
-  const std::string model_type = r.get<std::string>("model_type", std::string("llama"));
-  if (model_type != "llama") r.refuse("model_type", model_type, "the llama family reads model_type \"llama\"");
+  const std::string model_type = r.get<std::string>("model_type", family_model_type);
+  if (model_type != family_model_type) {
+    r.refuse("model_type", model_type, "the " + family_model_type + " family reads model_type \"" + family_model_type + "\"");
+  }
 
   LlamaArgs a;
   a.dim = r.get<int64_t>("hidden_size");

@@ -31,15 +31,11 @@ HfAdapter llama_hf_adapter(const LlamaArgs& a) {
   return m;
 }
 
-namespace {
-
 Llama as_llama(const torch::nn::Module& m) {
   auto impl = std::dynamic_pointer_cast<LlamaImpl>(const_cast<torch::nn::Module&>(m).shared_from_this());
-  TORCH_CHECK(impl, "the llama family was handed a ", m.name(), ", not a Llama");
+  TORCH_CHECK(impl, "expected a Llama module, got a ", m.name());
   return Llama(impl);
 }
-
-}  // namespace
 
 ModelFamily llama_family() {
   return {

@@ -78,6 +78,10 @@ AttentionImpl::AttentionImpl(const LlamaArgs& a) : head_dim_(a.head_dim()), grou
   wk = make("wk", a.dim, a.kv_heads() * a.head_dim());
   wv = make("wv", a.dim, a.kv_heads() * a.head_dim());
   wo = make("wo", a.n_heads * a.head_dim(), a.dim);
+  if (a.qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(a.head_dim(), a.norm_eps));
+    k_norm = register_module("k_norm", RMSNorm(a.head_dim(), a.norm_eps));
+  }
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -85,8 +89,13 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
   // Under TP each rank sees only its own heads: -1 heads.
   auto heads = [&](const at::Tensor& t) { return t.view({b, s, -1, head_dim_}); };
   const at::Tensor in = shared_input(x, {wq.get(), wk.get(), wv.get()});
-  at::Tensor q = apply_rope(heads(parallel_forward(wq, in)), cos, sin).transpose(1, 2);
-  at::Tensor k = apply_rope(heads(parallel_forward(wk, in)), cos, sin).transpose(1, 2);
+  at::Tensor q = heads(parallel_forward(wq, in)), k = heads(parallel_forward(wk, in));
+  if (q_norm) {  // each head normalised over head_dim, before RoPE (Qwen3)
+    q = parallel_forward(q_norm, q);
+    k = parallel_forward(k_norm, k);
+  }
+  q = apply_rope(q, cos, sin).transpose(1, 2);
+  k = apply_rope(k, cos, sin).transpose(1, 2);
   at::Tensor v = heads(parallel_forward(wv, in)).transpose(1, 2);
   if (group_ > 1) {
     // Grouped-query attention: query head h reads key/value head h / group_, as

@@ -64,6 +64,11 @@ ParallelizePlan llama_tp_plan(bool loss_parallel, bool sequence_parallel) {
 
 void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel,
                        std::optional<int64_t> src_data_rank) {
+  parallelize_llama(model, tp_mesh, llama_tp_plan(loss_parallel, sequence_parallel), src_data_rank);
+}
+
+void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, const ParallelizePlan& plan,
+                       std::optional<int64_t> src_data_rank) {
   const LlamaArgs& a = model->args();
   const int64_t tp = tp_mesh.size();
   TORCH_CHECK(a.n_heads % tp == 0, "parallelize_llama: n_heads ", a.n_heads,
@@ -75,7 +80,7 @@ void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parall
               " (each rank needs whole key/value heads; choose a TP degree that divides ", a.kv_heads(), ")");
   TORCH_CHECK(a.hidden_dim() % tp == 0 && a.dim % tp == 0, "parallelize_llama: dim ", a.dim, " and ffn hidden ",
               a.hidden_dim(), " must be divisible by tensor_parallel_degree ", tp);
-  parallelize_module(*model, tp_mesh, llama_tp_plan(loss_parallel, sequence_parallel), src_data_rank);
+  parallelize_module(*model, tp_mesh, plan, src_data_rank);
   // Tied: the embeddings' weight is now a Shard(0) DTensor over the vocabulary, exactly the
   // layout ColwiseParallel gives a head's weight (same rows per rank), so the head reads it.
   if (a.tie_word_embeddings) model->tie_head();
