@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "hyper_parallel/llama.h"
+#include "hyper_parallel/qwen3.h"
 
 namespace hyper_parallel {
 
@@ -11,6 +12,7 @@ namespace {
 const std::vector<ModelFamily>& families() {
   static const std::vector<ModelFamily> table = {
       llama_family(),
+      qwen3_family(),
   };
   return table;
 }

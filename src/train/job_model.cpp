@@ -47,7 +47,15 @@ LlamaArgs llama_args(const ModelConfig& m) {
 }
 
 Llama make_job_model(ModelConfig& m) {
-  if (m.hf_assets_path.empty()) return Llama(llama_args(m));
+  if (m.hf_assets_path.empty()) {
+    // Sizes from the TOML build a Llama; another family (qwen3: q/k norms) comes from its
+    // config.json, never silently as a Llama.
+    if (m.name != "llama") {
+      throw std::invalid_argument("model.name = \"" + m.name + "\" needs model.hf_assets_path (its config.json); " +
+                                  "sizes from [model] build the llama family only");
+    }
+    return Llama(llama_args(m));
+  }
   const ModelFamily& family = model_family(m.name);
   const std::string config = compat::join_path(m.hf_assets_path, "config.json");
   if (!compat::path_exists(config)) {

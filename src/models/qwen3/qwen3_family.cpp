@@ -1,0 +1,32 @@
+// The Qwen3 family for the registry, and its adapter to transformers' Qwen3ForCausalLM.
+#include <torch/nn/module.h>
+
+#include "hyper_parallel/model_registry.h"
+#include "hyper_parallel/qwen3.h"
+
+namespace hyper_parallel {
+
+HfAdapter qwen3_hf_adapter(const LlamaArgs& a) {
+  HfAdapter m = llama_hf_adapter(a);  // transformers names Qwen3's other tensors as Llama's
+  for (int64_t i = 0; i < a.n_layers; ++i) {
+    const std::string ours = "layers." + std::to_string(i) + ".attention.";
+    const std::string hf = "model.layers." + std::to_string(i) + ".self_attn.";
+    m.push_back({ours + "q_norm.weight", hf + "q_norm.weight", a.head_dim()});
+    m.push_back({ours + "k_norm.weight", hf + "k_norm.weight", a.head_dim()});
+  }
+  return m;
+}
+
+ModelFamily qwen3_family() {
+  return {
+      "qwen3",
+      [](const std::string& config) { return Llama(qwen3_args_from_hf_config_file(config)).ptr(); },
+      [](torch::nn::Module& m, const DeviceMesh& mesh, bool loss_parallel, bool sequence_parallel) {
+        Llama model = as_llama(m);
+        parallelize_qwen3(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);
+      },
+      [](const torch::nn::Module& m) { return qwen3_hf_adapter(as_llama(m)->args()); },
+  };
+}
+
+}  // namespace hyper_parallel
