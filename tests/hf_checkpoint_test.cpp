@@ -324,7 +324,7 @@ TEST(ModelRegistry, UnknownFamilyIsAnErrorListingTheKnownOnes) {
     model_family("qwen2");
     ADD_FAILURE() << "expected an error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_STREQ(e.what(), "unknown model family 'qwen2'; known: llama");
+    EXPECT_STREQ(e.what(), "unknown model family 'qwen2'; known: llama, qwen3");
   }
   train::JobConfig cfg;
   cfg.model.name = "qwen2";
@@ -332,6 +332,6 @@ TEST(ModelRegistry, UnknownFamilyIsAnErrorListingTheKnownOnes) {
     train::validate(cfg);
     ADD_FAILURE() << "expected an error";
   } catch (const std::exception& e) {
-    EXPECT_THAT(e.what(), HasSubstr("model.name = \"qwen2\": unknown model family 'qwen2'; known: llama"));
+    EXPECT_THAT(e.what(), HasSubstr("model.name = \"qwen2\": unknown model family 'qwen2'; known: llama, qwen3"));
   }
 }

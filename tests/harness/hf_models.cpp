@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "compat/file_system.h"
 #include "harness/build_paths.h"
@@ -14,28 +16,31 @@
 
 namespace hyper_parallel::testing {
 
-const HfModels& hf_models() {
-  static const HfModels models = [] {
-    HfModels m;
-    const std::string python = python_path();
-    if (python.empty()) {
-      m.skip_reason = "no Python configured (HP_PYTHON); scripts/common.sh's venv has transformers";
-      return m;
-    }
-    m.dir = compat::join_path(compat::temp_directory(), "hp_hf_llama_" + std::to_string(::getpid()));
-    static const std::string made = m.dir;
-    std::atexit([] { compat::remove_all(made); });  // the models are the test binary's, not the machine's
-    const std::string script = source_dir() + "/tests/hf/make_llama_models.py";
-    const auto r = run_command("'" + python + "' '" + script + "' '" + m.dir + "'");
+const HfModels& hf_models(const std::string& script) {
+  static std::mutex mu;
+  static std::map<std::string, HfModels> made;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = made.find(script);
+  if (it != made.end()) return it->second;
+  HfModels m;
+  const std::string python = python_path();
+  if (python.empty()) {
+    m.skip_reason = "no Python configured (HP_PYTHON); scripts/common.sh's venv has transformers";
+  } else {
+    m.dir = compat::join_path(compat::temp_directory(), "hp_hf_" + script + "_" + std::to_string(::getpid()));
+    // Removed at exit (registered after `folders` exists, so it runs before its destructor).
+    static std::vector<std::string> folders;
+    if (folders.empty()) std::atexit([] { for (const auto& f : folders) compat::remove_all(f); });
+    folders.push_back(m.dir);
+    const auto r = run_command("'" + python + "' '" + source_dir() + "/tests/hf/" + script + "' '" + m.dir + "'");
     if (r.exit_code == 77) {
       m.skip_reason = r.output;
     } else if (r.exit_code != 0) {
       m.skip_reason = "FAILED";
-      ADD_FAILURE() << "make_llama_models.py failed:\n" << r.output;
+      ADD_FAILURE() << script << " failed:\n" << r.output;
     }
-    return m;
-  }();
-  return models;
+  }
+  return made.emplace(script, m).first->second;
 }
 
 std::map<std::string, at::Tensor> read_safetensors_file(const std::string& path) {

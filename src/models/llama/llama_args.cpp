@@ -3,11 +3,10 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 #include "hyper_parallel/llama.h"
+#include "models/hf_config_file.h"
 
 namespace hyper_parallel {
 
@@ -187,11 +186,7 @@ LlamaArgs LlamaArgs::from_hf_config_json(const std::string& text, const std::str
 }
 
 LlamaArgs LlamaArgs::from_hf_config_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot read the model config " + path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return from_hf_config_json(text.str(), path);
+  return from_hf_config_json(read_hf_config_file(path), path);
 }
 
 std::string LlamaArgs::to_hf_config_json() const {

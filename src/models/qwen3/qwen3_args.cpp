@@ -1,11 +1,10 @@
 // Reading a transformers Qwen3Config: Qwen3's own fields, then Llama's reader.
 #include <nlohmann/json.hpp>
 
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 #include "hyper_parallel/qwen3.h"
+#include "models/hf_config_file.h"
 
 namespace hyper_parallel {
 
@@ -37,11 +36,7 @@ LlamaArgs qwen3_args_from_hf_config_json(const std::string& text, const std::str
 }
 
 LlamaArgs qwen3_args_from_hf_config_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot read the model config " + path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return qwen3_args_from_hf_config_json(text.str(), path);
+  return qwen3_args_from_hf_config_json(read_hf_config_file(path), path);
 }
 
 }  // namespace hyper_parallel

@@ -1,0 +1,104 @@
+#include "harness/hf_parity.h"
+
+#include <gtest/gtest.h>
+#include <torch/nn/functional/loss.h>
+
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <optional>
+
+#include "compat/file_system.h"
+#include "harness/rank_harness.h"
+#include "hyper_parallel/hyper_parallel.h"
+#include "hyper_parallel/llama.h"
+#include "hyper_parallel/model_registry.h"
+
+namespace hyper_parallel::testing {
+
+namespace F = torch::nn::functional;
+
+namespace {
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+}  // namespace
+
+HfDifferences run_hf_parity_case(const HfParityCase& c) {
+  const auto ref = read_safetensors_file(c.folder + "/reference_" + (c.dtype == at::kDouble ? "float64" : "float32") + ".safetensors");
+  const std::string what = c.folder + " tp " + std::to_string(c.tp) + (c.sequence_parallel ? " sp" : "");
+  HfDifferences worst;
+  std::mutex mu;
+  run_ranks(c.tp, [&](int64_t rank) {
+    const ModelFamily& family = model_family(c.family);
+    auto module = family.from_hf_config(c.folder + "/config.json");
+    module->to(c.dtype);
+    std::optional<DeviceMesh> mesh;
+    if (c.tp > 1) {
+      mesh = init_device_mesh("cpu", {c.tp}, {"tp"});
+      family.parallelize(*module, *mesh, /*loss_parallel=*/true, c.sequence_parallel);
+    }
+    HfAdapter adapter = family.hf_adapter(*module);
+    if (c.edit_adapter) c.edit_adapter(adapter);
+    load_hf_checkpoint(*module, adapter, c.folder);
+    Llama model = as_llama(*module);
+    if (model->args().tie_word_embeddings) {  // one parameter, read by the head at every TP degree
+      EXPECT_TRUE(model->output->weight.is_same(model->tok_embeddings->weight)) << what;
+      EXPECT_FALSE(model->named_parameters().contains("output.weight")) << what;
+    }
+
+    std::optional<LossParallelGuard> guard;
+    if (c.tp > 1) guard.emplace();
+    at::Tensor logits = model->forward(ref.at("tokens"));
+    at::Tensor loss = F::cross_entropy(logits.flatten(0, 1), ref.at("targets").flatten());
+    loss.backward();
+    auto full = [](const at::Tensor& t) { return (is_dtensor(t) ? full_tensor(t) : t).detach(); };
+    std::map<std::string, at::Tensor> grads;
+    for (const auto& p : model->named_parameters()) grads[p.key()] = full(p.value().grad());
+    const auto hf_grads = to_hf_names(grads, adapter, /*sum_shared=*/true);
+
+    HfDifferences d;
+    d.logits = max_diff(full(logits), ref.at("logits"));
+    d.loss = max_diff(full(loss), ref.at("loss"));
+    EXPECT_LE(d.logits, c.tol) << what << ": logits vs transformers";
+    EXPECT_LE(d.loss, c.tol) << what << ": loss vs transformers";
+    size_t compared = 0;
+    for (const auto& [key, want] : ref) {
+      if (key.rfind("grad.", 0) != 0) continue;
+      const std::string hf_name = key.substr(5);
+      ASSERT_TRUE(hf_grads.count(hf_name)) << what << ": no gradient of ours maps to " << hf_name;
+      const double g = max_diff(hf_grads.at(hf_name), want);
+      EXPECT_LE(g, c.tol) << what << ": gradient of " << hf_name;
+      d.grads = std::max(d.grads, g);
+      ++compared;
+    }
+    EXPECT_EQ(compared, hf_grads.size()) << what << ": every gradient of ours has a transformers counterpart";
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      worst = d;
+    }
+  });
+  return worst;
+}
+
+void check_hf_parity(const std::string& family, const std::string& script, const std::vector<std::string>& cases,
+                     at::ScalarType dtype, double tol, bool with_sequence_parallel) {
+  const HfModels& models = hf_models(script);
+  if (!models.skip_reason.empty()) GTEST_SKIP() << models.skip_reason;
+  for (const std::string& name : cases) {
+    for (int64_t tp : {1, 2, 4}) {
+      for (bool sp : {false, true}) {
+        if (sp && (!with_sequence_parallel || tp == 1)) continue;
+        HfParityCase c{family, compat::join_path(models.dir, name), dtype, tp, sp, tol, {}};
+        const HfDifferences d = run_hf_parity_case(c);
+        std::cout << "[ hf parity ] " << family << " " << name << " " << c10::toString(dtype) << " tp " << tp
+                  << (sp ? " sp" : "") << ": max |d logits| " << d.logits << ", |d loss| " << d.loss
+                  << ", max |d grad| " << d.grads << "\n";
+      }
+    }
+  }
+}
+
+}  // namespace hyper_parallel::testing

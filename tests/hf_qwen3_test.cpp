@@ -1,0 +1,135 @@
+// The Qwen3 family: transformers' Qwen3ForCausalLM checkpoints (tests/hf/make_qwen_models.py,
+// tiny random models made offline) loaded at TP 1, 2 and 4 and with sequence parallel
+// (ranks as threads): logits, loss and every gradient, mapped back to Hugging Face names,
+// agree with transformers' within 1e-10 in float64 and 1e-5 in float32. Also: its config
+// fields read or refused by name, and `model.name = "qwen3"` selecting it.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <fstream>
+#include <limits>
+
+#include "compat/file_system.h"
+#include "harness/hf_parity.h"
+#include "hyper_parallel/model_registry.h"
+#include "hyper_parallel/qwen3.h"
+#include "train/job_config.h"
+#include "train/trainer.h"
+
+using namespace hyper_parallel;
+using hyper_parallel::testing::check_hf_parity;
+using hyper_parallel::testing::hf_models;
+using ::testing::HasSubstr;
+
+namespace {
+
+const char* kScript = "make_qwen_models.py";
+const std::vector<std::string> kCases = {"gqa", "tied", "bf16_sharded"};
+
+std::string qwen3_config(const std::string& extra) {
+  return R"({"model_type": "qwen3", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 11, "intermediate_size": 24, "head_dim": 8)" +
+         extra + "}";
+}
+
+std::string qwen3_config_error(const std::string& json) {
+  try {
+    qwen3_args_from_hf_config_json(json);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(HfQwen3Parity, Float64LogitsLossAndGradientsMatchTransformersWithin1e10AtTP1To4AndSP) {
+  check_hf_parity("qwen3", kScript, kCases, at::kDouble, 1e-10, /*with_sequence_parallel=*/true);
+}
+
+TEST(HfQwen3Parity, Float32LogitsLossAndGradientsMatchTransformersWithin1e5AtTP1To4AndSP) {
+  check_hf_parity("qwen3", kScript, kCases, at::kFloat, 1e-5, /*with_sequence_parallel=*/true);
+}
+
+// The q/k norms scale each element of a head, whose elements we keep in RoPE pair order:
+// loaded without the permutation their weights land on the wrong elements.
+TEST(HfQwen3Parity, QkNormWeightsLoadedWithoutTheRopePermutationGiveOtherLogits) {
+  const auto& models = hf_models(kScript);
+  if (!models.skip_reason.empty()) GTEST_SKIP() << models.skip_reason;
+  hyper_parallel::testing::HfParityCase c{"qwen3", compat::join_path(models.dir, "gqa"), at::kDouble, 1, false,
+                          std::numeric_limits<double>::infinity(), [](HfAdapter& adapter) {
+                            for (auto& m : adapter) {
+                              if (m.hf.find("_norm.weight") != std::string::npos && m.hf.find("self_attn") != std::string::npos) {
+                                m.rope_head_dim = 0;
+                              }
+                            }
+                          }};
+  EXPECT_GT(hyper_parallel::testing::run_hf_parity_case(c).logits, 1e-3);
+}
+
+TEST(HfQwen3Config, FieldsAreReadAndUnrepresentableOnesRefusedByName) {
+  const LlamaArgs a = qwen3_args_from_hf_config_json(qwen3_config(
+      R"(, "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "use_sliding_window": false, "sliding_window": null,
+         "max_window_layers": 28, "layer_types": ["full_attention"], "attention_bias": false,
+         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0})"));
+  EXPECT_TRUE(a.qk_norm);
+  EXPECT_EQ(a.kv_heads(), 2);
+  EXPECT_EQ(a.head_dim(), 8);
+  EXPECT_EQ(a.norm_eps, 1e-6);
+  EXPECT_EQ(a.rope_theta, 1e6);
+  EXPECT_TRUE(a.tie_word_embeddings);
+  EXPECT_TRUE(a.rope_tables_like_hf);
+  // Qwen3Config's defaults, not LlamaConfig's: head_dim 128 (not hidden / heads), 32768 positions.
+  const LlamaArgs d = qwen3_args_from_hf_config_json(
+      R"({"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 11, "intermediate_size": 24})");
+  EXPECT_EQ(d.head_dim(), 128);
+  EXPECT_EQ(d.max_seq_len, 32768);
+  EXPECT_FALSE(LlamaArgs::from_hf_config_json(qwen3_config(""), "config.json", "qwen3").qk_norm);
+
+  EXPECT_THAT(qwen3_config_error(qwen3_config(R"(, "use_sliding_window": true, "sliding_window": 4096)")),
+              HasSubstr("config.json: use_sliding_window = true: sliding-window attention is not implemented"));
+  EXPECT_THAT(qwen3_config_error(qwen3_config(R"(, "layer_types": ["full_attention", "sliding_attention"])")),
+              HasSubstr("layer_types[1] = \"sliding_attention\": only full_attention is implemented"));
+  EXPECT_THAT(qwen3_config_error(qwen3_config(R"(, "attention_bias": true)")), HasSubstr("attention_bias = true"));
+  EXPECT_THAT(qwen3_config_error(qwen3_config(R"(, "hidden_act": "gelu")")), HasSubstr("hidden_act = \"gelu\""));
+  EXPECT_THAT(qwen3_config_error(qwen3_config(R"(, "rope_parameters": {"rope_type": "yarn", "factor": 4.0})")),
+              HasSubstr("rope_parameters.rope_type = \"yarn\": supported rope types: default, llama3"));
+  EXPECT_THAT(qwen3_config_error(qwen3_config(R"(, "model_type": "qwen2")")),
+              HasSubstr("model_type = \"qwen2\": the qwen3 family reads model_type \"qwen3\""));
+  EXPECT_THAT(qwen3_config_error("{not json"), HasSubstr("config.json: not valid JSON"));
+  // A Llama config is no Qwen3 config, and the other way round.
+  EXPECT_THAT(qwen3_config_error(R"({"model_type": "llama"})"), HasSubstr("model_type = \"llama\""));
+  try {
+    LlamaArgs::from_hf_config_json(qwen3_config(""));
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("model_type = \"qwen3\": the llama family reads model_type \"llama\""));
+  }
+}
+
+TEST(ModelRegistry, Qwen3IsListedAndModelNameSelectsIt) {
+  EXPECT_EQ(model_family_names(), (std::vector<std::string>{"llama", "qwen3"}));
+  EXPECT_EQ(model_family("qwen3").name, "qwen3");
+  train::JobConfig cfg;
+  cfg.model.name = "qwen3";
+  EXPECT_NO_THROW(train::validate(cfg));
+  // The trainer builds Llama only: it refuses qwen3 rather than train a Llama under that name.
+  try {
+    train::llama_args(cfg.model);
+    ADD_FAILURE() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("model.name = \"qwen3\": the trainer builds the llama family only"));
+  }
+  const std::string folder = compat::join_path(compat::temp_directory(), "hp_qwen3_registry_" + std::to_string(::getpid()));
+  compat::create_directories(folder);
+  std::ofstream(folder + "/config.json") << qwen3_config("");
+  auto module = model_family("qwen3").from_hf_config(folder + "/config.json");
+  const Llama model = as_llama(*module);
+  EXPECT_TRUE(model->args().qk_norm);
+  const auto params = model->named_parameters();
+  EXPECT_TRUE(params.contains("layers.0.attention.q_norm.weight"));
+  EXPECT_EQ(params["layers.0.attention.k_norm.weight"].sizes(), c10::IntArrayRef({8}));
+  EXPECT_EQ(model_family("qwen3").hf_adapter(*module).size(), params.size());
+}
