@@ -130,6 +130,6 @@ TEST(ModelRegistry, Qwen3IsListedAndModelNameSelectsIt) {
   EXPECT_TRUE(model->args().qk_norm);
   const auto params = model->named_parameters();
   EXPECT_TRUE(params.contains("layers.0.attention.q_norm.weight"));
-  EXPECT_EQ(params["layers.0.attention.k_norm.weight"].sizes(), c10::IntArrayRef({8}));
+  EXPECT_EQ(params["layers.0.attention.k_norm.weight"].sizes().vec(), std::vector<int64_t>{8});
   EXPECT_EQ(model_family("qwen3").hf_adapter(*module).size(), params.size());
 }
