@@ -329,27 +329,33 @@ TEST(HfExport, AFolderThatCannotBeWrittenIsTheSameClearErrorOnEveryRank) {
 TEST(HfExport, TransformersLoadsTheExportWithTheSameLogitsAtTP1And2) {
   if (!hf_models().skip_reason.empty()) GTEST_SKIP() << hf_models().skip_reason;
   nlohmann::json jobs = nlohmann::json::array();
-  auto add = [&](const std::string& name, int64_t tp, at::ScalarType dtype, int64_t max_shard_bytes) {
-    const std::string source = compat::join_path(hf_models().dir, name);
-    const std::string out = scratch("hf_" + name + "_tp" + std::to_string(tp) + "_" + c10::toString(dtype) +
-                                    (max_shard_bytes ? "_sharded" : ""));
+  auto add_family = [&](const std::string& family_name, const std::string& name, int64_t tp, at::ScalarType dtype,
+                        int64_t max_shard_bytes) {
+    const bool llama = family_name == "llama";
+    const std::string source =
+        compat::join_path(hf_models(llama ? "make_llama_models.py" : "make_qwen_models.py").dir, name);
+    const std::string out = scratch("hf_" + family_name + "_" + name + "_tp" + std::to_string(tp) + "_" +
+                                    c10::toString(dtype) + (max_shard_bytes ? "_sharded" : ""));
     HfExportOptions options;
     options.dtype = dtype;
     options.source_folder = source;
     if (max_shard_bytes) options.max_shard_bytes = max_shard_bytes;
     const auto start = std::chrono::steady_clock::now();
     run_ranks(tp, [&](int64_t) {
-      const ModelFamily& family = model_family("llama");
+      const ModelFamily& family = model_family(family_name);
       auto model = family.from_hf_config(source + "/config.json");
       if (tp > 1) family.parallelize(*model, init_device_mesh("cpu", {tp}, {"tp"}), true, false);
       load_hf_checkpoint(*model, family.hf_adapter(*model), source);
       export_hf_checkpoint(*model, family, out, options);
     });
-    std::cout << "[ hf export ] " << name << " tp " << tp << " " << c10::toString(dtype)
+    std::cout << "[ hf export ] " << family_name << " " << name << " tp " << tp << " " << c10::toString(dtype)
               << (max_shard_bytes ? " sharded" : "") << ": load + export "
               << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n";
     jobs.push_back({{"source", source}, {"export", out}, {"dtype", dtype == at::kFloat ? "float32" : "bfloat16"}});
     return out;
+  };
+  auto add = [&](const std::string& name, int64_t tp, at::ScalarType dtype, int64_t max_shard_bytes) {
+    return add_family("llama", name, tp, dtype, max_shard_bytes);
   };
   for (const char* name : {"gqa", "tied", "llama3", "sharded"}) {
     std::map<int64_t, std::string> folders;
@@ -362,6 +368,10 @@ TEST(HfExport, TransformersLoadsTheExportWithTheSameLogitsAtTP1And2) {
   }
   add("gqa", 2, at::kFloat, 20000);
   add("llama3", 2, at::kBFloat16, 8000);
+  // Qwen3 (q/k norms, permuted within a head like the q/k rows), at TP 2.
+  if (hf_models("make_qwen_models.py").skip_reason.empty()) {
+    for (const char* name : {"gqa", "tied"}) add_family("qwen3", name, 2, at::kFloat, 0);
+  }
   const std::string jobs_file = scratch("jobs.json");
   std::ofstream(jobs_file) << jobs.dump();
   const auto r = run_command("'" + python_path() + "' '" + source_dir() + "/tests/hf/check_hf_export.py' '" + jobs_file + "'");

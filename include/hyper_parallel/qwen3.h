@@ -18,6 +18,9 @@ namespace hyper_parallel {
 // what Llama's reader refuses.
 LlamaArgs qwen3_args_from_hf_config_json(const std::string& json_text, const std::string& source = "config.json");
 LlamaArgs qwen3_args_from_hf_config_file(const std::string& path);
+// And back: a transformers Qwen3Config (Llama's fields, model_type qwen3, no sliding
+// window) that qwen3_args_from_hf_config_json reads as these args.
+std::string qwen3_hf_config_json(const LlamaArgs& args);
 
 // Llama's TP plan plus the q/k norms: their [head_dim] weights are replicated and applied
 // to each rank's own heads; the weights' gradients are summed over TP ranks.

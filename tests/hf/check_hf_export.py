@@ -27,7 +27,7 @@ try:
     import torch
     import transformers
     from safetensors.torch import load_file
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 except ImportError as e:  # pragma: no cover - depends on the venv
     print(f"SKIP: {e}")
     sys.exit(77)
@@ -37,7 +37,7 @@ transformers.utils.logging.set_verbosity_error()
 
 
 def load(folder):
-    model, info = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
+    model, info = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
     return model.eval(), {k: sorted(map(str, v)) for k, v in info.items() if v}
 
 

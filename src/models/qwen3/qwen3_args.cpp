@@ -35,6 +35,16 @@ LlamaArgs qwen3_args_from_hf_config_json(const std::string& text, const std::str
   return a;
 }
 
+std::string qwen3_hf_config_json(const LlamaArgs& a) {
+  nlohmann::json j = nlohmann::json::parse(a.to_hf_config_json());
+  j["architectures"] = {"Qwen3ForCausalLM"};
+  j["model_type"] = "qwen3";
+  j["use_sliding_window"] = false;
+  j.erase("mlp_bias");  // LlamaConfig's fields that Qwen3Config does not have
+  j.erase("pretraining_tp");
+  return j.dump(2);
+}
+
 LlamaArgs qwen3_args_from_hf_config_file(const std::string& path) {
   return qwen3_args_from_hf_config_json(read_hf_config_file(path), path);
 }

@@ -26,6 +26,7 @@ ModelFamily qwen3_family() {
         parallelize_qwen3(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);
       },
       [](const torch::nn::Module& m) { return qwen3_hf_adapter(as_llama(m)->args()); },
+      [](const torch::nn::Module& m) { return qwen3_hf_config_json(as_llama(m)->args()); },
   };
 }
 
