@@ -115,16 +115,19 @@ TEST(ModelRegistry, Qwen3IsListedAndModelNameSelectsIt) {
   train::JobConfig cfg;
   cfg.model.name = "qwen3";
   EXPECT_NO_THROW(train::validate(cfg));
-  // The trainer builds Llama only: it refuses qwen3 rather than train a Llama under that name.
+  // Sizes from [model] alone build a Llama: qwen3 without its config.json is refused rather
+  // than trained as a Llama under that name.
   try {
-    train::llama_args(cfg.model);
+    train::make_job_model(cfg.model);
     ADD_FAILURE() << "expected an error";
-  } catch (const c10::Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("model.name = \"qwen3\": the trainer builds the llama family only"));
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("model.name = \"qwen3\" needs model.hf_assets_path"));
   }
   const std::string folder = compat::join_path(compat::temp_directory(), "hp_qwen3_registry_" + std::to_string(::getpid()));
   compat::create_directories(folder);
   std::ofstream(folder + "/config.json") << qwen3_config("");
+  cfg.model.hf_assets_path = folder;  // the trainer's model: the family's, from its config.json
+  EXPECT_TRUE(train::make_job_model(cfg.model)->args().qk_norm);
   auto module = model_family("qwen3").from_hf_config(folder + "/config.json");
   const Llama model = as_llama(*module);
   EXPECT_TRUE(model->args().qk_norm);

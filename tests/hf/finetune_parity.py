@@ -20,13 +20,18 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "apps"))
-# Exits 77 without transformers; patches RMSNorm so that float64 stays float64 (see there).
+# Exits 77 without transformers.
+from hf_reference import rms_norm_in_float64  # noqa: E402
 from make_llama_models import BASE  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers.models.llama import modeling_llama  # noqa: E402
+
+# transformers' RMSNorm rounds a float64 model's norms through float32 (see hf_reference.py).
+rms_norm_in_float64(modeling_llama.LlamaRMSNorm)
 
 from bench_train_pytorch import learning_rate_at  # noqa: E402  hp's schedule, already mirrored there
 

@@ -13,12 +13,13 @@ from transformers.models.qwen3 import modeling_qwen3
 
 # The per-head q/k norms get random weights too (make_models), so that their permutation
 # within a head matters.
-BASE = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+BASE = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
             head_dim=16, intermediate_size=64, vocab_size=101, max_position_embeddings=64,
             rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters=dict(rope_type="default",
                                                                                rope_theta=1000000.0))
 CASES = {
-    # GQA 4 query / 2 kv heads, an explicit head_dim (4 x 16 != 48), uneven vocabulary.
+    # GQA 8 query / 4 kv heads (TP 4 splits them), an explicit head_dim (8 x 16 != 48),
+    # uneven vocabulary.
     "gqa": dict(),
     # Small Qwen3 checkpoints (0.6B to 4B) tie the head to the embeddings.
     "tied": dict(config=dict(tie_word_embeddings=True)),
