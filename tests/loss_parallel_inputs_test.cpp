@@ -165,6 +165,47 @@ TEST_P(LossParallelInputs, NanAndInfLogitsGiveTheReferenceValues) {
   }
 }
 
+// log_softmax + nll_loss under loss_parallel (the distributed log-sum-exp route, not the
+// fused cross-entropy kernel): a +inf logit makes ATen's whole row NaN (x - max is
+// inf - inf); -inf and NaN as ATen gives them too. Values and gradients.
+TEST_P(LossParallelInputs, NanAndInfLogitsGiveTheReferenceLogSoftmaxNllLossAndGradients) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double bad : {std::numeric_limits<double>::quiet_NaN(), inf, -inf}) {
+    SCOPED_TRACE(bad);
+    at::Tensor full = random_tensor({kRows, kClasses}, 21);
+    full[1][kClasses - 1] = bad;                       // on the last rank's shard
+    full[3].fill_(-inf);                               // a whole row
+    at::Tensor leaf = full.clone().requires_grad_();
+    const at::Tensor expected_lsm = at::log_softmax(leaf, 1);
+    const at::Tensor expected = F::nll_loss(expected_lsm, good_target(), F::NLLLossFuncOptions().reduction(torch::kNone));
+    expected.sum().backward();
+    std::mutex m;
+    std::vector<at::Tensor> lsm(static_cast<size_t>(GetParam())), loss(lsm.size()), grad(lsm.size());
+    const auto errors = errors_on(GetParam(), [&](int64_t rank, const DeviceMesh& mesh) {
+      at::Tensor x = distribute_tensor(full, mesh, {Shard(1)}).detach().requires_grad_();
+      at::Tensor y = at::log_softmax(x, 1);
+      at::Tensor l = F::nll_loss(y, good_target(), F::NLLLossFuncOptions().reduction(torch::kNone));
+      l.sum().backward();
+      at::Tensor full_y = full_tensor(y).detach(), full_l = full_tensor(l).detach(), full_g = full_tensor(x.grad());
+      std::lock_guard<std::mutex> lock(m);  // not around the collectives: every rank must reach them
+      lsm[static_cast<size_t>(rank)] = full_y;
+      loss[static_cast<size_t>(rank)] = full_l;
+      grad[static_cast<size_t>(rank)] = full_g;
+      return l;
+    });
+    for (size_t r = 0; r < lsm.size(); ++r) {
+      EXPECT_EQ(errors[r], "");
+      ASSERT_TRUE(lsm[r].defined() && loss[r].defined() && grad[r].defined());
+      EXPECT_TRUE(torch::allclose(lsm[r], expected_lsm.detach(), 1e-12, 1e-12, /*equal_nan=*/true))
+          << "rank " << r << " log_softmax: " << lsm[r] << " vs ATen " << expected_lsm;
+      EXPECT_TRUE(torch::allclose(loss[r], expected.detach(), 1e-12, 1e-12, /*equal_nan=*/true))
+          << "rank " << r << " nll_loss: " << loss[r] << " vs ATen " << expected;
+      EXPECT_TRUE(torch::allclose(grad[r], leaf.grad(), 1e-12, 1e-12, /*equal_nan=*/true))
+          << "rank " << r << " gradient: " << grad[r] << " vs ATen " << leaf.grad();
+    }
+  }
+}
+
 TEST_P(LossParallelInputs, ATargetThatDiffersBetweenRanksIsNamedWhenChecked) {
   ::setenv("HYPER_PARALLEL_CHECK_REPLICATED", "1", 1);
   const auto errors = errors_on(GetParam(), [](int64_t rank, const DeviceMesh& m) {
