@@ -12,6 +12,7 @@
 
 #include "harness/nonfinite_rows.h"
 #include "harness/rank_harness.h"
+#include "harness/rounding_bound.h"
 #include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "train/job_config.h"
@@ -134,10 +135,22 @@ TEST(CudaLossParallel, FusedCrossEntropyMatchesTheFullLogits) {
           auto guard = loss_parallel();
           at::Tensor loss = F::cross_entropy(x, target, opts.weight(weight.to(dtype)));
           loss.backward();
-          const double tol = dtype == at::kDouble ? 1e-12 : dtype == at::kFloat ? 1e-5 : 2e-2;
           EXPECT_TRUE(to_local(loss).is_cuda());
-          EXPECT_LE(rel_err(full_tensor(loss), ref), tol) << "TP " << tp << " " << dtype;
-          EXPECT_LE(rel_err(full_tensor(x.grad()), rx.grad()), tol) << "TP " << tp << " " << dtype;
+          const double got_loss = rel_err(full_tensor(loss), ref), got_grad = rel_err(full_tensor(x.grad()), rx.grad());
+          if (dtype == at::kBFloat16) {
+            // ATen's own bfloat16 cross-entropy on the same device and data: rounding alone
+            // (harness/rounding_bound.h); ours within 2x of it (the CPU grid's figure is <= 1.3x).
+            at::Tensor ax = full.to(dtype).clone().set_requires_grad(true);
+            at::Tensor aten = F::cross_entropy(ax, target, opts.weight(weight.to(dtype)));
+            aten.backward();
+            hyper_parallel::testing::RoundingRecord record(2.0);
+            EXPECT_LE(got_loss, record.bound(aten, ref, dtype, got_loss)) << "TP " << tp;
+            EXPECT_LE(got_grad, record.bound(ax.grad(), rx.grad(), dtype, got_grad)) << "TP " << tp;
+          } else {
+            const double tol = dtype == at::kDouble ? 1e-12 : 1e-5;
+            EXPECT_LE(got_loss, tol) << "TP " << tp << " " << dtype;
+            EXPECT_LE(got_grad, tol) << "TP " << tp << " " << dtype;
+          }
         }
       });
     }
