@@ -14,6 +14,7 @@
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
+#include "harness/scratch_folder.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
 #include "hyper_parallel/model_registry.h"
@@ -27,11 +28,7 @@ using ::testing::HasSubstr;
 
 namespace {
 
-std::string scratch(const std::string& name) {
-  const std::string dir = compat::join_path(compat::temp_directory(), "hp_hf_test_" + std::to_string(::getpid()));
-  compat::create_directories(dir);
-  return compat::join_path(dir, name);
-}
+std::string scratch(const std::string& name) { return hyper_parallel::testing::scratch_path("hf_checkpoint/" + name); }
 
 std::string bytes_with_header(const std::string& json, const std::string& data) {
   std::string out(8, '\0');

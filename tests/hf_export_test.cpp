@@ -23,6 +23,7 @@
 #include "harness/build_paths.h"
 #include "harness/hf_models.h"
 #include "harness/rank_harness.h"
+#include "harness/scratch_folder.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
@@ -45,13 +46,7 @@ using ::testing::HasSubstr;
 
 namespace {
 
-std::string scratch(const std::string& name) {
-  const std::string dir = compat::join_path(compat::temp_directory(), "hp_hf_export_" + std::to_string(::getpid()));
-  compat::create_directories(dir);
-  const std::string path = compat::join_path(dir, name);
-  compat::remove_all(path);
-  return path;
-}
+std::string scratch(const std::string& name) { return hyper_parallel::testing::scratch_path("hf_export/" + name); }
 
 std::string file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

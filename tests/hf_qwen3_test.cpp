@@ -13,6 +13,7 @@
 
 #include "compat/file_system.h"
 #include "harness/hf_parity.h"
+#include "harness/scratch_folder.h"
 #include "hyper_parallel/model_registry.h"
 #include "hyper_parallel/qwen3.h"
 #include "train/job_config.h"
@@ -123,7 +124,7 @@ TEST(ModelRegistry, Qwen3IsListedAndModelNameSelectsIt) {
   } catch (const std::invalid_argument& e) {
     EXPECT_THAT(e.what(), HasSubstr("model.name = \"qwen3\" needs model.hf_assets_path"));
   }
-  const std::string folder = compat::join_path(compat::temp_directory(), "hp_qwen3_registry_" + std::to_string(::getpid()));
+  const std::string folder = hyper_parallel::testing::scratch_path("qwen3_registry");
   compat::create_directories(folder);
   std::ofstream(folder + "/config.json") << qwen3_config("");
   cfg.model.hf_assets_path = folder;  // the trainer's model: the family's, from its config.json
