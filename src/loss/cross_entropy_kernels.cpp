@@ -102,8 +102,9 @@ at::Tensor from_rows(const at::Tensor& rows, c10::IntArrayRef shape, int64_t cla
 LogSumExp distributed_logsumexp(const at::Tensor& x_rows, const ClassShard& shard) {
   const at::ScalarType ct = compute_type(x_rows.scalar_type());
   at::Tensor m = max_over_classes(x_rows, shard);
-  // Rows whose max is -inf (all -inf) would give nan in x - m; shift them by 0.
-  at::Tensor shift = at::where(at::isinf(m), at::zeros_like(m), m);
+  // Rows whose max is -inf (all -inf) would give nan in x - m; shift them by 0. A +inf max
+  // keeps its nan (inf - inf), as ATen's log_softmax gives it for the whole row.
+  at::Tensor shift = at::where(at::isneginf(m), at::zeros_like(m), m);
   at::Tensor s = at::zeros_like(m);
   if (shard.local > 0) {
     for_row_blocks(x_rows.size(0), shard.local, [&](int64_t r0, int64_t n) {
