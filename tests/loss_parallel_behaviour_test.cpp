@@ -91,6 +91,31 @@ TEST(LossParallelKernels, NllOverLogSoftmaxMatchesAndItsBackwardIsCorrect) {
   });
 }
 
+// The out= forms of the routed ops (nll_loss's nll_loss_forward.output, _log_softmax.out)
+// give what the functional forms give: a plain out receives the full value, as one
+// process computes it; a DTensor out keeps its layout. (They reached the kernels with
+// their outs still on the stack: "Expected Tensor but got None".)
+TEST(LossParallelKernels, OutFormsWriteTheFunctionalResult) {
+  run_ranks(3, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {3});
+    const at::Tensor full = random_tensor({5, 10}, 4) * 3;
+    const at::Tensor target = torch::tensor({0, 9, 3, -100, 5}, torch::kLong);
+    const at::Tensor ref_lsm = at::log_softmax(full, 1);
+    const at::Tensor ref_loss = at::nll_loss(ref_lsm, target);
+    at::Tensor x = distribute_tensor(full, mesh, {Shard(1)});
+    auto guard = loss_parallel();
+    at::Tensor lsm_out = at::empty_like(x);  // a DTensor sharded like x
+    at::_log_softmax_out(lsm_out, x, 1, false);
+    EXPECT_TRUE(is_dtensor(lsm_out));
+    EXPECT_TRUE(close(full_tensor(lsm_out), ref_lsm));
+    at::Tensor loss_out = at::empty({7}, at::kDouble);  // plain, the wrong size: resized as ATen's out=
+    at::nll_loss_out(loss_out, lsm_out, target);
+    EXPECT_FALSE(is_dtensor(loss_out));
+    EXPECT_EQ(loss_out.dim(), 0);
+    EXPECT_TRUE(close(loss_out, ref_loss));
+  });
+}
+
 TEST(LossParallelKernels, CrossEntropyBackwardIsFusedWithoutCommunication) {
   run_ranks(2, [](int64_t) {
     auto mesh = init_device_mesh("cpu", {2});
