@@ -221,13 +221,51 @@ void cross_entropy_loss_kernel(const c10::OperatorHandle&, torch::jit::Stack* st
 
 }  // namespace
 
+namespace {
+
+// result into an out= argument, as ATen's out= writes: resized when it is a plain tensor
+// (it receives the full value, as one process computes it); a DTensor keeps its layout
+// and must already have the result's shape.
+void write_out(const at::Tensor& out, const at::Tensor& result, const std::string& op, const std::string& arg) {
+  if (is_dtensor(out)) {
+    TORCH_CHECK_VALUE(out.sizes() == result.sizes(), op, ": the out= argument '", arg, "' has shape ", out.sizes(),
+                      " but the result has shape ", result.sizes(), "; expected a DTensor of the result's shape");
+    at::Tensor(out).copy_(result);
+    return;
+  }
+  const at::Tensor value = is_dtensor(result) ? full_tensor(result).detach() : result;
+  if (out.sizes() != value.sizes()) at::Tensor(out).resize_(value.sizes());
+  at::Tensor(out).copy_(value);
+}
+
+}  // namespace
+
 bool dispatch_loss_parallel(const c10::OperatorHandle& op, const std::string& name, torch::jit::Stack* stack) {
   auto it = kernels().find(name);
   if (it == kernels().end()) {
     throw LossParallelUnsupportedError("loss_parallel: op '" + name +
                                        "' is in the loss_parallel op names but has no loss_parallel kernel");
   }
-  return it->second(op, stack);
+  // An out= overload (nll_loss_forward.output, _log_softmax.out, ...): its out arguments
+  // trail the functional ones. The kernel runs on the functional arguments; its results
+  // are then written into the outs, which the op returns.
+  const auto& args = op.schema().arguments();
+  size_t n_out = 0;
+  while (n_out < args.size() && args[args.size() - 1 - n_out].is_out()) ++n_out;
+  if (n_out == 0) return it->second(op, stack);
+  std::vector<c10::IValue> outs(stack->end() - static_cast<std::ptrdiff_t>(n_out), stack->end());
+  torch::jit::drop(*stack, n_out);
+  if (!it->second(op, stack)) {
+    for (auto& v : outs) stack->push_back(std::move(v));
+    return false;
+  }
+  std::vector<c10::IValue> results(stack->end() - static_cast<std::ptrdiff_t>(n_out), stack->end());
+  torch::jit::drop(*stack, n_out);
+  for (size_t i = 0; i < n_out; ++i) {
+    write_out(outs[i].toTensor(), results[i].toTensor(), name, args[args.size() - n_out + i].name());
+    stack->push_back(std::move(outs[i]));
+  }
+  return true;
 }
 
 std::vector<std::string> loss_parallel_op_names() {
