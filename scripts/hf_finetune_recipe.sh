@@ -6,12 +6,12 @@
 #   2. the docs tokenized into a flat .bin with scripts/tokenize_corpus.py;
 #   3. hp-run hp-train at TP 2 starting from the checkpoint (model.hf_assets_path,
 #      checkpoint.initial_load_in_hf);
-#   4. the result exported to a Hugging Face folder and loaded in transformers, when this
-#      build has the export tool (hp-hf-export).
+#   4. the result exported to a Hugging Face folder (hp-hf-export) and loaded in
+#      transformers.
 #
 #   scripts/hf_finetune_recipe.sh [WORK_DIR] [-- hp-train overrides]
 #
-# Needs a build (hp_build hp-run hp-train) and the venv's transformers and tokenizers
+# Needs a build (hp_build hp-run hp-train hp-hf-export) and the venv's transformers and tokenizers
 # (scripts/common.sh installs them); exits 77 without them.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -20,7 +20,7 @@ work="${1:-outputs/hf_finetune_recipe}"
 [ "${1:-}" = "--" ] && shift
 python="$(hp_python)"
 bin="$HP_BUILD_DIR/bin"
-for exe in hp-run hp-train; do
+for exe in hp-run hp-train hp-hf-export; do
   [ -x "$bin/$exe" ] || { echo "no $bin/$exe: build first (source scripts/common.sh && hp_build)" >&2; exit 1; }
 done
 if [ -z "$python" ] || ! "$python" -c 'import transformers, tokenizers' 2>/dev/null; then
@@ -63,11 +63,6 @@ echo "==> 3. hp-train at TP 2 with loss_parallel, starting from the checkpoint"
   --validation.freq 20 --checkpoint.enable --checkpoint.interval 40 --checkpoint.overwrite \
   --metrics.enable_plot false --job.dump_folder "$work/run" "$@"
 
-if [ -x "$bin/hp-hf-export" ]; then
-  echo "==> 4. export to $work/export and load it in transformers"
-  "$bin/hp-hf-export" "$work/run/checkpoints" "$work/export" --source "$work/model"
-  "$python" -c "import sys; from transformers import LlamaForCausalLM; m = LlamaForCausalLM.from_pretrained(sys.argv[1]); print('transformers loaded', sys.argv[1], sum(p.numel() for p in m.parameters()), 'parameters')" "$work/export"
-else
-  echo "==> 4. skipped: this build has no hp-hf-export (the Hugging Face export tool); the trained" \
-       "weights are hp-train's checkpoint in $work/run/checkpoints"
-fi
+echo "==> 4. export to $work/export and load it in transformers"
+"$bin/hp-hf-export" "$work/run/checkpoints" "$work/export" --source "$work/model"
+"$python" -c "import sys; from transformers import LlamaForCausalLM; m = LlamaForCausalLM.from_pretrained(sys.argv[1]); print('transformers loaded', sys.argv[1], sum(p.numel() for p in m.parameters()), 'parameters')" "$work/export"

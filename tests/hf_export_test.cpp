@@ -428,3 +428,25 @@ TEST(HfExport, HpHfExportWritesTheWeightsOfATrainingCheckpointSavedAtDp2Tp2) {
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_THAT(missing.output, HasSubstr("no checkpoint in"));
 }
+
+// A fine-tuning run (model.hf_assets_path: GQA 8q/4kv, explicit head_dim, which the [model]
+// sizes cannot say) exports with the config.json it recorded: the same model, its weights.
+TEST(HfExport, HpHfExportWritesAFineTunedModelFromItsRecordedConfig) {
+  if (!hf_models().skip_reason.empty()) GTEST_SKIP() << hf_models().skip_reason;
+  train::JobConfig job = hyper_parallel::testing::tiny_checkpointed_job(scratch("finetune"), /*tp=*/2, /*steps=*/2);
+  job.model = train::ModelConfig{};
+  job.model.hf_assets_path = compat::join_path(hf_models().dir, "gqa");
+  job.checkpoint.initial_load_in_hf = true;
+  hyper_parallel::testing::train_steps(job, 1, 2, /*save=*/true);
+  const std::string folder = hyper_parallel::testing::checkpoint_path(job, "");
+  const train::SavedModel saved = train::load_saved_model(folder);
+  EXPECT_EQ(saved.model->args().kv_heads(), 4);
+  EXPECT_EQ(saved.model->args().head_dim(), 16);
+  const std::string out = scratch("finetune_export");
+  const auto r = run_command(binary_path("hp-hf-export") + " '" + folder + "' '" + out + "' 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto module = model_family("llama").from_hf_config(out + "/config.json");
+  load_hf_checkpoint(*module, model_family("llama").hf_adapter(*module), out);
+  auto exported = module->named_parameters();
+  for (const auto& p : saved.model->named_parameters()) EXPECT_TRUE(at::equal(exported[p.key()], p.value())) << p.key();
+}

@@ -2,9 +2,13 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <unistd.h>
+
+#include <fstream>
 #include <stdexcept>
 
 #include "compat/file_system.h"
+#include "hyper_parallel/model_registry.h"
 #include "train/checkpoint_io.h"
 #include "train/checkpoint_reshard.h"
 #include "train/trainer.h"
@@ -13,10 +17,12 @@ namespace hyper_parallel::train {
 
 namespace {
 
-// The recorded [model] keys over the defaults, each through the config's own parser.
+// The recorded [model] keys over the defaults, each through the config's own parser
+// (hf_config is the Hugging Face config.json a fine-tuning job started from, not a key).
 ModelConfig recorded_model(const nlohmann::json& model, const std::string& where) {
   JobConfig cfg;
   for (const auto& [key, value] : model.items()) {
+    if (key == "hf_config") continue;
     try {
       apply_override(cfg, "model." + key, value.is_string() ? value.get<std::string>() : value.dump());
     } catch (const std::exception& e) {
@@ -24,10 +30,34 @@ ModelConfig recorded_model(const nlohmann::json& model, const std::string& where
                                " cannot be read by this hp-train: " + e.what());
     }
   }
-  if (cfg.model.name != "llama") {
-    throw std::runtime_error(where + ": model.name = \"" + cfg.model.name + "\": hp-train checkpoints hold llama models");
+  if (cfg.model.name != "llama" && !model.contains("hf_config")) {
+    throw std::runtime_error(where + ": model.name = \"" + cfg.model.name +
+                             "\" without a recorded config.json: hp-train builds only llama from [model] sizes");
   }
   return cfg.model;
+}
+
+// The module the job trained: from its recorded config.json through its family (GQA,
+// head_dim, rope scaling, the tie and a family's own fields live only there), else a Llama
+// from the [model] sizes.
+Llama recorded_module(const nlohmann::json& model, const ModelConfig& config, const std::string& where) {
+  if (!model.contains("hf_config")) return Llama(llama_args(config));
+  // Families read a config.json file: the recorded one, written to a scratch folder.
+  const std::string folder = compat::join_path(compat::temp_directory(), "hp_saved_model_" + std::to_string(::getpid()));
+  compat::create_directories(folder);
+  const std::string path = compat::join_path(folder, "config.json");
+  {
+    std::ofstream(path) << model.at("hf_config").dump();
+  }
+  std::shared_ptr<torch::nn::Module> module;
+  try {
+    module = model_family(config.name).from_hf_config(path);
+  } catch (const std::exception& e) {
+    compat::remove_all(folder);
+    throw std::runtime_error(where + ": the recorded model.hf_config: " + e.what());
+  }
+  compat::remove_all(folder);
+  return as_llama(*module);
 }
 
 }  // namespace
@@ -46,7 +76,7 @@ SavedModel load_saved_model(const std::string& checkpoint_folder, std::optional<
   out.step = *step;
   out.identity = manifest.identity;
   out.config = recorded_model(manifest.identity.model, manifest_path);
-  out.model = Llama(llama_args(out.config));
+  out.model = recorded_module(manifest.identity.model, out.config, manifest_path);
 
   const int64_t saved_tp = manifest.identity.tensor_parallel_degree, saved_dp = manifest.identity.data_parallel_degree;
   LayoutTable layouts;
