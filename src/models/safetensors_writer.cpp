@@ -59,7 +59,7 @@ void write_safetensors(const std::string& path, const std::map<std::string, at::
     std::fwrite(p.header.data(), 1, p.header.size(), f);
     for (const auto& [name, t] : p.tensors) {
       const at::Tensor c = t.detach().cpu().contiguous();  // one tensor at a time
-      std::fwrite(c.const_data_ptr(), 1, c.nbytes(), f);
+      if (c.nbytes() > 0) std::fwrite(c.const_data_ptr(), 1, c.nbytes(), f);  // an empty one has no storage
     }
   });
 }

@@ -48,7 +48,8 @@ std::map<std::string, at::Tensor> read_safetensors_file(const std::string& path)
   std::map<std::string, at::Tensor> out;
   for (const auto& [name, e] : f.header().tensors) {
     out[name] = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-    std::memcpy(out[name].data_ptr(), f.data(e), e.end - e.begin);
+    // An empty tensor has no storage (a null pointer memcpy must not be given).
+    if (e.end > e.begin) std::memcpy(out[name].data_ptr(), f.data(e), e.end - e.begin);
   }
   return out;
 }
