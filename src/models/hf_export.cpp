@@ -1,7 +1,6 @@
 // export_hf_checkpoint (hf_checkpoint.h): our model -> a Hugging Face checkpoint folder.
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/equal.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <unistd.h>

@@ -2,16 +2,13 @@
 
 #include <ATen/ops/empty.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <vector>
 
-#include "compat/file_system.h"
 #include "harness/build_paths.h"
 #include "harness/rank_harness.h"
+#include "harness/scratch_folder.h"
 #include "models/safetensors.h"
 
 namespace hyper_parallel::testing {
@@ -27,11 +24,7 @@ const HfModels& hf_models(const std::string& script) {
   if (python.empty()) {
     m.skip_reason = "no Python configured (HP_PYTHON); scripts/common.sh's venv has transformers";
   } else {
-    m.dir = compat::join_path(compat::temp_directory(), "hp_hf_" + script + "_" + std::to_string(::getpid()));
-    // Removed at exit (registered after `folders` exists, so it runs before its destructor).
-    static std::vector<std::string> folders;
-    if (folders.empty()) std::atexit([] { for (const auto& f : folders) compat::remove_all(f); });
-    folders.push_back(m.dir);
+    m.dir = scratch_path("hf_models/" + script);  // removed with the process's scratch folder
     const auto r = run_command("'" + python + "' '" + source_dir() + "/tests/hf/" + script + "' '" + m.dir + "'");
     if (r.exit_code == 77) {
       m.skip_reason = r.output;
