@@ -1,19 +1,28 @@
-// The conformance suite: every op with a layout rule, called on DTensors in every listed
-// placement combination — 1-D meshes of 2 and 3 ranks (even and uneven pieces) and a
-// 2 x 2 mesh — in its functional, in-place and out= forms, must give what one process
-// computes on the full tensors (value, and gradients where differentiable), or refuse
-// with an error on every rank. Nothing else passes.
+// The conformance suite: every op with a layout rule, called on DTensors — 1-D meshes of
+// 2 and 3 ranks (even and uneven pieces) and a 2 x 2 mesh; every input in every
+// placement (Replicate, Shard(d), Partial(sum) for floating-point inputs) — in its
+// functional form and in every in-place and out= form ATen has, must give what one
+// process computes on the full tensors (value, and input gradients of the functional and
+// in-place forms where differentiable), or refuse with an error on every rank. Nothing
+// else passes. On the 1-D meshes every combination of the inputs' placements runs; on the
+// 2 x 2 mesh every input takes every placement with the others replicated, following it,
+// or interleaved with it (placement_combos).
 //
 // The cases are generated: each op contributes how to call it (a few lines in the table
 // below); the placements, variants and meshes are enumerated here. A test fails when an
 // op in the registry has neither a table entry nor a stated reason to be tested elsewhere,
-// so a new rule cannot go untested. The totals are printed and recorded in docs/ops.md.
+// so a new rule cannot go untested. The totals per family (the rule's class) are printed
+// and recorded in docs/ops.md.
 #include <ATen/ATen.h>
 #include <c10/util/StringUtil.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -21,7 +30,6 @@
 #include "hyper_parallel/hyper_parallel.h"
 
 using namespace hyper_parallel;
-using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
 
 namespace {
@@ -29,7 +37,7 @@ namespace {
 using Inputs = std::vector<at::Tensor>;
 using Fn = std::function<at::Tensor(const Inputs&)>;
 using InplaceFn = std::function<void(const Inputs&)>;          // writes into inputs[0]
-using OutFn = std::function<void(at::Tensor& out, const Inputs&)>;
+using OutFn = std::function<void(at::Tensor& out, const Inputs&)>;  // computes what fn returns, into out
 
 struct OpCase {
   std::string op;                                // registry name it exercises
@@ -38,13 +46,19 @@ struct OpCase {
   Fn fn;
   InplaceFn inplace;                             // optional
   OutFn out;                                     // optional
-  bool grad = true;                              // compare input gradients too
+  bool grad = true;                              // compare input gradients too (functional and in-place)
   size_t placed = 0;                             // inputs to distribute (0: all)
+  bool under_loss_parallel = false;              // the distributed call runs inside loss_parallel()
 };
 
+// Random values on a 2^-20 grid, |x| < 8: sums of a few of them are exact in float64, so a
+// Partial input's addends (below) add up to exactly the full tensor.
+at::Tensor dyadic(c10::IntArrayRef shape, uint64_t seed) {
+  return at::round(hyper_parallel::testing::random_tensor(shape, seed) * (1 << 20)) / (1 << 20);
+}
 Inputs reals(uint64_t seed, std::vector<std::vector<int64_t>> shapes) {
   Inputs v;
-  for (size_t i = 0; i < shapes.size(); ++i) v.push_back(random_tensor(shapes[i], seed + i));
+  for (size_t i = 0; i < shapes.size(); ++i) v.push_back(dyadic(shapes[i], seed + i));
   return v;
 }
 Inputs positives(uint64_t seed, std::vector<std::vector<int64_t>> shapes) {
@@ -69,6 +83,18 @@ const std::vector<int64_t> kShape = {6, 5};  // 6 splits evenly over 2 and 3 ran
         [](at::Tensor& o, const Inputs& v) { (void)at::NAME##_out(o, v[0], v[1]); }, GRAD    \
   }
 
+// Log-probabilities over `classes` along dim 1 and targets with some ignored (-100).
+Inputs nll_inputs(uint64_t seed, std::vector<int64_t> shape, bool weighted) {
+  Inputs v = {at::log_softmax(dyadic(shape, seed) * 2, 1)};
+  std::vector<int64_t> tshape = shape;
+  tshape.erase(tshape.begin() + 1);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
+  at::Tensor t = at::randint(shape[1], tshape, gen, at::kLong);
+  v.push_back(t.masked_fill(at::rand(tshape, gen, at::kDouble) < 0.25, -100));
+  if (weighted) v.push_back(positives(seed + 2, {{shape[1]}})[0]);
+  return v;
+}
+
 std::vector<OpCase> op_cases() {
   std::vector<OpCase> c = {
       HP_UNARY(abs, reals), HP_UNARY(cos, reals), HP_UNARY(exp, reals), HP_UNARY(log, positives),
@@ -81,6 +107,11 @@ std::vector<OpCase> op_cases() {
       HP_BINARY(le, reals, false), HP_BINARY(gt, reals, false), HP_BINARY(ge, reals, false),
   };
   auto add = [&](OpCase x) { c.push_back(std::move(x)); };
+  add({"sgn", "", [](uint64_t s) { return reals(s, {kShape}); }, [](const Inputs& v) { return at::sgn(v[0]); },
+       [](const Inputs& v) { (void)v[0].sgn_(); }, [](at::Tensor& o, const Inputs& v) { (void)at::sgn_out(o, v[0]); }});
+  add({"sign", "", [](uint64_t s) { return reals(s, {kShape}); }, [](const Inputs& v) { return at::sign(v[0]); },
+       [](const Inputs& v) { (void)v[0].sign_(); }, [](at::Tensor& o, const Inputs& v) { (void)at::sign_out(o, v[0]); }});
+  // maximum, minimum and where have no in-place form in ATen.
   add({"maximum", "", [](uint64_t s) { return reals(s, {kShape, kShape}); },
        [](const Inputs& v) { return at::maximum(v[0], v[1]); }, nullptr,
        [](at::Tensor& o, const Inputs& v) { (void)at::maximum_out(o, v[0], v[1]); }});
@@ -88,9 +119,11 @@ std::vector<OpCase> op_cases() {
        [](const Inputs& v) { return at::minimum(v[0], v[1]); }, nullptr,
        [](at::Tensor& o, const Inputs& v) { (void)at::minimum_out(o, v[0], v[1]); }});
   add({"relu", "", [](uint64_t s) { return reals(s, {kShape}); }, [](const Inputs& v) { return at::relu(v[0]); },
-       [](const Inputs& v) { (void)at::relu_(const_cast<at::Tensor&>(v[0])); }, nullptr});
+       [](const Inputs& v) { (void)at::relu_(const_cast<at::Tensor&>(v[0])); },
+       [](at::Tensor& o, const Inputs& v) { (void)at::relu_out(o, v[0]); }});
   add({"gelu", "", [](uint64_t s) { return reals(s, {kShape}); }, [](const Inputs& v) { return at::gelu(v[0]); },
-       nullptr, [](at::Tensor& o, const Inputs& v) { (void)at::gelu_out(o, v[0]); }});
+       [](const Inputs& v) { (void)at::gelu_(const_cast<at::Tensor&>(v[0])); },
+       [](at::Tensor& o, const Inputs& v) { (void)at::gelu_out(o, v[0]); }});
   add({"logical_not", "", [](uint64_t s) { return Inputs{reals(s, {kShape})[0] > 0}; },
        [](const Inputs& v) { return at::logical_not(v[0]); },
        [](const Inputs& v) { (void)v[0].logical_not_(); },
@@ -102,7 +135,8 @@ std::vector<OpCase> op_cases() {
        [](const Inputs& v) { return at::add(v[0], v[1], 0.5); }, [](const Inputs& v) { (void)v[0].add_(v[1], 0.5); },
        [](at::Tensor& o, const Inputs& v) { (void)at::add_out(o, v[0], v[1], 0.5); }});
   add({"mul", "scalar", [](uint64_t s) { return reals(s, {kShape}); }, [](const Inputs& v) { return v[0] * 3.0; },
-       [](const Inputs& v) { (void)v[0].mul_(3.0); }, nullptr});
+       [](const Inputs& v) { (void)v[0].mul_(3.0); },
+       [](at::Tensor& o, const Inputs& v) { (void)at::mul_out(o, v[0], at::Scalar(3.0)); }});
   add({"clamp", "", [](uint64_t s) { return reals(s, {kShape}); },
        [](const Inputs& v) { return at::clamp(v[0], -0.5, 0.5); },
        [](const Inputs& v) { (void)v[0].clamp_(-0.5, 0.5); },
@@ -120,43 +154,73 @@ std::vector<OpCase> op_cases() {
        [](at::Tensor& o, const Inputs& v) { (void)at::addcdiv_out(o, v[0], v[1], v[2], 0.5); }});
   add({"where", "", [](uint64_t s) { auto v = reals(s, {kShape, kShape, kShape}); v[0] = v[0] > 0; return v; },
        [](const Inputs& v) { return at::where(v[0], v[1], v[2]); }, nullptr,
-       [](at::Tensor& o, const Inputs& v) { (void)at::where_out(o, v[0], v[1], v[2]); }, false});
+       [](at::Tensor& o, const Inputs& v) { (void)at::where_out(o, v[0], v[1], v[2]); }});
   add({"masked_fill", "", [](uint64_t s) { auto v = reals(s, {kShape, kShape}); v[1] = v[1] > 0; return v; },
        [](const Inputs& v) { return at::masked_fill(v[0], v[1], -1.0); },
-       [](const Inputs& v) { (void)v[0].masked_fill_(v[1], -1.0); }, nullptr});
-  // Matmuls (their gradients also run mm/t/sum in every layout).
+       [](const Inputs& v) { (void)v[0].masked_fill_(v[1], -1.0); },
+       [](at::Tensor& o, const Inputs& v) { (void)at::masked_fill_out(o, v[0], v[1], at::Scalar(-1.0)); }});
+  // Matmuls (their gradients also run mm/t/sum in every layout). mm and bmm have no in-place form.
   add({"mm", "", [](uint64_t s) { return reals(s, {{6, 5}, {5, 4}}); },
        [](const Inputs& v) { return at::mm(v[0], v[1]); }, nullptr,
        [](at::Tensor& o, const Inputs& v) { (void)at::mm_out(o, v[0], v[1]); }});
   add({"addmm", "", [](uint64_t s) { return reals(s, {{4}, {6, 5}, {5, 4}}); },
        [](const Inputs& v) { return at::addmm(v[0], v[1], v[2]); }, nullptr,
        [](at::Tensor& o, const Inputs& v) { (void)at::addmm_out(o, v[0], v[1], v[2]); }});
+  add({"addmm", "full self", [](uint64_t s) { return reals(s, {{6, 4}, {6, 5}, {5, 4}}); },
+       [](const Inputs& v) { return at::addmm(v[0], v[1], v[2], 0.5, 2.0); },
+       [](const Inputs& v) { (void)v[0].addmm_(v[1], v[2], 0.5, 2.0); },
+       [](at::Tensor& o, const Inputs& v) { (void)at::addmm_out(o, v[0], v[1], v[2], 0.5, 2.0); }});
   add({"bmm", "", [](uint64_t s) { return reals(s, {{3, 6, 5}, {3, 5, 4}}); },
        [](const Inputs& v) { return at::bmm(v[0], v[1]); }, nullptr,
        [](at::Tensor& o, const Inputs& v) { (void)at::bmm_out(o, v[0], v[1]); }});
-  // Reductions.
-  auto reduction = [&](const char* op, const char* label, Fn fn, bool grad = true) {
-    add({op, label, [](uint64_t s) { return reals(s, {kShape}); }, std::move(fn), nullptr, nullptr, grad});
+  // Reductions (none has an in-place form).
+  auto reduction = [&](const char* op, const char* label, Fn fn, OutFn out, bool grad = true) {
+    add({op, label, [](uint64_t s) { return reals(s, {kShape}); }, std::move(fn), nullptr, std::move(out), grad});
   };
-  reduction("sum", "all", [](const Inputs& v) { return v[0].sum(); });
-  reduction("sum", "dim 0", [](const Inputs& v) { return v[0].sum(0); });
-  reduction("sum", "dim 1 keepdim", [](const Inputs& v) { return v[0].sum(1, true); });
-  reduction("mean", "all", [](const Inputs& v) { return v[0].mean(); });
-  reduction("mean", "dim 1", [](const Inputs& v) { return v[0].mean(1); });
-  reduction("amax", "dim 1", [](const Inputs& v) { return v[0].amax(1); });
-  reduction("amin", "dim 0", [](const Inputs& v) { return v[0].amin(0); });
-  reduction("argmax", "dim 1", [](const Inputs& v) { return v[0].argmax(1); }, false);
-  reduction("argmin", "dim 0", [](const Inputs& v) { return v[0].argmin(0); }, false);
-  reduction("max", "dim 1", [](const Inputs& v) { return std::get<0>(v[0].max(1)); });
-  reduction("min", "dim 0", [](const Inputs& v) { return std::get<0>(v[0].min(0)); });
-  reduction("prod", "dim 1", [](const Inputs& v) { return v[0].prod(1); });
-  reduction("logsumexp", "dim 1", [](const Inputs& v) { return v[0].logsumexp(1); });
-  reduction("_softmax", "dim 1", [](const Inputs& v) { return at::softmax(v[0], 1); });
-  reduction("_softmax", "dim 0", [](const Inputs& v) { return at::softmax(v[0], 0); });
-  reduction("_log_softmax", "dim 1", [](const Inputs& v) { return at::log_softmax(v[0], 1); });
-  // Views and shape ops.
-  auto view = [&](const char* op, const char* label, Fn fn, InplaceFn inplace = nullptr) {
-    add({op, label, [](uint64_t s) { return reals(s, {kShape}); }, std::move(fn), std::move(inplace), nullptr});
+  reduction("sum", "all", [](const Inputs& v) { return v[0].sum(); },
+            [](at::Tensor& o, const Inputs& v) { (void)at::sum_out(o, v[0], {0, 1}); });
+  reduction("sum", "dim 0", [](const Inputs& v) { return v[0].sum(0); },
+            [](at::Tensor& o, const Inputs& v) { (void)at::sum_out(o, v[0], {0}); });
+  reduction("sum", "dim 1 keepdim", [](const Inputs& v) { return v[0].sum(1, true); },
+            [](at::Tensor& o, const Inputs& v) { (void)at::sum_out(o, v[0], {1}, true); });
+  reduction("mean", "all", [](const Inputs& v) { return v[0].mean(); },
+            [](at::Tensor& o, const Inputs& v) { (void)at::mean_out(o, v[0], {0, 1}); });
+  reduction("mean", "dim 1", [](const Inputs& v) { return v[0].mean(1); },
+            [](at::Tensor& o, const Inputs& v) { (void)at::mean_out(o, v[0], {1}); });
+  reduction("amax", "dim 1", [](const Inputs& v) { return v[0].amax(1); },
+            [](at::Tensor& o, const Inputs& v) { (void)at::amax_out(o, v[0], {1}); });
+  reduction("amin", "dim 0", [](const Inputs& v) { return v[0].amin(0); },
+            [](at::Tensor& o, const Inputs& v) { (void)at::amin_out(o, v[0], {0}); });
+  reduction("argmax", "dim 1", [](const Inputs& v) { return v[0].argmax(1); },
+            [](at::Tensor& o, const Inputs& v) { (void)at::argmax_out(o, v[0], 1); }, false);
+  reduction("argmin", "dim 0", [](const Inputs& v) { return v[0].argmin(0); },
+            [](at::Tensor& o, const Inputs& v) { (void)at::argmin_out(o, v[0], 0); }, false);
+  // max/min with a dim write values and indices: the out= form takes both.
+  reduction("max", "dim 1", [](const Inputs& v) { return std::get<0>(v[0].max(1)); },
+            [](at::Tensor& o, const Inputs& v) {
+              at::Tensor idx = is_dtensor(o) ? distribute_tensor(at::zeros(o.sizes(), at::kLong), mesh_of(o), placements_of(o), std::nullopt)
+                                             : at::zeros(o.sizes(), at::kLong);
+              (void)at::max_out(o, idx, v[0], 1);
+            });
+  reduction("min", "dim 0", [](const Inputs& v) { return std::get<0>(v[0].min(0)); },
+            [](at::Tensor& o, const Inputs& v) {
+              at::Tensor idx = is_dtensor(o) ? distribute_tensor(at::zeros(o.sizes(), at::kLong), mesh_of(o), placements_of(o), std::nullopt)
+                                             : at::zeros(o.sizes(), at::kLong);
+              (void)at::min_out(o, idx, v[0], 0);
+            });
+  reduction("prod", "dim 1", [](const Inputs& v) { return v[0].prod(1); },
+            [](at::Tensor& o, const Inputs& v) { (void)at::prod_out(o, v[0], 1); });
+  reduction("logsumexp", "dim 1", [](const Inputs& v) { return v[0].logsumexp(1); },
+            [](at::Tensor& o, const Inputs& v) { (void)at::logsumexp_out(o, v[0], {1}); });
+  reduction("_softmax", "dim 1", [](const Inputs& v) { return at::softmax(v[0], 1); },
+            [](at::Tensor& o, const Inputs& v) { (void)at::_softmax_out(o, v[0], 1, false); });
+  reduction("_softmax", "dim 0", [](const Inputs& v) { return at::softmax(v[0], 0); },
+            [](at::Tensor& o, const Inputs& v) { (void)at::_softmax_out(o, v[0], 0, false); });
+  reduction("_log_softmax", "dim 1", [](const Inputs& v) { return at::log_softmax(v[0], 1); },
+            [](at::Tensor& o, const Inputs& v) { (void)at::_log_softmax_out(o, v[0], 1, false); });
+  // Views and shape ops: the in-place forms ATen has (t_, transpose_, unsqueeze_, squeeze_).
+  auto view = [&](const char* op, const char* label, Fn fn, InplaceFn inplace = nullptr, OutFn out = nullptr) {
+    add({op, label, [](uint64_t s) { return reals(s, {kShape}); }, std::move(fn), std::move(inplace), std::move(out)});
   };
   view("view", "flatten", [](const Inputs& v) { return v[0].reshape({30}); });
   view("view", "split dim 0", [](const Inputs& v) { return v[0].view({2, 3, 5}); });
@@ -169,6 +233,8 @@ std::vector<OpCase> op_cases() {
   view("unsqueeze", "", [](const Inputs& v) { return v[0].unsqueeze(1); },
        [](const Inputs& v) { (void)v[0].unsqueeze_(1); });
   view("squeeze", "", [](const Inputs& v) { return v[0].unsqueeze(0).squeeze(0); });
+  add({"squeeze", "dim 1 of [6, 1, 5]", [](uint64_t s) { return reals(s, {{6, 1, 5}}); },
+       [](const Inputs& v) { return v[0].squeeze(1); }, [](const Inputs& v) { (void)v[0].squeeze_(1); }, nullptr});
   view("select", "dim 0", [](const Inputs& v) { return v[0].select(0, 4); });
   view("select", "dim 1", [](const Inputs& v) { return v[0].select(1, 3); });
   view("slice", "dim 0", [](const Inputs& v) { return v[0].slice(0, 1, 5); });
@@ -176,25 +242,37 @@ std::vector<OpCase> op_cases() {
   view("split", "", [](const Inputs& v) { return at::cat(v[0].split(2, 0), 1); });
   view("split_with_sizes", "", [](const Inputs& v) { return v[0].split_with_sizes({1, 5}, 0)[1]; });
   view("unbind", "", [](const Inputs& v) { return v[0].unbind(1)[2]; });
-  view("clone", "", [](const Inputs& v) { return v[0].clone(); });
+  view("clone", "", [](const Inputs& v) { return v[0].clone(); }, nullptr,
+       [](at::Tensor& o, const Inputs& v) { (void)at::clone_out(o, v[0]); });
   view("_to_copy", "", [](const Inputs& v) { return v[0].to(at::kFloat).to(at::kDouble); });
+  view("_to_copy", "same dtype", [](const Inputs& v) { return at::_to_copy(v[0]); }, nullptr,
+       [](at::Tensor& o, const Inputs& v) { (void)at::_to_copy_out(o, v[0]); });
   add({"cat", "", [](uint64_t s) { return reals(s, {kShape, kShape}); },
        [](const Inputs& v) { return at::cat({v[0], v[1]}, 1); }, nullptr,
        [](at::Tensor& o, const Inputs& v) { (void)at::cat_out(o, {v[0], v[1]}, 1); }});
   add({"stack", "", [](uint64_t s) { return reals(s, {kShape, kShape}); },
-       [](const Inputs& v) { return at::stack({v[0], v[1]}, 0); }, nullptr, nullptr});
-  // Factories and fills: values (and layouts) depend only on the input's.
-  view("ones_like", "", [](const Inputs& v) { return at::ones_like(v[0]) + v[0]; });
-  view("zeros_like", "", [](const Inputs& v) { return at::zeros_like(v[0]) + v[0]; });
-  view("full_like", "", [](const Inputs& v) { return at::full_like(v[0], 2.0) * v[0]; });
-  view("empty_like", "", [](const Inputs& v) { return at::empty_like(v[0]).fill_(1.0) * v[0]; });
-  view("new_zeros", "", [](const Inputs& v) { return v[0].new_zeros({3, 2}); });
-  view("new_ones", "", [](const Inputs& v) { return v[0].new_ones({3, 2}); });
-  view("new_full", "", [](const Inputs& v) { return v[0].new_full({3, 2}, 4.0); });
-  view("new_empty", "", [](const Inputs& v) { return v[0].new_empty({3, 2}).fill_(1.0); });
-  view("new_empty_strided", "", [](const Inputs& v) { return v[0].new_empty_strided({3, 2}, {1, 3}).fill_(1.0); });
-  view("sgn", "", [](const Inputs& v) { return at::sgn(v[0]) * v[0]; });
-  view("sign", "", [](const Inputs& v) { return at::sign(v[0]) * v[0]; });
+       [](const Inputs& v) { return at::stack({v[0], v[1]}, 0); }, nullptr,
+       [](at::Tensor& o, const Inputs& v) { (void)at::stack_out(o, {v[0], v[1]}, 0); }});
+  // Factories and fills: values (and layouts) depend only on the input's. The *_like cases
+  // add the input so that a gradient flows; their out= forms do the same into `out`.
+  view("ones_like", "", [](const Inputs& v) { return at::ones_like(v[0]) + v[0]; }, nullptr,
+       [](at::Tensor& o, const Inputs& v) { (void)at::ones_like_out(o, v[0]).add_(v[0]); });
+  view("zeros_like", "", [](const Inputs& v) { return at::zeros_like(v[0]) + v[0]; }, nullptr,
+       [](at::Tensor& o, const Inputs& v) { (void)at::zeros_like_out(o, v[0]).add_(v[0]); });
+  view("full_like", "", [](const Inputs& v) { return at::full_like(v[0], 2.0) * v[0]; }, nullptr,
+       [](at::Tensor& o, const Inputs& v) { (void)at::full_like_out(o, v[0], 2.0).mul_(v[0]); });
+  view("empty_like", "", [](const Inputs& v) { return at::empty_like(v[0]).fill_(1.0) * v[0]; }, nullptr,
+       [](at::Tensor& o, const Inputs& v) { (void)at::empty_like_out(o, v[0]).fill_(1.0).mul_(v[0]); });
+  view("new_zeros", "", [](const Inputs& v) { return v[0].new_zeros({3, 2}); }, nullptr,
+       [](at::Tensor& o, const Inputs& v) { (void)at::new_zeros_out(o, v[0], {3, 2}); });
+  view("new_ones", "", [](const Inputs& v) { return v[0].new_ones({3, 2}); }, nullptr,
+       [](at::Tensor& o, const Inputs& v) { (void)at::new_ones_out(o, v[0], {3, 2}); });
+  view("new_full", "", [](const Inputs& v) { return v[0].new_full({3, 2}, 4.0); }, nullptr,
+       [](at::Tensor& o, const Inputs& v) { (void)at::new_full_out(o, v[0], {3, 2}, 4.0); });
+  view("new_empty", "", [](const Inputs& v) { return v[0].new_empty({3, 2}).fill_(1.0); }, nullptr,
+       [](at::Tensor& o, const Inputs& v) { (void)at::new_empty_out(o, v[0], {3, 2}).fill_(1.0); });
+  view("new_empty_strided", "", [](const Inputs& v) { return v[0].new_empty_strided({3, 2}, {1, 3}).fill_(1.0); }, nullptr,
+       [](at::Tensor& o, const Inputs& v) { (void)at::new_empty_strided_out(o, v[0], {3, 2}, {1, 3}).fill_(1.0); });
   add({"logical_and", "", [](uint64_t s) { auto v = reals(s, {kShape, kShape}); return Inputs{v[0] > 0, v[1] > 0}; },
        [](const Inputs& v) { return at::logical_and(v[0], v[1]); }, [](const Inputs& v) { (void)v[0].logical_and_(v[1]); },
        [](at::Tensor& o, const Inputs& v) { (void)at::logical_and_out(o, v[0], v[1]); }, false});
@@ -204,25 +282,59 @@ std::vector<OpCase> op_cases() {
   add({"logical_xor", "", [](uint64_t s) { auto v = reals(s, {kShape, kShape}); return Inputs{v[0] > 0, v[1] > 0}; },
        [](const Inputs& v) { return at::logical_xor(v[0], v[1]); }, [](const Inputs& v) { (void)v[0].logical_xor_(v[1]); },
        [](at::Tensor& o, const Inputs& v) { (void)at::logical_xor_out(o, v[0], v[1]); }, false});
-  add({"fill_", "", [](uint64_t s) { return reals(s, {kShape}); }, [](const Inputs& v) { return v[0] * 1.0; },
-       [](const Inputs& v) { (void)v[0].fill_(2.5); }, nullptr, false});
-  add({"zero_", "", [](uint64_t s) { return reals(s, {kShape}); }, [](const Inputs& v) { return v[0] * 1.0; },
-       [](const Inputs& v) { (void)v[0].zero_(); }, nullptr, false});
+  // fill_ and zero_: their functional forms at::fill / at::zero (ATen's composites run
+  // empty_like + fill_ and clone + zero_ on the DTensor) and their out= forms.
+  add({"fill_", "", [](uint64_t s) { return reals(s, {kShape}); }, [](const Inputs& v) { return at::fill(v[0], 2.5); },
+       [](const Inputs& v) { (void)v[0].fill_(2.5); },
+       [](at::Tensor& o, const Inputs& v) { (void)at::fill_out(o, v[0], 2.5); }});
+  add({"zero_", "", [](uint64_t s) { return reals(s, {kShape}); }, [](const Inputs& v) { return at::zero(v[0]); },
+       [](const Inputs& v) { (void)v[0].zero_(); }, [](at::Tensor& o, const Inputs& v) { (void)at::zero_out(o, v[0]); }});
   // Indexing.
-  add({"gather", "", [](uint64_t s) { return Inputs{random_tensor(kShape, s), (at::arange(30, at::kLong) * 7 % 5).view({6, 5})}; },
-       [](const Inputs& v) { return at::gather(v[0], 1, v[1]); }, nullptr, nullptr, true});
-  add({"index_select", "", [](uint64_t s) { return Inputs{random_tensor(kShape, s)}; },
-       [](const Inputs& v) { return at::index_select(v[0], 0, at::tensor({4, 0, 2}, at::kLong)); }});
-  add({"index_add", "", [](uint64_t s) { return Inputs{random_tensor(kShape, s), random_tensor({3, 5}, s + 1)}; },
+  const auto cols = [] { return (at::arange(30, at::kLong) * 7 % 5).view({6, 5}); };
+  add({"gather", "", [cols](uint64_t s) { return Inputs{dyadic(kShape, s), cols()}; },
+       [](const Inputs& v) { return at::gather(v[0], 1, v[1]); }, nullptr,
+       [](at::Tensor& o, const Inputs& v) { (void)at::gather_out(o, v[0], 1, v[1]); }});
+  add({"index_select", "", [](uint64_t s) { return Inputs{dyadic(kShape, s)}; },
+       [](const Inputs& v) { return at::index_select(v[0], 0, at::tensor({4, 0, 2}, at::kLong)); }, nullptr,
+       [](at::Tensor& o, const Inputs& v) { (void)at::index_select_out(o, v[0], 0, at::tensor({4, 0, 2}, at::kLong)); }});
+  add({"index_add", "", [](uint64_t s) { return Inputs{dyadic(kShape, s), dyadic({3, 5}, s + 1)}; },
        [](const Inputs& v) { return at::index_add(v[0], 0, at::tensor({4, 0, 4}, at::kLong), v[1]); },
-       [](const Inputs& v) { (void)v[0].index_add_(0, at::tensor({4, 0, 4}, at::kLong), v[1]); }, nullptr});
-  add({"scatter", "", [](uint64_t s) { return Inputs{random_tensor(kShape, s), random_tensor(kShape, s + 1)}; },
-       [](const Inputs& v) { return at::scatter(v[0], 1, at::arange(5, at::kLong).flip(0).expand({6, 5}).contiguous(), v[1]); },
-       nullptr, nullptr, false});
-  add({"scatter_add", "", [](uint64_t s) { return Inputs{random_tensor(kShape, s), random_tensor(kShape, s + 1)}; },
-       [](const Inputs& v) { return at::scatter_add(v[0], 1, (at::arange(30, at::kLong) % 3).view({6, 5}), v[1]); }});
-  add({"embedding", "", [](uint64_t s) { return Inputs{random_tensor({7, 4}, s), (at::arange(10, at::kLong) * 3) % 7}; },
-       [](const Inputs& v) { return at::embedding(v[0], v[1]); }, nullptr, nullptr, true});
+       [](const Inputs& v) { (void)v[0].index_add_(0, at::tensor({4, 0, 4}, at::kLong), v[1]); },
+       [](at::Tensor& o, const Inputs& v) { (void)at::index_add_out(o, v[0], 0, at::tensor({4, 0, 4}, at::kLong), v[1]); }});
+  const auto perm = [] { return at::arange(5, at::kLong).flip(0).expand({6, 5}).contiguous(); };
+  add({"scatter", "", [](uint64_t s) { return Inputs{dyadic(kShape, s), dyadic(kShape, s + 1)}; },
+       [perm](const Inputs& v) { return at::scatter(v[0], 1, perm(), v[1]); },
+       [perm](const Inputs& v) { (void)v[0].scatter_(1, perm(), v[1]); },
+       [perm](at::Tensor& o, const Inputs& v) { (void)at::scatter_out(o, v[0], 1, perm(), v[1]); }, false});
+  const auto thirds = [] { return (at::arange(30, at::kLong) % 3).view({6, 5}); };
+  add({"scatter_add", "", [](uint64_t s) { return Inputs{dyadic(kShape, s), dyadic(kShape, s + 1)}; },
+       [thirds](const Inputs& v) { return at::scatter_add(v[0], 1, thirds(), v[1]); },
+       [thirds](const Inputs& v) { (void)v[0].scatter_add_(1, thirds(), v[1]); },
+       [thirds](at::Tensor& o, const Inputs& v) { (void)at::scatter_add_out(o, v[0], 1, thirds(), v[1]); }});
+  add({"embedding", "", [](uint64_t s) { return Inputs{dyadic({7, 4}, s), (at::arange(10, at::kLong) * 3) % 7}; },
+       [](const Inputs& v) { return at::embedding(v[0], v[1]); }, nullptr,
+       [](at::Tensor& o, const Inputs& v) { (void)at::embedding_out(o, v[0], v[1]); }});
+  // NLL outside loss_parallel (the ordinary rule: a class-sharded input is a
+  // LossParallelLayoutError on every rank) and inside it (the distributed kernels), with
+  // ignored targets, class weights, mean and none (sum is mean's numerator: the loss
+  // tests run all three reductions); nll_loss2d on [N, C, H, W].
+  using Red = at::Reduction::Reduction;
+  for (bool inside : {false, true}) {
+    const std::string where = inside ? " under loss_parallel" : "";
+    for (Red r : {at::Reduction::Mean, at::Reduction::None}) {
+      const std::string red = r == at::Reduction::Mean ? "mean" : r == at::Reduction::Sum ? "sum" : "none";
+      add({"nll_loss_forward", "nll_loss " + red + where, [](uint64_t s) { return nll_inputs(s, {6, 5}, false); },
+           [r](const Inputs& v) { return at::nll_loss(v[0], v[1], {}, r); }, nullptr,
+           [r](at::Tensor& o, const Inputs& v) { (void)at::nll_loss_out(o, v[0], v[1], {}, r); }, true, 0, inside});
+      add({"nll_loss_forward", "nll_loss weighted " + red + where, [](uint64_t s) { return nll_inputs(s, {6, 5}, true); },
+           [r](const Inputs& v) { return at::nll_loss(v[0], v[1], v[2], r); }, nullptr,
+           [r](at::Tensor& o, const Inputs& v) { (void)at::nll_loss_out(o, v[0], v[1], v[2], r); }, true, 2, inside});
+      add({"nll_loss2d_forward", "nll_loss2d " + red + where, [r](uint64_t s) { return nll_inputs(s, {2, 5, 3, 2}, r == at::Reduction::Mean); },
+           [r](const Inputs& v) { return at::nll_loss2d(v[0], v[1], v.size() > 2 ? v[2] : at::Tensor(), r); }, nullptr,
+           [r](at::Tensor& o, const Inputs& v) { (void)at::nll_loss2d_out(o, v[0], v[1], v.size() > 2 ? v[2] : at::Tensor(), r); },
+           true, 2, inside});
+    }
+  }
   return c;
 }
 
@@ -240,10 +352,10 @@ const std::map<std::string, std::string>& tested_elsewhere() {
       {"threshold_backward", "the gradient of the relu case"},
       {"select_backward", "the gradient of the select cases"},
       {"slice_backward", "the gradient of the slice cases"},
-      {"nll_loss_forward", "loss_parallel_test.cpp's grid (routed by loss_parallel)"},
-      {"nll_loss_backward", "loss_parallel_test.cpp's grid (routed by loss_parallel)"},
-      {"nll_loss2d_forward", "loss_parallel_test.cpp's grid (routed by loss_parallel)"},
-      {"nll_loss2d_backward", "loss_parallel_test.cpp's grid (routed by loss_parallel)"},
+      {"fill", "the functional form of the fill_ case"},
+      {"zero", "the functional form of the zero_ case"},
+      {"nll_loss_backward", "the gradient of the nll_loss cases"},
+      {"nll_loss2d_backward", "the gradient of the nll_loss2d cases"},
   };
   return m;
 }
@@ -254,32 +366,108 @@ bool is_random_op(const std::string& op) {
   return rule && random_classes.count(rule->class_name());
 }
 
-// Every combination of Replicate / Shard(d) per mesh dim for one tensor.
-std::vector<Placements> placement_options(int64_t tensor_dim, int64_t mesh_ndim) {
-  std::vector<Placement> one = {Replicate()};
-  for (int64_t d = 0; d < tensor_dim; ++d) one.push_back(Shard(d));
-  std::vector<Placements> out = {{}};
-  for (int64_t m = 0; m < mesh_ndim; ++m) {
-    std::vector<Placements> next;
-    for (const auto& p : out) {
-      for (const auto& q : one) {
-        Placements r = p;
-        r.push_back(q);
-        next.push_back(r);
+// Every way of taking one element of each of `choices`, in order.
+template <typename T>
+std::vector<std::vector<T>> product(const std::vector<std::vector<T>>& choices) {
+  std::vector<std::vector<T>> out = {{}};
+  for (const auto& options : choices) {
+    std::vector<std::vector<T>> next;
+    for (const auto& prefix : out) {
+      for (const auto& o : options) {
+        next.push_back(prefix);
+        next.back().push_back(o);
       }
     }
-    out = next;
+    out = std::move(next);
   }
   return out;
 }
 
+// Every combination of Replicate / Shard(d) / Partial(sum) per mesh dim for one tensor
+// (Partial only for floating-point tensors: a sum of boolean or index pieces means nothing).
+std::vector<Placements> placement_options(int64_t tensor_dim, int64_t mesh_ndim, bool partial) {
+  std::vector<Placement> one = {Replicate()};
+  for (int64_t d = 0; d < tensor_dim; ++d) one.push_back(Shard(d));
+  if (partial) one.push_back(Partial());
+  return product(std::vector<std::vector<Placement>>(static_cast<size_t>(mesh_ndim), one));
+}
+
+// The placement combinations of a case's inputs. On a 1-D mesh: all of them. On a 2-D
+// mesh, where that product grows to thousands for three inputs: every input takes every
+// option while the others are Replicate, all inputs take the same option, and an
+// interleaving pairs each option of input 0 with different options of the others — so
+// every input takes every placement, with mixed layouts beside it.
+std::vector<std::vector<Placements>> placement_combos(const std::vector<std::vector<Placements>>& options,
+                                                      int64_t mesh_ndim) {
+  if (options.empty() || mesh_ndim == 1) return product(options);
+  std::vector<std::vector<Placements>> out;
+  std::set<std::vector<std::string>> seen;
+  auto push = [&](const std::vector<Placements>& combo) {
+    std::vector<std::string> key;
+    for (const auto& p : combo) key.push_back(to_string(p));
+    if (seen.insert(key).second) out.push_back(combo);
+  };
+  const Placements replicated(static_cast<size_t>(mesh_ndim), Replicate());
+  for (size_t i = 0; i < options.size(); ++i) {
+    for (const auto& p : options[i]) {
+      std::vector<Placements> combo(options.size(), replicated);
+      combo[i] = p;
+      push(combo);
+    }
+  }
+  const size_t n0 = options[0].size();
+  for (size_t k = 0; k < n0; ++k) {
+    std::vector<Placements> same;
+    for (const auto& opts : options) {
+      auto it = std::find(opts.begin(), opts.end(), options[0][k]);
+      same.push_back(it != opts.end() ? *it : opts[k % opts.size()]);
+    }
+    push(same);
+    std::vector<Placements> mixed;
+    for (size_t i = 0; i < options.size(); ++i) mixed.push_back(options[i][(k + 5 * i) % options[i].size()]);
+    push(mixed);
+  }
+  return out;
+}
+
+// `full` as a DTensor with placements `ps`. A Partial(sum) mesh dim holds unequal addends
+// that sum exactly to the value (dyadic inputs), nested like the reductions that undo them.
+at::Tensor distribute_input(const at::Tensor& full, const DeviceMesh& mesh, const Placements& ps, uint64_t seed) {
+  Placements plain = ps;
+  at::Tensor v = full;
+  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+    if (!ps[m].is_partial()) continue;
+    plain[m] = Replicate();
+    const int64_t n = mesh.size(m), c = mesh.coordinate()[m];
+    at::Tensor rest = at::zeros_like(v), mine;
+    for (int64_t k = 0; k < n - 1; ++k) {
+      at::Tensor r = dyadic(full.sizes(), seed + 100 * (m + 1) + k);
+      rest += r;
+      if (k == c) mine = r;
+    }
+    v = c < n - 1 ? mine : v - rest;
+  }
+  // std::nullopt: each rank's own value, no collective (the source-rank default would
+  // broadcast rank 0's addend to every rank).
+  if (plain == ps) return distribute_tensor(full, mesh, ps, std::nullopt);
+  at::Tensor local = to_local(distribute_tensor(v, mesh, plain, std::nullopt));
+  return DTensor::from_local(local, mesh, ps, FromLocalOptions{false, full.sizes().vec(), std::nullopt});
+}
+
+// What was answered, per family (the rule's DistributedOp class) and variant.
 struct Tally {
   int64_t checked = 0, refused = 0;
   std::map<std::string, int64_t> refusal_reasons;  // first line of the error -> count
   std::map<std::string, std::string> refusal_examples;
   std::map<std::string, int64_t> checked_per_op;
+  std::map<std::string, std::map<std::string, int64_t>> per_family;  // family -> column -> count
   std::vector<std::string> failures;
 };
+
+std::string family_of(const std::string& op) {
+  auto rule = find_distributed_op(op);
+  return rule ? rule->class_name() : "(no rule)";
+}
 
 bool close(const at::Tensor& got, const at::Tensor& want) {
   if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) return false;
@@ -296,56 +484,74 @@ std::string describe(const OpCase& c, const std::string& variant, const std::vec
   return os.str();
 }
 
-void refuse(Tally& tally, const c10::Error& e, const std::string& what) {
+// c10::Error, or the loss_parallel errors (std::invalid_argument / std::runtime_error).
+void refuse(Tally& tally, const std::string& family, const std::exception& e, const std::string& what) {
   ++tally.refused;
-  std::string reason = e.what_without_backtrace();
+  ++tally.per_family[family]["refused"];
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  std::string reason = c10_error ? c10_error->what_without_backtrace() : e.what();
   reason = reason.substr(0, reason.find_first_of("\n(")) + " [e.g. " + what + "]";
   ++tally.refusal_reasons[reason.substr(0, reason.find(" [e.g."))];
   tally.refusal_examples.emplace(reason.substr(0, reason.find(" [e.g.")), reason);
 }
 
-// Runs one case in one placement combination and variant.
+// Runs one case in one placement combination and variant. Gradients are compared for the
+// functional and the in-place forms (the latter on a clone of each leaf, as autograd
+// requires); out= forms do not support autograd in ATen.
 void check_case(const OpCase& c, const std::vector<Placements>& ps, const std::string& variant,
                 const Placements& out_placements, const DeviceMesh& mesh, uint64_t seed, Tally& tally) {
   const Inputs full = c.make(seed);
   const size_t placed = c.placed ? c.placed : full.size();
-  const bool want_grad = c.grad && variant == "functional";
+  const bool want_grad = c.grad && variant != "out=";
+  const auto family = [&] { return family_of(c.op); };  // asked once the op has run (and loaded the registry)
   Inputs plain, dist;
   for (size_t i = 0; i < full.size(); ++i) {
     at::Tensor p = full[i].clone();
-    at::Tensor d = i < placed ? distribute_tensor(full[i], mesh, ps[i]) : full[i].clone();
-    if (want_grad && at::isFloatingType(p.scalar_type())) {
+    at::Tensor d = i < placed ? distribute_input(full[i], mesh, ps[i], seed * 7 + i) : full[i].clone();
+    if (want_grad && i < placed && at::isFloatingType(p.scalar_type())) {
       p.requires_grad_();
       d.requires_grad_();
     }
     plain.push_back(p);
     dist.push_back(d);
   }
+  // The in-place forms write into input 0: a clone when it is a leaf that needs a gradient.
+  Inputs plain_args = plain, dist_args = dist;
+  if (variant == "in-place" && plain[0].requires_grad()) {
+    plain_args[0] = plain[0].clone();
+    dist_args[0] = dist[0].clone();
+  }
   const std::string what = describe(c, variant, ps, mesh);
   // One process first, outside the try: an error there is a mistake in the case itself.
   at::Tensor want, got;
   if (variant == "in-place") {
-    c.inplace(plain);
-    want = plain[0];
+    c.inplace(plain_args);
+    want = plain_args[0];
   } else {
-    want = c.fn(plain);
+    want = c.fn(plain_args);
+  }
+  // An out= placement that cannot describe the output (a shard of a dim it lacks) is no case.
+  for (const auto& p : out_placements) {
+    if (p.is_shard() && p.dim() >= want.dim()) return;
   }
   try {
+    std::optional<LossParallelGuard> guard;
+    if (c.under_loss_parallel) guard.emplace(loss_parallel());
     if (variant == "functional") {
-      got = c.fn(dist);
+      got = c.fn(dist_args);
     } else if (variant == "in-place") {
-      c.inplace(dist);
-      got = dist[0];
+      c.inplace(dist_args);
+      got = dist_args[0];
     } else {
-      got = distribute_tensor(at::zeros_like(want), mesh, out_placements);
-      c.out(got, dist);
+      got = distribute_tensor(at::zeros_like(want), mesh, out_placements, std::nullopt);
+      c.out(got, dist_args);
       if (placements_of(got) != out_placements) {
         tally.failures.push_back(what + ": out= changed the out argument's placements to " +
                                  to_string(placements_of(got)));
       }
     }
-  } catch (const c10::Error& e) {
-    refuse(tally, e, what);  // a clear error on every rank (a one-rank error would hang the others)
+  } catch (const std::exception& e) {
+    refuse(tally, family(), e, what);  // a clear error on every rank (a one-rank error would hang the others)
     return;
   }
   const at::Tensor got_full = is_dtensor(got) ? full_tensor(got) : got;
@@ -355,13 +561,14 @@ void check_case(const OpCase& c, const std::vector<Placements>& ps, const std::s
     tally.failures.push_back(os.str());
     return;
   }
+  bool grads = false;
   if (want_grad && want.requires_grad()) {
-    const at::Tensor g = random_tensor(want.sizes().vec(), seed + 99);
+    const at::Tensor g = dyadic(want.sizes().vec(), seed + 99);
     (want * g).sum().backward();
     try {
       (got * g).sum().backward();
-    } catch (const c10::Error& e) {
-      refuse(tally, e, what);
+    } catch (const std::exception& e) {
+      refuse(tally, family(), e, what + " (backward)");
       return;
     }
     for (size_t i = 0; i < full.size(); ++i) {
@@ -376,43 +583,34 @@ void check_case(const OpCase& c, const std::vector<Placements>& ps, const std::s
         tally.failures.push_back(os.str());
         return;
       }
+      grads = true;
     }
   }
   ++tally.checked;
   ++tally.checked_per_op[c.op];
+  ++tally.per_family[family()][variant];
+  if (grads) ++tally.per_family[family()]["with gradients"];
 }
 
-// All cases on one mesh. On a 2-D mesh the first input takes every combination and the
-// others are Replicate or follow it, which keeps the count of 4-rank cases modest.
+// All cases on one mesh.
 void run_suite(const DeviceMesh& mesh, Tally& tally) {
   uint64_t seed = 1000;
   for (const auto& c : op_cases()) {
     const Inputs proto = c.make(seed);
     const size_t placed = c.placed ? c.placed : proto.size();
-    std::vector<std::vector<Placements>> combos = {{}};
+    std::vector<std::vector<Placements>> options;
     for (size_t i = 0; i < placed; ++i) {
-      const auto options = placement_options(proto[i].dim(), mesh.ndim());
-      std::vector<std::vector<Placements>> next;
-      for (const auto& prefix : combos) {
-        for (const auto& p : options) {
-          const bool follow = i == 0 || mesh.ndim() == 1 || p == prefix[0] ||
-                              p == Placements(mesh.ndim(), Replicate());
-          if (!follow) continue;
-          auto r = prefix;
-          r.push_back(p);
-          next.push_back(r);
-        }
-      }
-      combos = next;
+      options.push_back(placement_options(proto[i].dim(), mesh.ndim(), at::isFloatingType(proto[i].scalar_type())));
     }
-    for (const auto& ps : combos) {
+    for (const auto& ps : placement_combos(options, mesh.ndim())) {
       ++seed;
       check_case(c, ps, "functional", {}, mesh, seed, tally);
       if (c.inplace) check_case(c, ps, "in-place", {}, mesh, seed, tally);
       if (c.out) {
-        for (const auto& po : {Placements(mesh.ndim(), Replicate()), ps[0]}) {
-          check_case(c, ps, "out=", po, mesh, seed, tally);
-        }
+        // out= placed like input 0 everywhere; a Replicate out (every rank gathers) on the
+        // 1-D meshes, where the 2-D mesh would only repeat it along a second dim.
+        check_case(c, ps, "out=", ps[0], mesh, seed, tally);
+        if (mesh.ndim() == 1) check_case(c, ps, "out=", Placements(1, Replicate()), mesh, seed, tally);
       }
     }
   }
@@ -433,37 +631,52 @@ TEST(OpConformance, EveryOpWithARuleHasCases) {
   });
 }
 
-TEST(OpConformance, EveryCaseMatchesOneProcessOrRefusesOnEveryRank) {
-  struct MeshSpec {
-    std::vector<int64_t> shape;
-  };
-  int64_t total_checked = 0, total_refused = 0;
-  std::map<std::string, int64_t> per_op;
-  for (const MeshSpec& spec : {MeshSpec{{2}}, MeshSpec{{3}}, MeshSpec{{2, 2}}}) {
-    int64_t world = 1;
-    for (int64_t s : spec.shape) world *= s;
-    std::vector<Tally> tallies(world);
-    run_ranks(world, [&](int64_t rank) {
-      std::vector<std::string> names = spec.shape.size() == 1 ? std::vector<std::string>{"tp"}
-                                                              : std::vector<std::string>{"dp", "tp"};
-      auto mesh = init_device_mesh("cpu", spec.shape, names);
-      run_suite(mesh, tallies[rank]);
-    }, std::chrono::seconds(120));
-    const Tally& t = tallies[0];
-    for (int64_t r = 1; r < world; ++r) {
-      EXPECT_EQ(tallies[r].checked, t.checked) << "ranks disagree on which cases they answered";
-    }
-    for (const auto& f : t.failures) ADD_FAILURE() << f;
-    total_checked += t.checked;
-    total_refused += t.refused;
-    for (const auto& [op, n] : t.checked_per_op) per_op[op] += n;
-    for (const auto& [reason, n] : t.refusal_reasons) {
-      std::printf("[conformance] refused %lld x: %s\n", static_cast<long long>(n), t.refusal_examples.at(reason).c_str());
-    }
+// The sweep on one mesh, its counts printed per family (the rule's class). One test per
+// mesh: ctest runs them side by side, and each stays well inside its time limit under ASan.
+void run_conformance_on(const std::vector<int64_t>& shape) {
+  // The process-wide config at its defaults (an earlier test may leave the gathering
+  // fallback for class-sharded NLL on), restored afterwards.
+  const ParallelismConfig saved = parallelism_config();
+  set_parallelism_config(ParallelismConfig{});
+  const auto start = std::chrono::steady_clock::now();
+  int64_t world = 1;
+  for (int64_t s : shape) world *= s;
+  std::vector<Tally> tallies(world);
+  run_ranks(world, [&](int64_t rank) {
+    std::vector<std::string> names = shape.size() == 1 ? std::vector<std::string>{"tp"}
+                                                       : std::vector<std::string>{"dp", "tp"};
+    auto mesh = init_device_mesh("cpu", shape, names);
+    run_suite(mesh, tallies[rank]);
+  }, std::chrono::seconds(280));
+  set_parallelism_config(saved);
+  const Tally& t = tallies[0];
+  for (int64_t r = 1; r < world; ++r) {
+    EXPECT_EQ(tallies[r].checked, t.checked) << "ranks disagree on which cases they answered";
+    EXPECT_EQ(tallies[r].failures.size(), t.failures.size()) << "rank " << r;
+  }
+  for (const auto& f : t.failures) ADD_FAILURE() << f;
+  for (const auto& [reason, n] : t.refusal_reasons) {
+    std::printf("[conformance] refused %lld x: %s\n", static_cast<long long>(n), t.refusal_examples.at(reason).c_str());
   }
   for (const auto& c : op_cases()) {
-    EXPECT_GT(per_op[c.op], 0) << c.op << ": every placement combination was refused";
+    EXPECT_GT(t.checked_per_op.count(c.op) ? t.checked_per_op.at(c.op) : 0, 0)
+        << c.op << ": every placement combination was refused";
   }
-  std::printf("[conformance] %zu ops, %lld cases matched one process, %lld refused with an error\n",
-              per_op.size(), static_cast<long long>(total_checked), static_cast<long long>(total_refused));
+  std::map<std::string, std::set<std::string>> ops_per_family;
+  for (const auto& [op, n] : t.checked_per_op) ops_per_family[family_of(op)].insert(op);
+  for (const auto& [family, columns] : t.per_family) {
+    auto n = [&](const char* k) { return static_cast<long long>(columns.count(k) ? columns.at(k) : 0); };
+    std::printf("[conformance] %-14s %2zu ops: %5lld functional, %5lld in-place, %5lld out= matched (%5lld with gradients), "
+                "%4lld refused\n",
+                family.c_str(), ops_per_family[family].size(), n("functional"), n("in-place"), n("out="),
+                n("with gradients"), n("refused"));
+  }
+  std::printf("[conformance] mesh %s: %zu ops, %lld cases matched one process, %lld refused with an error, in %.1f s\n",
+              c10::Join(" x ", shape).c_str(), t.checked_per_op.size(), static_cast<long long>(t.checked),
+              static_cast<long long>(t.refused),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
+
+TEST(OpConformance, EveryCaseOnAMeshOf2MatchesOneProcessOrRefusesOnEveryRank) { run_conformance_on({2}); }
+TEST(OpConformance, EveryCaseOnAMeshOf3MatchesOneProcessOrRefusesOnEveryRank) { run_conformance_on({3}); }
+TEST(OpConformance, EveryCaseOnA2x2MeshMatchesOneProcessOrRefusesOnEveryRank) { run_conformance_on({2, 2}); }
