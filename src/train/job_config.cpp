@@ -469,6 +469,10 @@ bool is_flag(const std::string& arg) { return arg.rfind("--", 0) == 0; }
 // Public API
 // ---------------------------------------------------------------------------------------
 
+std::string job_folder(const JobConfig& cfg, const std::string& folder) {
+  return folder.empty() || folder[0] == '/' ? folder : cfg.dump_folder + "/" + folder;
+}
+
 int64_t resolved_ffn_hidden_dim(const ModelConfig& model) {
   if (model.ffn_hidden_dim > 0) return model.ffn_hidden_dim;
   // Llama: a SwiGLU MLP of 2/3 of 4*dim keeps the parameter count of a 4*dim GELU MLP.

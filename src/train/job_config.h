@@ -176,6 +176,10 @@ std::string job_config_usage();
 // of the result gives back an equal JobConfig (config_file aside).
 std::string to_toml(const JobConfig& cfg);
 
+// A folder the job writes (checkpoint.folder, metrics.folder): under job.dump_folder, or
+// itself when absolute.
+std::string job_folder(const JobConfig& cfg, const std::string& folder);
+
 // Semantic checks (positive sizes, seq_len <= model.max_seq_len, known dtype,
 // dim % n_heads == 0, n_heads % tensor_parallel_degree == 0, ...). Throws
 // std::invalid_argument listing every violation, each naming its key.

@@ -11,14 +11,13 @@
 // exact --checkpoint.resume.
 #pragma once
 
-#include <array>
 #include <iosfwd>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "hyper_parallel/llama.h"
-#include "train/checkpoint_manifest.h"
+#include "train/checkpoint_manager.h"
 #include "train/corpus_identity.h"
 #include "train/data.h"
 #include "train/data_parallel_reducer.h"
@@ -28,6 +27,7 @@
 #include "train/job_config.h"
 #include "train/job_model.h"
 #include "train/non_finite_steps.h"
+#include "train/step_metrics.h"
 #include "train/train_context.h"
 #include "train/parallelism_scope.h"
 
@@ -38,6 +38,7 @@ class AdamW;
 namespace hyper_parallel::train {
 
 class MetricsLogger;
+class ProgressLine;
 
 class Validator {
  public:
@@ -59,38 +60,6 @@ class Validator {
   bool fused_linear_loss_;  // training.fused_linear_loss: the same loss path as training
   TrainContext context_;
   std::optional<DeviceMesh> dp_mesh_;
-};
-
-// One phase of a training step on this rank: its wall time and the collectives issued in
-// it (number, bytes this rank sent, time from issue to completion, waiting included).
-struct StepPhase {
-  double seconds = 0;
-  int64_t collectives = 0;
-  int64_t collective_bytes = 0;
-  double collective_seconds = 0;
-};
-
-// The phases of train_step, in order: model forward, loss forward, backward (loss and
-// model), gradient clipping, optimizer step (zero_grad and the learning-rate update
-// included).
-inline constexpr const char* kStepPhaseNames[] = {"forward", "loss", "backward", "clip", "optimizer"};
-inline constexpr size_t kStepPhases = 5;
-
-struct StepResult {
-  int64_t step = 0;
-  double loss = 0;
-  double grad_norm = 0;
-  double lr = 0;
-  // The loss or the gradient norm was NaN or infinite: the step was not applied.
-  bool non_finite = false;
-  std::optional<double> val_loss;
-  std::array<StepPhase, kStepPhases> phases{};
-  // Minor page faults of the whole process during the step (first touches of fresh pages).
-  int64_t minor_faults = 0;
-  // Kernel CPU time of the whole process during the step (page faults, socket I/O).
-  double system_seconds = 0;
-  // Wall time of train_step.
-  double seconds = 0;
 };
 
 class Trainer {
@@ -118,43 +87,34 @@ class Trainer {
   Llama& model() { return model_; }
   const JobConfig& config() const { return config_; }
 
-  // The save protocol of checkpoint_manifest.h; a failure on any rank is an error
-  // on every rank (naming the file and the OS reason on the rank that failed).
+  // The current step's checkpoint, and the latest one (or checkpoint.load_step) read back:
+  // CheckpointManager::save and load (false when there is none).
   void save_checkpoint() const;
-  // Loads the latest checkpoint (or checkpoint.load_step) after verifying it
-  // (checkpoint_manifest.h); false when there is none. A mismatch on any rank is an error
-  // on every rank, as are weights that are not finite and, without
-  // checkpoint.allow_data_change, data that differs from the checkpoint's (data_identity.h).
   bool load_checkpoint();
   // Chosen by rank 0 at start (or taken from the checkpoint resumed), the same on all ranks.
-  const std::string& run_id() const { return run_id_; }
+  const std::string& run_id() const { return checkpoints_->run_id(); }
 
  private:
   // What the optimizer updates and checkpoints hold: the model's parameters, or their
   // float32 masters in bfloat16 training; in the model's parameter order.
   std::vector<at::Tensor> trained_parameters() const;
   std::vector<std::pair<std::string, at::Tensor>> named_trained_parameters() const;
-  // What this job's checkpoints are (step: the current one).
-  CheckpointIdentity identity() const;
+  // What the checkpoint manager saves and loads.
+  TrainedState trained_state() const;
   // Takes the dump folder's lock (dump_folder_lock.h) or stops every rank naming its holder.
   void lock_dump_folder();
   // The folders the job writes are writable, and the checkpoint folder has room for a
   // checkpoint (a warning otherwise); storage_checks.h.
   void check_storage();
-  // Temp files of interrupted saves (their writer is gone: this job holds the folder's
-  // lock); refuses (or with overwrite, clears) a folder holding an earlier run's
-  // checkpoints when this run does not resume.
-  void prepare_checkpoint_folder();
-  // Collective: every rank throws when any rank's `own_error` is non-empty, with its own
-  // error or, on the others, which ranks failed at `what`.
-  void agree_or_throw(const std::string& own_error, const std::string& what) const;
-  // Verifies and loads step `step` of the checkpoint folder (throws on this rank only).
-  void load_step(int64_t step);
   // checkpoint.initial_load_path (or model.hf_assets_path) into the model, unless a
   // resume will load a checkpoint instead (TorchTitan's precedence).
   void initial_load();
   double forward_backward(const Batch& batch, StepResult& r);
-  std::string checkpoint_folder() const;
+  // Rank 0: the metrics file (a failure stops every rank); its loss plot at the end.
+  void open_metrics();
+  void plot_metrics() const;
+  // Rank 0, with a log: `line` between progress lines.
+  void say(const std::string& line);
   std::string metrics_folder() const;
 
   JobConfig config_;
@@ -170,6 +130,7 @@ class Trainer {
   std::optional<DeviceMesh> dp_mesh_;     // the replicas of this rank's shards (dp > 1)
   int64_t dp_rank_ = 0;
   std::unique_ptr<DataParallelReducer> reducer_;  // dp > 1
+  std::unique_ptr<CheckpointManager> checkpoints_;
   Llama model_{nullptr};
   std::unique_ptr<MasterWeights> master_;  // bfloat16 training: the float32 weights AdamW updates
   std::unique_ptr<torch::optim::AdamW> optimizer_;
@@ -179,11 +140,9 @@ class Trainer {
   TrainContext train_context_;
   std::unique_ptr<Validator> validator_;
   std::unique_ptr<MetricsLogger> metrics_;
-  nlohmann::json hf_config_;     // model.hf_assets_path's config.json, recorded in checkpoints
-  nlohmann::json data_identity_;  // data_identity.h: recorded in checkpoints, checked on resume
+  std::unique_ptr<ProgressLine> progress_;  // rank 0 with a log, during train()
   NonFiniteSteps non_finite_{0};
   int64_t step_ = 0;
-  std::string run_id_;
 };
 
 
