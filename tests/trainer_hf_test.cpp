@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "compat/file_system.h"
+#include "harness/hf_models.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
@@ -192,4 +193,50 @@ TEST(TrainerHf, StartsFromTheHfCheckpointAndATiedHeadStaysTheEmbeddingThroughTra
                            saved.at("tok_embeddings.weight").to(at::kDouble)));
   });
   EXPECT_THAT(log.str(), HasSubstr("is not read (a resume takes precedence)"));
+}
+
+// checkpoint.last_save_in_hf: after the last step's checkpoint, hf/step-<N> holds the trained
+// weights under Hugging Face names (q/k rows in HF's RoPE layout) in export_dtype, with the
+// source folder's tokenizer files; without checkpoint.enable it is a config error.
+TEST(TrainerHf, LastSaveInHfWritesTheTrainedWeightsAsAHfCheckpointAtTp2) {
+  const std::string hf = fresh_dir("last_save");
+  (void)write_hf_folder(hf, /*tied=*/false);
+  std::ofstream(hf + "/tokenizer.json") << R"({"version": "1.0"})";
+  JobConfig job = hf_job(hf, fresh_dir("last_save_run"), 2, 2);
+  job.checkpoint.last_save_in_hf = true;
+  std::map<std::string, at::Tensor> trained;
+  LlamaArgs args;
+  std::ostringstream log;
+  run_ranks(2, [&](int64_t rank) {
+    Trainer trainer(job, rank == 0 ? &log : nullptr);
+    (void)trainer.train();
+    std::map<std::string, at::Tensor> mine;
+    for (const auto& p : trainer.model()->named_parameters()) mine[p.key()] = full(p.value());
+    if (rank == 0) {
+      trained = mine;
+      args = trainer.model()->args();
+    }
+  });
+  const std::string out = hf_export_folder(job, 2);
+  EXPECT_EQ(out, job.dump_folder + "/hf/step-2");
+  EXPECT_THAT(log.str(), HasSubstr("step 2 written as a Hugging Face checkpoint in " + out));
+  EXPECT_TRUE(compat::path_exists(out + "/config.json"));
+  EXPECT_TRUE(compat::path_exists(out + "/tokenizer.json")) << "the source folder's tokenizer files go with it";
+  const auto written = hyper_parallel::testing::read_safetensors_file(out + "/model.safetensors");
+  const auto want = to_hf_names(trained, llama_hf_adapter(args), false);
+  ASSERT_EQ(written.size(), want.size());
+  for (const auto& [name, t] : want) {
+    ASSERT_TRUE(written.count(name)) << name;
+    EXPECT_EQ(written.at(name).scalar_type(), at::kFloat) << name << ": checkpoint.export_dtype's default";
+    EXPECT_TRUE(at::equal(written.at(name), t.to(at::kFloat))) << name;
+  }
+
+  JobConfig no_checkpoints = job;
+  no_checkpoints.checkpoint.enable = false;
+  EXPECT_THAT([&] { validate(no_checkpoints); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("checkpoint.last_save_in_hf = true needs checkpoint.enable = true")));
+  JobConfig bad_dtype = job;
+  bad_dtype.checkpoint.export_dtype = "float16";
+  EXPECT_THAT([&] { validate(bad_dtype); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("checkpoint.export_dtype = \"float16\" is not one of float32, bfloat16")));
 }

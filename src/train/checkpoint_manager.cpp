@@ -16,6 +16,7 @@
 
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/model_registry.h"
 #include "compat/file_system.h"
 #include "core/run_then_agree.h"
 #include "train/checkpoint_io.h"
@@ -24,6 +25,7 @@
 #include "train/data_identity.h"
 #include "train/fault_injection.h"
 #include "train/local_piece.h"
+#include "train/saved_model.h"
 
 namespace hyper_parallel::train {
 
@@ -427,6 +429,25 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
   if (state.master) state.master->master_to_model();
   restore_adamw_state(*state.optimizer, named, values);
   run_id_ = saved.run_id;
+}
+
+void CheckpointManager::save_in_hf(int64_t step) const {
+  const std::string out = hf_export_folder(config_, step);
+  run_then_agree("writing step " + std::to_string(step) + " as a Hugging Face checkpoint in '" + out + "'", world_mesh_,
+                 [&] {
+                   if (rank_ != 0) return;
+                   const SavedModel saved = load_saved_model(folder_, step);
+                   HfExportOptions options;
+                   options.dtype = config_.checkpoint.export_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+                   options.source_folder = config_.model.hf_assets_path;
+                   const HfExportResult r =
+                       export_hf_checkpoint(*saved.model, model_family(saved.config.name), out, options);
+                   if (log_) {
+                     *log_ << "hp-train: step " << step << " written as a Hugging Face checkpoint in " << out << " ("
+                           << r.files.size() << " files, " << r.total_bytes << " bytes of "
+                           << config_.checkpoint.export_dtype << " tensors)" << std::endl;
+                   }
+                 });
 }
 
 }  // namespace hyper_parallel::train

@@ -71,6 +71,10 @@ class CheckpointManager {
   // --checkpoint.resume: load(), refusing a checkpoint past `training_steps`, and says
   // what it resumed on the log.
   std::optional<int64_t> resume(const TrainedState& state, int64_t training_steps);
+  // checkpoint.last_save_in_hf: step `step` (saved) as a Hugging Face checkpoint folder in
+  // hf_export_folder(). Rank 0 rebuilds the whole model from the saved step (as hp-hf-export
+  // does: the masters of a bfloat16 run) and writes it; a failure is an error on every rank.
+  void save_in_hf(int64_t step) const;
 
  private:
   // What this job's checkpoints of step `step` are.

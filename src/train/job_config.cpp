@@ -157,6 +157,10 @@ const std::vector<Field>& fields() {
       HP_FIELD(checkpoint, initial_load_in_hf,
                "read the initial weights as a Hugging Face safetensors checkpoint: initial_load_path, or "
                "model.hf_assets_path when that is empty"),
+      HP_FIELD(checkpoint, last_save_in_hf,
+               "at the end of the run, also write the last checkpoint as a Hugging Face checkpoint in "
+               "<job.dump_folder>/hf/step-<N> (needs checkpoint.enable)"),
+      HP_FIELD(checkpoint, export_dtype, "float32 | bfloat16: the dtype of the last_save_in_hf weights"),
 
       HP_FIELD(validation, enable, "run validation"),
       HP_FIELD(validation, freq, "validate every this many steps"),
@@ -473,6 +477,10 @@ std::string job_folder(const JobConfig& cfg, const std::string& folder) {
   return folder.empty() || folder[0] == '/' ? folder : cfg.dump_folder + "/" + folder;
 }
 
+std::string hf_export_folder(const JobConfig& cfg, int64_t step) {
+  return job_folder(cfg, "hf") + "/step-" + std::to_string(step);
+}
+
 int64_t resolved_ffn_hidden_dim(const ModelConfig& model) {
   if (model.ffn_hidden_dim > 0) return model.ffn_hidden_dim;
   // Llama: a SwiGLU MLP of 2/3 of 4*dim keeps the parameter count of a 4*dim GELU MLP.
@@ -773,6 +781,11 @@ void validate(const JobConfig& cfg) {
   require(!c.initial_load_in_hf || !m.hf_assets_path.empty(),
           "checkpoint.initial_load_in_hf = true needs model.hf_assets_path (the folder with the model's "
           "config.json, often the checkpoint's own folder): the model must be the checkpoint's");
+  require(!c.last_save_in_hf || c.enable,
+          "checkpoint.last_save_in_hf = true needs checkpoint.enable = true (the Hugging Face checkpoint is "
+          "written from the run's last checkpoint)");
+  require(c.export_dtype == "float32" || c.export_dtype == "bfloat16",
+          "checkpoint.export_dtype = " + quote(c.export_dtype) + " is not one of float32, bfloat16");
   require(t.max_skipped_steps >= 0,
           "training.max_skipped_steps = " + std::to_string(t.max_skipped_steps) + " must be >= 0");
   positive("validation.freq", cfg.validation.freq);

@@ -120,6 +120,11 @@ struct CheckpointConfig {
   // (initial_load_in_hf) are read; empty path with initial_load_in_hf: model.hf_assets_path.
   std::string initial_load_path = "";
   bool initial_load_in_hf = false;
+  // At the end of the run, the last checkpoint is also written as a Hugging Face checkpoint
+  // folder (TorchTitan's name) in hf_export_folder(): config.json, safetensors in
+  // export_dtype, and model.hf_assets_path's tokenizer files. Needs enable.
+  bool last_save_in_hf = false;
+  std::string export_dtype = "float32";  // float32 (TorchTitan's default) | bfloat16
 };
 
 // [validation]: periodic evaluation on held-out batches.
@@ -179,6 +184,9 @@ std::string to_toml(const JobConfig& cfg);
 // A folder the job writes (checkpoint.folder, metrics.folder): under job.dump_folder, or
 // itself when absolute.
 std::string job_folder(const JobConfig& cfg, const std::string& folder);
+// Where checkpoint.last_save_in_hf writes step `step`: <job.dump_folder>/hf/step-<step>
+// (beside the checkpoint folder, not in it: its step-<N> folders are hp-train's own).
+std::string hf_export_folder(const JobConfig& cfg, int64_t step);
 
 // Semantic checks (positive sizes, seq_len <= model.max_seq_len, known dtype,
 // dim % n_heads == 0, n_heads % tensor_parallel_degree == 0, ...). Throws

@@ -462,6 +462,7 @@ std::vector<StepResult> Trainer::train() {
     }
     if (stop.empty() && config_.checkpoint.enable && (r.step % config_.checkpoint.interval == 0 || last)) {
       save_checkpoint();
+      if (last && config_.checkpoint.last_save_in_hf) checkpoints_->save_in_hf(r.step);
     }
     // The same decision on every rank, so that a failed write on rank 0 stops them all.
     if (r.step % t.log_freq == 0 || r.val_loss || last || r.non_finite) {
