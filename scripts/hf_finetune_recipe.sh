@@ -5,9 +5,10 @@
 #      trained on the repository's own docs, saved with save_pretrained;
 #   2. the docs tokenized into a flat .bin with scripts/tokenize_corpus.py;
 #   3. hp-run hp-train at TP 2 starting from the checkpoint (model.hf_assets_path,
-#      checkpoint.initial_load_in_hf);
-#   4. the result exported to a Hugging Face folder (hp-hf-export) and loaded in
-#      transformers.
+#      checkpoint.initial_load_in_hf), writing its last step as a Hugging Face folder too
+#      (checkpoint.last_save_in_hf);
+#   4. that folder loaded in transformers;
+#   5. the same step exported afterwards with hp-hf-export: the same weights, byte for byte.
 #
 #   scripts/hf_finetune_recipe.sh [WORK_DIR] [-- hp-train overrides]
 #
@@ -61,8 +62,11 @@ echo "==> 3. hp-train at TP 2 with loss_parallel, starting from the checkpoint"
   --training.data "$work/data/corpus.bin" --training.steps 40 --training.batch_size 8 --training.seq_len 64 \
   --training.warmup_steps 4 --training.lr 3e-3 --parallelism.tensor_parallel_degree 2 \
   --validation.freq 20 --checkpoint.enable --checkpoint.interval 40 --checkpoint.overwrite \
-  --metrics.enable_plot false --job.dump_folder "$work/run" "$@"
+  --checkpoint.last_save_in_hf --metrics.enable_plot false --job.dump_folder "$work/run" "$@"
 
-echo "==> 4. export to $work/export and load it in transformers"
+echo "==> 4. load the run's Hugging Face checkpoint ($work/run/hf/step-40) in transformers"
+"$python" -c "import sys; from transformers import LlamaForCausalLM; m = LlamaForCausalLM.from_pretrained(sys.argv[1]); print('transformers loaded', sys.argv[1], sum(p.numel() for p in m.parameters()), 'parameters')" "$work/run/hf/step-40"
+
+echo "==> 5. the same step exported afterwards with hp-hf-export (any checkpoint, any dp x tp)"
 "$bin/hp-hf-export" "$work/run/checkpoints" "$work/export" --source "$work/model"
-"$python" -c "import sys; from transformers import LlamaForCausalLM; m = LlamaForCausalLM.from_pretrained(sys.argv[1]); print('transformers loaded', sys.argv[1], sum(p.numel() for p in m.parameters()), 'parameters')" "$work/export"
+cmp "$work/export/model.safetensors" "$work/run/hf/step-40/model.safetensors" && echo "hp-hf-export wrote the same weights"
