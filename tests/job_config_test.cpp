@@ -536,13 +536,15 @@ TEST(JobConfig, UsageListsEveryKeyWithTypeAndDefault) {
     EXPECT_THAT(usage, HasSubstr(flag));
     ++keys;
   }
-  EXPECT_EQ(keys, 57);
+  EXPECT_EQ(keys, 59);
   EXPECT_THAT(usage, HasSubstr("--training.max_skipped_steps INT"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.load_step INT"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.allow_data_change BOOL"));
   EXPECT_THAT(usage, HasSubstr("--model.hf_assets_path STRING"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.initial_load_path STRING"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.initial_load_in_hf BOOL"));
+  EXPECT_THAT(usage, HasSubstr("--checkpoint.last_save_in_hf BOOL"));
+  EXPECT_THAT(usage, HasSubstr("--checkpoint.export_dtype STRING"));
   EXPECT_THAT(usage, HasSubstr("--training.lr FLOAT"));
   EXPECT_THAT(usage, HasSubstr("default 0.003"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.resume BOOL"));
