@@ -1,9 +1,12 @@
 // hp-hf-load: loads a Hugging Face checkpoint folder into our model, tensor-parallel over
-// every rank hp-run starts, and reports per rank what the load cost: its time, its peak
-// resident memory (VmHWM, reset just before the load) against the checkpoint's size, and the
-// loss on a few random tokens (the same on every TP degree).
+// every rank hp-run starts, and reports per rank what it cost: the load's time, the peak
+// resident memory from building the model to loaded (VmHWM, reset before the model is built)
+// against the checkpoint's size, and the loss on a few random tokens (the same on every TP
+// degree). The model is built on the meta device (ParametersOnMeta), sharded, then
+// materialized: no rank allocates more than its shards. --built-full builds it the plain
+// way instead (every rank initialises the whole model first), for comparison.
 //
-//   hp-run --nproc-per-node 4 build/bin/hp-hf-load DIR [float32|bfloat16|float64]
+//   hp-run --nproc-per-node 4 build/bin/hp-hf-load DIR [float32|bfloat16|float64] [--built-full]
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
@@ -18,6 +21,7 @@
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
 #include "hyper_parallel/model_registry.h"
+#include "hyper_parallel/parameters_on_meta.h"
 
 namespace hp = hyper_parallel;
 
@@ -49,8 +53,10 @@ double checkpoint_mib(const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const bool built_full = argc > 1 && std::string(argv[argc - 1]) == "--built-full";
+  if (built_full) --argc;
   if (argc < 2 || argc > 3) {
-    std::cerr << "usage: hp-run --nproc-per-node TP hp-hf-load DIR [float32|bfloat16|float64]" << std::endl;
+    std::cerr << "usage: hp-run --nproc-per-node TP hp-hf-load DIR [float32|bfloat16|float64] [--built-full]" << std::endl;
     return 2;
   }
   const std::string dir = argv[1];
@@ -61,19 +67,23 @@ int main(int argc, char** argv) {
     const int64_t rank = hp::get_rank(), tp = hp::get_world_size();
     nlohmann::json config = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
     const hp::ModelFamily& family = hp::model_family(config.value("model_type", std::string("llama")));
-    auto model = family.from_hf_config(dir + "/config.json");
-    model->to(dtype);
     std::optional<hp::DeviceMesh> mesh;
-    if (tp > 1) {
-      mesh = hp::init_device_mesh("cpu", {tp}, {"tp"});
-      family.parallelize(*model, *mesh, /*loss_parallel=*/true, /*sequence_parallel=*/false);
+    if (tp > 1) mesh = hp::init_device_mesh("cpu", {tp}, {"tp"});
+    const double before = status_mib("VmRSS");
+    reset_peak_rss();
+    std::shared_ptr<torch::nn::Module> model;
+    {
+      std::optional<hp::ParametersOnMeta> on_meta;
+      if (!built_full && tp > 1) on_meta.emplace();  // at TP 1 the rank holds the whole model anyway
+      model = family.from_hf_config(dir + "/config.json");
     }
+    model->to(dtype);
+    if (mesh) family.parallelize(*model, *mesh, /*loss_parallel=*/true, /*sequence_parallel=*/false);
+    hp::materialize_parameters(*model, at::kCPU);
     double local_mib = 0;
     for (const auto& p : model->parameters()) {
       local_mib += static_cast<double>((hp::is_dtensor(p) ? hp::to_local(p) : p).nbytes()) / (1 << 20);
     }
-    const double before = status_mib("VmRSS");
-    reset_peak_rss();
     const auto start = std::chrono::steady_clock::now();
     hp::load_hf_checkpoint(*model, family.hf_adapter(*model), dir);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -95,8 +105,9 @@ int main(int argc, char** argv) {
     std::ostringstream line;
     line.precision(4);
     line << "rank " << rank << "/" << tp << ": checkpoint " << checkpoint_mib(dir) << " MiB, local parameters "
-         << local_mib << " MiB (" << dtype_name << "); RSS before load " << before << " MiB, peak during load " << peak
-         << " MiB (+" << peak - before << "); load " << seconds << " s; loss on 16 random tokens ";
+         << local_mib << " MiB (" << dtype_name << "); RSS before the model " << before << " MiB, peak building "
+         << (built_full || tp == 1 ? "the whole model" : "on meta") << " to loaded " << peak << " MiB (+" << peak - before
+         << "); load " << seconds << " s; loss on 16 random tokens ";
     line.precision(10);
     line << loss_value << "\n";
     std::cout << line.str() << std::flush;

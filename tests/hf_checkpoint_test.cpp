@@ -17,6 +17,7 @@
 #include "harness/scratch_folder.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
+#include "hyper_parallel/parameters_on_meta.h"
 #include "hyper_parallel/model_registry.h"
 #include "models/safetensors.h"
 #include "models/safetensors_writer.h"
@@ -156,6 +157,62 @@ TEST(HfCheckpoint, LoadedShardsEqualTheFullModelAtTP2InEveryDtype) {
         EXPECT_TRUE(at::equal(got, want)) << p.key() << " stored as " << stored;
       }
     });
+  }
+}
+
+// Built under ParametersOnMeta, the model holds no weights until it is sharded and
+// materialized: every parameter is on the meta device (a DTensor's local piece too, after
+// parallelize), a tied head is still the embedding's tensor, init_weights refuses, and the
+// load gives exactly the weights of a model built in full (TP 2; at TP 1, where nothing is
+// sharded, materializing plain meta parameters is a clear error).
+TEST(HfCheckpoint, AModelBuiltOnMetaIsShardedMaterializedAndLoadedAsOneBuiltInFull) {
+  for (bool tied : {false, true}) {
+    Llama full(tiny_hf_args(tied));
+    full->init_weights(9);
+    const std::string folder = scratch(std::string("meta_") + (tied ? "tied" : "untied"));
+    save_as_hf(full, folder, at::kFloat);
+    for (int64_t tp : {1, 2}) {
+      run_ranks(tp, [&](int64_t) {
+        Llama model{nullptr};
+        {
+          ParametersOnMeta on_meta;
+          model = Llama(tiny_hf_args(tied));
+        }
+        EXPECT_FALSE(parameters_on_meta()) << "the scope ended";
+        for (const auto& p : model->named_parameters()) {
+          EXPECT_EQ(p.value().is_meta(), p.key().find("norm") == std::string::npos) << p.key() << ": linear and embedding weights on meta, norms real";
+        }
+        for (const auto& b : model->buffers()) EXPECT_FALSE(b.is_meta()) << "RoPE tables are computed";
+        EXPECT_THAT([&] { model->init_weights(1); }, ::testing::ThrowsMessage<c10::Error>(HasSubstr("meta device")));
+        if (tp == 1) {
+          EXPECT_THAT([&] { materialize_parameters(*model, at::kCPU); },
+                      ::testing::ThrowsMessage<c10::Error>(HasSubstr("is a plain tensor on the meta device")));
+          return;
+        }
+        auto mesh = init_device_mesh("cpu", {tp}, {"tp"});
+        parallelize_llama(model, mesh, true);  // src_data_rank 0: nothing to scatter from meta
+        for (const auto& p : model->named_parameters()) {
+          if (p.key().find("norm") != std::string::npos) continue;
+          ASSERT_TRUE(is_dtensor(p.value())) << p.key();
+          EXPECT_TRUE(to_local(p.value()).is_meta()) << p.key() << ": sharded as shapes only";
+        }
+        materialize_parameters(*model, at::kCPU);
+        for (const auto& p : model->named_parameters()) {
+          EXPECT_FALSE((is_dtensor(p.value()) ? to_local(p.value()) : p.value()).is_meta()) << p.key();
+          EXPECT_TRUE(p.value().requires_grad()) << p.key();
+        }
+        if (tied) EXPECT_TRUE(model->output->weight.is_same(model->tok_embeddings->weight));
+        load_hf_checkpoint(*model, llama_hf_adapter(model->args()), folder);
+        for (const auto& p : model->named_parameters()) {
+          const at::Tensor got = is_dtensor(p.value()) ? full_tensor(p.value()) : p.value();
+          EXPECT_TRUE(at::equal(got, full->named_parameters()[p.key()].detach())) << p.key() << " tp " << tp;
+        }
+        at::Tensor tokens = at::arange(8, at::kLong).remainder(11).view({1, 8});
+        at::NoGradGuard no_grad;
+        const at::Tensor logits = model->forward(tokens);
+        EXPECT_TRUE(at::allclose(is_dtensor(logits) ? full_tensor(logits) : logits, full->forward(tokens), 1e-5, 1e-6));
+      });
+    }
   }
 }
 

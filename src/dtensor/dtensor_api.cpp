@@ -165,11 +165,15 @@ at::Tensor distribute_tensor(const at::Tensor& full, const DeviceMesh& mesh,
               to_string(placements_of(full)));
   TORCH_CHECK(full.is_leaf(), "distribute_tensor expects a leaf tensor (a parameter, a buffer, data), got one "
               "computed by ", full.grad_fn()->name(), "; use DTensor::from_local to make a DTensor inside autograd");
-  // As PyTorch: the tensor moves to the mesh's device type first.
-  at::Tensor data = full.device().type() == mesh.device().type() ? full.detach() : full.detach().to(mesh.device());
+  // As PyTorch: the tensor moves to the mesh's device type first; a meta tensor (a model
+  // built under ParametersOnMeta) stays on meta, its pieces shapes only.
+  at::Tensor data = full.device().type() == mesh.device().type() || full.is_meta() ? full.detach()
+                                                                                   : full.detach().to(mesh.device());
   const std::vector<int64_t> shape(data.sizes().begin(), data.sizes().end());
   Layout target(mesh, placements, shape);
-  at::Tensor local = src_data_rank ? piece_from_source(data, target, *src_data_rank) : local_piece(data, target);
+  // A meta tensor has no data to send: its pieces are cut locally whatever the source.
+  at::Tensor local = src_data_rank && !data.is_meta() ? piece_from_source(data, target, *src_data_rank)
+                                                      : local_piece(data, target);
   at::Tensor out = make_dtensor(local.is_alias_of(full) ? local.clone() : local, target);
   if (full.requires_grad()) out.set_requires_grad(true);
   return out;

@@ -21,6 +21,7 @@
 #include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/hf_checkpoint.h"
 #include "hyper_parallel/model_registry.h"
+#include "hyper_parallel/parameters_on_meta.h"
 #include "hyper_parallel/parallelism_config.h"
 #include "hyper_parallel/cpu_allocator.h"
 #include "compat/file_system.h"
@@ -138,8 +139,18 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   // Large CPU buffers from a cache of huge-page-backed blocks that outlives each step: no
   // fresh-page faults after the first step (issue 14), whatever the environment says.
   if (config_.training.device == "cpu" && config_.training.caching_allocator) install_caching_cpu_allocator();
-  // Before validate(): with model.hf_assets_path the sizes it checks come from config.json.
-  model_ = make_job_model(config_.model);
+  // Starting from a Hugging Face checkpoint every weight is read (or resumed), never
+  // initialised: the model is built on the meta device, and each rank only ever allocates
+  // its own shards (materialize_parameters after parallelize).
+  // (Under TP: at TP 1 every rank holds the whole model anyway.)
+  const bool weights_from_checkpoint =
+      config_.checkpoint.initial_load_in_hf && config_.parallelism.tensor_parallel_degree > 1;
+  {
+    std::optional<ParametersOnMeta> on_meta;
+    if (weights_from_checkpoint) on_meta.emplace();
+    // Before validate(): with model.hf_assets_path the sizes it checks come from config.json.
+    model_ = make_job_model(config_.model);
+  }
   nlohmann::json hf_config;  // recorded in checkpoints
   if (!config_.model.hf_assets_path.empty()) {
     std::ifstream in(compat::join_path(config_.model.hf_assets_path, "config.json"));
@@ -161,14 +172,18 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   parallelism_scope_.emplace(par);
   train_context_ = get_train_context(loss_parallel_enabled_);
 
-  model_->init_weights(static_cast<uint64_t>(config_.training.seed));
+  if (!weights_from_checkpoint) model_->init_weights(static_cast<uint64_t>(config_.training.seed));
   const at::ScalarType dtype = dtype_of(config_.training.dtype);
   const at::Device device = is_initialized() ? current_world().device : at::Device(at::kCPU);
   TORCH_CHECK(device.type() == (config_.training.device == "cuda" ? at::kCUDA : at::kCPU),
               "hp-train: training.device = ", config_.training.device, " but the process group was "
               "initialised for ", device, "; initialise it with InitOptions{.device_type = \"",
               config_.training.device, "\"}");
-  model_->to(device, dtype);
+  if (weights_from_checkpoint) {
+    model_->to(dtype);  // meta parameters get their device when materialized
+  } else {
+    model_->to(device, dtype);
+  }
   // The world as a dp x tp mesh (TorchTitan's order: the TP ranks of a replica are
   // neighbours). Without data parallelism, the 1-D TP mesh alone.
   if (dp > 1) {
@@ -186,6 +201,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   if (tp_enabled_) {
     model_family(config_.model.name).parallelize(*model_, *tp_mesh_, loss_parallel_enabled_, par.sequence_parallel);
   }
+  if (weights_from_checkpoint) materialize_parameters(*model_, device);
   initial_load();
   const auto& t = config_.training;
   // bfloat16 parameters train through float32 master copies (master_weights.h).

@@ -9,11 +9,14 @@
 #include <optional>
 
 #include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/parameters_on_meta.h"
 #include "nn/parameter_table.h"
 
 namespace hyper_parallel {
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  // Real even under ParametersOnMeta: dim elements, and TP leaves norms as plain tensors,
+  // which materialize_parameters cannot turn from meta in place.
   weight = register_parameter("weight", at::ones({dim}));
 }
 
@@ -72,7 +75,7 @@ at::Tensor module_input(const torch::nn::Module& module, const at::Tensor& x) {
 
 AttentionImpl::AttentionImpl(const LlamaArgs& a) : head_dim_(a.head_dim()), group_(a.n_heads / a.kv_heads()) {
   auto make = [&](const char* name, int64_t in, int64_t out) {
-    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)));
+    return register_module(name, new_linear(in, out));
   };
   wq = make("wq", a.dim, a.n_heads * a.head_dim());
   wk = make("wk", a.dim, a.kv_heads() * a.head_dim());
@@ -112,9 +115,9 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
 
 FeedForwardImpl::FeedForwardImpl(const LlamaArgs& a) {
   const int64_t h = a.hidden_dim();
-  w1 = register_module("w1", torch::nn::Linear(torch::nn::LinearOptions(a.dim, h).bias(false)));
-  w2 = register_module("w2", torch::nn::Linear(torch::nn::LinearOptions(h, a.dim).bias(false)));
-  w3 = register_module("w3", torch::nn::Linear(torch::nn::LinearOptions(a.dim, h).bias(false)));
+  w1 = register_module("w1", new_linear(a.dim, h));
+  w2 = register_module("w2", new_linear(h, a.dim));
+  w3 = register_module("w3", new_linear(a.dim, h));
 }
 
 at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {
@@ -142,11 +145,11 @@ LlamaImpl::LlamaImpl(const LlamaArgs& a) : args_(a) {
   TORCH_CHECK(a.n_heads % a.kv_heads() == 0, "Llama: n_heads ", a.n_heads, " must be a multiple of n_kv_heads ",
               a.kv_heads());
   TORCH_CHECK(a.head_dim() % 2 == 0, "Llama: head_dim ", a.head_dim(), " must be even for RoPE");
-  tok_embeddings = register_module("tok_embeddings", torch::nn::Embedding(a.vocab_size, a.dim));
+  tok_embeddings = register_module("tok_embeddings", new_embedding(a.vocab_size, a.dim));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < a.n_layers; ++i) layers->push_back(TransformerBlock(a));
   norm = register_module("norm", RMSNorm(a.dim, a.norm_eps));
-  output = register_module("output", torch::nn::Linear(torch::nn::LinearOptions(a.dim, a.vocab_size).bias(false)));
+  output = register_module("output", new_linear(a.dim, a.vocab_size));
   // Tied: the head reads the embeddings' parameter and registers none of its own, so the
   // optimizer, clipping, master weights, checkpoints and the HF mapping see one tensor and
   // autograd sums the gradients of both uses into it. Module::to converts the parameter in
@@ -175,6 +178,8 @@ void LlamaImpl::init_weights(uint64_t seed) {
   for (auto& item : named_parameters()) {
     at::Tensor& p = item.value();
     const std::string& name = item.key();
+    TORCH_CHECK(!(is_dtensor(p) ? to_local(p) : p).is_meta(), "Llama::init_weights: ", name,
+                " is on the meta device (built under ParametersOnMeta); materialize_parameters first");
     if (name.find("norm") != std::string::npos) {
       p.fill_(1.0);
       continue;
