@@ -24,7 +24,10 @@ import statistics
 import sys
 
 EARLY = 10
-LOSS_RTOL = {"float32": (2e-4, 1e-2), "float64": (1e-12, 1e-7)}  # (first EARLY steps, all)
+# bfloat16 (float32 masters, logits widened for the loss), debug model, 10 steps, measured
+# worst relative differences: 1.6e-5 (TP 1), 5.0e-5 (TP 2), 2.1e-5 (dp 2 x TP 2); over 60
+# steps training amplifies them to 2.1e-2 (TP 2). Bounds 4x and 5x those.
+LOSS_RTOL = {"float32": (2e-4, 1e-2), "float64": (1e-12, 1e-7), "bfloat16": (2e-4, 1e-1)}  # (first EARLY steps, all)
 PHASES = ["forward", "loss", "backward", "clip", "optimizer"]
 
 

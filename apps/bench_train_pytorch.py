@@ -8,6 +8,13 @@ With DP > 1 the world is a DP x TP mesh (hp-train's order: the TP ranks of a rep
 neighbours); replica r trains on rows [r*B/DP, (r+1)*B/DP) of each exported batch and the
 gradients are averaged over the replicas before clipping (the batch's mean loss).
 
+A bfloat16 job trains as hp-train does (src/train/master_weights.h): the model's
+parameters (and RoPE tables) are the exported float32 weights rounded to bfloat16; AdamW
+updates float32 copies of them (its state float32); each step's bfloat16 gradients are
+widened into the copies' .grad (summed over the replicas in float32), clipped there, and
+the updated copies rounded back into the model. The logits are widened to float32 before
+the loss (as TorchTitan and hp-train do); RMSNorm normalises in float32.
+
 EXPORT_DIR is what `hp-export-train` wrote (manifest.json, weights/, batches/). Rank 0
 writes OUT_JSON: per-step losses, gradient norms, step times and their phases, peak
 memory (VmHWM) of every rank.
@@ -162,6 +169,11 @@ def local(t):
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def piece(t):
+    """This rank's piece of a DTensor (a view of its storage), a plain tensor as it is."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def main():
     export_dir, out_json = sys.argv[1], sys.argv[2]
     dp = int(sys.argv[3]) if len(sys.argv) > 3 else 1
@@ -181,8 +193,11 @@ def main():
         for w in man["weights"]:
             data = np.fromfile(os.path.join(export_dir, "weights", w["name"] + ".bin"), dtype=np.float32)
             params[w["name"]].copy_(torch.from_numpy(data).reshape(w["shape"]))
-    if man.get("dtype", "float32") == "float64":
+    dtype = man.get("dtype", "float32")
+    if dtype == "float64":
         model.double()  # parameters and the RoPE tables, as hp-train's model->to(float64)
+    elif dtype == "bfloat16":
+        model.bfloat16()  # likewise (rounded to nearest), before sharding, as hp-train
     dp_group = None
     if dp > 1:
         world_mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
@@ -192,7 +207,10 @@ def main():
         for block in model.layers:
             parallelize_module(block, mesh, layer_plan())
         parallelize_module(model, mesh, tp_plan(lp))
-    opt = torch.optim.AdamW(model.parameters(), lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"],
+    params = list(model.parameters())
+    # bfloat16: float32 masters of the (sharded) parameters, which AdamW updates.
+    masters = [p.detach().float().requires_grad_() for p in params] if dtype == "bfloat16" else params
+    opt = torch.optim.AdamW(masters, lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"],
                             weight_decay=t["weight_decay"], foreach=False)
     shape = [t["batch_size"], t["seq_len"]]
     steps = []
@@ -210,6 +228,8 @@ def main():
         opt.zero_grad(set_to_none=True)
         t1 = time.perf_counter()
         logits = model(x)
+        if logits.dtype == torch.bfloat16:
+            logits = logits.float()  # hp-train's token_loss_sum, TorchTitan's loss
         t2 = time.perf_counter()
         if lp:
             with loss_parallel():
@@ -223,10 +243,13 @@ def main():
             t3 = time.perf_counter()
             loss.backward()
         del logits, loss
+        if masters is not params:  # bfloat16 gradients widened into the masters' .grad
+            for p, mp in zip(params, masters):
+                mp.grad, p.grad = (None if p.grad is None else p.grad.float()), None
         if dp_group is not None:  # the replicas' mean gradient and loss (equal rows each)
-            for p in model.parameters():
+            for p in masters:
                 if p.grad is not None:
-                    g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                    g = piece(p.grad)
                     dist.all_reduce(g, group=dp_group)
                     g.div_(dp)
             v = torch.tensor([value], dtype=torch.float64)
@@ -235,15 +258,19 @@ def main():
         t4 = time.perf_counter()
         # TorchTitan's clipping: the total norm of the DTensor gradients made whole (their
         # norms reduce across ranks), with the plain (replicated) ones counted once; then
-        # every gradient scaled by max_norm / (norm + 1e-6) when that is below 1.
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        dgrads = [g for g in grads if isinstance(g, DTensor)]
-        pgrads = [g for g in grads if not isinstance(g, DTensor)]
+        # every gradient scaled by max_norm / (norm + 1e-6) when that is below 1. The norm
+        # is accumulated in float64, as hp-train's clip_grad_norm_ does: TorchTitan's, in
+        # float32, is off by 5e-5 relative at step 1 of the debug job, which training
+        # amplified into most of the float32 comparison's difference (5.5e-5 within 10
+        # steps at dim 512 x 4 layers; 7e-7 with the norm in float64).
+        grads = [p.grad for p in masters if p.grad is not None]
+        dgrads = [g.double() for g in grads if isinstance(g, DTensor)]
+        pgrads = [g.double() for g in grads if not isinstance(g, DTensor)]
         sq = torch.zeros((), dtype=torch.float64)
         if dgrads:
-            sq += local(torch.nn.utils.get_total_norm(dgrads, 2.0)).double() ** 2
+            sq += local(torch.nn.utils.get_total_norm(dgrads, 2.0)) ** 2
         if pgrads:
-            sq += torch.nn.utils.get_total_norm(pgrads, 2.0).double() ** 2
+            sq += torch.nn.utils.get_total_norm(pgrads, 2.0) ** 2
         norm = sq.sqrt()
         coef = t["max_norm"] / (norm.item() + 1e-6)
         if coef < 1.0:
@@ -251,6 +278,10 @@ def main():
                 g.mul_(coef)
         t5 = time.perf_counter()
         opt.step()
+        if masters is not params:
+            with torch.no_grad():  # rounded (to nearest) into the bfloat16 parameters
+                for p, mp in zip(params, masters):
+                    piece(p).copy_(piece(mp))
         t6 = time.perf_counter()
         steps.append({"step": step, "loss": value, "grad_norm": norm.item(), "step_s": t6 - t0,
                       "phases": {"forward": t2 - t1, "loss": t3 - t2, "backward": t4 - t3, "clip": t5 - t4,

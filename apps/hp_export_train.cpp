@@ -6,7 +6,9 @@
 // DIR/manifest.json names the model and optimiser settings; DIR/weights/<name>.bin holds
 // every parameter of the unsharded model exactly as hp-train starts from it (initialised
 // from the seed, or read from the Hugging Face checkpoint of checkpoint.initial_load_in_hf;
-// float32, raw little-endian, row-major; a float64 job converts them as hp-train does);
+// float32, raw little-endian, row-major; a float64 or bfloat16 job converts them as
+// hp-train does: a bfloat16 job rounds them to bfloat16 and starts its float32 master
+// weights from the rounded values);
 // DIR/batches/{input,target}_<step>.bin the int64 token batches of steps 1..training.steps,
 // exactly as hp-train draws them (synthetic, text or pre-tokenized data).
 #include <nlohmann/json.hpp>
@@ -50,9 +52,6 @@ int main(int argc, char** argv) {
     hp::Llama model = hp::train::make_job_model(cfg.model);  // sets cfg.model from a Hugging Face config
     const auto& m = cfg.model;
     const auto& t = cfg.training;
-    if (t.dtype != "float32" && t.dtype != "float64") {
-      throw std::runtime_error("hp-export-train: training.dtype = " + t.dtype + ": only float32 and float64 are exported");
-    }
     model->init_weights(static_cast<uint64_t>(t.seed));
     if (cfg.checkpoint.initial_load_in_hf) {
       const std::string& path =
