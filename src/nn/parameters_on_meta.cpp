@@ -15,9 +15,8 @@ namespace hyper_parallel {
 namespace {
 thread_local bool tls_parameters_on_meta = false;
 
-at::Tensor meta_weight(std::vector<int64_t> shape) {
-  return at::empty(shape, at::TensorOptions().device(at::kMeta).dtype(at::kFloat));
-}
+// In the default dtype, as LibTorch's own modules create their weights.
+at::Tensor meta_weight(std::vector<int64_t> shape) { return at::empty(shape, at::TensorOptions().device(at::kMeta)); }
 }  // namespace
 
 ParametersOnMeta::ParametersOnMeta() : previous_(tls_parameters_on_meta) { tls_parameters_on_meta = true; }
