@@ -32,12 +32,12 @@ struct Case {
   bool soft = false;
   double label_smoothing = 0.0;
   double ignored_fraction = 0.0;
-  double z_loss = 0.0;
-  double softcap = 0.0;
+  double z_loss_weight = 0.0;
+  double logit_softcap = 0.0;
   std::string name() const {
     return c10::str(rows, "x", classes, reduction == at::Reduction::None ? " none" : reduction == at::Reduction::Sum ? " sum" : " mean",
                     weighted ? " weighted" : "", soft ? " soft" : "", " eps=", label_smoothing, " ignored=", ignored_fraction,
-                    " z=", z_loss, " cap=", softcap);
+                    " z=", z_loss_weight, " cap=", logit_softcap);
   }
 };
 
@@ -68,9 +68,9 @@ F::CrossEntropyFuncOptions ce_options(const Case& c, const at::Tensor& weight, F
 // The definition, in float64 on the full logits: y = cap tanh(x / cap); cross_entropy(y)
 // plus z * lse(y)^2 per counted row; 'mean' divides the z-loss sum by the counted rows.
 at::Tensor reference_loss(const Case& c, const at::Tensor& x, const Data& d) {
-  const at::Tensor y = c.softcap > 0 ? c.softcap * torch::tanh(x / c.softcap) : x;
+  const at::Tensor y = c.logit_softcap > 0 ? c.logit_softcap * torch::tanh(x / c.logit_softcap) : x;
   at::Tensor valid = c.soft ? torch::ones({c.rows}, x.options()) : d.target.ne(-100).to(x.scalar_type());
-  at::Tensor z_rows = c.z_loss * torch::logsumexp(y, 1).square() * valid;
+  at::Tensor z_rows = c.z_loss_weight * torch::logsumexp(y, 1).square() * valid;
   if (c.reduction == at::Reduction::None) return F::cross_entropy(y, d.target, ce_options(c, d.weight, torch::kNone)) + z_rows;
   if (c.reduction == at::Reduction::Sum) return F::cross_entropy(y, d.target, ce_options(c, d.weight, torch::kSum)) + z_rows.sum();
   return F::cross_entropy(y, d.target, ce_options(c, d.weight, torch::kMean)) + z_rows.sum() / valid.sum();
@@ -110,8 +110,8 @@ double tolerance(at::ScalarType t, const at::Tensor& aten, const at::Tensor& wan
 
 LossParallelOptions guard_options(const Case& c, bool grad_in_forward) {
   LossParallelOptions o;
-  o.z_loss_weight = c.z_loss;
-  o.logit_softcap = c.softcap;
+  o.z_loss_weight = c.z_loss_weight;
+  o.logit_softcap = c.logit_softcap;
   o.gradient_in_forward = grad_in_forward;
   return o;
 }
@@ -180,8 +180,8 @@ std::vector<Case> option_grid() {
         Case base;
         base.reduction = r;
         base.weighted = w;
-        base.z_loss = z;
-        base.softcap = cap;
+        base.z_loss_weight = z;
+        base.logit_softcap = cap;
         cases.push_back(base);
         Case ign = base; ign.ignored_fraction = 0.3; cases.push_back(ign);
         Case ls = ign; ls.label_smoothing = 0.1; cases.push_back(ls);
@@ -206,9 +206,9 @@ TEST(FusedCrossEntropy, LongRowsAcrossBlocksMatchTheDefinition) {
   c.rows = 6;
   c.classes = 6151;
   c.ignored_fraction = 0.2;
-  c.z_loss = 1e-3;
+  c.z_loss_weight = 1e-3;
   Case capped = c;
-  capped.softcap = 30;
+  capped.logit_softcap = 30;
   capped.label_smoothing = 0.1;
   capped.weighted = true;
   run_grid({c, capped}, {1, 3});

@@ -28,12 +28,12 @@ constexpr int64_t kTokens = 37, kDim = 24, kVocab = 29;
 struct Case {
   int64_t reduction = at::Reduction::Mean;
   bool weighted = false;
-  double label_smoothing = 0.0, ignored = 0.0, z_loss = 0.0, softcap = 0.0;
+  double label_smoothing = 0.0, ignored = 0.0, z_loss_weight = 0.0, logit_softcap = 0.0;
   int64_t chunk = 0, vblock = 0;  // 0: automatic
   std::string name() const {
     return c10::str(reduction == at::Reduction::None ? "none" : reduction == at::Reduction::Sum ? "sum" : "mean",
-                    weighted ? " weighted" : "", " eps=", label_smoothing, " ignored=", ignored, " z=", z_loss,
-                    " cap=", softcap, " chunk=", chunk, " vblock=", vblock);
+                    weighted ? " weighted" : "", " eps=", label_smoothing, " ignored=", ignored, " z=", z_loss_weight,
+                    " cap=", logit_softcap, " chunk=", chunk, " vblock=", vblock);
   }
 };
 
@@ -56,9 +56,9 @@ Data make_data(const Case& c, uint64_t seed) {
 // The definition on the full logits, in float64.
 at::Tensor reference_loss(const Case& c, const at::Tensor& h, const at::Tensor& w, const Data& d) {
   const at::Tensor x = h.mm(w.t());
-  const at::Tensor y = c.softcap > 0 ? c.softcap * torch::tanh(x / c.softcap) : x;
+  const at::Tensor y = c.logit_softcap > 0 ? c.logit_softcap * torch::tanh(x / c.logit_softcap) : x;
   const at::Tensor valid = d.target.ne(-100).to(h.scalar_type());
-  const at::Tensor z_rows = c.z_loss * torch::logsumexp(y, 1).square() * valid;
+  const at::Tensor z_rows = c.z_loss_weight * torch::logsumexp(y, 1).square() * valid;
   auto o = F::CrossEntropyFuncOptions().label_smoothing(c.label_smoothing);
   if (d.class_weight.defined()) o = o.weight(d.class_weight);
   if (c.reduction == at::Reduction::None) return F::cross_entropy(y, d.target, o.reduction(torch::kNone)) + z_rows;
@@ -111,8 +111,8 @@ FusedLinearCrossEntropyOptions options_of(const Case& c, const Data& d, at::Scal
   FusedLinearCrossEntropyOptions o;
   o.reduction = c.reduction;
   o.label_smoothing = c.label_smoothing;
-  o.z_loss_weight = c.z_loss;
-  o.logit_softcap = c.softcap;
+  o.z_loss_weight = c.z_loss_weight;
+  o.logit_softcap = c.logit_softcap;
   o.chunk_tokens = c.chunk;
   o.vocab_block = c.vblock;
   if (d.class_weight.defined()) o.class_weight = d.class_weight.to(dtype);
@@ -167,8 +167,8 @@ std::vector<Case> option_grid() {
           Case c;
           c.reduction = r;
           c.weighted = weighted;
-          c.z_loss = z;
-          c.softcap = cap;
+          c.z_loss_weight = z;
+          c.logit_softcap = cap;
           c.label_smoothing = ls;
           c.ignored = ign;
           // Blocks dividing neither 37 tokens nor the shards (10/10/9, 8/8/8/5, 15/14), and automatic.

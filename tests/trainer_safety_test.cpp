@@ -1,4 +1,4 @@
-// trainer_safety_test.cpp — issue 24: no training on NaN, one job per dump folder, resumes
+// trainer_safety_test.cpp — no training on NaN, one job per dump folder, resumes
 // that check their data, folders checked at start, and errors that name their cause.
 #include <gtest/gtest.h>
 
@@ -66,7 +66,7 @@ float poison_final_norm(Trainer& t, float value = std::nanf("")) {
   at::NoGradGuard no_grad;
   for (const auto& p : t.model()->named_parameters()) {
     if (p.key() != "norm.weight") continue;
-    at::Tensor w = local_of(p.value());
+    at::Tensor w = local_or_plain(p.value());
     const float old = w[0].item<float>();
     w[0].fill_(value);
     return old;
@@ -77,7 +77,7 @@ float poison_final_norm(Trainer& t, float value = std::nanf("")) {
 
 std::vector<at::Tensor> weights_of(Trainer& t) {
   std::vector<at::Tensor> out;
-  for (const auto& p : t.model()->parameters()) out.push_back(local_of(p).detach().clone());
+  for (const auto& p : t.model()->parameters()) out.push_back(local_or_plain(p).detach().clone());
   return out;
 }
 

@@ -89,10 +89,10 @@ ClassSharding resolve_class_sharding(at::Tensor* t, int64_t class_dim, const std
   cs.layout = final_layout;
   cs.class_dim = class_dim;
   cs.mesh_dim = m;
-  cs.num_classes = final_layout.shape()[class_dim];
-  cs.offset = final_layout.local_offset()[class_dim];
-  cs.local_classes = final_layout.local_shape()[class_dim];
-  cs.comm = &final_layout.mesh().comm(m);
+  cs.shard.comm = &final_layout.mesh().comm(m);
+  cs.shard.offset = final_layout.local_offset()[class_dim];
+  cs.shard.local = final_layout.local_shape()[class_dim];
+  cs.shard.total = final_layout.shape()[class_dim];
   return cs;
 }
 

@@ -10,14 +10,20 @@
 
 namespace hyper_parallel {
 
+// This rank's slice of the classes: all the kernels need to know of the sharding.
+struct ClassShard {
+  const Communicator* comm = nullptr;  // the group holding the other slices; null: one process
+  int64_t offset = 0;                  // first global class held here
+  int64_t local = 0;                   // classes held here (may be 0)
+  int64_t total = 0;                   // C
+};
+
+// A class-sharded tensor's layout and where in it the classes are.
 struct ClassSharding {
-  Layout layout;            // of the (possibly re-laid-out) class-sharded tensor
-  int64_t class_dim = 1;    // tensor dim holding the classes
-  int64_t mesh_dim = 0;     // mesh dim sharding it
-  int64_t num_classes = 0;  // global C
-  int64_t offset = 0;       // first class this rank holds
-  int64_t local_classes = 0;
-  const Communicator* comm = nullptr;
+  Layout layout;          // of the (possibly re-laid-out) class-sharded tensor
+  int64_t class_dim = 1;  // tensor dim holding the classes
+  int64_t mesh_dim = 0;   // mesh dim sharding it
+  ClassShard shard;       // this rank's slice of that dim
 };
 
 // Tensor dim holding the classes for cross_entropy / nll_loss inputs: 1, or 0 for 1-D.

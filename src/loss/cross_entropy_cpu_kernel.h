@@ -27,7 +27,7 @@ struct ForwardArgs {
   c10::ScalarType dtype;  // of x
   const void* x;          // [rows, cols] with row stride ldx, unit class stride
   int64_t rows = 0, cols = 0, ldx = 0;
-  double softcap = 0;             // > 0: y = softcap * tanh(x / softcap)
+  double logit_softcap = 0;       // > 0: y = cap * tanh(x / cap)
   const int64_t* target_col = nullptr;  // [rows], local column or -1 (index targets)
   bool smoothing_sum = false;     // fill kV2 and kU (index targets)
   const void* weight = nullptr;   // [cols] compute type, or null (all ones)
@@ -48,7 +48,7 @@ struct BackwardArgs {
   const void* x;
   void* out;
   int64_t rows = 0, cols = 0, ldx = 0, ldo = 0;
-  double softcap = 0;
+  double logit_softcap = 0;
   const void* row_max = nullptr;             // [rows] compute type: max_c y_c over all classes
   const void* log_sum = nullptr;             // [rows] compute type: log sum_c exp(y_c - max)
   const void* a = nullptr;                   // [rows] compute type

@@ -101,7 +101,7 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
   static_assert(kBlock % kStep == 0);
   alignas(64) acc_t buf[kBlock];
   alignas(64) acc_t lanes[VS];
-  const acc_t cap = static_cast<acc_t>(args.softcap);
+  const acc_t cap = static_cast<acc_t>(args.logit_softcap);
   const Vec vcap(cap);
   const auto* x_all = static_cast<const scalar_t*>(args.x);
   const auto* w = static_cast<const acc_t*>(args.weight);
@@ -220,7 +220,7 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
   using Vec = typename IO::Vec;
   constexpr int64_t VS = Vec::size();
   constexpr int64_t kStep = IO::kStep;
-  const acc_t cap = static_cast<acc_t>(args.softcap);
+  const acc_t cap = static_cast<acc_t>(args.logit_softcap);
   const Vec vcap(cap), vone(1);
   const auto* row_max = static_cast<const acc_t*>(args.row_max);
   const auto* log_sum = static_cast<const acc_t*>(args.log_sum);

@@ -70,7 +70,7 @@ __global__ void forward_kernel(ForwardArgs args) {
   const scalar_t* x = static_cast<const scalar_t*>(args.x) + r * args.ldx;
   const acc_t* w = static_cast<const acc_t*>(args.weight);
   const acc_t* q = args.q ? static_cast<const acc_t*>(args.q) + r * args.ldq : nullptr;
-  const acc_t cap = static_cast<acc_t>(args.softcap);
+  const acc_t cap = static_cast<acc_t>(args.logit_softcap);
   const acc_t q_scale = static_cast<acc_t>(args.q_scale), q_shift = static_cast<acc_t>(args.q_shift);
   const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
   acc_t m = ninf, s = 0, v1 = 0, v2 = 0, u = 0;
@@ -117,7 +117,7 @@ __global__ void backward_kernel(BackwardArgs args) {
   const acc_t row_max = static_cast<const acc_t*>(args.row_max)[r];
   const acc_t log_sum = static_cast<const acc_t*>(args.log_sum)[r];
   const int64_t t = args.target_col ? args.target_col[r] : -1;
-  const acc_t cap = static_cast<acc_t>(args.softcap);
+  const acc_t cap = static_cast<acc_t>(args.logit_softcap);
   const bool zero_row = a == 0 && b == 0 && c == 0 && tc == 0;
   for (int64_t j = threadIdx.x; j < args.cols; j += kThreads) {
     if (zero_row) {

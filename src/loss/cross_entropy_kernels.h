@@ -12,15 +12,9 @@
 #include <c10/util/Optional.h>
 
 #include "hyper_parallel/communicator.h"
+#include "loss/class_sharding.h"
 
 namespace hyper_parallel {
-
-struct ClassShard {
-  const Communicator* comm;
-  int64_t offset;  // first global class held here
-  int64_t local;   // classes held here (may be 0)
-  int64_t total;   // C
-};
 
 // float for half/bfloat16, the type itself otherwise: what the kernels compute in.
 at::ScalarType compute_type(at::ScalarType t);

@@ -7,7 +7,6 @@
 #include <torch/csrc/autograd/saved_variable.h>
 
 #include "compat/autograd_compat.h"
-#include "core/redistribute.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor.h"
 #include "loss/class_sharding.h"
@@ -46,7 +45,7 @@ struct CrossEntropyParallelBackward : Node {
                 "a second time.");
     if (!grads[0].defined()) return {at::Tensor()};
     const at::Tensor g = full_value(grads[0]);
-    const ClassShard shard{sharding.comm, sharding.offset, sharding.local_classes, sharding.num_classes};
+    const ClassShard& shard = sharding.shard;
     at::Tensor rows = ce.gradient_in_forward ? gradient_written_in_forward(g, shard) : fused_cross_entropy_backward(ce, g, shard);
     return {make_dtensor(from_rows(rows, local_shape, sharding.class_dim), sharding.layout)};
   }
@@ -102,7 +101,7 @@ at::Tensor soft_target_rows(const at::Tensor& target, const ClassSharding& cs, c
     if (l.placements() == cs.layout.placements()) {
       local = impl->local();
     } else if (l.is_replicated()) {
-      local = impl->local().narrow(cs.class_dim, cs.offset, cs.local_classes);
+      local = impl->local().narrow(cs.class_dim, cs.shard.offset, cs.shard.local);
     } else {
       throw LossParallelLayoutError(op + " under loss_parallel: expected probability targets "
                                     "replicated or laid out like the logits (" +
@@ -112,7 +111,7 @@ at::Tensor soft_target_rows(const at::Tensor& target, const ClassSharding& cs, c
     TORCH_CHECK(target.sizes() == c10::IntArrayRef(cs.layout.shape()), op,
                 ": probability targets must have the logits' shape ", c10::IntArrayRef(cs.layout.shape()),
                 ", got ", target.sizes());
-    local = target.narrow(cs.class_dim, cs.offset, cs.local_classes);
+    local = target.narrow(cs.class_dim, cs.shard.offset, cs.shard.local);
   }
   return to_rows(local, cs.class_dim);
 }
@@ -157,7 +156,7 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   const LossParallelOptions options = current_loss_parallel_options();
   TORCH_CHECK(options.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: off), got ", options.logit_softcap);
   ce.z_loss_weight = options.z_loss_weight;
-  ce.softcap = options.logit_softcap;
+  ce.logit_softcap = options.logit_softcap;
   const bool wants_grad = torch::autograd::GradMode::is_enabled() && logits.requires_grad();
   // Writing the gradient over the logits needs their storage as plain rows, and logits
   // that are neither a leaf nor a view of one: a leaf's values are the caller's (PyTorch
@@ -178,8 +177,8 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
       check_on_logits_mesh(*weight, cs, "class weight", op);
       check_on_logits_device(local_logits.device(), local_device(*weight), "class weight", op);
       at::Tensor w = replicated_value(*weight, "class weight", op);
-      TORCH_CHECK(w.dim() == 1 && w.size(0) == cs.num_classes, op, ": expected a class weight of shape [",
-                  cs.num_classes, "], got ", w.sizes());
+      TORCH_CHECK(w.dim() == 1 && w.size(0) == cs.shard.total, op, ": expected a class weight of shape [",
+                  cs.shard.total, "], got ", w.sizes());
       ce.weight = w.to(ct);
     }
     if (ce.soft) {
@@ -196,7 +195,7 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
       TORCH_CHECK(t.sizes() == c10::IntArrayRef(expect), op, ": expected a target of shape ",
                   c10::IntArrayRef(expect), " for logits of shape ", c10::IntArrayRef(cs.layout.shape()),
                   ", got ", t.sizes());
-      check_targets(t, cs.num_classes, ignore_index);
+      check_targets(t, cs.shard.total, ignore_index);
       ce.target = t.reshape({-1}).to(at::kLong);
       loss_shape = expect;
     }
@@ -209,7 +208,7 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
     ce.target = at::full({ce.x_rows.size(0)}, ignore_index, ce.x_rows.options().dtype(at::kLong));
     ce.gradient_in_forward = false;
   }
-  const ClassShard shard{cs.comm, cs.offset, cs.local_classes, cs.num_classes};
+  const ClassShard& shard = cs.shard;
   at::Tensor loss = fused_cross_entropy_forward(ce, shard, &agreement).to(local_logits.scalar_type());
   if (reduction == at::Reduction::None) {
     loss = loss.reshape(loss_shape);

@@ -80,7 +80,7 @@ void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const 
   const at::ScalarType ct = stats.scalar_type();
   const at::Tensor& w = v.w;
   for_row_blocks(x.size(0), x.size(1), [&](int64_t r0, int64_t n) {
-    const at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.softcap);
+    const at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.logit_softcap);
     const at::Tensor m = y.amax(1);
     const at::Tensor shift = at::where(at::isneginf(m), at::zeros_like(m), m);
     stats[k::kMax].narrow(0, r0, n).copy_(m);
@@ -152,8 +152,8 @@ void backward_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const at::T
     auto rows = [&](const at::Tensor& t) { return t.narrow(0, r0, n).unsqueeze(1); };
     const at::Tensor xc = x.narrow(0, r0, n).to(ct);
     // cap' from the tanh itself (cross_entropy_cpu_kernel_impl.h says why).
-    const at::Tensor th = ce.softcap > 0 ? (xc / ce.softcap).tanh_() : at::Tensor();
-    const at::Tensor y = ce.softcap > 0 ? th * ce.softcap : xc;
+    const at::Tensor th = ce.logit_softcap > 0 ? (xc / ce.logit_softcap).tanh_() : at::Tensor();
+    const at::Tensor y = ce.logit_softcap > 0 ? th * ce.logit_softcap : xc;
     at::Tensor g = (y - rows(row_max)).sub_(rows(log_sum)).exp_().mul_(rows(co.a));
     if (co.b.defined() || co.c.defined()) {
       at::Tensor sub = co.b.defined() ? rows(co.b) : at::zeros({n, 1}, g.options());
@@ -165,7 +165,7 @@ void backward_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const at::T
       const at::Tensor hit = at::where(col.ge(0), co.t.narrow(0, r0, n), at::zeros_like(co.t.narrow(0, r0, n)));
       g.scatter_add_(1, col.clamp_min(0).unsqueeze(1), -hit.unsqueeze(1));
     }
-    if (ce.softcap > 0) g.mul_(1 - th.square());
+    if (ce.logit_softcap > 0) g.mul_(1 - th.square());
     out.narrow(0, r0, n).copy_(g);
   });
 }
@@ -179,7 +179,7 @@ at::Tensor per_row(const at::Tensor& g, int64_t rows, int64_t reduction) {
 
 void fused_cross_entropy_prepare(FusedCrossEntropy& ce, int64_t rows, const ClassShard& shard,
                                  const at::TensorOptions& opts) {
-  TORCH_CHECK(ce.softcap >= 0, "cross_entropy: logit_softcap must be >= 0 (0: off), got ", ce.softcap);
+  TORCH_CHECK(ce.logit_softcap >= 0, "cross_entropy: logit_softcap must be >= 0 (0: off), got ", ce.logit_softcap);
   const at::ScalarType ct = opts.dtype().toScalarType();
   if (ce.soft) {
     ce.q = unit_class_stride(ce.target.to(ct));
@@ -225,7 +225,7 @@ at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at
   args.rows = n;
   args.cols = nc;
   args.ldx = row_stride(x);
-  args.softcap = ce.softcap;
+  args.logit_softcap = ce.logit_softcap;
   args.weight = ptr_or_null(v.w);
   if (ce.soft) {
     args.q = v.q.const_data_ptr();
@@ -351,7 +351,7 @@ void fused_cross_entropy_block_gradient(const FusedCrossEntropy& ce, const Coeff
   args.cols = nc;
   args.ldx = row_stride(x);
   args.ldo = row_stride(out);
-  args.softcap = ce.softcap;
+  args.logit_softcap = ce.logit_softcap;
   args.row_max = row_max.const_data_ptr();
   args.log_sum = log_sum.const_data_ptr();
   args.a = b.a.const_data_ptr();

@@ -26,7 +26,7 @@ struct FusedCrossEntropy {
   int64_t ignore_index = -100;
   double label_smoothing = 0.0;
   double z_loss_weight = 0.0;  // adds z * lse^2 per counted row
-  double softcap = 0.0;        // > 0: logits -> softcap * tanh(x / softcap) first
+  double logit_softcap = 0.0;  // > 0: logits -> cap * tanh(x / cap) first
   // Write d loss / d x (for a unit incoming gradient) over x_rows during forward; backward
   // then only scales it. The caller checks that x_rows is the logits' own storage.
   bool gradient_in_forward = false;

@@ -13,7 +13,6 @@
 #include <string>
 
 #include "compat/autograd_compat.h"
-#include "core/redistribute.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor.h"
 #include "loss/class_sharding.h"
@@ -77,7 +76,7 @@ at::Tensor view_of(const at::Tensor& buffer, int64_t rows, int64_t cols) {
 struct Inputs {
   at::Tensor h, w, target;       // local pieces: [T, D], [V_l, D], [T] int64
   c10::optional<at::Tensor> class_weight;
-  ClassShard shard{nullptr, 0, 0, 0};
+  ClassShard shard;
   c10::optional<Layout> weight_layout, hidden_layout;  // set for DTensor inputs
 };
 
@@ -263,7 +262,7 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
   ce.ignore_index = options.ignore_index;
   ce.label_smoothing = options.label_smoothing;
   ce.z_loss_weight = options.z_loss_weight;
-  ce.softcap = options.logit_softcap;
+  ce.logit_softcap = options.logit_softcap;
   fused_cross_entropy_prepare(ce, T, in.shard, h.options().dtype(ct));
 
   // Per-token statistics of this rank's classes, block by block; the logits of one block

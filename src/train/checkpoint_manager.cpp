@@ -217,7 +217,7 @@ void CheckpointManager::save(int64_t step, const TrainedState& state) const {
   LayoutTable layouts;  // the same on every rank; rank 0 records it in the manifest
   // The weights the optimizer updates (float32 masters in bfloat16 training).
   for (const auto& [name, v] : state.parameters) {
-    tensors["model." + name] = local_of(v).detach().clone();
+    tensors["model." + name] = local_or_plain(v).detach().clone();
     extra["placements"][name] = is_dtensor(v) ? to_string(placements_of(v)) : "plain";
     layouts["model." + name] = layout_of(v, "model." + name);
   }
@@ -229,7 +229,7 @@ void CheckpointManager::save(int64_t step, const TrainedState& state) const {
     if (it == adamw.end()) continue;
     auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
     const std::string key = "optim." + std::to_string(i) + ".";
-    auto local = [](const at::Tensor& t) { return local_of(t).detach().clone(); };
+    auto local = [](const at::Tensor& t) { return local_or_plain(t).detach().clone(); };
     tensors[key + "exp_avg"] = local(s.exp_avg());
     tensors[key + "exp_avg_sq"] = local(s.exp_avg_sq());
     tensors[key + "step"] = at::scalar_tensor(s.step(), at::kLong);
@@ -423,7 +423,7 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
 
   at::NoGradGuard no_grad;
   for (const auto& [name, value] : named) {
-    at::Tensor dst = local_of(value);
+    at::Tensor dst = local_or_plain(value);
     dst.copy_(values.at("model." + name));
   }
   if (state.master) state.master->master_to_model();

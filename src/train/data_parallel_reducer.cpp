@@ -50,11 +50,11 @@ struct DataParallelReducer::Impl {
                 "a parameter used twice must be so in one graph (DataParallelReducer sends each once)");
     Bucket& b = buckets[s.bucket];
     at::Tensor dst = b.flat.narrow(0, s.offset, s.numel);
-    dst.copy_(local_of(grad).reshape({-1}));
+    dst.copy_(local_or_plain(grad).reshape({-1}));
     // Accumulated micro-batches: the holder's .grad has their sum (when the holder is the
     // parameter, this gradient is added to it after the hook).
     const at::Tensor accumulated = s.holder.grad();
-    if (accumulated.defined()) dst.add_(local_of(accumulated).reshape({-1}));
+    if (accumulated.defined()) dst.add_(local_or_plain(accumulated).reshape({-1}));
     s.ready = true;
     ++b.ready;
     send_ready_buckets();
@@ -88,9 +88,9 @@ DataParallelReducer::DataParallelReducer(const torch::OrderedDict<std::string, a
     s.name = item.key();
     s.param = item.value();
     s.holder = gradient_holders.empty() ? item.value() : gradient_holders[i];
-    s.numel = local_of(item.value()).numel();
-    TORCH_CHECK(local_of(s.holder).sizes() == local_of(s.param).sizes(), "DataParallelReducer: the gradient holder of '",
-                s.name, "' has local shape ", local_of(s.holder).sizes(), ", its parameter ", local_of(s.param).sizes());
+    s.numel = local_or_plain(item.value()).numel();
+    TORCH_CHECK(local_or_plain(s.holder).sizes() == local_or_plain(s.param).sizes(), "DataParallelReducer: the gradient holder of '",
+                s.name, "' has local shape ", local_or_plain(s.holder).sizes(), ", its parameter ", local_or_plain(s.param).sizes());
     m.slots.push_back(std::move(s));
   }
   // Reverse order: the last layers' gradients come first in backward. A bucket takes
@@ -98,7 +98,7 @@ DataParallelReducer::DataParallelReducer(const torch::OrderedDict<std::string, a
   // (a parameter larger than that gets a bucket of its own). Sums go to the holders' dtype.
   for (size_t k = m.slots.size(); k-- > 0;) {
     Impl::Slot& s = m.slots[k];
-    const at::Tensor local = local_of(s.holder);
+    const at::Tensor local = local_or_plain(s.holder);
     const at::TensorOptions wire = local.options().dtype(wire_dtype(local.scalar_type()));
     const auto element = static_cast<int64_t>(wire.dtype().itemsize());
     Impl::Bucket* b = m.buckets.empty() ? nullptr : &m.buckets.back();
@@ -160,7 +160,7 @@ void DataParallelReducer::finish() {
         s.param.mutable_grad() = at::Tensor();
         if (!s.holder.grad().defined()) s.holder.mutable_grad() = at::zeros_like(s.holder);
       }
-      at::Tensor grad = local_of(s.holder.grad());
+      at::Tensor grad = local_or_plain(s.holder.grad());
       grad.copy_(b.flat.narrow(0, s.offset, s.numel).view(grad.sizes()));
     }
   }

@@ -10,7 +10,7 @@
 namespace hyper_parallel::train {
 
 // This rank's piece of a DTensor; a plain tensor as is.
-inline at::Tensor local_of(const at::Tensor& t) { return is_dtensor(t) ? to_local(t) : t; }
+inline at::Tensor local_or_plain(const at::Tensor& t) { return is_dtensor(t) ? to_local(t) : t; }
 
 // `local` laid out like `like` (a DTensor's mesh, placements, global shape and stride), or
 // as is when `like` is a plain tensor.

@@ -362,7 +362,7 @@ void Trainer::check_storage() {
   // train, float32 masters in bfloat16 training).
   double bytes = 0;
   for (const auto& p : trained_parameters()) {
-    const at::Tensor local = local_of(p);
+    const at::Tensor local = local_or_plain(p);
     bytes += 3.0 * static_cast<double>(local.numel()) * static_cast<double>(local.element_size());
   }
   at::Tensor total = at::full({1}, bytes, at::TensorOptions().dtype(at::kDouble).device(model_->output->weight.device()));
