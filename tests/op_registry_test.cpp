@@ -5,12 +5,14 @@
 #include <dirent.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "harness/build_paths.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/sharding_strategy.h"
+#include "loss/loss_parallel_dispatch.h"
 
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
@@ -101,6 +103,30 @@ TEST(OpRegistry, AnUnknownClassParameterValueNamesEntryKeyAndChoices) {
   const std::string msg = error_of([] { reload_distributed_ops(); });
   EXPECT_NE(msg.find("bad_kind.yaml:2"), std::string::npos) << msg;
   EXPECT_NE(msg.find("PermuteOp kind 'diagonal' is not one of permute, transpose, t"), std::string::npos) << msg;
+}
+
+// ops/*.yaml is the one list of the ops loss_parallel routes: a spec's `loss_parallel:`
+// key binds an op to a kernel, a name that is no kernel is an error at its line.
+TEST(OpRegistry, ALossParallelKeyBindsTheOpToANamedKernel) {
+  {
+    RegistryEnv env((kData + "/loss_kernel_yaml").c_str(), nullptr);
+    reload_distributed_ops();
+    auto names = loss_parallel_op_names();
+    EXPECT_NE(std::find(names.begin(), names.end(), "log_softmax_test_only"), names.end());
+    EXPECT_THROW(unregister_loss_parallel_op_names({"log_softmax_test_only"}), c10::ValueError)
+        << "bound by a spec: built in";
+    EXPECT_TRUE(find_distributed_op("log_softmax_test_only")) << "the class takes the rest of the entry";
+  }
+  auto names = loss_parallel_op_names();
+  EXPECT_EQ(std::find(names.begin(), names.end(), "log_softmax_test_only"), names.end()) << "gone with its spec";
+  for (const char* n : {"_log_softmax", "nll_loss_backward"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n << " comes from ops/*.yaml";
+  }
+  RegistryEnv env((kData + "/bad_loss_kernel_yaml").c_str(), nullptr);
+  const std::string msg = error_of([] { reload_distributed_ops(); });
+  EXPECT_NE(msg.find("bad_loss_kernel.yaml:2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("loss_parallel kernel 'log_sofmax', which does not exist"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("log_softmax, log_softmax_backward, nll_backward, nll_forward"), std::string::npos) << msg;
 }
 
 TEST(OpRegistry, PluginWithoutEntryPointNamesTheSymbol) {

@@ -36,6 +36,8 @@ struct Registry {
     OpDispatcher::RouteClaim claims;
   };
   std::vector<Route> routes;
+  std::map<std::string, std::vector<std::string>> route_kernels;                // route -> kernels
+  std::map<std::string, std::map<std::string, std::string>> route_bindings;  // route -> op -> kernel
   std::set<std::string> warned_implicit;
 };
 
@@ -261,9 +263,14 @@ DistributedOpPtr find_distributed_op(const std::string& op_name) {
 }
 
 std::vector<OpDispatcher::ContextRoute> context_routes_claiming(const std::string& op_name) {
-  std::lock_guard<std::mutex> lock(registry().mutex);
+  std::vector<Registry::Route> routes;
+  {
+    std::lock_guard<std::mutex> lock(registry().mutex);
+    routes = registry().routes;
+  }
+  // Asked without the lock: a claim may read the registry (the specs' route bindings).
   std::vector<OpDispatcher::ContextRoute> out;
-  for (const auto& r : registry().routes) {
+  for (const auto& r : routes) {
     if (!r.claims || r.claims(op_name)) out.push_back(r.route);
   }
   return out;
@@ -282,6 +289,28 @@ void set_distributed_op_origin(const std::string& op_name, const std::string& or
   registry().origins[op_name] = origin;
 }
 
+void declare_route_kernels(const std::string& route, const std::vector<std::string>& kernels) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  registry().route_kernels[route] = kernels;
+}
+
+std::vector<std::string> route_kernels(const std::string& route) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  auto it = registry().route_kernels.find(route);
+  return it == registry().route_kernels.end() ? std::vector<std::string>{} : it->second;
+}
+
+void bind_route_kernel(const std::string& route, const std::string& op_name, const std::string& kernel) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  registry().route_bindings[route][op_name] = kernel;
+}
+
+std::map<std::string, std::string> route_kernel_bindings(const std::string& route) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  auto it = registry().route_bindings.find(route);
+  return it == registry().route_bindings.end() ? std::map<std::string, std::string>{} : it->second;
+}
+
 std::map<std::string, std::string> distributed_op_origins() {
   std::lock_guard<std::mutex> lock(registry().mutex);
   return registry().origins;
@@ -292,6 +321,7 @@ void reload_distributed_ops() {
     std::lock_guard<std::mutex> lock(registry().mutex);
     registry().ops.clear();
     registry().origins.clear();
+    registry().route_bindings.clear();
   }
   load_op_spec_files(builtin_op_spec_files());
   if (const char* plugins = std::getenv("HYPER_PARALLEL_OPS_PLUGIN_PATH")) load_op_plugins(plugins);

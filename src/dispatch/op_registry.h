@@ -2,6 +2,7 @@
 // public side (register_distributed_op, find_distributed_op ...) is in hyper_parallel/dispatch.h.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -14,5 +15,17 @@ std::vector<OpDispatcher::ContextRoute> context_routes_claiming(const std::strin
 
 // Records which YAML file (or plugin) declared `op_name`, for distributed_op_origins().
 void set_distributed_op_origin(const std::string& op_name, const std::string& origin);
+
+// Kernels of a context route that op specs may bind ops to: an entry whose key is the
+// route's name (`_log_softmax: {loss_parallel: log_softmax}`) sends that op to the kernel
+// named while the route is active. The route declares its kernels before the specs load;
+// an unknown kernel name is an error at the spec's line.
+void declare_route_kernels(const std::string& route, const std::vector<std::string>& kernels);
+// The kernel names `route` declared (empty when it declared none).
+std::vector<std::string> route_kernels(const std::string& route);
+// Binds `op_name` to `kernel` of `route` (the spec loader does this; `kernel` must be declared).
+void bind_route_kernel(const std::string& route, const std::string& op_name, const std::string& kernel);
+// op name -> kernel name for every op bound to `route` by the loaded specs.
+std::map<std::string, std::string> route_kernel_bindings(const std::string& route);
 
 }  // namespace hyper_parallel

@@ -112,6 +112,23 @@ void load_op_spec_files(const std::vector<OpSpecFile>& files) {
                   prev == declared_in.end() ? "" : prev->second, " and in ", where);
       std::map<std::string, std::string> params = defaults;
       for (const auto& kv : scalars_of(entry.second, where)) params[kv.first] = kv.second;
+      // Keys naming a context route bind the op to one of its kernels; the rest is the class's.
+      std::vector<std::pair<std::string, std::string>> bindings;
+      for (auto it = params.begin(); it != params.end();) {
+        const auto kernels = route_kernels(it->first);
+        if (kernels.empty()) {
+          ++it;
+          continue;
+        }
+        if (std::find(kernels.begin(), kernels.end(), it->second) == kernels.end()) {
+          std::string known;
+          for (const auto& k : kernels) known += (known.empty() ? "" : ", ") + k;
+          TORCH_CHECK(false, where, ": op '", op, "' names ", it->first, " kernel '", it->second,
+                      "', which does not exist; ", it->first, " kernels: ", known);
+        }
+        bindings.emplace_back(it->first, it->second);
+        it = params.erase(it);
+      }
       auto cls = params.find("class");
       TORCH_CHECK(cls != params.end(), where, ": op '", op, "' names no class (set `class:` in it or in __default__)");
       const std::string class_name = cls->second;
@@ -134,6 +151,7 @@ void load_op_spec_files(const std::vector<OpSpecFile>& files) {
       TORCH_CHECK(unread.empty(), where, ": class ", class_name, " has no parameter '",
                   unread.empty() ? "" : unread.front(), "' (op '", op, "')");
       register_distributed_op(op, rule);
+      for (const auto& [route, kernel] : bindings) bind_route_kernel(route, op, kernel);
       set_distributed_op_origin(op, where);
       declared_in[op] = where;
     }

@@ -8,11 +8,11 @@
 #include <torch/library.h>
 
 #include <functional>
+#include <map>
 #include <mutex>
 #include <set>
-#include <unordered_map>
 
-#include "core/redistribute.h"
+#include "dispatch/op_registry.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dispatch.h"
 #include "hyper_parallel/dtensor.h"
@@ -27,38 +27,24 @@ namespace {
 
 using Kernel = std::function<bool(const c10::OperatorHandle&, torch::jit::Stack*)>;
 
-// Backward ops are picked by the layout of their inputs, not by the context: only a
-// forward under loss_parallel produces class-sharded log-probs for them, and autograd
-// may run them on another thread or after the guard is gone.
-const std::set<std::string>& backward_names() {
-  static const std::set<std::string> names = {"_log_softmax_backward_data", "nll_loss_backward",
-                                              "nll_loss2d_backward"};
-  return names;
-}
+// The fused entry: cross_entropy_loss is registered with LibTorch (below), not routed.
+constexpr const char* kCrossEntropyLoss = "cross_entropy_loss";
 
-const std::set<std::string>& built_in_names() {
-  static const std::set<std::string> names = {"_log_softmax", "_log_softmax_backward_data", "nll_loss_forward",
-                                              "nll_loss2d_forward", "nll_loss_backward", "nll_loss2d_backward",
-                                              "cross_entropy_loss"};
-  return names;
-}
-
-struct Table {
+// Names registered at run time (register_loss_parallel_op_names); the ops the specs bind
+// to a loss_parallel kernel (ops/*.yaml, `loss_parallel: <kernel>`) are the built-in ones.
+struct ExtraNames {
   std::mutex mutex;
-  std::set<std::string> names = built_in_names();
+  std::set<std::string> names;
 };
-Table& table() {
-  static Table* t = new Table();
+ExtraNames& extra_names() {
+  static ExtraNames* t = new ExtraNames();
   return *t;
 }
 
 bool in_table(const std::string& name) {
-  std::lock_guard<std::mutex> lock(table().mutex);
-  return table().names.count(name) > 0;
-}
-
-ClassShard shard_of(const ClassSharding& cs) {
-  return {cs.comm, cs.offset, cs.local_classes, cs.num_classes};
+  if (route_kernel_bindings("loss_parallel").count(name)) return true;
+  std::lock_guard<std::mutex> lock(extra_names().mutex);
+  return extra_names().names.count(name) > 0;
 }
 
 // A backward input: the sharding its forward had (no option checks: forward did them).
@@ -89,7 +75,7 @@ bool log_softmax_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   ClassSharding cs = resolve_class_sharding(&self, dim, "log_softmax", current_loss_parallel_options(),
                                             /*differentiable=*/false);
   const at::Tensor& local = local_of(self);
-  at::Tensor rows = distributed_log_softmax(to_rows(local, dim), shard_of(cs));
+  at::Tensor rows = distributed_log_softmax(to_rows(local, dim), cs.shard);
   const at::ScalarType out_type = half_to_float ? at::kFloat : local.scalar_type();
   at::Tensor out = from_rows(rows.to(out_type), local.sizes(), dim);
   torch::jit::drop(*stack, 3);
@@ -108,7 +94,7 @@ bool log_softmax_backward_kernel(const c10::OperatorHandle&, torch::jit::Stack* 
   ClassSharding cs = sharding_for_backward(output, dim, "log_softmax backward");
   const at::Tensor& out_local = local_of(output);
   at::Tensor g = local_piece(grad, cs.layout);
-  at::Tensor rows = distributed_log_softmax_backward(to_rows(g, dim), to_rows(out_local, dim), shard_of(cs));
+  at::Tensor rows = distributed_log_softmax_backward(to_rows(g, dim), to_rows(out_local, dim), cs.shard);
   torch::jit::drop(*stack, 4);
   stack->push_back(make_dtensor(from_rows(rows.to(input_dtype), out_local.sizes(), dim), cs.layout));
   return true;
@@ -130,7 +116,7 @@ bool nll_forward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   const int64_t ignore_index = args[4].toInt();
   const at::Tensor& local = local_of(self);
   auto result = distributed_nll_forward(to_rows(local, class_dim), target.reshape({-1}), weight,
-                                        reduction, ignore_index, shard_of(cs));
+                                        reduction, ignore_index, cs.shard);
   at::Tensor out = reduction == at::Reduction::None ? result.first.reshape(target.sizes()) : result.first;
   torch::jit::drop(*stack, 5);
   stack->push_back(replicated_dtensor(out, cs.layout.mesh()));
@@ -155,27 +141,44 @@ bool nll_backward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   const int64_t rows = to_rows(local, class_dim).size(0);
   at::Tensor g = nll_backward_rows(grad, rows, target.reshape({-1}), weight, args[4].toInt(),
                                    args[5].toInt(), full_value(args[6].toTensor()),
-                                   local.scalar_type(), shard_of(cs));
+                                   local.scalar_type(), cs.shard);
   torch::jit::drop(*stack, 7);
   stack->push_back(make_dtensor(from_rows(g, local.sizes(), class_dim), cs.layout));
   return true;
 }
 
-const std::unordered_map<std::string, Kernel>& kernels() {
-  static const auto* k = new std::unordered_map<std::string, Kernel>{
-      {"_log_softmax", log_softmax_kernel},
-      {"_log_softmax_backward_data", log_softmax_backward_kernel},
-      {"nll_loss_forward", nll_forward_kernel},
-      {"nll_loss2d_forward", nll_forward_kernel},
-      {"nll_loss_backward", nll_backward_kernel},
-      {"nll_loss2d_backward", nll_backward_kernel},
+struct LossKernel {
+  Kernel run;
+  // Backward kernels are picked by the layout of their inputs, not by the context: only a
+  // forward under loss_parallel produces class-sharded log-probs for them, and autograd
+  // may run them on another thread or after the guard is gone.
+  bool backward;
+};
+
+// By kernel name: the names ops/*.yaml binds ops to.
+const std::map<std::string, LossKernel>& kernels() {
+  static const auto* k = new std::map<std::string, LossKernel>{
+      {"log_softmax", {log_softmax_kernel, false}},
+      {"log_softmax_backward", {log_softmax_backward_kernel, true}},
+      {"nll_forward", {nll_forward_kernel, false}},
+      {"nll_backward", {nll_backward_kernel, true}},
   };
   return *k;
 }
 
+// The kernel the specs bind `name` to; nullptr for a name registered without one.
+const LossKernel* kernel_of(const std::string& name) {
+  const auto bindings = route_kernel_bindings("loss_parallel");
+  auto it = bindings.find(name);
+  return it == bindings.end() ? nullptr : &kernels().at(it->second);
+}
+
 // Only the ops in the table reach it (the route claims them, see ensure_loss_parallel_registered).
 bool loss_parallel_route(const c10::OperatorHandle& op, const std::string& name, torch::jit::Stack* stack) {
-  if (!is_loss_parallel_active() && !backward_names().count(name)) return false;
+  if (!is_loss_parallel_active()) {
+    const LossKernel* k = kernel_of(name);
+    if (!k || !k->backward) return false;
+  }
   return dispatch_loss_parallel(op, name, stack);
 }
 
@@ -241,10 +244,11 @@ void write_out(const at::Tensor& out, const at::Tensor& result, const std::strin
 }  // namespace
 
 bool dispatch_loss_parallel(const c10::OperatorHandle& op, const std::string& name, torch::jit::Stack* stack) {
-  auto it = kernels().find(name);
-  if (it == kernels().end()) {
+  const LossKernel* kernel = kernel_of(name);
+  if (!kernel) {
     throw LossParallelUnsupportedError("loss_parallel: op '" + name +
-                                       "' is in the loss_parallel op names but has no loss_parallel kernel");
+                                       "' is in the loss_parallel op names but has no loss_parallel kernel "
+                                       "(ops/*.yaml binds an op to one with `loss_parallel: <kernel>`)");
   }
   // An out= overload (nll_loss_forward.output, _log_softmax.out, ...): its out arguments
   // trail the functional ones. The kernel runs on the functional arguments; its results
@@ -252,10 +256,10 @@ bool dispatch_loss_parallel(const c10::OperatorHandle& op, const std::string& na
   const auto& args = op.schema().arguments();
   size_t n_out = 0;
   while (n_out < args.size() && args[args.size() - 1 - n_out].is_out()) ++n_out;
-  if (n_out == 0) return it->second(op, stack);
+  if (n_out == 0) return kernel->run(op, stack);
   std::vector<c10::IValue> outs(stack->end() - static_cast<std::ptrdiff_t>(n_out), stack->end());
   torch::jit::drop(*stack, n_out);
-  if (!it->second(op, stack)) {
+  if (!kernel->run(op, stack)) {
     for (auto& v : outs) stack->push_back(std::move(v));
     return false;
   }
@@ -269,26 +273,34 @@ bool dispatch_loss_parallel(const c10::OperatorHandle& op, const std::string& na
 }
 
 std::vector<std::string> loss_parallel_op_names() {
-  std::lock_guard<std::mutex> lock(table().mutex);
-  return {table().names.begin(), table().names.end()};
+  ensure_dtensor_dispatch_registered();  // the specs that bind the built-in names are loaded
+  std::set<std::string> names = {kCrossEntropyLoss};
+  for (const auto& kv : route_kernel_bindings("loss_parallel")) names.insert(kv.first);
+  {
+    std::lock_guard<std::mutex> lock(extra_names().mutex);
+    names.insert(extra_names().names.begin(), extra_names().names.end());
+  }
+  return {names.begin(), names.end()};
 }
 
 void register_loss_parallel_op_names(const std::vector<std::string>& names) {
   {
-    std::lock_guard<std::mutex> lock(table().mutex);
-    for (const auto& n : names) table().names.insert(n);
+    std::lock_guard<std::mutex> lock(extra_names().mutex);
+    for (const auto& n : names) extra_names().names.insert(n);
   }
   clear_layout_cache();
 }
 
 void unregister_loss_parallel_op_names(const std::vector<std::string>& names) {
+  ensure_dtensor_dispatch_registered();
+  const auto built_in = route_kernel_bindings("loss_parallel");
   for (const auto& n : names) {
-    TORCH_CHECK_VALUE(!built_in_names().count(n), "unregister_loss_parallel_op_names: '", n,
-                      "' is a built-in loss_parallel op name and cannot be removed");
+    TORCH_CHECK_VALUE(!built_in.count(n) && n != kCrossEntropyLoss, "unregister_loss_parallel_op_names: '", n,
+                      "' is a built-in loss_parallel op name (bound to a kernel in ops/*.yaml) and cannot be removed");
   }
   {
-    std::lock_guard<std::mutex> lock(table().mutex);
-    for (const auto& n : names) table().names.erase(n);
+    std::lock_guard<std::mutex> lock(extra_names().mutex);
+    for (const auto& n : names) extra_names().names.erase(n);
   }
   clear_layout_cache();
 }
@@ -305,5 +317,16 @@ void ensure_loss_parallel_registered() {
 
 // The DTensor kernels know nothing of loss_parallel: it plugs itself in when they are installed.
 HP_DTENSOR_DISPATCH_INITIALIZER(ensure_loss_parallel_registered);
+
+namespace {
+// The kernel names the op specs may bind ops to, known from library load on: the specs can
+// be (re)loaded before any DTensor exists (reload_distributed_ops).
+const bool kernels_declared = [] {
+  std::vector<std::string> names;
+  for (const auto& kv : kernels()) names.push_back(kv.first);
+  declare_route_kernels("loss_parallel", names);
+  return true;
+}();
+}  // namespace
 
 }  // namespace hyper_parallel
