@@ -71,6 +71,8 @@ void expect_same(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.training.seed, b.training.seed);
   EXPECT_EQ(a.training.dtype, b.training.dtype);
   EXPECT_EQ(a.training.fused_linear_loss, b.training.fused_linear_loss);
+  EXPECT_EQ(a.training.z_loss_weight, b.training.z_loss_weight);
+  EXPECT_EQ(a.training.logit_softcap, b.training.logit_softcap);
   EXPECT_EQ(a.training.data, b.training.data);
   EXPECT_EQ(a.training.data_format, b.training.data_format);
   EXPECT_EQ(a.training.eos_id, b.training.eos_id);
@@ -136,6 +138,8 @@ TEST(JobConfig, DefaultsAreTheDocumentedValues) {
   EXPECT_EQ(c.training.log_freq, 1);
   EXPECT_TRUE(c.training.caching_allocator);
   EXPECT_EQ(c.training.max_skipped_steps, 0);
+  EXPECT_EQ(c.training.z_loss_weight, 0.0);
+  EXPECT_EQ(c.training.logit_softcap, 0.0);
   EXPECT_EQ(c.parallelism.tensor_parallel_degree, 1);
   EXPECT_FALSE(c.parallelism.disable_loss_parallel);
   EXPECT_FALSE(c.parallelism.sequence_parallel);
@@ -483,6 +487,8 @@ TEST(JobConfig, ToTomlRoundTripsEveryField) {
   c.training.fused_linear_loss = true;
   c.training.caching_allocator = false;
   c.training.max_skipped_steps = 5;
+  c.training.z_loss_weight = 1e-4;
+  c.training.logit_softcap = 30.0;
   c.parallelism.tensor_parallel_degree = 3;
   c.parallelism.disable_loss_parallel = true;
   c.parallelism.sequence_parallel = true;
@@ -536,7 +542,7 @@ TEST(JobConfig, UsageListsEveryKeyWithTypeAndDefault) {
     EXPECT_THAT(usage, HasSubstr(flag));
     ++keys;
   }
-  EXPECT_EQ(keys, 59);
+  EXPECT_EQ(keys, 61);
   EXPECT_THAT(usage, HasSubstr("--training.max_skipped_steps INT"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.load_step INT"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.allow_data_change BOOL"));
@@ -585,6 +591,11 @@ TEST(JobConfig, ValidateErrorsNameTheKey) {
       {[](JobConfig& c) { c.training.eps = 0; }, "training.eps = 0.0 must be > 0"},
       {[](JobConfig& c) { c.training.max_norm = 0; }, "training.max_norm = 0.0 must be > 0"},
       {[](JobConfig& c) { c.training.seed = -1; }, "training.seed = -1 must be >= 0"},
+      {[](JobConfig& c) { c.training.z_loss_weight = -1e-4; },
+       "training.z_loss_weight = -1e-04 must be >= 0 (0: off)"},
+      {[](JobConfig& c) { c.training.logit_softcap = -30; }, "training.logit_softcap = -30.0 must be >= 0 (0: off)"},
+      {[](JobConfig& c) { c.training.logit_softcap = std::numeric_limits<double>::quiet_NaN(); },
+       "training.logit_softcap = nan must be finite"},
       {[](JobConfig& c) { c.training.dtype = "float16"; },
        "training.dtype = \"float16\" is not one of float32, bfloat16, float64"},
       {[](JobConfig& c) { c.training.log_freq = 0; }, "training.log_freq = 0 must be > 0"},

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -104,6 +105,54 @@ TEST(Trainer, FusedLinearLossTrainsAsTheUnfusedHeadAtTp1Tp2Tp4) {
     double worst = 0;
     for (size_t i = 0; i < fused.size(); ++i) worst = std::max(worst, std::abs(fused[i].loss / unfused[i].loss - 1));
     std::cout << "TP " << tp << ": largest relative loss difference over " << steps << " steps: " << worst << std::endl;
+  }
+}
+
+// [training] z_loss_weight and logit_softcap reach every loss path: the loss_parallel
+// kernel (TP 2), the fused head + loss (TP 1 and 2) and the plain cross-entropy on whole
+// logits (TP 1, and TP 2 without loss parallel), which must train alike. Float32, 1e-4
+// relative as the other curve tests; the terms must change the loss (not be ignored).
+TEST(Trainer, ZLossAndLogitSoftcapTrainAlikeOnEveryLossPath) {
+  const int64_t steps = 10;
+  auto job = [&](const std::string& name, int64_t tp, bool disable_lp, bool fused, bool terms) {
+    JobConfig c = tiny_job(fresh_dir(name), tp, disable_lp, steps);
+    c.training.fused_linear_loss = fused;
+    if (terms) {
+      c.training.z_loss_weight = 1e-3;
+      c.training.logit_softcap = 2.0;
+    }
+    return c;
+  };
+  auto tp1 = train_on(1, job("zc_tp1", 1, false, false, true));
+  auto plain = train_on(1, job("zc_plain", 1, false, false, false));
+  ASSERT_EQ(tp1.size(), static_cast<size_t>(steps));
+  EXPECT_GT(std::abs(tp1[0].loss - plain[0].loss), 1e-3 * plain[0].loss) << "the terms change the loss";
+  expect_same_curves(train_on(1, job("zc_tp1f", 1, false, true, true)), tp1, 1e-4, "fused at TP 1");
+  expect_same_curves(train_on(2, job("zc_tp2lp", 2, false, false, true)), tp1, 1e-4, "loss parallel at TP 2");
+  expect_same_curves(train_on(2, job("zc_tp2no", 2, true, false, true)), tp1, 1e-4, "gathered logits at TP 2");
+  expect_same_curves(train_on(2, job("zc_tp2f", 2, false, true, true)), tp1, 1e-4, "fused at TP 2");
+}
+
+// The z-loss is part of the training loss (what is minimised) and not of the validation
+// loss (cross-entropy alone, comparable across runs). With a learning rate of 1e-30 the
+// weights do not move, so validation with and without the z-loss sees the same model.
+TEST(Trainer, ZLossIsInTheTrainingLossAndNotInTheValidationLoss) {
+  for (bool fused : {false, true}) {
+    auto run = [&](double z) {
+      JobConfig c = tiny_job(fresh_dir("zval" + std::to_string(z > 0) + std::to_string(fused)), 2, false, 5);
+      c.training.lr = 1e-30;
+      c.training.fused_linear_loss = fused;
+      c.training.z_loss_weight = z;
+      return train_on(2, c);
+    };
+    const double z = 1e-2;
+    auto with = run(z), without = run(0);
+    ASSERT_TRUE(with.back().val_loss && without.back().val_loss);
+    EXPECT_NEAR(*with.back().val_loss, *without.back().val_loss, 1e-6 * *without.back().val_loss)
+        << "validation is cross-entropy alone (fused " << fused << ")";
+    // lse >= log V + the mean logit (Jensen); the mean logit of the initial model is ~0.
+    const double ln_v = std::log(515.0);
+    EXPECT_GT(with[0].loss - without[0].loss, 0.5 * z * ln_v * ln_v) << "the training loss holds the z-loss";
   }
 }
 

@@ -126,6 +126,11 @@ const std::vector<Field>& fields() {
                "with it; -1: the sidecar's (none without one)"),
       HP_FIELD(training, log_freq, "log metrics every this many steps"),
       HP_FIELD(training, fused_linear_loss, "head matmul + cross-entropy fused, in chunks: no logits tensor"),
+      HP_FIELD(training, z_loss_weight,
+               "z-loss: adds this x logsumexp(logits)^2 per counted token to the training loss (PaLM; e.g. 1e-4); "
+               "0: off"),
+      HP_FIELD(training, logit_softcap,
+               "> 0: logits become cap x tanh(logits / cap) before the loss (Gemma 2 uses 30); 0: off"),
       HP_FIELD(training, caching_allocator,
                "CPU: large buffers from hp's caching, huge-page allocator (false: LibTorch's, which faults "
                "fresh pages in every step)"),
@@ -712,6 +717,8 @@ void validate(const JobConfig& cfg) {
   require(t.beta2 >= 0 && t.beta2 < 1, "training.beta2 = " + num(t.beta2) + " must be in [0, 1)");
   require(t.eps > 0, "training.eps = " + num(t.eps) + " must be > 0");
   require(t.max_norm > 0, "training.max_norm = " + num(t.max_norm) + " must be > 0");
+  require(t.z_loss_weight >= 0, "training.z_loss_weight = " + num(t.z_loss_weight) + " must be >= 0 (0: off)");
+  require(t.logit_softcap >= 0, "training.logit_softcap = " + num(t.logit_softcap) + " must be >= 0 (0: off)");
   require(t.seed >= 0, "training.seed = " + std::to_string(t.seed) + " must be >= 0");
   require(t.dtype == "float32" || t.dtype == "bfloat16" || t.dtype == "float64",
           "training.dtype = " + quote(t.dtype) + " is not one of float32, bfloat16, float64");

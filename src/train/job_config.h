@@ -91,7 +91,13 @@ struct TrainingConfig {
   // The head matmul and the loss fused (fused_linear_cross_entropy): the [tokens, vocab]
   // logits are never materialised. Needs loss parallel when TP > 1 (it is vocabulary-parallel).
   bool fused_linear_loss = false;
-  bool caching_allocator = true;  // CPU: install hp's caching huge-page allocator (issue 14)
+  // Terms added to the cross-entropy, on every loss path (LossParallelOptions' meaning):
+  // z-loss (PaLM) adds z_loss_weight * logsumexp(logits)^2 per counted token to the training
+  // loss (validation reports cross-entropy alone); logit_softcap > 0 replaces the logits by
+  // cap * tanh(logits / cap) (Gemma 2) in training and validation.
+  double z_loss_weight = 0.0;
+  double logit_softcap = 0.0;
+  bool caching_allocator = true;  // CPU: install hp's caching huge-page allocator
   // Micro-batches per optimiser step: each replica's rows are split into this many, their
   // gradients accumulate, and the loss is normalised by the global count of target tokens.
   int64_t grad_accum_steps = 1;

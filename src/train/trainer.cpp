@@ -57,10 +57,13 @@ constexpr int64_t kIgnoreIndex = -100;
 // the head's weight is the plan's Shard(0) DTensor under TP, a plain tensor at TP 1.
 // after_forward (optional) runs when the model's forward is done: at the final norm when
 // fused (the head matmul is part of the loss then), after the head otherwise.
-at::Tensor token_loss_sum(Llama& model, const Batch& batch, bool fused,
+// terms: the z-loss and soft-capping of context (applied by its loss_parallel guard, by the
+// fused loss, or here on replicated logits).
+at::Tensor token_loss_sum(Llama& model, const Batch& batch, bool fused, const TrainContext& context,
                           const std::function<void()>& after_forward = {}) {
   const at::Device device = model->output->weight.device();
   const at::Tensor target = batch.target.to(device).flatten();
+  const LossTerms& terms = context.loss_terms();
   if (fused) {
     at::Tensor hidden = model->hidden_states(batch.input.to(device));
     // Sequence parallel: the fused loss takes the whole sequence (one all-gather, as the
@@ -70,6 +73,8 @@ at::Tensor token_loss_sum(Llama& model, const Batch& batch, bool fused,
     FusedLinearCrossEntropyOptions options;
     options.ignore_index = kIgnoreIndex;
     options.reduction = at::Reduction::Sum;
+    options.z_loss_weight = terms.z_loss_weight;
+    options.logit_softcap = terms.logit_softcap;
     return fused_linear_cross_entropy(hidden.flatten(0, 1), model->output->weight, target, options);
   }
   at::Tensor logits = model->forward(batch.input.to(device));
@@ -77,8 +82,16 @@ at::Tensor token_loss_sum(Llama& model, const Batch& batch, bool fused,
   // Low-precision logits are widened first, as TorchTitan does: a bfloat16 sum of the
   // token losses would be rounded to 8 bits (0.4 %), in the loss reported and in its scale.
   if (logits.scalar_type() == at::kBFloat16 || logits.scalar_type() == at::kHalf) logits = logits.to(at::kFloat);
-  return F::cross_entropy(logits.flatten(0, 1), target,
-                          F::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
+  logits = logits.flatten(0, 1);
+  const auto sum_options = F::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum);
+  if (context.loss_parallel_enabled()) return F::cross_entropy(logits, target, sum_options);  // the guard adds the terms
+  if (terms.logit_softcap > 0) logits = at::tanh(logits / terms.logit_softcap) * terms.logit_softcap;
+  at::Tensor loss = F::cross_entropy(logits, target, sum_options);
+  if (terms.z_loss_weight != 0) {
+    const at::Tensor counted = target.ne(kIgnoreIndex).to(logits.scalar_type());
+    loss = loss + terms.z_loss_weight * (at::logsumexp(logits, {-1}).square() * counted).sum();
+  }
+  return loss;
 }
 
 // Targets that count (not ignore_index).
@@ -119,7 +132,7 @@ double Validator::validate(Llama& model) const {
   for (int64_t i = 0; i < config_.steps; ++i) {
     auto guard = context_();
     const Batch batch = batches_->batch_at(i);
-    sums[2 * i].fill_(scalar_of(token_loss_sum(model, batch, fused_linear_loss_)));
+    sums[2 * i].fill_(scalar_of(token_loss_sum(model, batch, fused_linear_loss_, context_)));
     sums[2 * i + 1].fill_(static_cast<double>(counted_tokens(batch)));
   }
   if (dp_mesh_) {
@@ -137,7 +150,7 @@ double Validator::validate(Llama& model) const {
 Trainer::Trainer(JobConfig config, std::ostream* log)
     : config_(std::move(config)), log_(log), train_context_(false) {
   // Large CPU buffers from a cache of huge-page-backed blocks that outlives each step: no
-  // fresh-page faults after the first step (issue 14), whatever the environment says.
+  // fresh-page faults after the first step, whatever the environment says.
   if (config_.training.device == "cpu" && config_.training.caching_allocator) install_caching_cpu_allocator();
   // Starting from a Hugging Face checkpoint every weight is read (or resumed), never
   // initialised: the model is built on the meta device, and each rank only ever allocates
@@ -170,7 +183,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   tp_enabled_ = tp > 1;
   loss_parallel_enabled_ = tp_enabled_ && !par.disable_loss_parallel;
   parallelism_scope_.emplace(par);
-  train_context_ = get_train_context(loss_parallel_enabled_);
+  train_context_ = get_train_context(loss_parallel_enabled_, {config_.training.z_loss_weight, config_.training.logit_softcap});
 
   if (!weights_from_checkpoint) model_->init_weights(static_cast<uint64_t>(config_.training.seed));
   const at::ScalarType dtype = dtype_of(config_.training.dtype);
@@ -228,7 +241,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
           config_.validation, t,
           std::make_shared<SyntheticBatchStream>(config_.model.vocab_size, t.batch_size, t.seq_len,
                                                  static_cast<uint64_t>(t.seed), /*split=*/1, dp_rank_, dp),
-          train_context_);
+          train_context_.for_validation());
     }
   } else if (const std::string format = resolve_data_format(t.data, t.data_format); format != "text") {
     token_corpus_ = std::make_shared<const PretokenizedCorpus>(PretokenizedCorpusOptions{
@@ -239,7 +252,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
       validator_ = std::make_unique<Validator>(
           config_.validation, t,
           token_corpus_->validation_batches(t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed) + 1, dp_rank_, dp),
-          train_context_);
+          train_context_.for_validation());
     }
   } else {
     TORCH_CHECK(t.eos_id == -1 && t.bos_id == -1, "hp-train: training.data '", t.data,
@@ -255,7 +268,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
           std::make_shared<ReplicaRows>(std::make_shared<BatchSampler>(corpus_->validation_tokens(), t.batch_size,
                                                                        t.seq_len, static_cast<uint64_t>(t.seed) + 1),
                                         dp_rank_, dp),
-          train_context_);
+          train_context_.for_validation());
     }
   }
   if (validator_ && dp_mesh_) validator_->set_data_parallel_mesh(*dp_mesh_);
@@ -278,7 +291,10 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
     if (t.grad_accum_steps > 1) *log_ << ", " << t.grad_accum_steps << " micro-batches per step";
     if (par.sequence_parallel) *log_ << ", sequence parallel";
     *log_ << ", loss parallel " << (loss_parallel_enabled_ ? "on" : "off")
-          << (config_.training.fused_linear_loss ? ", fused linear loss" : "") << std::endl;
+          << (config_.training.fused_linear_loss ? ", fused linear loss" : "");
+    if (t.z_loss_weight > 0) *log_ << ", z-loss " << t.z_loss_weight;
+    if (t.logit_softcap > 0) *log_ << ", logit soft-cap " << t.logit_softcap;
+    *log_ << std::endl;
   }
   checkpoints_->set_data_identity(data_identity(t, token_corpus_ ? std::optional<CorpusIdentity>(token_corpus_->identity())
                                                                  : std::nullopt));
@@ -397,7 +413,8 @@ double Trainer::forward_backward(const Batch& batch, StepResult& r) {
     // The loss and its backward inside the train context (§6.2).
     auto guard = train_context_();
     const Batch part = micro_batch(batch, m, micro_batches);
-    at::Tensor loss_sum = token_loss_sum(model_, part, config_.training.fused_linear_loss, [&] { clock.mark(kForward); });
+    at::Tensor loss_sum =
+        token_loss_sum(model_, part, config_.training.fused_linear_loss, train_context_, [&] { clock.mark(kForward); });
     local_sum += scalar_of(loss_sum);
     at::Tensor loss = loss_sum * scale;
     clock.mark(kLoss);
