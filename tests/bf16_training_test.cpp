@@ -1,4 +1,4 @@
-// bfloat16 training with float32 master weights (issue 11, item 4): TP 2 follows TP 1,
+// bfloat16 training with float32 master weights: TP 2 follows TP 1,
 // both stay within bfloat16 tolerance of the float32 run, a resume restores the float32
 // masters (not the rounded weights), and the masters keep updates smaller than a
 // bfloat16 ulp that bfloat16 weights would round away.

@@ -1,5 +1,5 @@
 // checkpoint_verify_test.cpp — a resume loads exactly what was saved, or stops with an
-// error naming the file and the mismatch, on every rank (issue 12: swapped rank files,
+// error naming the file and the mismatch, on every rank (swapped rank files,
 // a file from another step or another run, flipped bytes, a changed dtype or TP degree,
 // a fresh run over an old run's checkpoints, resuming past the end, a save that fails
 // on one rank, and a crash at every point of the save protocol).
@@ -139,7 +139,7 @@ TEST(CheckpointVerify, ADtypeChangeNamesTheField) {
   expect_refused(construction_errors(other, 2), {"training.dtype: checkpoint float32, this job float64"});
 }
 
-// Since issue 11 a checkpoint records its tensors' layouts and a resume at another TP
+// A checkpoint records its tensors' layouts and a resume at another TP
 // degree reshards it (resume_reshard_test.cpp checks the result) instead of refusing.
 TEST(CheckpointVerify, ATensorParallelChangeResumesByResharding) {
   JobConfig job = job_in(fresh_dir("tp"), 1, 4);

@@ -1,4 +1,4 @@
-// Data parallelism (issue 11): the world as a dp x tp mesh, the bucketed gradient
+// Data parallelism: the world as a dp x tp mesh, the bucketed gradient
 // all-reduce, the loss normalised by the global token count over replicas and
 // micro-batches, and loss_parallel on the tp sub-mesh of a 2-D mesh. Every result is
 // compared with one process on the whole batch, in float64.
@@ -118,7 +118,7 @@ void expect_error(const std::function<void()>& f, const std::string& expected) {
 
 }  // namespace
 
-// Item 2 of issue 11: dp 2 x tp 2 with 2 micro-batches, replicas holding 3x as many
+// dp 2 x tp 2 with 2 micro-batches, replicas holding 3x as many
 // ignored targets as each other, equals one process on the whole batch, step by step
 // (loss) and in every parameter after 6 AdamW steps. float64: agreement to 1e-10.
 TEST(DataParallel, Dp2Tp2WithUnevenlyIgnoredTokensEqualsOneProcess) {

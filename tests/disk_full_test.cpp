@@ -1,6 +1,6 @@
 // disk_full_test.cpp — hp-train on a full disk (a small tmpfs): a clear error naming
 // the file and "No space left on device", a non-zero exit without abort or backtrace,
-// no temporary files left, and no torn metrics line (issue 12). Mounting needs root
+// no temporary files left, and no torn metrics line. Mounting needs root
 // (the CI runs as root); elsewhere the tests skip, saying why.
 #include <gtest/gtest.h>
 

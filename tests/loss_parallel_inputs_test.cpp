@@ -1,7 +1,7 @@
 // loss_parallel_inputs_test.cpp — bad inputs to cross_entropy under loss_parallel give
 // the same outcome on every rank, with 2 and 4 ranks, in bounded time: the same error
 // (an error on one rank and a hang in the loss's collectives on the others is a
-// failure), or for NaN/Inf logits the single-process reference's values (issue 12).
+// failure), or for NaN/Inf logits the single-process reference's values.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

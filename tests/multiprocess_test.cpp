@@ -82,7 +82,7 @@ TEST(MultiProcess, ARankThatThrowsIsNamedEvenWhenItsPeersExitFirst) {
   EXPECT_NE(r.output.find(": hp-example: rank 1: throwing on purpose", verdict), std::string::npos) << r.output;
 }
 
-// Item 6 of issue 11: two "nodes" on this machine (two hp-run, --nnodes 2, loopback)
+// Two "nodes" on this machine (two hp-run, --nnodes 2, loopback)
 // train dp 2 x tp 2 with the losses of one hp-run --nproc-per-node 4. The same ranks do
 // the same work in both, so the losses agree exactly (the JSON keeps 17 digits).
 TEST(MultiProcess, TwoNodesTrainDp2Tp2AsOneNodeOfFour) {

@@ -1,6 +1,6 @@
 // settings_test.cpp — environment variables are validated where they are read: a
 // nonsense value is an error naming the variable, the value and the expected range,
-// never a silent default or a 0 ms timeout (issue 12).
+// never a silent default or a 0 ms timeout.
 #include <gtest/gtest.h>
 
 #include <c10/util/Exception.h>

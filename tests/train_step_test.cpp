@@ -1,4 +1,4 @@
-// The training step at the limit (issue 14): no fresh-page faults after the first step,
+// The training step at the limit: no fresh-page faults after the first step,
 // gradient clipping without fp64 copies of the gradients, and every collective of a step
 // counted in the phase that issued it.
 #include <gtest/gtest.h>
@@ -116,7 +116,7 @@ TEST(CachingCpuAllocator, RawAllocationsOfEverySizeAreFreed) {
 
 TEST(ClipGradNorm, NoFullFp64CopyOfAGradientAndTheExactNorm) {
   // The norm used to be g.to(kDouble).pow(2).sum(): two fp64 copies of every gradient a
-  // step, each a fresh multi-MiB allocation (page faults, issue 14).
+  // step, each a fresh multi-MiB allocation (page faults).
   install_caching_cpu_allocator();
   at::Tensor p = at::zeros({1 << 20}).set_requires_grad(true);  // 4 MiB of float
   p.mutable_grad() = at::randn({1 << 20}) * 3;

@@ -3,8 +3,8 @@
 // LibTorch's CPU allocator hands every request to malloc. glibc serves a block above its
 // mmap threshold (128 KiB, adapting up to 32 MiB) with a fresh mmap returned to the kernel
 // on free, and trims its heap when the top is free: a training step then first-touches
-// new 4 KiB pages, and the kernel zeroing them costs several microseconds a page (issue
-// 14). The allocator installed here keeps blocks of 128 KiB or more once freed and hands
+// new 4 KiB pages, and the kernel zeroing them costs several microseconds a page. The
+// allocator installed here keeps blocks of 128 KiB or more once freed and hands
 // them out again to requests of the same rounded size (64 KiB granules below 2 MiB, whole
 // 2 MiB pages above), so a step reuses the previous step's pages; a block of 2 MiB or more
 // is mapped 2 MiB-aligned and advised MADV_HUGEPAGE, so even its first touch faults once
