@@ -3,7 +3,9 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/stack.h>
+#include <c10/core/WrapDimMinimal.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -223,6 +225,7 @@ void Communicator::all_reduce_many_(std::vector<at::Tensor>& ts, ReduceOp op) co
 
 at::Tensor Communicator::all_gather(const at::Tensor& local, int64_t dim,
                                     const std::vector<int64_t>& sizes) const {
+  dim = c10::maybe_wrap_dim(dim, local.dim());
   TORCH_CHECK(static_cast<int64_t>(sizes.size()) == size(), "all_gather: expected ", size(),
               " piece sizes, got ", sizes.size());
   TORCH_CHECK(local.size(dim) == sizes[rank_], "all_gather: local piece has ", local.size(dim),
@@ -234,12 +237,16 @@ at::Tensor Communicator::all_gather(const at::Tensor& local, int64_t dim,
   if (size() == 1) return local;
   check_device(pg_, local, "all_gather");
   Tallied tally(bytes_of(local));
-  // Gloo needs equal-sized buffers: pad every piece to the largest, then trim.
+  // Gloo needs equal-sized buffers: pad every piece to the largest along `dim`, then trim.
+  // The pieces travel in their own layout (no transposing copy of a piece sharded along an
+  // inner dim, as the logits are along the vocabulary) and are concatenated along `dim`, as
+  // PyTorch's all_gather_into_tensor + cat do: the result is contiguous in its own dim
+  // order (a transposed view made every consumer that flattens it keep its own copy).
   const int64_t max_len = *std::max_element(sizes.begin(), sizes.end());
-  at::Tensor send = local.movedim(dim, 0).contiguous();
-  if (send.size(0) < max_len) {
+  at::Tensor send = local.contiguous();
+  if (send.size(dim) < max_len) {
     std::vector<int64_t> pad(2 * send.dim(), 0);
-    pad[pad.size() - 1] = max_len - send.size(0);  // pads dim 0 at the end
+    pad[2 * (send.dim() - 1 - dim) + 1] = max_len - send.size(dim);  // pads `dim` at its end
     send = at::constant_pad_nd(send, pad, 0);
   }
   std::vector<at::Tensor> outs;
@@ -248,12 +255,9 @@ at::Tensor Communicator::all_gather(const at::Tensor& local, int64_t dim,
   std::vector<std::vector<at::Tensor>> out_lists{outs};
   std::vector<at::Tensor> in{send};
   wait_for(pg_->allgather(out_lists, in), *this, "all_gather");
-  // Concatenated along `dim` itself, so the result is contiguous in its own dim order: a
-  // transposed view (cat on dim 0, then movedim) made every consumer that flattens it
-  // (each linear reading a gathered sequence) keep its own contiguous copy for backward.
   std::vector<at::Tensor> pieces;
   pieces.reserve(size());
-  for (int64_t i = 0; i < size(); ++i) pieces.push_back(out_lists[0][i].narrow(0, 0, sizes[i]).movedim(0, dim));
+  for (int64_t i = 0; i < size(); ++i) pieces.push_back(out_lists[0][i].narrow(dim, 0, sizes[i]));
   return at::cat(pieces, dim);
 }
 
