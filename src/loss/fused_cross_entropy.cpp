@@ -79,6 +79,9 @@ void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const 
                         double q_scale, double q_shift) {
   const at::ScalarType ct = stats.scalar_type();
   const at::Tensor& w = v.w;
+  // The label-smoothing weight of every row: a 0-dim tensor, so that no block waits for the
+  // device (an .item() here was a host sync per block on CUDA).
+  const at::Tensor weight_sum = w.defined() && ce.label_smoothing > 0 && !ce.soft ? w.sum() : at::Tensor();
   for_row_blocks(x.size(0), x.size(1), [&](int64_t r0, int64_t n) {
     const at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.logit_softcap);
     const at::Tensor m = y.amax(1);
@@ -99,7 +102,12 @@ void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const 
       stats[k::kV1].narrow(0, r0, n).copy_(at::where(col.ge(0), picked, at::zeros_like(picked)));
       if (ce.label_smoothing > 0) {
         stats[k::kV2].narrow(0, r0, n).copy_((w.defined() ? relative_y * w.unsqueeze(0) : relative_y).sum(1));
-        stats[k::kU].narrow(0, r0, n).fill_(w.defined() ? w.sum().item<double>() : static_cast<double>(y.size(1)));
+        at::Tensor u = stats[k::kU].narrow(0, r0, n);
+        if (weight_sum.defined()) {
+          u.fill_(weight_sum);
+        } else {
+          u.fill_(static_cast<double>(y.size(1)));
+        }
       } else {
         stats[k::kV2].narrow(0, r0, n).zero_();
         stats[k::kU].narrow(0, r0, n).zero_();
