@@ -13,10 +13,12 @@ the dtype's rounding level, and every step at the amplified level.
 
 float64 is the strict check: both sides keep every activation in float64 (RMSNorm upcasts
 only bf16/fp16), so the first steps agree to ~1e-15 whatever the model size, and 1e-12
-catches any silent float32 step on either side. The float32 bounds are loose on purpose:
-float32 rounding is already amplified within the first steps, by an amount that grows with
-the model (~1e-6 at the debug size, 5e-5 at dim 512 x 4 layers), so a float32 run is a
-smoke check that the two trainers do the same thing, not a measure of exactness.
+catches any silent float32 step on either side. float32 rounding is already amplified
+within the first steps, by an amount that grows with the model; with the clipping norm
+accumulated in float64 on both sides, measured worst relative differences are 1.1e-7 (debug
+model, 10 steps), 7e-7 (dim 512 x 4 layers, 10 steps) and 4.5e-5 (debug model, 60 steps).
+The float32 bounds, 1e-5 early and 1e-3 in all, leave 14x and 22x of margin over those: a
+float32 run checks that the two trainers do the same thing, within float32 rounding.
 """
 import json
 import os
@@ -27,7 +29,7 @@ EARLY = 10
 # bfloat16 (float32 masters, logits widened for the loss), debug model, 10 steps, measured
 # worst relative differences: 1.6e-5 (TP 1), 5.0e-5 (TP 2), 2.1e-5 (dp 2 x TP 2); over 60
 # steps training amplifies them to 2.1e-2 (TP 2). Bounds 4x and 5x those.
-LOSS_RTOL = {"float32": (2e-4, 1e-2), "float64": (1e-12, 1e-7), "bfloat16": (2e-4, 1e-1)}  # (first EARLY steps, all)
+LOSS_RTOL = {"float32": (1e-5, 1e-3), "float64": (1e-12, 1e-7), "bfloat16": (2e-4, 1e-1)}  # (first EARLY steps, all)
 PHASES = ["forward", "loss", "backward", "clip", "optimizer"]
 
 
