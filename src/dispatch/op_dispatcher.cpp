@@ -311,6 +311,14 @@ std::map<std::string, std::string> route_kernel_bindings(const std::string& rout
   return it == registry().route_bindings.end() ? std::map<std::string, std::string>{} : it->second;
 }
 
+std::string route_kernel_of(const std::string& route, const std::string& op_name) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  auto it = registry().route_bindings.find(route);
+  if (it == registry().route_bindings.end()) return {};
+  auto op = it->second.find(op_name);
+  return op == it->second.end() ? std::string() : op->second;
+}
+
 std::map<std::string, std::string> distributed_op_origins() {
   std::lock_guard<std::mutex> lock(registry().mutex);
   return registry().origins;

@@ -27,5 +27,8 @@ std::vector<std::string> route_kernels(const std::string& route);
 void bind_route_kernel(const std::string& route, const std::string& op_name, const std::string& kernel);
 // op name -> kernel name for every op bound to `route` by the loaded specs.
 std::map<std::string, std::string> route_kernel_bindings(const std::string& route);
+// The kernel the loaded specs bind `op_name` to in `route`; empty when none. One lookup, for
+// the dispatch path (route_kernel_bindings copies the whole map).
+std::string route_kernel_of(const std::string& route, const std::string& op_name);
 
 }  // namespace hyper_parallel

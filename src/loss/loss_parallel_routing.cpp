@@ -42,7 +42,7 @@ ExtraNames& extra_names() {
 }
 
 bool in_table(const std::string& name) {
-  if (route_kernel_bindings("loss_parallel").count(name)) return true;
+  if (!route_kernel_of("loss_parallel", name).empty()) return true;
   std::lock_guard<std::mutex> lock(extra_names().mutex);
   return extra_names().names.count(name) > 0;
 }
@@ -168,9 +168,8 @@ const std::map<std::string, LossKernel>& kernels() {
 
 // The kernel the specs bind `name` to; nullptr for a name registered without one.
 const LossKernel* kernel_of(const std::string& name) {
-  const auto bindings = route_kernel_bindings("loss_parallel");
-  auto it = bindings.find(name);
-  return it == bindings.end() ? nullptr : &kernels().at(it->second);
+  const std::string kernel = route_kernel_of("loss_parallel", name);
+  return kernel.empty() ? nullptr : &kernels().at(kernel);
 }
 
 // Only the ops in the table reach it (the route claims them, see ensure_loss_parallel_registered).
