@@ -22,8 +22,8 @@ namespace {
 bool check(const char* what, const at::Tensor& got, const at::Tensor& want, int64_t rank) {
   const double err = (got - want).abs().max().item<double>();
   const bool ok = err < 1e-10;
-  std::cout << "rank " << rank << ": " << what << (ok ? " OK" : " MISMATCH") << " (max abs err "
-            << err << ")" << std::endl;
+  std::cout << "rank " << rank << ": " << what << (ok ? " OK" : " MISMATCH") << " (max abs err " << err << ")"
+            << std::endl;
   return ok;
 }
 
@@ -35,12 +35,15 @@ int main(int argc, char** argv) {
   bool thrown_on_purpose = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--fail-rank" && i + 1 < argc) fail_rank = std::atoll(argv[++i]);
-    else if (a == "--throw-rank" && i + 1 < argc) throw_rank = std::atoll(argv[++i]);
-    else if (a == "--exit-code" && i + 1 < argc) exit_code = std::atoi(argv[++i]);
+    if (a == "--fail-rank" && i + 1 < argc)
+      fail_rank = std::atoll(argv[++i]);
+    else if (a == "--throw-rank" && i + 1 < argc)
+      throw_rank = std::atoll(argv[++i]);
+    else if (a == "--exit-code" && i + 1 < argc)
+      exit_code = std::atoi(argv[++i]);
     else {
-      std::cerr << "hp-example: unknown argument '" << a
-                << "'; expected --fail-rank R | --throw-rank R [--exit-code C]" << std::endl;
+      std::cerr << "hp-example: unknown argument '" << a << "'; expected --fail-rank R | --throw-rank R [--exit-code C]"
+                << std::endl;
       return 2;
     }
   }
@@ -55,8 +58,7 @@ int main(int argc, char** argv) {
     at::Tensor c = at::randn({6, 11}, gen, at::kDouble);
 
     if (rank == fail_rank) {
-      std::cerr << "rank " << rank << ": failing on purpose with exit code " << exit_code
-                << std::endl;
+      std::cerr << "rank " << rank << ": failing on purpose with exit code " << exit_code << std::endl;
       std::cout.flush();
       // Dies at once, as a crash does. std::exit ran static destructors first: the process
       // group closed its sockets while this rank still lived, a peer could die of the
@@ -84,13 +86,14 @@ int main(int argc, char** argv) {
     ok &= check("backward d/dx", hp::full_tensor(dx.grad()), x1.grad(), rank);
     at::Tensor moved = hp::redistribute(dy, {hp::Shard(0)});
     ok &= check("redistribute Shard(1) -> Shard(0)", hp::full_tensor(moved), y1, rank);
-    std::cout << "rank " << rank << ": local piece " << hp::to_local(dy).sizes() << " of "
-              << dy.sizes() << " with " << hp::placements_of(dy) << std::endl;
+    std::cout << "rank " << rank << ": local piece " << hp::to_local(dy).sizes() << " of " << dy.sizes() << " with "
+              << hp::placements_of(dy) << std::endl;
     if (!ok) return 1;
     std::cout << "rank " << rank << ": all checks passed" << std::endl;
   } catch (const std::exception& e) {
     const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-    const std::string message = "hp-example: " + std::string(c10_error ? c10_error->what_without_backtrace() : e.what());
+    const std::string message =
+        "hp-example: " + std::string(c10_error ? c10_error->what_without_backtrace() : e.what());
     std::cerr << message << std::endl;
     hp::record_fatal_error(message);
     if (thrown_on_purpose) {

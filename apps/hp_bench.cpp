@@ -81,8 +81,9 @@ Measure run(const std::string& name, int iters, c10::Device device, const std::f
     if (i > 0) times.push_back(ms);
     // The fused loss keeps its gradient buffer between steps (reused, no page faults):
     // memory it holds, so counted although it was allocated before this step.
-    m.peak_mb = static_cast<double>(hp::bench::peak_memory_bytes(device) - before +
-                                    hp::cached_gradient_buffer_bytes()) / (1 << 20);
+    m.peak_mb =
+        static_cast<double>(hp::bench::peak_memory_bytes(device) - before + hp::cached_gradient_buffer_bytes()) /
+        (1 << 20);
     m.collectives = hp::collective_counts().total();
   }
   std::sort(times.begin(), times.end());
@@ -112,26 +113,44 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(s + " needs a value");
       return std::string(argv[++i]);
     };
-    if (s == "--tokens") a.tokens = std::stoll(next());
-    else if (s == "--vocab") a.vocab = std::stoll(next());
-    else if (s == "--iters") a.iters = std::stoi(next());
-    else if (s == "--threads") a.threads = std::stoi(next());
-    else if (s == "--dtype") a.dtype = next();
-    else if (s == "--device") a.device = next();
-    else if (s == "--vs-pytorch") a.vs_pytorch = true;
-    else if (s == "--python") a.python = next();
-    else if (s == "--grid") a.grid = true;
-    else if (s == "--full-grid") a.grid = a.full_grid = true;
-    else if (s == "--json") a.json = next();
-    else if (s == "--linear") a.linear_dim = std::stoll(next());
-    else if (s == "--chunk-tokens") a.chunk_tokens = std::stoll(next());
-    else if (s == "--vocab-block") a.vocab_block = std::stoll(next());
-    else throw std::invalid_argument("unknown argument '" + s + "'; expected --tokens N --vocab V --iters K "
-                                     "--threads T --dtype float32|bfloat16 --device cpu|cuda --vs-pytorch --python PY "
-                                     "--grid --full-grid --json PATH --linear DIM --chunk-tokens N --vocab-block N");
+    if (s == "--tokens")
+      a.tokens = std::stoll(next());
+    else if (s == "--vocab")
+      a.vocab = std::stoll(next());
+    else if (s == "--iters")
+      a.iters = std::stoi(next());
+    else if (s == "--threads")
+      a.threads = std::stoi(next());
+    else if (s == "--dtype")
+      a.dtype = next();
+    else if (s == "--device")
+      a.device = next();
+    else if (s == "--vs-pytorch")
+      a.vs_pytorch = true;
+    else if (s == "--python")
+      a.python = next();
+    else if (s == "--grid")
+      a.grid = true;
+    else if (s == "--full-grid")
+      a.grid = a.full_grid = true;
+    else if (s == "--json")
+      a.json = next();
+    else if (s == "--linear")
+      a.linear_dim = std::stoll(next());
+    else if (s == "--chunk-tokens")
+      a.chunk_tokens = std::stoll(next());
+    else if (s == "--vocab-block")
+      a.vocab_block = std::stoll(next());
+    else
+      throw std::invalid_argument("unknown argument '" + s +
+                                  "'; expected --tokens N --vocab V --iters K "
+                                  "--threads T --dtype float32|bfloat16 --device cpu|cuda --vs-pytorch --python PY "
+                                  "--grid --full-grid --json PATH --linear DIM --chunk-tokens N --vocab-block N");
   }
-  if (a.dtype != "float32" && a.dtype != "bfloat16") throw std::invalid_argument("--dtype: expected float32 or bfloat16, got " + a.dtype);
-  if (a.device != "cpu" && a.device != "cuda") throw std::invalid_argument("--device: expected cpu or cuda, got " + a.device);
+  if (a.dtype != "float32" && a.dtype != "bfloat16")
+    throw std::invalid_argument("--dtype: expected float32 or bfloat16, got " + a.dtype);
+  if (a.device != "cpu" && a.device != "cuda")
+    throw std::invalid_argument("--device: expected cpu or cuda, got " + a.device);
   return a;
 }
 
@@ -166,15 +185,16 @@ std::map<std::string, Measure> run_pytorch(const Args& a, int64_t tp, const std:
 void print_ours(const std::vector<Measure>& results, const Args& a, int64_t tp) {
   const Measure& single = results[0];
   const Measure& gather = results[1];
-  std::printf("hp-bench: cross-entropy forward+backward, %lld tokens x %lld classes, %s, %s, TP %lld, %d threads per rank\n",
-              static_cast<long long>(a.tokens), static_cast<long long>(a.vocab), a.dtype.c_str(), a.device.c_str(),
-              static_cast<long long>(tp), at::get_num_threads());
-  std::printf("%-11s %10s %10s %10s %11s %10s %10s %12s %12s\n", "method", "ms", "vs single", "vs gather",
-              "peak MiB", "vs single", "vs gather", "collectives", "loss");
+  std::printf(
+      "hp-bench: cross-entropy forward+backward, %lld tokens x %lld classes, %s, %s, TP %lld, %d threads per rank\n",
+      static_cast<long long>(a.tokens), static_cast<long long>(a.vocab), a.dtype.c_str(), a.device.c_str(),
+      static_cast<long long>(tp), at::get_num_threads());
+  std::printf("%-11s %10s %10s %10s %11s %10s %10s %12s %12s\n", "method", "ms", "vs single", "vs gather", "peak MiB",
+              "vs single", "vs gather", "collectives", "loss");
   for (const auto& m : results) {
     std::printf("%-11s %10.2f %9.2fx %9.2fx %11.1f %9.2fx %9.2fx %12lld %12.6f\n", m.name.c_str(), m.ms,
-                m.ms / single.ms, m.ms / gather.ms, m.peak_mb, m.peak_mb / single.peak_mb,
-                m.peak_mb / gather.peak_mb, static_cast<long long>(m.collectives), m.loss);
+                m.ms / single.ms, m.ms / gather.ms, m.peak_mb, m.peak_mb / single.peak_mb, m.peak_mb / gather.peak_mb,
+                static_cast<long long>(m.collectives), m.loss);
   }
   std::printf("(ratios < 1 are better; the losses must agree)\n");
 }
@@ -210,9 +230,9 @@ void print_versus(const std::vector<Measure>& ours, const std::map<std::string, 
 // ---- The roofline of the fused kernel, measured here and now ----
 
 struct Limits {
-  double exp_per_s = 0;     // the kernel's vectorised exp, all of this rank's threads
-  double read_gb_s = 0;     // vectorised sum over a logits-sized buffer
-  double write_gb_s = 0;    // fill of a logits-sized, already-touched buffer
+  double exp_per_s = 0;   // the kernel's vectorised exp, all of this rank's threads
+  double read_gb_s = 0;   // vectorised sum over a logits-sized buffer
+  double write_gb_s = 0;  // fill of a logits-sized, already-touched buffer
 };
 
 // Measures the limits for n elements of `dtype` on this rank's threads; once per step of
@@ -230,7 +250,8 @@ class LimitProbe {
     Limits l;
     // exp: a cache-resident slice per thread, passed over until n exps are done.
     const int reps = static_cast<int>(std::max<int64_t>(1, n_ / resident_));
-    double ms = time([&] { sink_ = sink_ + hp::ce_kernel::exp_throughput_probe(exp_buf_.data_ptr<float>(), resident_, reps); });
+    double ms =
+        time([&] { sink_ = sink_ + hp::ce_kernel::exp_throughput_probe(exp_buf_.data_ptr<float>(), resident_, reps); });
     l.exp_per_s = static_cast<double>(resident_) * reps / (ms * 1e-3);
     const double bytes = static_cast<double>(big_.numel()) * 4;
     ms = time([&] { sink_ = sink_ + hp::ce_kernel::read_probe(big_.data_ptr<float>(), big_.numel()); });
@@ -314,7 +335,10 @@ nlohmann::json roofline_case(const RooflineCase& c, const hp::DeviceMesh& mesh, 
     traffic_bounds.push_back((2 * bytes / (l.read_gb_s * 1e9) + bytes / (l.write_gb_s * 1e9)) * 1e3);
     percents.push_back(100.0 * std::max(exp_bounds.back(), traffic_bounds.back()) / totals.back());
   }
-  auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+  auto med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   work = at::Tensor();
   hp::release_gradient_buffers();
   const double exp_bound = med(exp_bounds), traffic_bound = med(traffic_bounds);
@@ -345,27 +369,29 @@ nlohmann::json roofline_case(const RooflineCase& c, const hp::DeviceMesh& mesh, 
 }
 
 void print_roofline_header() {
-  std::printf("%-7s %6s %5s %3s %4s %9s %9s %9s %9s %9s %8s %9s %9s %7s %6s\n", "tokens", "vocab", "TP", "gif",
-              "dt", "fwd ms", "bwd ms", "total ms", "G exp/s", "rd GB/s", "wr GB/s", "exp bnd", "mem bnd", "% bnd",
-              "coll");
+  std::printf("%-7s %6s %5s %3s %4s %9s %9s %9s %9s %9s %8s %9s %9s %7s %6s\n", "tokens", "vocab", "TP", "gif", "dt",
+              "fwd ms", "bwd ms", "total ms", "G exp/s", "rd GB/s", "wr GB/s", "exp bnd", "mem bnd", "% bnd", "coll");
 }
 
 void print_roofline_row(const nlohmann::json& j) {
   std::printf("%-7lld %6lld %5lld %3s %4s %9.2f %9.2f %9.2f %9.2f %9.2f %8.2f %9.2f %9.2f %6.0f%% %3lld/%lld\n",
               j["tokens"].get<long long>(), j["vocab"].get<long long>(), j["tp"].get<long long>(),
-              j["gradient_in_forward"].get<bool>() ? "yes" : "no", j["dtype"].get<std::string>() == "bfloat16" ? "bf16" : "f32",
-              j["forward_ms"].get<double>(), j["backward_ms"].get<double>(), j["total_ms"].get<double>(),
-              j["exp_per_s"].get<double>() / 1e9, j["read_gb_s"].get<double>(), j["write_gb_s"].get<double>(),
-              j["exp_bound_ms"].get<double>(), j["traffic_bound_ms"].get<double>(), j["percent_of_bound"].get<double>(),
+              j["gradient_in_forward"].get<bool>() ? "yes" : "no",
+              j["dtype"].get<std::string>() == "bfloat16" ? "bf16" : "f32", j["forward_ms"].get<double>(),
+              j["backward_ms"].get<double>(), j["total_ms"].get<double>(), j["exp_per_s"].get<double>() / 1e9,
+              j["read_gb_s"].get<double>(), j["write_gb_s"].get<double>(), j["exp_bound_ms"].get<double>(),
+              j["traffic_bound_ms"].get<double>(), j["percent_of_bound"].get<double>(),
               j["collectives_forward"].get<long long>(), j["collectives_backward"].get<long long>());
 }
 
-int run_roofline(const Args& a, const hp::DeviceMesh& mesh, const std::vector<RooflineCase>& cases, const std::string& note) {
+int run_roofline(const Args& a, const hp::DeviceMesh& mesh, const std::vector<RooflineCase>& cases,
+                 const std::string& note) {
   const bool leader = mesh.get_rank() == 0;
   if (leader) {
-    std::printf("hp-bench roofline: fused cross-entropy forward+backward per rank vs limits measured in this run "
-                "(%s kernel, %d threads per rank, TP %lld)\n%s", hp::ce_kernel::capability_name(), at::get_num_threads(),
-                static_cast<long long>(mesh.size()), note.c_str());
+    std::printf(
+        "hp-bench roofline: fused cross-entropy forward+backward per rank vs limits measured in this run "
+        "(%s kernel, %d threads per rank, TP %lld)\n%s",
+        hp::ce_kernel::capability_name(), at::get_num_threads(), static_cast<long long>(mesh.size()), note.c_str());
     print_roofline_header();
   }
   for (const auto& c : cases) {
@@ -379,9 +405,11 @@ int run_roofline(const Args& a, const hp::DeviceMesh& mesh, const std::vector<Ro
     }
   }
   if (leader) {
-    std::printf("(exp bnd: 2 exps per logit at the measured rate; mem bnd: 2 reads + 1 write of the logits at the "
-                "measured bandwidths; %% bnd: median over steps of max(bounds measured right after the step) / "
-                "the step; medians of %d steps; coll = collectives forward/backward)\n", a.iters);
+    std::printf(
+        "(exp bnd: 2 exps per logit at the measured rate; mem bnd: 2 reads + 1 write of the logits at the "
+        "measured bandwidths; %% bnd: median over steps of max(bounds measured right after the step) / "
+        "the step; medians of %d steps; coll = collectives forward/backward)\n",
+        a.iters);
   }
   return 0;
 }

@@ -61,7 +61,10 @@ void run_world(int world, int iters, int rounds, const std::string& only) {
       for (const auto& c : cases) {
         if (!only.empty() && std::string(c.name).find(only) == std::string::npos) continue;
         std::vector<double> dts, plains;
-        for (int i = 0; i < 200; ++i) { c.op(dt); c.op(plain); }  // warm the cache and allocator
+        for (int i = 0; i < 200; ++i) {
+          c.op(dt);
+          c.op(plain);
+        }  // warm the cache and allocator
         for (int k = 0; k < rounds; ++k) {
           dts.push_back(time_per_op_us(c.op, dt, iters));
           plains.push_back(time_per_op_us(c.op, plain, iters));

@@ -56,9 +56,10 @@ double measure_step(Result& r, c10::Device device, const std::function<void()>& 
   r.loss = step();
   hp::bench::synchronize(device);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  r.peak_mb = std::max(r.peak_mb, static_cast<double>(std::max(hp::bench::peak_memory_bytes(device),
-                                                               hp::bench::current_memory_bytes(device)) -
-                                                      before) / (1 << 20));
+  r.peak_mb = std::max(
+      r.peak_mb, static_cast<double>(
+                     std::max(hp::bench::peak_memory_bytes(device), hp::bench::current_memory_bytes(device)) - before) /
+                     (1 << 20));
   r.collectives = hp::collective_counts().total();
   return ms;
 }
@@ -126,22 +127,23 @@ int run_linear_bench(const LinearArgs& a, const hp::DeviceMesh& mesh) {
   mesh.comm(0).barrier();
   if (mesh.get_rank() != 0) return 0;
   const int64_t local_vocab = hp::layout_of(weight).local_shape()[0];
-  const double grads_mb =
-      static_cast<double>((a.tokens + local_vocab) * a.dim * c10::elementSize(dtype)) / (1 << 20);
-  std::printf("hp-bench --linear: head + loss forward+backward, %lld tokens x dim %lld x vocab %lld (%lld per rank), "
-              "%s, %s, TP %lld, %d threads per rank\n",
-              static_cast<long long>(a.tokens), static_cast<long long>(a.dim), static_cast<long long>(a.vocab),
-              static_cast<long long>(local_vocab), a.dtype.c_str(), device.str().c_str(),
-              static_cast<long long>(mesh.size()), at::get_num_threads());
+  const double grads_mb = static_cast<double>((a.tokens + local_vocab) * a.dim * c10::elementSize(dtype)) / (1 << 20);
+  std::printf(
+      "hp-bench --linear: head + loss forward+backward, %lld tokens x dim %lld x vocab %lld (%lld per rank), "
+      "%s, %s, TP %lld, %d threads per rank\n",
+      static_cast<long long>(a.tokens), static_cast<long long>(a.dim), static_cast<long long>(a.vocab),
+      static_cast<long long>(local_vocab), a.dtype.c_str(), device.str().c_str(), static_cast<long long>(mesh.size()),
+      at::get_num_threads());
   std::printf("%-13s %10s %12s %12s %12s %14s\n", "method", "ms", "peak MiB", "working MiB", "collectives", "loss");
   for (const auto& [name, r] : {std::pair<const char*, Result>{"head+fused", unfused}, {"fused-linear", fused}}) {
     std::printf("%-13s %10.1f %12.1f %12.1f %12lld %14.6f\n", name, r.ms, r.peak_mb, r.peak_mb - grads_mb,
                 static_cast<long long>(r.collectives), r.loss);
   }
-  std::printf("fused-linear / head+fused: time %.3fx, peak memory %.4fx, working memory %.4fx "
-              "(working = peak - the gradients of hidden and weight, %.1f MiB, which both produce)\n",
-              fused.ms / unfused.ms, fused.peak_mb / unfused.peak_mb,
-              (fused.peak_mb - grads_mb) / (unfused.peak_mb - grads_mb), grads_mb);
+  std::printf(
+      "fused-linear / head+fused: time %.3fx, peak memory %.4fx, working memory %.4fx "
+      "(working = peak - the gradients of hidden and weight, %.1f MiB, which both produce)\n",
+      fused.ms / unfused.ms, fused.peak_mb / unfused.peak_mb, (fused.peak_mb - grads_mb) / (unfused.peak_mb - grads_mb),
+      grads_mb);
   if (std::abs(fused.loss - unfused.loss) > 1e-3 * std::max(1.0, std::abs(unfused.loss))) {
     std::printf("ERROR: the losses differ: fused-linear %.6f, head+fused %.6f\n", fused.loss, unfused.loss);
     return 1;

@@ -34,8 +34,8 @@ namespace F = torch::nn::functional;
 namespace {
 
 struct Args {
-  std::map<std::string, int64_t> n = {{"dim", 256},  {"layers", 4}, {"heads", 8}, {"vocab", 8192},
-                                      {"batch", 2},  {"seq", 512},  {"iters", 2}, {"threads", 1}};
+  std::map<std::string, int64_t> n = {{"dim", 256}, {"layers", 4}, {"heads", 8}, {"vocab", 8192},
+                                      {"batch", 2}, {"seq", 512},  {"iters", 2}, {"threads", 1}};
   std::string device = "cpu";
 };
 
@@ -46,7 +46,8 @@ Args parse(int argc, char** argv) {
     if (flag.rfind("--", 0) != 0 || i + 1 >= argc) throw std::invalid_argument("expected --NAME VALUE, got " + flag);
     const std::string name = flag.substr(2), value = argv[++i];
     if (name == "device") {
-      if (value != "cpu" && value != "cuda") throw std::invalid_argument("--device: expected cpu or cuda, got " + value);
+      if (value != "cpu" && value != "cuda")
+        throw std::invalid_argument("--device: expected cpu or cuda, got " + value);
       a.device = value;
     } else if (a.n.count(name)) {
       a.n[name] = std::stoll(value);
@@ -81,8 +82,10 @@ Measure measure(const Args& a, const hp::DeviceMesh& mesh, bool sequence_paralle
   model->to(mesh.device());
   hp::parallelize_llama(model, mesh, /*loss_parallel=*/true, sequence_parallel);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
-  const at::Tensor tokens = at::randint(la.vocab_size, {a.n.at("batch"), la.max_seq_len}, gen, at::kLong).to(mesh.device());
-  const at::Tensor targets = at::randint(la.vocab_size, {a.n.at("batch"), la.max_seq_len}, gen, at::kLong).to(mesh.device());
+  const at::Tensor tokens =
+      at::randint(la.vocab_size, {a.n.at("batch"), la.max_seq_len}, gen, at::kLong).to(mesh.device());
+  const at::Tensor targets =
+      at::randint(la.vocab_size, {a.n.at("batch"), la.max_seq_len}, gen, at::kLong).to(mesh.device());
   const c10::Device device = mesh.device();
   Measure m;
   for (int64_t i = 0; i <= a.n.at("iters"); ++i) {  // the first one warms up and allocates the gradients
@@ -143,9 +146,10 @@ int main(int argc, char** argv) {
     std::printf("%-20s %12s %12s %10s %10s\n", "plan", "saved MiB", "peak MiB", "ms", "loss");
     std::printf("%-20s %12.1f %12.1f %10.1f %10.6f\n", "TP", plain.saved_mb, plain.peak_mb, plain.ms, plain.loss);
     std::printf("%-20s %12.1f %12.1f %10.1f %10.6f\n", "TP + SP", sp.saved_mb, sp.peak_mb, sp.ms, sp.loss);
-    std::printf("(per rank, the largest over ranks; saved: held when the forward returns; peak: above the step's "
-                "start during forward + backward; ms: mean of %lld steps after one warm-up)\n",
-                (long long)a.n.at("iters"));
+    std::printf(
+        "(per rank, the largest over ranks; saved: held when the forward returns; peak: above the step's "
+        "start during forward + backward; ms: mean of %lld steps after one warm-up)\n",
+        (long long)a.n.at("iters"));
   }
   hp::destroy_process_group();
   return 0;

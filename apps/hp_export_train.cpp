@@ -69,10 +69,10 @@ int main(int argc, char** argv) {
     std::unique_ptr<hp::train::TokenCorpus> corpus;
     if (t.data.empty()) {
       batches = std::make_shared<hp::train::SyntheticBatchStream>(m.vocab_size, t.batch_size, t.seq_len,
-                                                                 static_cast<uint64_t>(t.seed), /*split=*/0);
+                                                                  static_cast<uint64_t>(t.seed), /*split=*/0);
     } else if (const std::string format = hp::train::resolve_data_format(t.data, t.data_format); format != "text") {
-      const hp::train::PretokenizedCorpus tokens(hp::train::PretokenizedCorpusOptions{
-          t.data, format, m.vocab_size, t.eos_id, t.bos_id, t.seq_len + 1});
+      const hp::train::PretokenizedCorpus tokens(
+          hp::train::PretokenizedCorpusOptions{t.data, format, m.vocab_size, t.eos_id, t.bos_id, t.seq_len + 1});
       batches = tokens.train_batches(t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed), /*dp_rank=*/0,
                                      /*dp_size=*/1);
     } else {
@@ -86,20 +86,35 @@ int main(int argc, char** argv) {
       write_raw(hp::compat::join_path(dir, "batches/target_" + std::to_string(step) + ".bin"), b.target.to(at::kLong));
     }
     const hp::LlamaArgs& a = model->args();
-    nlohmann::json manifest = {
-        {"model",
-         {{"dim", a.dim}, {"n_layers", a.n_layers}, {"n_heads", a.n_heads}, {"vocab_size", a.vocab_size},
-          {"hidden_dim", a.hidden_dim()}, {"norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
-          {"max_seq_len", a.max_seq_len}, {"n_kv_heads", a.kv_heads()}, {"head_dim", a.head_dim()},
-          {"tie_word_embeddings", a.tie_word_embeddings}, {"hf_assets_path", m.hf_assets_path}}},
-        {"training",
-         {{"batch_size", t.batch_size}, {"seq_len", t.seq_len}, {"steps", t.steps}, {"warmup_steps", t.warmup_steps},
-          {"lr", t.lr}, {"min_lr_ratio", t.min_lr_ratio}, {"weight_decay", t.weight_decay}, {"beta1", t.beta1},
-          {"beta2", t.beta2}, {"eps", t.eps}, {"max_norm", t.max_norm}}},
-        {"dtype", t.dtype},
-        {"tensor_parallel_degree", cfg.parallelism.tensor_parallel_degree},
-        {"loss_parallel", !cfg.parallelism.disable_loss_parallel},
-        {"weights", weights}};
+    nlohmann::json manifest = {{"model",
+                                {{"dim", a.dim},
+                                 {"n_layers", a.n_layers},
+                                 {"n_heads", a.n_heads},
+                                 {"vocab_size", a.vocab_size},
+                                 {"hidden_dim", a.hidden_dim()},
+                                 {"norm_eps", a.norm_eps},
+                                 {"rope_theta", a.rope_theta},
+                                 {"max_seq_len", a.max_seq_len},
+                                 {"n_kv_heads", a.kv_heads()},
+                                 {"head_dim", a.head_dim()},
+                                 {"tie_word_embeddings", a.tie_word_embeddings},
+                                 {"hf_assets_path", m.hf_assets_path}}},
+                               {"training",
+                                {{"batch_size", t.batch_size},
+                                 {"seq_len", t.seq_len},
+                                 {"steps", t.steps},
+                                 {"warmup_steps", t.warmup_steps},
+                                 {"lr", t.lr},
+                                 {"min_lr_ratio", t.min_lr_ratio},
+                                 {"weight_decay", t.weight_decay},
+                                 {"beta1", t.beta1},
+                                 {"beta2", t.beta2},
+                                 {"eps", t.eps},
+                                 {"max_norm", t.max_norm}}},
+                               {"dtype", t.dtype},
+                               {"tensor_parallel_degree", cfg.parallelism.tensor_parallel_degree},
+                               {"loss_parallel", !cfg.parallelism.disable_loss_parallel},
+                               {"weights", weights}};
     std::ofstream(hp::compat::join_path(dir, "manifest.json")) << manifest.dump(1) << "\n";
     std::cout << "hp-export-train: " << weights.size() << " parameters and " << t.steps << " batches in " << dir
               << std::endl;

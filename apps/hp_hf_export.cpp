@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
       if (key == "--step") {
         step = std::stoll(value);
       } else if (key == "--dtype") {
-        if (value != "bfloat16" && value != "float32") throw std::invalid_argument("--dtype " + value + ": bfloat16 or float32");
+        if (value != "bfloat16" && value != "float32")
+          throw std::invalid_argument("--dtype " + value + ": bfloat16 or float32");
         options.dtype = value == "bfloat16" ? at::kBFloat16 : at::kFloat;
       } else if (key == "--max-shard-bytes") {
         options.max_shard_bytes = std::stoll(value);
@@ -55,7 +56,8 @@ int main(int argc, char** argv) {
     }
     const auto start = std::chrono::steady_clock::now();
     const hp::train::SavedModel saved = hp::train::load_saved_model(checkpoint, step);
-    const hp::HfExportResult r = hp::export_hf_checkpoint(*saved.model, hp::model_family(saved.config.name), out, options);
+    const hp::HfExportResult r =
+        hp::export_hf_checkpoint(*saved.model, hp::model_family(saved.config.name), out, options);
     std::cout << "hp-hf-export: step " << saved.step << " (saved at dp " << saved.identity.data_parallel_degree
               << " x tp " << saved.identity.tensor_parallel_degree << ", " << saved.identity.dtype << ") -> " << out
               << ": " << r.files.size() << " files, " << r.total_bytes << " bytes of tensors, "

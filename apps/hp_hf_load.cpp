@@ -56,12 +56,15 @@ int main(int argc, char** argv) {
   const bool built_full = argc > 1 && std::string(argv[argc - 1]) == "--built-full";
   if (built_full) --argc;
   if (argc < 2 || argc > 3) {
-    std::cerr << "usage: hp-run --nproc-per-node TP hp-hf-load DIR [float32|bfloat16|float64] [--built-full]" << std::endl;
+    std::cerr << "usage: hp-run --nproc-per-node TP hp-hf-load DIR [float32|bfloat16|float64] [--built-full]"
+              << std::endl;
     return 2;
   }
   const std::string dir = argv[1];
   const std::string dtype_name = argc == 3 ? argv[2] : "float32";
-  const at::ScalarType dtype = dtype_name == "float64" ? at::kDouble : dtype_name == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  const at::ScalarType dtype = dtype_name == "float64"    ? at::kDouble
+                               : dtype_name == "bfloat16" ? at::kBFloat16
+                                                          : at::kFloat;
   try {
     hp::init_process_group();
     const int64_t rank = hp::get_rank(), tp = hp::get_world_size();
@@ -106,8 +109,8 @@ int main(int argc, char** argv) {
     line.precision(4);
     line << "rank " << rank << "/" << tp << ": checkpoint " << checkpoint_mib(dir) << " MiB, local parameters "
          << local_mib << " MiB (" << dtype_name << "); RSS before the model " << before << " MiB, peak building "
-         << (built_full || tp == 1 ? "the whole model" : "on meta") << " to loaded " << peak << " MiB (+" << peak - before
-         << "); load " << seconds << " s; loss on 16 random tokens ";
+         << (built_full || tp == 1 ? "the whole model" : "on meta") << " to loaded " << peak << " MiB (+"
+         << peak - before << "); load " << seconds << " s; loss on 16 random tokens ";
     line.precision(10);
     line << loss_value << "\n";
     std::cout << line.str() << std::flush;

@@ -24,8 +24,9 @@ constexpr const char* kConformanceSize =
 // What each name in LOSS_PARALLEL_OP_NAMES does under loss_parallel().
 const std::map<std::string, std::string>& loss_parallel_semantics() {
   static const std::map<std::string, std::string> m = {
-      {"cross_entropy_loss", "the whole loss, taken at the AutogradPrivateUse1 key before it decomposes: fused "
-                             "kernel (one all-gather of per-row statistics forward, none backward), Replicate loss"},
+      {"cross_entropy_loss",
+       "the whole loss, taken at the AutogradPrivateUse1 key before it decomposes: fused "
+       "kernel (one all-gather of per-row statistics forward, none backward), Replicate loss"},
       {"_log_softmax", "K1: distributed stable log-softmax over the sharded dim (all-reduce MAX + SUM)"},
       {"_log_softmax_backward_data", "g - exp(out) * sum(g) with one all-reduce; picked by layout, any thread"},
       {"nll_loss_forward", "K2: index NLL on class-sharded log-probs, one all-reduce"},
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
                  "the input gradients of the functional and in-place forms, with one process on "
                  "the full tensors (float64). A case passes when it matches or when every rank "
                  "refuses it with an error. "
-                 << kConformanceSize << "\n";
+              << kConformanceSize << "\n";
   } catch (const std::exception& e) {
     std::cerr << "hp-ops-doc: " << e.what() << std::endl;
     return 1;

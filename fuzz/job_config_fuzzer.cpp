@@ -24,9 +24,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const std::invalid_argument&) {
   }
   const std::string toml = to_toml(cfg);
-  const std::string again_path = hyper_parallel::fuzz::write_input("again.toml",
-                                                                   reinterpret_cast<const uint8_t*>(toml.data()),
-                                                                   toml.size());
+  const std::string again_path =
+      hyper_parallel::fuzz::write_input("again.toml", reinterpret_cast<const uint8_t*>(toml.data()), toml.size());
   const std::string again = to_toml(load_job_config_file(again_path));
   if (again != toml) {
     std::fprintf(stderr, "to_toml does not round-trip:\n--- first\n%s\n--- second\n%s\n", toml.c_str(), again.c_str());

@@ -62,10 +62,10 @@ std::pair<double, double> worst(const std::vector<StepResult>& a, const std::vec
 
 }  // namespace
 
-// 20 steps of bfloat16 at TP 2 (and dp 2 x tp 2, with and without 2 micro-batches) against bfloat16 at TP 1, and against
-// float32 at TP 1. The logits are widened for the loss (TorchTitan's choice), so the
-// losses agree to about 1e-4 (measured 0.7-1.6e-4); the gradient norms, computed from
-// bfloat16 gradients (8 significant bits), to about 1e-2. Bounds: 2e-3 and 5e-2.
+// 20 steps of bfloat16 at TP 2 (and dp 2 x tp 2, with and without 2 micro-batches) against bfloat16 at TP 1, and
+// against float32 at TP 1. The logits are widened for the loss (TorchTitan's choice), so the losses agree to about 1e-4
+// (measured 0.7-1.6e-4); the gradient norms, computed from bfloat16 gradients (8 significant bits), to about 1e-2.
+// Bounds: 2e-3 and 5e-2.
 TEST(Bf16Training, Tp2FollowsTp1AndBothStayNearFloat32) {
   const auto fp32 = run(bf16_job("fp32", 1, 1, "float32"));
   const auto tp1 = run(bf16_job("tp1", 1, 1, "bfloat16"));

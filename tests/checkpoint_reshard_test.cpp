@@ -60,7 +60,8 @@ std::vector<int64_t> overlapping(const TensorLayout& saved, int64_t saved_tp, co
     const Box b = chunk_box(saved, saved_tp, r);
     bool any = want.numel() > 0;
     for (size_t d = 0; d < b.offset.size(); ++d) {
-      any = any && std::max(b.offset[d], want.offset[d]) < std::min(b.offset[d] + b.sizes[d], want.offset[d] + want.sizes[d]);
+      any = any &&
+            std::max(b.offset[d], want.offset[d]) < std::min(b.offset[d] + b.sizes[d], want.offset[d] + want.sizes[d]);
     }
     if (any) out.push_back(r);
   }
@@ -84,8 +85,8 @@ TEST(CheckpointReshard, EveryPieceAtEveryDegreeComesBackBitForBit) {
           for (int64_t tp : {1, 2, 3, 4}) {
             for (int64_t rank = 0; rank < tp; ++rank) {
               SCOPED_TRACE("shape " + shape_string(shape) + ", saved " + placement_string(saved) + " over " +
-                           std::to_string(saved_tp) + ", now " + placement_string({shape, dim, at::kFloat}) +
-                           " over " + std::to_string(tp) + ", rank " + std::to_string(rank));
+                           std::to_string(saved_tp) + ", now " + placement_string({shape, dim, at::kFloat}) + " over " +
+                           std::to_string(tp) + ", rank " + std::to_string(rank));
               const TensorLayout now{shape, dim, at::kFloat};
               const Box want = chunk_box(now, tp, rank);
               EXPECT_EQ(piece_of(now, tp, rank).sizes, want.sizes);
@@ -120,13 +121,14 @@ TEST(CheckpointReshard, AReplicatedTensorIsReadFromAFileTheRankOpensAnyway) {
   // that file too, not from its preferred rank 0.
   const TensorLayout sharded{{8, 4}, 0, at::kFloat}, whole{{4}, -1, at::kFloat};
   const TensorLayout step{{}, -1, at::kLong};
-  ReshardPlan plan({{"w", sharded}, {"norm", whole}, {"step", step}}, 2,
-                   {{"w", sharded, piece_of(sharded, 4, 3)}, {"norm", whole, piece_of(whole, 4, 3)},
-                    {"step", step, Box{}}},
-                   /*preferred_rank=*/0);
+  ReshardPlan plan(
+      {{"w", sharded}, {"norm", whole}, {"step", step}}, 2,
+      {{"w", sharded, piece_of(sharded, 4, 3)}, {"norm", whole, piece_of(whole, 4, 3)}, {"step", step, Box{}}},
+      /*preferred_rank=*/0);
   EXPECT_EQ(plan.sources(), std::vector<int64_t>{1});
   const at::Tensor w = at::arange(32, at::kFloat).reshape({8, 4});
-  plan.take(1, {{"w", w.narrow(0, 4, 4).contiguous()}, {"norm", at::ones({4})}, {"step", at::scalar_tensor(7, at::kLong)}},
+  plan.take(1,
+            {{"w", w.narrow(0, 4, 4).contiguous()}, {"norm", at::ones({4})}, {"step", at::scalar_tensor(7, at::kLong)}},
             "rank-1.pt");
   const auto out = plan.finish();
   EXPECT_TRUE(at::equal(out.at("w"), w.narrow(0, 6, 2)));
@@ -144,7 +146,8 @@ TEST(CheckpointReshard, AnotherModelNamesEveryTensorWithBothShapes) {
                 0);
   });
   EXPECT_NE(e.find("tensor model.tok_embeddings.weight: checkpoint [515, 48] Float, this job [515, 24] Float"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   EXPECT_NE(e.find("tensor model.norm.weight: not in the checkpoint, this job [24] Float"), std::string::npos) << e;
 }
 

@@ -25,12 +25,12 @@
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::binary_path;
+using hyper_parallel::testing::checkpoint_path;
 using hyper_parallel::testing::error_text;
 using hyper_parallel::testing::expect_refused;
 using hyper_parallel::testing::fresh_test_dir;
 using hyper_parallel::testing::rank_errors;
 using hyper_parallel::testing::run_command;
-using hyper_parallel::testing::checkpoint_path;
 using hyper_parallel::testing::run_ranks;
 
 namespace {
@@ -82,9 +82,13 @@ TEST(CheckpointVerify, AnIntactCheckpointResumesWithTheSameRunId) {
 TEST(CheckpointVerify, SwappedRankFilesAreRefused) {
   JobConfig job = job_in(fresh_dir("swap"), 2, 4);
   train_job(job);
-  ASSERT_EQ(std::rename(checkpoint_path(job, "step-4/rank-0.pt").c_str(), checkpoint_path(job, "step-4/tmp").c_str()), 0);
-  ASSERT_EQ(std::rename(checkpoint_path(job, "step-4/rank-1.pt").c_str(), checkpoint_path(job, "step-4/rank-0.pt").c_str()), 0);
-  ASSERT_EQ(std::rename(checkpoint_path(job, "step-4/tmp").c_str(), checkpoint_path(job, "step-4/rank-1.pt").c_str()), 0);
+  ASSERT_EQ(std::rename(checkpoint_path(job, "step-4/rank-0.pt").c_str(), checkpoint_path(job, "step-4/tmp").c_str()),
+            0);
+  ASSERT_EQ(
+      std::rename(checkpoint_path(job, "step-4/rank-1.pt").c_str(), checkpoint_path(job, "step-4/rank-0.pt").c_str()),
+      0);
+  ASSERT_EQ(std::rename(checkpoint_path(job, "step-4/tmp").c_str(), checkpoint_path(job, "step-4/rank-1.pt").c_str()),
+            0);
   expect_refused(construction_errors(resumed(job, 6), 2), {"step-4/rank-0.pt", "holds rank 1's state", "swapped"});
 }
 
@@ -92,7 +96,8 @@ TEST(CheckpointVerify, ARankFileFromAnotherStepIsRefused) {
   JobConfig job = job_in(fresh_dir("otherstep"), 2, 4);
   train_job(job);
   copy_file(checkpoint_path(job, "step-2/rank-1.pt"), checkpoint_path(job, "step-4/rank-1.pt"));
-  expect_refused(construction_errors(resumed(job, 6), 2), {"step-4/rank-1.pt", "does not verify", "copied from another step or run"});
+  expect_refused(construction_errors(resumed(job, 6), 2),
+                 {"step-4/rank-1.pt", "does not verify", "copied from another step or run"});
 }
 
 TEST(CheckpointVerify, AFreshRunsRankFileBesideAnOldRunsIsRefused) {
@@ -128,7 +133,8 @@ TEST(CheckpointVerify, AForgedRankFileIsRefusedBeforeItsTensorsAreRead) {
   // Metadata {"rank":0} only, and a tensor that overruns its buffer (found by fuzzing).
   copy_file(hyper_parallel::testing::source_dir() + "/tests/data/checkpoint_storage_too_small.pt",
             checkpoint_path(job, "step-4/rank-0.pt"));
-  expect_refused(construction_errors(resumed(job, 6), 1), {"step-4/rank-0.pt", "does not verify", "matches none of the files"});
+  expect_refused(construction_errors(resumed(job, 6), 1),
+                 {"step-4/rank-0.pt", "does not verify", "matches none of the files"});
 }
 
 TEST(CheckpointVerify, ADtypeChangeNamesTheField) {
@@ -207,10 +213,13 @@ TEST(CheckpointVerify, ACrashAtAnyPointOfASaveLeavesLatestOnAVerifiedStep) {
                            " --training.batch_size 4 --training.warmup_steps 1 --parallelism.tensor_parallel_degree 2"
                            " --validation.enable false --metrics.enable_plot false --checkpoint.enable"
                            " --checkpoint.interval 2";
-  const std::vector<std::pair<std::string, int64_t>> points = {
-      {"rank_file.before_rename@1", 2}, {"rank_file.written@0", 2}, {"step.verified", 2},
-      {"manifest.before_rename", 2},    {"manifest.written", 2},    {"latest.before_rename", 2},
-      {"latest.written", 4}};
+  const std::vector<std::pair<std::string, int64_t>> points = {{"rank_file.before_rename@1", 2},
+                                                               {"rank_file.written@0", 2},
+                                                               {"step.verified", 2},
+                                                               {"manifest.before_rename", 2},
+                                                               {"manifest.written", 2},
+                                                               {"latest.before_rename", 2},
+                                                               {"latest.written", 4}};
   // One saved step 2, copied for every crash point.
   const std::string origin = fresh_dir("crash_origin");
   auto first = run_command(base + " --job.dump_folder " + origin + " --training.steps 2 2>&1");

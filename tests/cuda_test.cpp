@@ -30,9 +30,7 @@ double rel_err(const at::Tensor& got, const at::Tensor& want) {
   return (g - w).norm().item<double>() / std::max(w.norm().item<double>(), 1e-30);
 }
 
-std::vector<Placements> placements_1d() {
-  return {{Shard(0)}, {Shard(1)}, {Replicate()}, {Partial(ReduceOp::Sum)}};
-}
+std::vector<Placements> placements_1d() { return {{Shard(0)}, {Shard(1)}, {Replicate()}, {Partial(ReduceOp::Sum)}}; }
 
 }  // namespace
 
@@ -217,7 +215,8 @@ TEST(CudaLossParallel, NonFiniteLogitsGiveAtensLossAndGradient) {
       for (int64_t tp : {1, 2, 3}) {
         run_cuda_ranks(tp, [&](int64_t) {
           auto mesh = init_device_mesh("cuda", {tp}, {"tp"});
-          at::Tensor x = distribute_tensor(rows.logits.to(dtype).to(mesh.device()), mesh, {Shard(1)}).set_requires_grad(true);
+          at::Tensor x =
+              distribute_tensor(rows.logits.to(dtype).to(mesh.device()), mesh, {Shard(1)}).set_requires_grad(true);
           auto guard = loss_parallel();
           at::Tensor loss = F::cross_entropy(x, rows.target.to(mesh.device()), none);
           to_local(loss).sum().backward();
@@ -252,8 +251,11 @@ TEST(CudaLossParallel, CpuInputsWithCudaLogitsAreAnErrorNamingBothDevices) {
     };
     expect_error([&] { return F::cross_entropy(x, t); }, "target");
     expect_error([&] { return F::cross_entropy(x, torch::full({4, 10}, 0.1, torch::kDouble)); }, "probability target");
-    expect_error([&] { return F::cross_entropy(x, t.to(dev), F::CrossEntropyFuncOptions().weight(torch::ones({10}, torch::kDouble))); },
-                 "class weight");
+    expect_error(
+        [&] {
+          return F::cross_entropy(x, t.to(dev), F::CrossEntropyFuncOptions().weight(torch::ones({10}, torch::kDouble)));
+        },
+        "class weight");
     // The context is intact: the same loss with the target moved runs and agrees with ATen.
     const at::Tensor want = F::cross_entropy(random_tensor({4, 10}, 1), t);
     EXPECT_NEAR(full_tensor(F::cross_entropy(x, t.to(dev))).cpu().item<double>(), want.item<double>(), 1e-12);

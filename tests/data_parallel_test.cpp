@@ -161,7 +161,8 @@ TEST(DataParallel, Dp2Tp2SequenceParallelEqualsOneProcess) {
     const RunResult one = train_with_ignored_tokens(1, 1, 1, fused);
     const RunResult sp = train_with_ignored_tokens(2, 2, 2, fused, /*sp=*/true);
     for (size_t i = 0; i < one.losses.size(); ++i) {
-      EXPECT_NEAR(sp.losses[i], one.losses[i], 1e-10 * std::abs(one.losses[i])) << "fused " << fused << ", step " << i + 1;
+      EXPECT_NEAR(sp.losses[i], one.losses[i], 1e-10 * std::abs(one.losses[i]))
+          << "fused " << fused << ", step " << i + 1;
     }
     for (const auto& [name, full] : one.params) {
       EXPECT_LT((sp.params.at(name) - full).abs().max().item<double>(), 1e-10) << name << ", fused " << fused;
@@ -316,10 +317,10 @@ TEST(DataParallel, ReducerAndMicroBatchErrorsNameWhatIsWrong) {
     int64_t rank, size;
     std::string expected;
   };
-  for (const BadRows& c : std::vector<BadRows>{
-           {nullptr, 0, 1, "ReplicaRows: expected a batch source"},
-           {global, 2, 2, "ReplicaRows: expected 0 <= dp_rank < dp_size, got 2 and 2"},
-           {global, 0, 0, "ReplicaRows: expected 0 <= dp_rank < dp_size, got 0 and 0"}}) {
+  for (const BadRows& c :
+       std::vector<BadRows>{{nullptr, 0, 1, "ReplicaRows: expected a batch source"},
+                            {global, 2, 2, "ReplicaRows: expected 0 <= dp_rank < dp_size, got 2 and 2"},
+                            {global, 0, 0, "ReplicaRows: expected 0 <= dp_rank < dp_size, got 0 and 0"}}) {
     expect_error([&] { ReplicaRows rows(c.source, c.rank, c.size); }, c.expected);
   }
 }

@@ -77,8 +77,8 @@ double conditional_entropy(const std::vector<int64_t>& s, int64_t vocab) {
 
 // Held-out cross-entropy (nats/token) of a bigram model fitted on train,
 // Dirichlet-smoothed towards an add-one unigram; beta = 0 gives the unigram model.
-double heldout_cross_entropy(const std::vector<int64_t>& train, const std::vector<int64_t>& val,
-                             int64_t vocab, double beta_or_unigram) {
+double heldout_cross_entropy(const std::vector<int64_t>& train, const std::vector<int64_t>& val, int64_t vocab,
+                             double beta_or_unigram) {
   const std::vector<int64_t> uni = unigram_counts(train, vocab);
   const double uni_total = static_cast<double>(train.size() + static_cast<size_t>(vocab));
   auto p_uni = [&](int64_t t) { return (static_cast<double>(uni[static_cast<size_t>(t)]) + 1) / uni_total; };
@@ -115,8 +115,7 @@ std::string error_of(const std::function<void()>& f) {
 class TempFile {
  public:
   TempFile(const std::string& name, const std::string& content)
-      : path_(compat::join_path(compat::temp_directory(),
-                                "hp_data_test_" + std::to_string(::getpid()) + "_" + name)) {
+      : path_(compat::join_path(compat::temp_directory(), "hp_data_test_" + std::to_string(::getpid()) + "_" + name)) {
     std::ofstream(path_, std::ios::binary) << content;
   }
   ~TempFile() { compat::remove_all(path_); }
@@ -197,8 +196,7 @@ TEST(SyntheticCorpus, BigramStructureCarriesOverToValidation) {
   const auto val = to_vector(corpus.validation_tokens());
   const double ce_unigram = heldout_cross_entropy(train, val, kVocab, 0.0);
   const double ce_bigram = heldout_cross_entropy(train, val, kVocab, 5.0);
-  std::printf("[ stats    ] validation cross-entropy: unigram %.2f, bigram %.2f nats\n", ce_unigram,
-              ce_bigram);
+  std::printf("[ stats    ] validation cross-entropy: unigram %.2f, bigram %.2f nats\n", ce_unigram, ce_bigram);
   // What a model learns on train lowers the loss on validation well below ln(V).
   EXPECT_LT(ce_unigram, std::log(static_cast<double>(kVocab)) - 1.0);
   EXPECT_LT(ce_bigram, ce_unigram - 2.0);
@@ -320,8 +318,7 @@ TEST(BatchSampler, RejectsBadArguments) {
 
 // 18 training tokens (the x5, "," x4, cat x3, don't x2, then "!", hello, world,
 // zebra once each) and 2 validation tokens ("cat", "unseen").
-const char* const kSmallText =
-    "The the, THE cat!\nthe, the Cat, cat,\tdon't hello don't world zebra cat unseen\n";
+const char* const kSmallText = "The the, THE cat!\nthe, the Cat, cat,\tdon't hello don't world zebra cat unseen\n";
 
 TEST(TextFileCorpus, TokenizesWordsAndPunctuationInFrequencyOrder) {
   TempFile file("words.txt", kSmallText);
@@ -380,8 +377,7 @@ TEST(TextFileCorpus, TooShortFileIsAnErrorNamingTheFile) {
   EXPECT_NE(err.find(tiny.path()), std::string::npos) << err;
   EXPECT_NE(err.find("too short"), std::string::npos) << err;
   TempFile empty("empty.txt", "");
-  EXPECT_NE(error_of([&] { make_text_file_corpus(empty.path(), 100); }).find("too short"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { make_text_file_corpus(empty.path(), 100); }).find("too short"), std::string::npos);
   // Long enough for a pair of tokens, not for a window of seq_len + 1 = 65.
   TempFile small("short_for_window.txt", kSmallText);
   EXPECT_NO_THROW(make_text_file_corpus(small.path(), 100));
@@ -392,7 +388,10 @@ TEST(TextFileCorpus, TooShortFileIsAnErrorNamingTheFile) {
 
 TEST(TextFileCorpus, ABinaryFileIsRejectedWithTheReason) {
   std::string bytes(kSmallText);
-  bytes += std::string("\x7f" "ELF\x02\x01\x01\x00\x00\x00\x00", 11);
+  bytes += std::string(
+      "\x7f"
+      "ELF\x02\x01\x01\x00\x00\x00\x00",
+      11);
   for (int i = 0; i < 200; ++i) bytes += static_cast<char>(i % 7);
   TempFile binary("binary.bin", bytes);
   const std::string err = error_of([&] { make_text_file_corpus(binary.path(), 100); });
@@ -457,8 +456,9 @@ TEST(TextFileCorpus, WordsAcrossReadChunksStayWhole) {
     bool in_word = false;
     for (size_t i = 0; i < t.size(); ++i) {
       const auto c = static_cast<unsigned char>(t[i]);
-      const bool word = std::isalnum(c) || c >= 0x80 ||
-                        (c == '\'' && in_word && i + 1 < t.size() && std::isalnum(static_cast<unsigned char>(t[i + 1])));
+      const bool word =
+          std::isalnum(c) || c >= 0x80 ||
+          (c == '\'' && in_word && i + 1 < t.size() && std::isalnum(static_cast<unsigned char>(t[i + 1])));
       if (word && !in_word) ++expect;
       if (!word && std::isgraph(c)) ++expect;
       in_word = word;
@@ -475,8 +475,10 @@ TEST(TextFileCorpus, NoRoomForTheTokenIdsIsAnErrorNamingTheFolder) {
   const std::string saved = old ? old : "";
   ::setenv("TMPDIR", "/nonexistent/hp_data_test_tmp", 1);
   const std::string err = error_of([&] { make_text_file_corpus(file.path(), 100); });
-  if (old) ::setenv("TMPDIR", saved.c_str(), 1);
-  else ::unsetenv("TMPDIR");
+  if (old)
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  else
+    ::unsetenv("TMPDIR");
   EXPECT_NE(err.find(file.path()), std::string::npos) << err;
   EXPECT_NE(err.find("/nonexistent/hp_data_test_tmp"), std::string::npos) << err;
   EXPECT_NE(err.find("No such file or directory"), std::string::npos) << err;
@@ -490,8 +492,9 @@ TEST(TokenIdFile, IdsComeBackAndMisuseIsNamed) {
   const int64_t n = (int64_t{1} << 16) + 5;  // a whole block and a few in the buffer
   for (int64_t i = 0; i < n; ++i) ids.append(i * 3);
   EXPECT_EQ(ids.size(), n);
-  EXPECT_NE(error_of([&] { ids.for_each_block(n + 1, false, [](int64_t*, int64_t) {}); })
-                .find("corpus 'x': token id range [0, " + std::to_string(n + 1) + ") is not in the file"),
+  EXPECT_NE(error_of([&] {
+              ids.for_each_block(n + 1, false, [](int64_t*, int64_t) {});
+            }).find("corpus 'x': token id range [0, " + std::to_string(n + 1) + ") is not in the file"),
             std::string::npos);
   const at::Tensor mapped = ids.map();
   ASSERT_EQ(mapped.numel(), n);

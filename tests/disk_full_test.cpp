@@ -31,8 +31,8 @@ class DiskFull : public ::testing::Test {
  protected:
   // A tmpfs of `size` (mount -o size=...) at a fresh folder.
   void mount_tmpfs(const std::string& size) {
-    dir_ = compat::join_path(compat::temp_directory(), "hp_disk_full_" + std::to_string(::getpid()) + "_" +
-                                                            std::to_string(counter_++));
+    dir_ = compat::join_path(compat::temp_directory(),
+                             "hp_disk_full_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
     compat::remove_all(dir_);
     ASSERT_TRUE(compat::create_directories(dir_));
     if (::mount("tmpfs", dir_.c_str(), "tmpfs", 0, ("size=" + size).c_str()) != 0) {
@@ -75,7 +75,8 @@ TEST_F(DiskFull, ACheckpointThatDoesNotFitIsACleanErrorNamingTheFile) {
   mount_tmpfs("400k");  // one rank file (~290 kB) fits, two do not
   auto r = run_command(binary_path("hp-run") + " --nproc-per-node 2 " + binary_path("hp-train") + kTinyJob +
                        " --parallelism.tensor_parallel_degree 2 --training.steps 2 --checkpoint.enable"
-                       " --checkpoint.interval 2 --job.dump_folder " + dir_);
+                       " --checkpoint.interval 2 --job.dump_folder " +
+                       dir_);
   expect_clean_failure(r);
   EXPECT_NE(r.output.find("checkpoints/step-2/rank-"), std::string::npos) << r.output;
   EXPECT_FALSE(has_temp_files()) << "a failed save must not leave its temporary files filling the disk";
@@ -120,8 +121,9 @@ TEST_F(DiskFull, TokenIdsThatDoNotFitAreAnErrorNamingTheCorpusAndTheFolder) {
     error = e.what();
   }
   old ? ::setenv("TMPDIR", saved.c_str(), 1) : ::unsetenv("TMPDIR");
-  for (const std::string& part : {std::string("corpus 'words.txt': cannot write its token ids to the temporary file '") + dir_,
-                                  std::string("No space left on device"), std::string("set TMPDIR")}) {
+  for (const std::string& part :
+       {std::string("corpus 'words.txt': cannot write its token ids to the temporary file '") + dir_,
+        std::string("No space left on device"), std::string("set TMPDIR")}) {
     EXPECT_NE(error.find(part), std::string::npos) << error;
   }
   EXPECT_TRUE(compat::list_directory(dir_).empty());

@@ -74,8 +74,7 @@ TEST(DTensorAutograd, RedistributeBackwardMatchesSingleProcessForEveryPair) {
         // loss = sum(full(out) * c) on every rank; d loss / d w = c.
         (full_tensor(out) * c).sum().backward();
         EXPECT_EQ(layout_of(leaf.grad()), layout_of(leaf));
-        EXPECT_TRUE(at::allclose(full_tensor(leaf.grad()), c))
-            << to_string(src) << " -> " << to_string(dst);
+        EXPECT_TRUE(at::allclose(full_tensor(leaf.grad()), c)) << to_string(src) << " -> " << to_string(dst);
       }
     }
   });

@@ -26,14 +26,14 @@ TEST(RandomDTensor, ReplicatedRandomValuesAreTheSameOnEveryRank) {
   run_ranks(2, [](int64_t) {
     auto mesh = init_device_mesh("cpu", {2}, {"tp"});
     at::Tensor x = distribute_tensor(at::zeros({6, 4}), mesh, {Replicate()});
-    for (const auto& [name, r] : std::vector<std::pair<std::string, at::Tensor>>{
-             {"rand_like", at::rand_like(x)},
-             {"randn_like", at::randn_like(x)},
-             {"randint_like", at::randint_like(x, 100)},
-             {"uniform_", x.clone().uniform_(-1, 1)},
-             {"normal_", x.clone().normal_(0, 2)},
-             {"bernoulli_", x.clone().bernoulli_(0.5)},
-             {"dropout", at::dropout(x + 1, 0.5, /*train=*/true)}}) {
+    for (const auto& [name, r] :
+         std::vector<std::pair<std::string, at::Tensor>>{{"rand_like", at::rand_like(x)},
+                                                         {"randn_like", at::randn_like(x)},
+                                                         {"randint_like", at::randint_like(x, 100)},
+                                                         {"uniform_", x.clone().uniform_(-1, 1)},
+                                                         {"normal_", x.clone().normal_(0, 2)},
+                                                         {"bernoulli_", x.clone().bernoulli_(0.5)},
+                                                         {"dropout", at::dropout(x + 1, 0.5, /*train=*/true)}}) {
       ASSERT_TRUE(is_dtensor(r)) << name;
       EXPECT_TRUE(layout_of(r).is_replicated()) << name;
       auto all = pieces_of_all_ranks(r);

@@ -35,9 +35,12 @@ struct Case {
   double z_loss_weight = 0.0;
   double logit_softcap = 0.0;
   std::string name() const {
-    return c10::str(rows, "x", classes, reduction == at::Reduction::None ? " none" : reduction == at::Reduction::Sum ? " sum" : " mean",
-                    weighted ? " weighted" : "", soft ? " soft" : "", " eps=", label_smoothing, " ignored=", ignored_fraction,
-                    " z=", z_loss_weight, " cap=", logit_softcap);
+    return c10::str(rows, "x", classes,
+                    reduction == at::Reduction::None  ? " none"
+                    : reduction == at::Reduction::Sum ? " sum"
+                                                      : " mean",
+                    weighted ? " weighted" : "", soft ? " soft" : "", " eps=", label_smoothing,
+                    " ignored=", ignored_fraction, " z=", z_loss_weight, " cap=", logit_softcap);
   }
 };
 
@@ -59,7 +62,8 @@ Data make_data(const Case& c, uint64_t seed) {
   return d;
 }
 
-F::CrossEntropyFuncOptions ce_options(const Case& c, const at::Tensor& weight, F::CrossEntropyFuncOptions::reduction_t r) {
+F::CrossEntropyFuncOptions ce_options(const Case& c, const at::Tensor& weight,
+                                      F::CrossEntropyFuncOptions::reduction_t r) {
   auto o = F::CrossEntropyFuncOptions().reduction(r).label_smoothing(c.label_smoothing);
   if (weight.defined()) o = o.weight(weight);
   return o;
@@ -71,8 +75,10 @@ at::Tensor reference_loss(const Case& c, const at::Tensor& x, const Data& d) {
   const at::Tensor y = c.logit_softcap > 0 ? c.logit_softcap * torch::tanh(x / c.logit_softcap) : x;
   at::Tensor valid = c.soft ? torch::ones({c.rows}, x.options()) : d.target.ne(-100).to(x.scalar_type());
   at::Tensor z_rows = c.z_loss_weight * torch::logsumexp(y, 1).square() * valid;
-  if (c.reduction == at::Reduction::None) return F::cross_entropy(y, d.target, ce_options(c, d.weight, torch::kNone)) + z_rows;
-  if (c.reduction == at::Reduction::Sum) return F::cross_entropy(y, d.target, ce_options(c, d.weight, torch::kSum)) + z_rows.sum();
+  if (c.reduction == at::Reduction::None)
+    return F::cross_entropy(y, d.target, ce_options(c, d.weight, torch::kNone)) + z_rows;
+  if (c.reduction == at::Reduction::Sum)
+    return F::cross_entropy(y, d.target, ce_options(c, d.weight, torch::kSum)) + z_rows.sum();
   return F::cross_entropy(y, d.target, ce_options(c, d.weight, torch::kMean)) + z_rows.sum() / valid.sum();
 }
 
@@ -124,7 +130,7 @@ void check(const DeviceMesh& mesh, const Case& c, const Data& d, const at::Tenso
   const at::Tensor target = c.soft ? d.target.to(dtype) : d.target;
   const at::Tensor weight = d.weight.defined() ? d.weight.to(dtype) : at::Tensor();
   const F::CrossEntropyFuncOptions::reduction_t r =
-      c.reduction == at::Reduction::None ? F::CrossEntropyFuncOptions::reduction_t(torch::kNone)
+      c.reduction == at::Reduction::None  ? F::CrossEntropyFuncOptions::reduction_t(torch::kNone)
       : c.reduction == at::Reduction::Sum ? F::CrossEntropyFuncOptions::reduction_t(torch::kSum)
                                           : F::CrossEntropyFuncOptions::reduction_t(torch::kMean);
   auto guard = loss_parallel(guard_options(c, grad_in_forward));
@@ -164,7 +170,8 @@ void run_grid(const std::vector<Case>& cases, const std::vector<int64_t>& degree
       for (size_t i = 0; i < cases.size(); ++i) {
         for (auto dtype : {at::kDouble, at::kFloat, at::kBFloat16}) {
           const InDtype aten = dtype == at::kBFloat16 ? aten_bf16[i] : InDtype{};
-          for (bool gif : {false, true}) check(mesh, cases[i], data[i], ref_loss[i], ref_grad[i], c_loss[i], aten, dtype, gif);
+          for (bool gif : {false, true})
+            check(mesh, cases[i], data[i], ref_loss[i], ref_grad[i], c_loss[i], aten, dtype, gif);
         }
       }
     });
@@ -183,10 +190,18 @@ std::vector<Case> option_grid() {
         base.z_loss_weight = z;
         base.logit_softcap = cap;
         cases.push_back(base);
-        Case ign = base; ign.ignored_fraction = 0.3; cases.push_back(ign);
-        Case ls = ign; ls.label_smoothing = 0.1; cases.push_back(ls);
-        Case soft = base; soft.soft = true; cases.push_back(soft);
-        Case soft_ls = soft; soft_ls.label_smoothing = 0.2; cases.push_back(soft_ls);
+        Case ign = base;
+        ign.ignored_fraction = 0.3;
+        cases.push_back(ign);
+        Case ls = ign;
+        ls.label_smoothing = 0.1;
+        cases.push_back(ls);
+        Case soft = base;
+        soft.soft = true;
+        cases.push_back(soft);
+        Case soft_ls = soft;
+        soft_ls.label_smoothing = 0.2;
+        cases.push_back(soft_ls);
       }
     }
   }
@@ -218,7 +233,7 @@ TEST(FusedCrossEntropy, GradientInForwardBumpsTheVersionSoOtherSavedUsersRaise) 
   run_ranks(2, [](int64_t) {
     auto mesh = init_device_mesh("cpu", {2});
     at::Tensor logits = distribute_tensor(random_tensor({4, 10}, 1), mesh, {Shard(1)}).set_requires_grad(true);
-    at::Tensor h = logits * 1.0;  // a non-leaf, as logits are in a model
+    at::Tensor h = logits * 1.0;       // a non-leaf, as logits are in a model
     at::Tensor other = (h * h).sum();  // saves h
     LossParallelOptions o;
     o.gradient_in_forward = true;
@@ -260,8 +275,9 @@ TEST(FusedCrossEntropy, GradientInForwardBackwardTwiceAccumulatesAsAten) {
     // loss * c1 then loss * c2 (scalars 2.5 and 2.5, then 2.5 and 0.5, for the mean)
     for (bool same : {true, false}) {
       SCOPED_TRACE(c10::str(per_row ? "none, per-row gradients" : "mean", same ? ", same" : ", different"));
-      const auto opts = F::CrossEntropyFuncOptions().reduction(per_row ? F::CrossEntropyFuncOptions::reduction_t(torch::kNone)
-                                                                       : F::CrossEntropyFuncOptions::reduction_t(torch::kMean));
+      const auto opts =
+          F::CrossEntropyFuncOptions().reduction(per_row ? F::CrossEntropyFuncOptions::reduction_t(torch::kNone)
+                                                         : F::CrossEntropyFuncOptions::reduction_t(torch::kMean));
       const at::Tensor g1 = per_row ? c1 : torch::tensor(2.5, torch::kDouble);
       const at::Tensor g2 = same ? g1 : per_row ? c2 : torch::tensor(0.5, torch::kDouble);
       at::Tensor ref_x = full.clone().set_requires_grad(true);
@@ -396,7 +412,8 @@ TEST(FusedCrossEntropyKernel, StatisticsAndGradientMatchAtenOnAwkwardRows) {
     const at::Tensor want = torch::logsumexp(xd, 1);
     const double tol = dtype == at::kDouble ? 1e-12 : 1e-5;
     EXPECT_TRUE(torch::isneginf(lse[1]).item<bool>()) << lse;
-    for (int64_t r : {0, 2, 3, 4}) EXPECT_NEAR(lse[r].item<double>(), want[r].item<double>(), tol * std::abs(want[r].item<double>()));
+    for (int64_t r : {0, 2, 3, 4})
+      EXPECT_NEAR(lse[r].item<double>(), want[r].item<double>(), tol * std::abs(want[r].item<double>()));
     EXPECT_EQ(sd[2][3].item<double>(), xd[3][cols - 2].item<double>());
     EXPECT_EQ(sd[2][1].item<double>(), 0.0);
     // The smoothing sum relative to the row's max, and the weight summed into it (no weights: cols).
@@ -408,7 +425,8 @@ TEST(FusedCrossEntropyKernel, StatisticsAndGradientMatchAtenOnAwkwardRows) {
     // The log-sum-exp as the combine hands it over: (max, log_sum), an all -inf row's max as 0.
     const at::Tensor max_ct = torch::where(torch::isneginf(sd[0]), torch::zeros_like(sd[0]), sd[0]).to(ct).contiguous();
     const at::Tensor log_sum_ct = stats[1].log().contiguous();
-    const at::Tensor a = torch::tensor({1.0, 0.0, 2.0, 0.5, 1.0}).to(ct), b = torch::tensor({0.01, 0.0, 0.0, 0.0, 0.02}).to(ct);
+    const at::Tensor a = torch::tensor({1.0, 0.0, 2.0, 0.5, 1.0}).to(ct),
+                     b = torch::tensor({0.01, 0.0, 0.0, 0.0, 0.02}).to(ct);
     const at::Tensor tc = torch::tensor({1.0, 0.0, 2.0, 0.5, 1.0}).to(ct);
     ce_kernel::BackwardArgs g;
     g.dtype = dtype;
@@ -425,14 +443,16 @@ TEST(FusedCrossEntropyKernel, StatisticsAndGradientMatchAtenOnAwkwardRows) {
     g.target_col = col.const_data_ptr<int64_t>();
     ce_kernel::backward(g);
     const at::Tensor lse_d = max_ct.to(at::kDouble) + log_sum_ct.to(at::kDouble);
-    at::Tensor expect = (xd - lse_d.unsqueeze(1)).exp() * a.to(at::kDouble).unsqueeze(1) - b.to(at::kDouble).unsqueeze(1);
+    at::Tensor expect =
+        (xd - lse_d.unsqueeze(1)).exp() * a.to(at::kDouble).unsqueeze(1) - b.to(at::kDouble).unsqueeze(1);
     expect[1].zero_();  // a = b = t = 0: exact zeros
     for (int64_t r : {0, 2, 3, 4}) expect[r][col[r].item<int64_t>()] -= tc[r].item<double>();
     // bf16/fp16: the error of rounding the exact gradient to the dtype once, measured here
     // (the kernel computes in float and rounds once: about 1x of it).
     const double rounding = hyper_parallel::testing::relative_error(expect.to(dtype), expect);
-    const double gtol = dtype == at::kDouble ? 1e-12 : dtype == at::kFloat ? 1e-5
-                                                     : hyper_parallel::testing::kRoundingMultiple * rounding;
+    const double gtol = dtype == at::kDouble  ? 1e-12
+                        : dtype == at::kFloat ? 1e-5
+                                              : hyper_parallel::testing::kRoundingMultiple * rounding;
     EXPECT_LE(hyper_parallel::testing::relative_error(out.narrow(1, 0, cols), expect), gtol)
         << "rounding alone " << rounding;
     EXPECT_TRUE(out[1].narrow(0, 0, cols).eq(0).all().item<bool>());

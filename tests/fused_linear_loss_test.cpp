@@ -31,7 +31,9 @@ struct Case {
   double label_smoothing = 0.0, ignored = 0.0, z_loss_weight = 0.0, logit_softcap = 0.0;
   int64_t chunk = 0, vblock = 0;  // 0: automatic
   std::string name() const {
-    return c10::str(reduction == at::Reduction::None ? "none" : reduction == at::Reduction::Sum ? "sum" : "mean",
+    return c10::str(reduction == at::Reduction::None  ? "none"
+                    : reduction == at::Reduction::Sum ? "sum"
+                                                      : "mean",
                     weighted ? " weighted" : "", " eps=", label_smoothing, " ignored=", ignored, " z=", z_loss_weight,
                     " cap=", logit_softcap, " chunk=", chunk, " vblock=", vblock);
   }
@@ -125,8 +127,8 @@ void check(const DeviceMesh& mesh, const Case& c, const Data& d, const Reference
   SCOPED_TRACE(c.name() + " " + c10::toString(dtype) + " TP " + std::to_string(mesh.size()) +
                (replicate_hidden ? " Replicate hidden" : " plain hidden"));
   at::Tensor w = distribute_tensor(d.weight.to(dtype), mesh, {Shard(0)}).set_requires_grad(true);
-  at::Tensor h = replicate_hidden ? distribute_tensor(d.hidden.to(dtype), mesh, {Replicate()})
-                                  : d.hidden.to(dtype).clone();
+  at::Tensor h =
+      replicate_hidden ? distribute_tensor(d.hidden.to(dtype), mesh, {Replicate()}) : d.hidden.to(dtype).clone();
   h.set_requires_grad(true);
   reset_collective_counts();
   at::Tensor loss = fused_linear_cross_entropy(h, w, d.target, options_of(c, d, dtype));
@@ -202,7 +204,8 @@ void run_grid(const std::vector<Case>& cases, const std::vector<int64_t>& degree
     run_ranks(tp, [&](int64_t) {
       auto mesh = init_device_mesh("cpu", {tp}, {"tp"});
       for (size_t i = 0; i < cases.size(); ++i) {
-        for (size_t k = 0; k < dtypes.size(); ++k) check(mesh, cases[i], data[i], refs[i][k], aten[i][k], dtypes[k], (i + k) % 2);
+        for (size_t k = 0; k < dtypes.size(); ++k)
+          check(mesh, cases[i], data[i], refs[i][k], aten[i][k], dtypes[k], (i + k) % 2);
       }
     });
   }
@@ -216,8 +219,10 @@ std::string error_of(Fn&& fn) {
     fn();
   } catch (const E& e) {
     // c10::Error's what() appends a backtrace; the message is what ranks must agree on.
-    if constexpr (std::is_base_of_v<c10::Error, E>) return e.what_without_backtrace();
-    else return e.what();
+    if constexpr (std::is_base_of_v<c10::Error, E>)
+      return e.what_without_backtrace();
+    else
+      return e.what();
   } catch (const std::exception& e) {
     return std::string("unexpected exception type: ") + e.what();
   }
@@ -298,10 +303,12 @@ TEST(FusedLinearCrossEntropy, BadInputRaisesTheSameClearErrorOnEveryRank) {
         [&] { fused_linear_cross_entropy(distribute_tensor(hidden, mesh, {Shard(0)}), w, target); }));
     got.push_back(error_of<c10::Error>([&] { fused_linear_cross_entropy(hidden.narrow(1, 0, 3), w, target); }));
     got.push_back(error_of<c10::Error>([&] { fused_linear_cross_entropy(hidden, w, target.narrow(0, 0, 5)); }));
-    got.push_back(error_of<c10::IndexError>(
-        [&] { fused_linear_cross_entropy(hidden, w, torch::tensor({0, 1, 2, 3, 4, 10})); }));
-    got.push_back(error_of<LossParallelUnsupportedError>(
-        [&] { fused_linear_cross_entropy(hidden, w, torch::softmax(random_tensor({6, 10}, 3), 1)); }));
+    got.push_back(error_of<c10::IndexError>([&] {
+      fused_linear_cross_entropy(hidden, w, torch::tensor({0, 1, 2, 3, 4, 10}));
+    }));
+    got.push_back(error_of<LossParallelUnsupportedError>([&] {
+      fused_linear_cross_entropy(hidden, w, torch::softmax(random_tensor({6, 10}, 3), 1));
+    }));
     got.push_back(error_of<c10::Error>([&] { fused_linear_cross_entropy(hidden.to(at::kFloat), w, target); }));
     got.push_back(error_of<c10::Error>([&] {
       FusedLinearCrossEntropyOptions o;

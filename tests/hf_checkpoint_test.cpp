@@ -39,7 +39,8 @@ std::string bytes_with_header(const std::string& json, const std::string& data) 
 
 std::string parse_error(const std::string& bytes) {
   try {
-    hf::parse_safetensors_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), bytes.size(), "f.safetensors");
+    hf::parse_safetensors_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), bytes.size(),
+                                 "f.safetensors");
   } catch (const std::runtime_error& e) {
     return e.what();
   }
@@ -114,10 +115,11 @@ TEST(Safetensors, MalformedHeadersAreErrorsNamingFileAndTensor) {
               HasSubstr("f.safetensors: tensor 'w': data_offsets [0,8] run past the end of the file"));
   EXPECT_THAT(parse_error(bytes_with_header(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "abcdefgh")),
               HasSubstr("[3] F32 needs 12 bytes, data_offsets [0,8] hold 8"));
-  EXPECT_THAT(parse_error(bytes_with_header(
-                  R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"v":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})",
-                  "abc")),
-              HasSubstr("overlap"));
+  EXPECT_THAT(
+      parse_error(bytes_with_header(
+          R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"v":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})",
+          "abc")),
+      HasSubstr("overlap"));
   EXPECT_THAT(parse_error(bytes_with_header(R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})", "abc")),
               HasSubstr("hole"));
   EXPECT_THAT(parse_error(bytes_with_header(R"({"w":{"dtype":"U8","shape":[-2],"data_offsets":[0,2]}})", "ab")),
@@ -180,7 +182,8 @@ TEST(HfCheckpoint, AModelBuiltOnMetaIsShardedMaterializedAndLoadedAsOneBuiltInFu
         }
         EXPECT_FALSE(parameters_on_meta()) << "the scope ended";
         for (const auto& p : model->named_parameters()) {
-          EXPECT_EQ(p.value().is_meta(), p.key().find("norm") == std::string::npos) << p.key() << ": linear and embedding weights on meta, norms real";
+          EXPECT_EQ(p.value().is_meta(), p.key().find("norm") == std::string::npos)
+              << p.key() << ": linear and embedding weights on meta, norms real";
         }
         for (const auto& b : model->buffers()) EXPECT_FALSE(b.is_meta()) << "RoPE tables are computed";
         EXPECT_THAT([&] { model->init_weights(1); }, ::testing::ThrowsMessage<c10::Error>(HasSubstr("meta device")));
@@ -288,8 +291,9 @@ TEST(HfCheckpoint, MissingUnexpectedAndMisshapenTensorsAreTheSameErrorOnEveryRan
   });
   EXPECT_EQ(messages[0], messages[1]);
   EXPECT_THAT(messages[0], HasSubstr("missing tensor 'model.norm.weight' (for norm.weight [16])"));
-  EXPECT_THAT(messages[0], HasSubstr("model.safetensors: tensor 'model.layers.0.mlp.up_proj.weight' has shape [25, 16], "
-                                     "the model expects [24, 16] for layers.0.feed_forward.w3.weight"));
+  EXPECT_THAT(messages[0],
+              HasSubstr("model.safetensors: tensor 'model.layers.0.mlp.up_proj.weight' has shape [25, 16], "
+                        "the model expects [24, 16] for layers.0.feed_forward.w3.weight"));
   EXPECT_THAT(messages[0], HasSubstr("model.safetensors: unexpected tensor 'model.extra.weight' [2]"));
   EXPECT_THAT(messages[0], ::testing::Not(HasSubstr("inv_freq")));
 }
@@ -298,7 +302,8 @@ TEST(HfCheckpoint, ShardedIndexNamingAMissingFileOrTensorIsAnError) {
   const std::string folder = scratch("index");
   compat::create_directories(folder);
   hf::write_safetensors(folder + "/a.safetensors", {{"x", at::zeros({2})}});
-  std::ofstream(folder + "/model.safetensors.index.json") << R"({"weight_map": {"x": "a.safetensors", "y": "b.safetensors"}})";
+  std::ofstream(folder + "/model.safetensors.index.json")
+      << R"({"weight_map": {"x": "a.safetensors", "y": "b.safetensors"}})";
   Llama model(tiny_hf_args());
   try {
     load_hf_checkpoint(*model, llama_hf_adapter(model->args()), folder);
@@ -313,7 +318,8 @@ TEST(HfCheckpoint, ShardedIndexNamingAMissingFileOrTensorIsAnError) {
   } catch (const std::runtime_error& e) {
     EXPECT_THAT(e.what(), HasSubstr("a.safetensors: has no tensor 'y'"));
   }
-  EXPECT_THROW(load_hf_checkpoint(*model, llama_hf_adapter(model->args()), scratch("nothing_here")), std::runtime_error);
+  EXPECT_THROW(load_hf_checkpoint(*model, llama_hf_adapter(model->args()), scratch("nothing_here")),
+               std::runtime_error);
 }
 
 TEST(HfLlamaConfig, FieldsAreReadAndUnrepresentableOnesRefusedByName) {
@@ -330,7 +336,8 @@ TEST(HfLlamaConfig, FieldsAreReadAndUnrepresentableOnesRefusedByName) {
   ASSERT_TRUE(a.rope_scaling.has_value());
   EXPECT_EQ(a.rope_scaling->original_max_position_embeddings, 16);
   // Older files: a top-level rope_theta, rope_scaling with "type".
-  EXPECT_EQ(LlamaArgs::from_hf_config_json(config_with(R"(, "rope_theta": 1234.0, "rope_scaling": null)")).rope_theta, 1234.0);
+  EXPECT_EQ(LlamaArgs::from_hf_config_json(config_with(R"(, "rope_theta": 1234.0, "rope_scaling": null)")).rope_theta,
+            1234.0);
   EXPECT_EQ(LlamaArgs::from_hf_config_json(config_with("")).norm_eps, 1e-6);  // transformers' default
 
   EXPECT_THAT(config_error(config_with(R"(, "attention_bias": true)")), HasSubstr("attention_bias = true"));
@@ -342,7 +349,8 @@ TEST(HfLlamaConfig, FieldsAreReadAndUnrepresentableOnesRefusedByName) {
               HasSubstr("rope_scaling.type = \"linear\""));
   EXPECT_THAT(config_error(config_with(R"(, "model_type": "qwen2")")), HasSubstr("model_type = \"qwen2\""));
   EXPECT_THAT(config_error(R"({"hidden_size": 16})"), HasSubstr("num_hidden_layers is missing"));
-  EXPECT_THAT(config_error(config_with(R"(, "intermediate_size": 2.5)")), HasSubstr("intermediate_size = 2.5: expected an integer"));
+  EXPECT_THAT(config_error(config_with(R"(, "intermediate_size": 2.5)")),
+              HasSubstr("intermediate_size = 2.5: expected an integer"));
 }
 
 TEST(HfLlamaConfig, RopeTablesAreTransformersFloat32OnesAndLlama3ScalingChangesThem) {

@@ -170,11 +170,15 @@ TEST(SafetensorsWriter, ErrorsNameTheFileAndLeaveNothingBehind) {
 TEST(SafetensorsWriter, PythonSafetensorsReadsWhatItWrites) {
   if (!hf_models().skip_reason.empty()) GTEST_SKIP() << hf_models().skip_reason;
   const std::string path = scratch("py.safetensors");
-  hf::write_safetensors(path, {{"a", at::arange(6, at::kFloat).view({2, 3})}, {"b", at::arange(5).to(at::kBFloat16)},
-                               {"c", at::full({3}, 0.5, at::kHalf)}, {"d", at::arange(4, at::kDouble)}},
+  hf::write_safetensors(path,
+                        {{"a", at::arange(6, at::kFloat).view({2, 3})},
+                         {"b", at::arange(5).to(at::kBFloat16)},
+                         {"c", at::full({3}, 0.5, at::kHalf)},
+                         {"d", at::arange(4, at::kDouble)}},
                         {{"format", "pt"}});
-  const auto r = run_command("'" + python_path() + "' -c \"from safetensors.torch import load_file; import torch; t = load_file('" +
-                             path + "'); print(sorted((k, str(v.dtype), list(v.shape), float(v.double().sum())) for k, v in t.items()))\"");
+  const auto r = run_command(
+      "'" + python_path() + "' -c \"from safetensors.torch import load_file; import torch; t = load_file('" + path +
+      "'); print(sorted((k, str(v.dtype), list(v.shape), float(v.double().sum())) for k, v in t.items()))\"");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("[('a', 'torch.float32', [2, 3], 15.0), ('b', 'torch.bfloat16', [5], 10.0), "
                                   "('c', 'torch.float16', [3], 1.5), ('d', 'torch.float64', [4], 6.0)]"));
@@ -218,8 +222,11 @@ TEST(HfExport, LoadsBackExactlyAndIsTheSameBytesAtTP1To4) {
               << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n";
     EXPECT_EQ(r.files, (std::vector<std::string>{"model.safetensors", "config.json"}));
     for (const auto& f : r.files) {
-      if (tp == 1) bytes_at_tp1[f] = file_bytes(compat::join_path(folder, f));
-      else EXPECT_TRUE(file_bytes(compat::join_path(folder, f)) == bytes_at_tp1.at(f)) << f << " at TP " << tp << " vs TP 1";
+      if (tp == 1)
+        bytes_at_tp1[f] = file_bytes(compat::join_path(folder, f));
+      else
+        EXPECT_TRUE(file_bytes(compat::join_path(folder, f)) == bytes_at_tp1.at(f))
+            << f << " at TP " << tp << " vs TP 1";
     }
     // Back into a model at TP 2: every parameter as it was.
     run_ranks(2, [&](int64_t) {
@@ -369,7 +376,8 @@ TEST(HfExport, TransformersLoadsTheExportWithTheSameLogitsAtTP1And2) {
   }
   const std::string jobs_file = scratch("jobs.json");
   std::ofstream(jobs_file) << jobs.dump();
-  const auto r = run_command("'" + python_path() + "' '" + source_dir() + "/tests/hf/check_hf_export.py' '" + jobs_file + "'");
+  const auto r =
+      run_command("'" + python_path() + "' '" + source_dir() + "/tests/hf/check_hf_export.py' '" + jobs_file + "'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::istringstream lines(r.output);
   size_t checked = 0;

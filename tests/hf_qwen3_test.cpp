@@ -59,14 +59,20 @@ TEST(HfQwen3Parity, Float32LogitsLossAndGradientsMatchTransformersWithin1e5AtTP1
 TEST(HfQwen3Parity, QkNormWeightsLoadedWithoutTheRopePermutationGiveOtherLogits) {
   const auto& models = hf_models(kScript);
   if (!models.skip_reason.empty()) GTEST_SKIP() << models.skip_reason;
-  hyper_parallel::testing::HfParityCase c{"qwen3", compat::join_path(models.dir, "gqa"), at::kDouble, 1, false,
-                          std::numeric_limits<double>::infinity(), [](HfAdapter& adapter) {
-                            for (auto& m : adapter) {
-                              if (m.hf.find("_norm.weight") != std::string::npos && m.hf.find("self_attn") != std::string::npos) {
-                                m.rope_head_dim = 0;
-                              }
-                            }
-                          }};
+  hyper_parallel::testing::HfParityCase c{
+      "qwen3",
+      compat::join_path(models.dir, "gqa"),
+      at::kDouble,
+      1,
+      false,
+      std::numeric_limits<double>::infinity(),
+      [](HfAdapter& adapter) {
+        for (auto& m : adapter) {
+          if (m.hf.find("_norm.weight") != std::string::npos && m.hf.find("self_attn") != std::string::npos) {
+            m.rope_head_dim = 0;
+          }
+        }
+      }};
   EXPECT_GT(hyper_parallel::testing::run_hf_parity_case(c).logits, 1e-3);
 }
 

@@ -84,8 +84,7 @@ void expect_same(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.parallelism.disable_loss_parallel, b.parallelism.disable_loss_parallel);
   EXPECT_EQ(a.parallelism.sequence_parallel, b.parallelism.sequence_parallel);
   EXPECT_EQ(a.parallelism.loss_parallel_strict_mesh, b.parallelism.loss_parallel_strict_mesh);
-  EXPECT_EQ(a.parallelism.loss_parallel_fallback_on_layout_error,
-            b.parallelism.loss_parallel_fallback_on_layout_error);
+  EXPECT_EQ(a.parallelism.loss_parallel_fallback_on_layout_error, b.parallelism.loss_parallel_fallback_on_layout_error);
   EXPECT_EQ(a.checkpoint.enable, b.checkpoint.enable);
   EXPECT_EQ(a.checkpoint.folder, b.checkpoint.folder);
   EXPECT_EQ(a.checkpoint.interval, b.checkpoint.interval);
@@ -225,10 +224,10 @@ TEST(JobConfig, FileKeysOverlayDefaultsAndOmittedKeysKeepThem) {
 // --- command-line overrides ----------------------------------------------------------------
 
 TEST(JobConfig, OverridesInBothSyntaxesApplyAfterTheFile) {
-  const JobConfig c = parse({"--config", kDebugModel, "--parallelism.tensor_parallel_degree", "2",
-                             "--training.steps=10", "--training.lr", "1e-4",
-                             "--job.description=a b=c", "--model.n_heads", "8",
-                             "--training.seed", "-0", "--parallelism.disable_loss_parallel=true"});
+  const JobConfig c =
+      parse({"--config", kDebugModel, "--parallelism.tensor_parallel_degree", "2", "--training.steps=10",
+             "--training.lr", "1e-4", "--job.description=a b=c", "--model.n_heads", "8", "--training.seed", "-0",
+             "--parallelism.disable_loss_parallel=true"});
   EXPECT_EQ(c.config_file, kDebugModel);
   EXPECT_EQ(c.parallelism.tensor_parallel_degree, 2);
   EXPECT_EQ(c.training.steps, 10);
@@ -246,8 +245,7 @@ TEST(JobConfig, ConfigEqualsSyntaxAndJobConfigFileAliasLoadTheFile) {
 }
 
 TEST(JobConfig, FileIsLoadedFirstWhereverConfigAppearsAndOverridesApplyInOrder) {
-  const JobConfig c =
-      parse({"--training.steps", "5", "--training.steps=7", "--config", kDebugModel});
+  const JobConfig c = parse({"--training.steps", "5", "--training.steps=7", "--config", kDebugModel});
   EXPECT_EQ(c.training.steps, 7);
   EXPECT_EQ(c.model.dim, 128);
 }
@@ -262,8 +260,8 @@ TEST(JobConfig, BareBoolFlagMeansTrue) {
 }
 
 TEST(JobConfig, BoolOverridesAcceptTrueFalseOneZero) {
-  const JobConfig c = parse({"--validation.enable", "false", "--metrics.enable_plot=0",
-                             "--checkpoint.enable", "1", "--checkpoint.resume=true"});
+  const JobConfig c = parse({"--validation.enable", "false", "--metrics.enable_plot=0", "--checkpoint.enable", "1",
+                             "--checkpoint.resume=true"});
   EXPECT_FALSE(c.validation.enable);
   EXPECT_FALSE(c.metrics.enable_plot);
   EXPECT_TRUE(c.checkpoint.enable);
@@ -293,8 +291,7 @@ TEST(JobConfig, ArgvOverloadSkipsTheProgramName) {
 
 TEST(JobConfig, HelpReturnsDefaultsWithoutReadingAnything) {
   bool help = false;
-  const JobConfig c =
-      parse_job_config({"--config", "/no/such/file.toml", "--bogus", "--help"}, &help);
+  const JobConfig c = parse_job_config({"--config", "/no/such/file.toml", "--bogus", "--help"}, &help);
   EXPECT_TRUE(help);
   expect_same(c, JobConfig{});
   help = false;
@@ -345,12 +342,16 @@ TEST(JobConfig, UnknownSectionAndTopLevelKeyInFileAreErrors) {
 TEST(JobConfig, SwappedLettersAreOneTypoForDidYouMean) {
   EXPECT_THAT(error_of([] { parse({"--training.stpes", "3"}); }), HasSubstr("did you mean 'training.steps'?"));
   EXPECT_THAT(error_of([] { parse({"--model.dmi", "3"}); }), HasSubstr("did you mean 'model.dim'?"));
-  EXPECT_THAT(error_of([] { parse({"--checkpoint.intreval", "3"}); }),
+  EXPECT_THAT(error_of([] {
+                parse({"--checkpoint.intreval", "3"});
+              }),
               HasSubstr("did you mean 'checkpoint.interval'?"));
 }
 
 TEST(JobConfig, ResumeAndOverwriteTogetherAreRefused) {
-  EXPECT_THAT(error_of([] { parse({"--checkpoint.resume", "--checkpoint.overwrite"}); }),
+  EXPECT_THAT(error_of([] {
+                parse({"--checkpoint.resume", "--checkpoint.overwrite"});
+              }),
               HasSubstr("checkpoint.resume and checkpoint.overwrite contradict each other"));
 }
 
@@ -394,8 +395,7 @@ TEST(JobConfig, WrongTypeInFileNamesFileKeyAndValue) {
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string path = write_temp("wrong_type_" + std::to_string(i) + ".toml", cases[i].toml);
-    EXPECT_THAT(error_of([&] { load_job_config_file(path); }),
-                HasSubstr(path + ": " + cases[i].expected));
+    EXPECT_THAT(error_of([&] { load_job_config_file(path); }), HasSubstr(path + ": " + cases[i].expected));
   }
 }
 
@@ -430,32 +430,29 @@ TEST(JobConfig, WrongTypeInOverrideIsAStrictWholeStringParse) {
 TEST(JobConfig, MalformedCommandLinesAreErrors) {
   EXPECT_THAT(error_of([] { parse({"--training.steps"}); }),
               HasSubstr("--training.steps: missing value (expected an integer)"));
-  EXPECT_THAT(error_of([] { parse({"--training.steps", "--checkpoint.resume"}); }),
+  EXPECT_THAT(error_of([] {
+                parse({"--training.steps", "--checkpoint.resume"});
+              }),
               HasSubstr("--training.steps: missing value"));
   EXPECT_THAT(error_of([] { parse({"--config"}); }), HasSubstr("--config: missing value"));
   EXPECT_THAT(error_of([] { parse({"stray"}); }), HasSubstr("unexpected argument 'stray'"));
-  EXPECT_THAT(error_of([] { parse({"--config", kDebugModel, "--config", kDebugModel}); }),
-              HasSubstr("already given"));
+  EXPECT_THAT(error_of([] { parse({"--config", kDebugModel, "--config", kDebugModel}); }), HasSubstr("already given"));
 }
 
 TEST(JobConfig, MalformedTomlNamesFileLineAndColumn) {
-  const std::string path =
-      write_temp("malformed.toml", "[training]\nsteps = 3\nlr = = 0.1\n");
+  const std::string path = write_temp("malformed.toml", "[training]\nsteps = 3\nlr = = 0.1\n");
   const std::string msg = error_of([&] { load_job_config_file(path); });
   EXPECT_THAT(msg, HasSubstr(path + ": invalid TOML at line 3, column"));
 
   const std::string dup = write_temp("duplicate.toml", "[training]\nsteps = 3\nsteps = 4\n");
-  EXPECT_THAT(error_of([&] { load_job_config_file(dup); }),
-              HasSubstr(dup + ": invalid TOML at line 3"));
+  EXPECT_THAT(error_of([&] { load_job_config_file(dup); }), HasSubstr(dup + ": invalid TOML at line 3"));
 }
 
 TEST(JobConfig, MissingFileIsNamed) {
   EXPECT_THAT(error_of([] { load_job_config_file("/no/such/job.toml"); }),
               HasSubstr("/no/such/job.toml: job config file not found"));
-  EXPECT_THAT(error_of([] { parse({"--config", "/no/such/job.toml"}); }),
-              HasSubstr("/no/such/job.toml"));
-  EXPECT_THAT(error_of([] { load_job_config_file(::testing::TempDir()); }),
-              HasSubstr("is a directory"));
+  EXPECT_THAT(error_of([] { parse({"--config", "/no/such/job.toml"}); }), HasSubstr("/no/such/job.toml"));
+  EXPECT_THAT(error_of([] { load_job_config_file(::testing::TempDir()); }), HasSubstr("is a directory"));
 }
 
 // --- to_toml and usage -----------------------------------------------------------------------
@@ -512,8 +509,8 @@ TEST(JobConfig, ToTomlRoundTripsEveryField) {
 TEST(JobConfig, ToTomlWritesEverySectionInOrder) {
   const std::string text = to_toml(JobConfig{});
   size_t last = 0;
-  for (const char* section : {"[job]", "[model]", "[training]", "[parallelism]", "[checkpoint]",
-                              "[validation]", "[metrics]"}) {
+  for (const char* section :
+       {"[job]", "[model]", "[training]", "[parallelism]", "[checkpoint]", "[validation]", "[metrics]"}) {
     const size_t at = text.find(std::string("\n") + section + "\n");
     ASSERT_NE(at, std::string::npos) << section;
     EXPECT_GT(at + 1, last) << section;
@@ -582,17 +579,16 @@ TEST(JobConfig, ValidateErrorsNameTheKey) {
       {[](JobConfig& c) { c.training.batch_size = 0; }, "training.batch_size = 0 must be > 0"},
       {[](JobConfig& c) { c.training.steps = 0; }, "training.steps = 0 must be > 0"},
       {[](JobConfig& c) { c.training.warmup_steps = -2; }, "training.warmup_steps = -2 must be >= 0"},
-      {[](JobConfig& c) { c.training.seq_len = 513; },
-       "training.seq_len = 513 must be <= model.max_seq_len = 512"},
+      {[](JobConfig& c) { c.training.seq_len = 513; }, "training.seq_len = 513 must be <= model.max_seq_len = 512"},
       {[](JobConfig& c) { c.training.lr = -1; }, "training.lr = -1.0 must be > 0"},
-      {[](JobConfig& c) { c.training.lr = std::numeric_limits<double>::infinity(); }, "training.lr = inf must be finite"},
+      {[](JobConfig& c) { c.training.lr = std::numeric_limits<double>::infinity(); },
+       "training.lr = inf must be finite"},
       {[](JobConfig& c) { c.training.min_lr_ratio = 1.5; }, "training.min_lr_ratio = 1.5 must be in [0, 1]"},
       {[](JobConfig& c) { c.training.beta2 = 1.0; }, "training.beta2 = 1.0 must be in [0, 1)"},
       {[](JobConfig& c) { c.training.eps = 0; }, "training.eps = 0.0 must be > 0"},
       {[](JobConfig& c) { c.training.max_norm = 0; }, "training.max_norm = 0.0 must be > 0"},
       {[](JobConfig& c) { c.training.seed = -1; }, "training.seed = -1 must be >= 0"},
-      {[](JobConfig& c) { c.training.z_loss_weight = -1e-4; },
-       "training.z_loss_weight = -1e-04 must be >= 0 (0: off)"},
+      {[](JobConfig& c) { c.training.z_loss_weight = -1e-4; }, "training.z_loss_weight = -1e-04 must be >= 0 (0: off)"},
       {[](JobConfig& c) { c.training.logit_softcap = -30; }, "training.logit_softcap = -30.0 must be >= 0 (0: off)"},
       {[](JobConfig& c) { c.training.logit_softcap = std::numeric_limits<double>::quiet_NaN(); },
        "training.logit_softcap = nan must be finite"},

@@ -39,9 +39,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> lines;
@@ -59,11 +57,9 @@ bool contains(const std::string& haystack, const std::string& needle) {
 bool process_is_gone(pid_t pid) {
   if (::kill(pid, 0) != 0) return errno == ESRCH;
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string content((std::istreambuf_iterator<char>(stat)),
-                      std::istreambuf_iterator<char>());
+  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
   const size_t paren = content.rfind(')');
-  return paren != std::string::npos && paren + 2 < content.size() &&
-         content[paren + 2] == 'Z';
+  return paren != std::string::npos && paren + 2 < content.size() && content[paren + 2] == 'Z';
 }
 
 bool wait_until_gone(pid_t pid, double timeout_s) {
@@ -76,7 +72,7 @@ bool wait_until_gone(pid_t pid, double timeout_s) {
 }
 
 struct Outcome {
-  int exit_code = -1;    // -1 if hp-run was killed by a signal
+  int exit_code = -1;  // -1 if hp-run was killed by a signal
   int term_signal = 0;
   std::string out;
   std::string err;
@@ -138,8 +134,7 @@ class HpRun {
   const std::string& out() const { return outcome_.out; }
 
   // Reads output until `done(stdout so far)` holds; false on timeout or EOF.
-  bool wait_for_stdout(const std::function<bool(const std::string&)>& done,
-                       double timeout_s) {
+  bool wait_for_stdout(const std::function<bool(const std::string&)>& done, double timeout_s) {
     const auto start = Clock::now();
     while (!done(outcome_.out)) {
       const double left = timeout_s - seconds_since(start);
@@ -218,8 +213,7 @@ Outcome run_hp(const std::vector<std::string>& args, double timeout_s = 20.0) {
 }
 
 // hp-run arguments that start `ranks` copies of `sh -c script`.
-std::vector<std::string> sh_ranks(int ranks, const std::string& script,
-                                  std::vector<std::string> extra = {}) {
+std::vector<std::string> sh_ranks(int ranks, const std::string& script, std::vector<std::string> extra = {}) {
   std::vector<std::string> args{"--nproc-per-node", std::to_string(ranks)};
   args.insert(args.end(), extra.begin(), extra.end());
   args.insert(args.end(), {"sh", "-c", script});
@@ -248,9 +242,7 @@ constexpr const char* kPrintEnvironment =
 
 // Checks the output of kPrintEnvironment for ranks first_rank.. and returns
 // the MASTER_PORT every rank saw (they must agree).
-std::string check_environment_lines(const Outcome& o, int local_ranks,
-                                    int first_rank, int world_size,
-                                    int group_rank) {
+std::string check_environment_lines(const Outcome& o, int local_ranks, int first_rank, int world_size, int group_rank) {
   const auto ranks = by_rank(o.out);
   EXPECT_EQ(ranks.size(), static_cast<size_t>(local_ranks)) << o.out;
   std::string port;
@@ -295,10 +287,9 @@ TEST(Launcher, ParserDefaultsToOneLocalProcessOnOneNode) {
 }
 
 TEST(Launcher, ParserAcceptsSeparateAndEqualsValues) {
-  const hl::LaunchOptions o = hl::parse_arguments(
-      {"--nproc-per-node", "4", "--nnodes=3", "--node-rank", "2",
-       "--master-addr=10.0.0.1", "--master-port", "29500",
-       "--timeout-on-failure=0.5", "train", "x"});
+  const hl::LaunchOptions o =
+      hl::parse_arguments({"--nproc-per-node", "4", "--nnodes=3", "--node-rank", "2", "--master-addr=10.0.0.1",
+                           "--master-port", "29500", "--timeout-on-failure=0.5", "train", "x"});
   EXPECT_EQ(o.nproc_per_node, 4);
   EXPECT_EQ(o.nnodes, 3);
   EXPECT_EQ(o.node_rank, 2);
@@ -309,18 +300,16 @@ TEST(Launcher, ParserAcceptsSeparateAndEqualsValues) {
 }
 
 TEST(Launcher, ParserAcceptsTorchrunUnderscoreSpellings) {
-  const hl::LaunchOptions o =
-      hl::parse_arguments({"--nproc_per_node=2", "--master_port", "1234", "p"});
+  const hl::LaunchOptions o = hl::parse_arguments({"--nproc_per_node=2", "--master_port", "1234", "p"});
   EXPECT_EQ(o.nproc_per_node, 2);
   EXPECT_EQ(o.master_port, 1234);
 }
 
 TEST(Launcher, ParserStopsAtProgramAndPassesItsArgumentsVerbatim) {
-  const hl::LaunchOptions o = hl::parse_arguments(
-      {"--nproc-per-node", "2", "python", "--nproc-per-node", "7", "--bogus", "--", "-x"});
+  const hl::LaunchOptions o =
+      hl::parse_arguments({"--nproc-per-node", "2", "python", "--nproc-per-node", "7", "--bogus", "--", "-x"});
   EXPECT_EQ(o.nproc_per_node, 2);
-  EXPECT_EQ(o.command, (std::vector<std::string>{"python", "--nproc-per-node", "7",
-                                                 "--bogus", "--", "-x"}));
+  EXPECT_EQ(o.command, (std::vector<std::string>{"python", "--nproc-per-node", "7", "--bogus", "--", "-x"}));
 }
 
 TEST(Launcher, ParserTreatsDoubleDashAsEndOfOptions) {
@@ -335,8 +324,7 @@ TEST(Launcher, ParserRecognizesHelpWithoutRequiringProgram) {
 }
 
 // Expects parse_arguments(args) to throw a UsageError mentioning every needle.
-static void expect_usage_error(const std::vector<std::string>& args,
-                        const std::vector<std::string>& needles) {
+static void expect_usage_error(const std::vector<std::string>& args, const std::vector<std::string>& needles) {
   try {
     hl::parse_arguments(args);
     ADD_FAILURE() << "expected a UsageError";
@@ -379,8 +367,7 @@ TEST(Launcher, ParserRequiresMasterPortForMultipleNodes) {
 }
 
 TEST(Launcher, ParserRejectsNodeRankOutsideNodeCount) {
-  expect_usage_error({"--nnodes", "2", "--node-rank", "2", "--master-port", "5", "p"},
-                     {"--node-rank", "--nnodes"});
+  expect_usage_error({"--nnodes", "2", "--node-rank", "2", "--master-port", "5", "p"}, {"--node-rank", "--nnodes"});
 }
 
 // ---------------------------------------------------------------------------
@@ -454,22 +441,21 @@ TEST(Launcher, FourRanksEachGetTheirOwnRank) {
 }
 
 TEST(Launcher, SecondNodeRanksAreOffsetByNodeRank) {
-  const Outcome o = run_hp(sh_ranks(
-      2, kPrintEnvironment, {"--nnodes", "2", "--node-rank", "1", "--master-port", "29555"}));
+  const Outcome o =
+      run_hp(sh_ranks(2, kPrintEnvironment, {"--nnodes", "2", "--node-rank", "1", "--master-port", "29555"}));
   EXPECT_EQ(o.exit_code, 0) << o.err;
   EXPECT_EQ(check_environment_lines(o, 2, 2, 4, 1), "29555");
 }
 
 TEST(Launcher, ExplicitMasterPortAndAddressArePassedThrough) {
-  const Outcome o = run_hp({"--master-port=4321", "--master-addr", "127.0.0.1", "sh", "-c",
-                            "echo $MASTER_ADDR:$MASTER_PORT"});
+  const Outcome o =
+      run_hp({"--master-port=4321", "--master-addr", "127.0.0.1", "sh", "-c", "echo $MASTER_ADDR:$MASTER_PORT"});
   EXPECT_EQ(o.exit_code, 0) << o.err;
   EXPECT_EQ(o.out, "[rank0]: 127.0.0.1:4321\n");
 }
 
 TEST(Launcher, FailingRankStopsTheOthersAndPropagatesItsExitStatus) {
-  const Outcome o = run_hp(sh_ranks(
-      4, "if [ \"$RANK\" = 2 ]; then echo bye >&2; exit 3; fi; exec sleep 60"));
+  const Outcome o = run_hp(sh_ranks(4, "if [ \"$RANK\" = 2 ]; then echo bye >&2; exit 3; fi; exec sleep 60"));
   EXPECT_LT(o.seconds, 10.0);
   EXPECT_EQ(o.exit_code, 3) << o.err;
   EXPECT_TRUE(contains(o.err, "[rank2]: bye\n")) << o.err;
@@ -490,11 +476,12 @@ constexpr const char* kRecordError =
 // failure, records its own error and exits at once. hp-run reaps rank 0 first, yet names
 // rank 2, with rank 2's status and message (torchrun's error files).
 TEST(Launcher, TheRankWhoseErrorCameFirstIsNamedNotTheFirstToExit) {
-  const Outcome o = run_hp(sh_ranks(
-      3, std::string(kRecordError) + "; dir=$(dirname \"$HP_ERROR_FILE\"); "
-         "if [ \"$RANK\" = 2 ]; then record 'the real cause'; trap 'exit 3' TERM; sleep 60 & wait; fi; "
-         "if [ \"$RANK\" = 0 ]; then while [ ! -e \"$dir/rank-2\" ]; do sleep 0.01; done; "
-         "record 'lost my peer'; exit 1; fi; exec sleep 60"));
+  const Outcome o = run_hp(
+      sh_ranks(3, std::string(kRecordError) +
+                      "; dir=$(dirname \"$HP_ERROR_FILE\"); "
+                      "if [ \"$RANK\" = 2 ]; then record 'the real cause'; trap 'exit 3' TERM; sleep 60 & wait; fi; "
+                      "if [ \"$RANK\" = 0 ]; then while [ ! -e \"$dir/rank-2\" ]; do sleep 0.01; done; "
+                      "record 'lost my peer'; exit 1; fi; exec sleep 60"));
   EXPECT_LT(o.seconds, 10.0);
   EXPECT_EQ(o.exit_code, 3) << o.err;
   EXPECT_TRUE(contains(o.err, "hp-run: rank 0 (local rank 0, pid ")) << o.err;
@@ -507,12 +494,12 @@ TEST(Launcher, TheRankWhoseErrorCameFirstIsNamedNotTheFirstToExit) {
 // caused by a peer) is recorded before rank 1's own error. The FAILED line quotes rank 1's
 // own error, not the echo (probe: it quoted "... failed on rank(s) 1 (their error says why)").
 TEST(Launcher, ARanksOwnErrorIsNamedBeforeAnEarlierPeerEcho) {
-  const Outcome o = run_hp(sh_ranks(
-      2, std::string(kRecordError) + "; dir=$(dirname \"$HP_ERROR_FILE\"); "
-         "if [ \"$RANK\" = 0 ]; then record 'cause: peer\n"
-         "saving failed on rank(s) 1 (their error says why)'; "
-         "while [ ! -e \"$dir/rank-1\" ]; do sleep 0.01; done; exit 1; fi; "
-         "sleep 0.2; record 'rank-1.pt: Is a directory'; exit 1"));
+  const Outcome o =
+      run_hp(sh_ranks(2, std::string(kRecordError) + "; dir=$(dirname \"$HP_ERROR_FILE\"); "
+                                                     "if [ \"$RANK\" = 0 ]; then record 'cause: peer\n"
+                                                     "saving failed on rank(s) 1 (their error says why)'; "
+                                                     "while [ ! -e \"$dir/rank-1\" ]; do sleep 0.01; done; exit 1; fi; "
+                                                     "sleep 0.2; record 'rank-1.pt: Is a directory'; exit 1"));
   EXPECT_LT(o.seconds, 10.0);
   EXPECT_EQ(o.exit_code, 1) << o.err;
   EXPECT_TRUE(contains(o.err, "hp-run: FAILED: rank 1 exited with status 1: rank-1.pt: Is a directory")) << o.err;
@@ -523,10 +510,10 @@ TEST(Launcher, ARanksOwnErrorIsNamedBeforeAnEarlierPeerEcho) {
 // peer" only when hp-run stops it. The crash came first, so rank 0 is named (as torchrun
 // dates a failure without an error file by when it saw the rank exit).
 TEST(Launcher, ACrashWithoutAnErrorFileIsNamedBeforeLaterErrors) {
-  const Outcome o = run_hp(sh_ranks(
-      2, std::string(kRecordError) + "; "
-         "if [ \"$RANK\" = 0 ]; then sleep 0.2; kill -KILL $$; fi; "
-         "trap 'record \"lost my peer\"; exit 1' TERM; sleep 60 & wait"));
+  const Outcome o =
+      run_hp(sh_ranks(2, std::string(kRecordError) + "; "
+                                                     "if [ \"$RANK\" = 0 ]; then sleep 0.2; kill -KILL $$; fi; "
+                                                     "trap 'record \"lost my peer\"; exit 1' TERM; sleep 60 & wait"));
   EXPECT_LT(o.seconds, 10.0);
   EXPECT_EQ(o.exit_code, 128 + SIGKILL) << o.err;
   EXPECT_TRUE(contains(o.err, "hp-run: FAILED: rank 0 killed by signal 9 (SIGKILL)")) << o.err;
@@ -561,18 +548,21 @@ TEST(Launcher, RankIgnoringSigtermIsKilledAfterTimeoutOnFailure) {
   char dir[] = "/tmp/hp_run_test_XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);
   const std::string ready = std::string(dir) + "/ready";
-  const Outcome o = run_hp(sh_ranks(
-      2,
-      "if [ \"$RANK\" = 0 ]; then while [ ! -e " + ready + " ]; do sleep 0.01; done; exit 5; fi; "
-      "trap '' TERM; : > " + ready + "; sleep 60",
-      {"--timeout-on-failure", "1"}));
+  const Outcome o = run_hp(sh_ranks(2,
+                                    "if [ \"$RANK\" = 0 ]; then while [ ! -e " + ready +
+                                        " ]; do sleep 0.01; done; exit 5; fi; "
+                                        "trap '' TERM; : > " +
+                                        ready + "; sleep 60",
+                                    {"--timeout-on-failure", "1"}));
   ::unlink(ready.c_str());
   ::rmdir(dir);
   EXPECT_EQ(o.exit_code, 5) << o.err;
   EXPECT_GE(o.seconds, 0.9);
   EXPECT_LT(o.seconds, 6.0);
-  EXPECT_TRUE(contains(o.err, "rank(s) 1 still running 1 s after being asked to stop; "
-                              "sending SIGKILL")) << o.err;
+  EXPECT_TRUE(contains(o.err,
+                       "rank(s) 1 still running 1 s after being asked to stop; "
+                       "sending SIGKILL"))
+      << o.err;
 }
 
 TEST(Launcher, AllRanksSucceedingExitsZeroEvenIfTheyFinishAtDifferentTimes) {
@@ -586,9 +576,7 @@ TEST(Launcher, AllRanksSucceedingExitsZeroEvenIfTheyFinishAtDifferentTimes) {
 // checks that it stops promptly, with 128+sig, leaving no rank behind.
 static void expect_signal_is_forwarded(int sig) {
   HpRun run(sh_ranks(2, "echo started $$; exec sleep 60"));
-  ASSERT_TRUE(run.wait_for_stdout(
-      [](const std::string& out) { return lines_of(out).size() >= 2; }, 5.0))
-      << run.out();
+  ASSERT_TRUE(run.wait_for_stdout([](const std::string& out) { return lines_of(out).size() >= 2; }, 5.0)) << run.out();
   std::vector<pid_t> ranks;
   for (const auto& entry : by_rank(run.out())) {
     ranks.push_back(std::stoi(entry.second.at(0).substr(std::string("started ").size())));
@@ -612,8 +600,7 @@ TEST(Launcher, RanksDieWhenLauncherIsKilled) {
   GTEST_SKIP() << "relies on PR_SET_PDEATHSIG";
 #endif
   HpRun run(sh_ranks(2, "echo started $$; exec sleep 60"));
-  ASSERT_TRUE(run.wait_for_stdout(
-      [](const std::string& out) { return lines_of(out).size() >= 2; }, 5.0));
+  ASSERT_TRUE(run.wait_for_stdout([](const std::string& out) { return lines_of(out).size() >= 2; }, 5.0));
   std::vector<pid_t> ranks;
   for (const auto& entry : by_rank(run.out())) {
     ranks.push_back(std::stoi(entry.second.at(0).substr(std::string("started ").size())));
@@ -626,21 +613,19 @@ TEST(Launcher, RanksDieWhenLauncherIsKilled) {
 
 TEST(Launcher, LongOutputIsPrefixedLineByLineAndComplete) {
   // Each line is written in two pieces, and the last has no newline at all.
-  const Outcome o = run_hp(sh_ranks(
-      2,
-      "i=0; while [ $i -lt 2000 ]; do printf 'r%s-' $RANK; printf '%s\\n' $i; "
-      "printf 'e%s-%s\\n' $RANK $i >&2; i=$((i+1)); done; printf 'tail-r%s' $RANK"));
+  const Outcome o = run_hp(sh_ranks(2,
+                                    "i=0; while [ $i -lt 2000 ]; do printf 'r%s-' $RANK; printf '%s\\n' $i; "
+                                    "printf 'e%s-%s\\n' $RANK $i >&2; i=$((i+1)); done; printf 'tail-r%s' $RANK"));
   EXPECT_EQ(o.exit_code, 0) << o.err;
-  for (const auto& [stream, text] : {std::pair<std::string, std::string>{"stdout", o.out},
-                                     std::pair<std::string, std::string>{"stderr", o.err}}) {
+  for (const auto& [stream, text] :
+       {std::pair<std::string, std::string>{"stdout", o.out}, std::pair<std::string, std::string>{"stderr", o.err}}) {
     const auto ranks = by_rank(text);
     ASSERT_EQ(ranks.size(), 2u) << stream;
     for (const auto& [rank, lines] : ranks) {
       const bool is_out = stream == "stdout";
       ASSERT_EQ(lines.size(), is_out ? 2001u : 2000u) << stream << " of rank " << rank;
       for (int i = 0; i < 2000; ++i) {
-        const std::string expected =
-            (is_out ? "r" : "e") + std::to_string(rank) + "-" + std::to_string(i);
+        const std::string expected = (is_out ? "r" : "e") + std::to_string(rank) + "-" + std::to_string(i);
         ASSERT_EQ(lines[static_cast<size_t>(i)], expected) << stream << " of rank " << rank;
       }
       if (is_out) {
@@ -653,8 +638,7 @@ TEST(Launcher, LongOutputIsPrefixedLineByLineAndComplete) {
 TEST(Launcher, UnexecutableProgramIsReportedAndExits127) {
   const Outcome o = run_hp({"--nproc-per-node", "2", "/nonexistent/program", "arg"});
   EXPECT_EQ(o.exit_code, 127) << o.err;
-  EXPECT_TRUE(contains(o.err, "cannot execute '/nonexistent/program': No such file or directory"))
-      << o.err;
+  EXPECT_TRUE(contains(o.err, "cannot execute '/nonexistent/program': No such file or directory")) << o.err;
   EXPECT_TRUE(contains(o.err, "hp-run: FAILED: rank ")) << o.err;
 }
 

@@ -102,7 +102,8 @@ TEST(LlamaSequenceParallel, TwoThreeAndFourRanksWithUnevenSequencePiecesMatchOne
           EXPECT_EQ(to_local(hidden).size(1), std::max<int64_t>(0, std::min(piece, kSeq - rank * piece))) << what;
         }
         const Result got = run_model(model, tokens, targets, head);
-        EXPECT_TRUE(torch::allclose(got.loss, want.loss, 1e-9, 1e-12)) << what << ": " << got.loss << " vs " << want.loss;
+        EXPECT_TRUE(torch::allclose(got.loss, want.loss, 1e-9, 1e-12))
+            << what << ": " << got.loss << " vs " << want.loss;
         for (const auto& [name, g] : want.grads) {
           EXPECT_TRUE(torch::allclose(got.grads.at(name), g, 1e-9, 1e-12))
               << name << ", " << what << ": max difference " << (got.grads.at(name) - g).abs().max().item<double>();

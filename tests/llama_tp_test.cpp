@@ -81,7 +81,8 @@ TEST(LlamaTensorParallel, HeadsThatDoNotSplitAreAClearError) {
       parallelize_llama(model, mesh, true);
       ADD_FAILURE() << "expected an error";
     } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("n_heads 4 does not split over tensor_parallel_degree 3"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("n_heads 4 does not split over tensor_parallel_degree 3"),
+                std::string::npos);
     }
   });
 }
@@ -93,8 +94,10 @@ TEST(ParallelizeModule, UnsupportedModulesAndUnmatchedPatternsAreErrors) {
     EXPECT_THROW(parallelize_module(*model, mesh, {{"norm", ColwiseParallel::make()}}), c10::Error);
     EXPECT_THROW(parallelize_module(*model, mesh, {{"layers.*.nothing", ColwiseParallel::make()}}), c10::Error);
     // The same module in two entries would be sharded twice.
-    EXPECT_THROW(parallelize_module(*model, mesh, {{"output", ColwiseParallel::make()}, {"out*", RowwiseParallel::make()},
-                                                   {"output", RowwiseParallel::make()}}),
+    EXPECT_THROW(parallelize_module(*model, mesh,
+                                    {{"output", ColwiseParallel::make()},
+                                     {"out*", RowwiseParallel::make()},
+                                     {"output", RowwiseParallel::make()}}),
                  c10::Error);
   });
 }

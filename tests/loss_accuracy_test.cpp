@@ -37,8 +37,9 @@ namespace {
 enum class Path { Decomposed, FusedCrossEntropy, FusedLinear };
 
 const char* path_name(Path p) {
-  return p == Path::Decomposed ? "log_softmax + nll_loss" : p == Path::FusedCrossEntropy ? "fused cross_entropy"
-                                                                                           : "fused linear + cross_entropy";
+  return p == Path::Decomposed          ? "log_softmax + nll_loss"
+         : p == Path::FusedCrossEntropy ? "fused cross_entropy"
+                                        : "fused linear + cross_entropy";
 }
 
 struct Config {
@@ -304,6 +305,4 @@ void run_sweep(const std::vector<Case>& cases) {
 
 }  // namespace
 
-TEST(LossAccuracy, EveryLossPathIsWithinTwiceAtensErrorInItsDtypeAtEveryLogitScale) {
-  run_sweep(make_cases());
-}
+TEST(LossAccuracy, EveryLossPathIsWithinTwiceAtensErrorInItsDtypeAtEveryLogitScale) { run_sweep(make_cases()); }

@@ -140,8 +140,10 @@ TEST(LossParallelConsumers, LogSoftmaxFeedingKlGatherAndSumHasCorrectGradients) 
     at::Tensor q = torch::softmax(random_tensor({4, 9}, 5), 1);
     at::Tensor ids = torch::tensor({{1}, {8}, {4}, {0}}, torch::kLong);
     auto consumers = std::vector<std::pair<std::string, std::function<at::Tensor(const at::Tensor&)>>>{
-        {"kl_div", [&](const at::Tensor& lp) { return F::kl_div(lp, q, F::KLDivFuncOptions().reduction(torch::kBatchMean)); }},
-        {"kl_div mean", [&](const at::Tensor& lp) { return F::kl_div(lp, q, F::KLDivFuncOptions().reduction(torch::kMean)); }},
+        {"kl_div",
+         [&](const at::Tensor& lp) { return F::kl_div(lp, q, F::KLDivFuncOptions().reduction(torch::kBatchMean)); }},
+        {"kl_div mean",
+         [&](const at::Tensor& lp) { return F::kl_div(lp, q, F::KLDivFuncOptions().reduction(torch::kMean)); }},
         {"dpo gather", [&](const at::Tensor& lp) { return lp.gather(1, ids).sum(); }},
         {"sum", [&](const at::Tensor& lp) { return (lp * lp).sum(); }},
     };
@@ -219,7 +221,9 @@ TEST(LossParallelErrors, LayoutErrorsNameTheExpectedLayout) {
     msg = error_of<LossParallelLayoutError>([&] { F::cross_entropy(x, distribute_tensor(t, tp, {Shard(0)})); });
     EXPECT_NE(msg.find("target to be replicated"), std::string::npos) << msg;
     msg = error_of<LossParallelLayoutError>([&] {
-      F::cross_entropy(x, t, F::CrossEntropyFuncOptions().weight(distribute_tensor(torch::ones({6}, torch::kDouble), tp, {Shard(0)})));
+      F::cross_entropy(
+          x, t,
+          F::CrossEntropyFuncOptions().weight(distribute_tensor(torch::ones({6}, torch::kDouble), tp, {Shard(0)})));
     });
     EXPECT_NE(msg.find("class weight to be replicated"), std::string::npos) << msg;
     // A DTensor is required where the logits are plain but the target is not.
@@ -236,7 +240,9 @@ TEST(LossParallelErrors, TheGuardsMeshMustBeTheLogitsMesh) {
     auto mesh2d = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
     at::Tensor x = distribute_tensor(random_tensor({4, 6}, 8), mesh2d["tp"], {Shard(1)});
     auto guard = loss_parallel(LossParallelOptions{mesh2d["dp"], std::nullopt});
-    const std::string msg = error_of<LossParallelLayoutError>([&] { F::cross_entropy(x, torch::tensor({0, 1, 2, 3})); });
+    const std::string msg = error_of<LossParallelLayoutError>([&] {
+      F::cross_entropy(x, torch::tensor({0, 1, 2, 3}));
+    });
     EXPECT_NE(msg.find("expected the input on that mesh"), std::string::npos) << msg;
   });
 }
@@ -247,7 +253,8 @@ TEST(LossParallelErrors, UnsupportedGradientsOfTargetsAreReported) {
     at::Tensor x = sharded_logits(random_tensor({3, 4}, 9), mesh);
     at::Tensor q = torch::softmax(random_tensor({3, 4}, 10), 1).set_requires_grad(true);
     auto guard = loss_parallel();
-    EXPECT_NE(error_of<LossParallelUnsupportedError>([&] { F::cross_entropy(x, q); }).find("target"), std::string::npos);
+    EXPECT_NE(error_of<LossParallelUnsupportedError>([&] { F::cross_entropy(x, q); }).find("target"),
+              std::string::npos);
   });
 }
 
@@ -262,7 +269,8 @@ TEST(LossParallelErrors, OutsideTheContextShardedLogitsAreRefusedUnlessFallbackI
     EXPECT_NE(msg.find("fallback"), std::string::npos) << msg;
     // nll_loss directly on sharded log-probs, outside: the same error.
     at::Tensor lp = distribute_tensor(torch::log_softmax(full, 1), mesh, {Shard(1)});
-    EXPECT_NE(error_of<LossParallelLayoutError>([&] { F::nll_loss(lp, t); }).find("loss_parallel()"), std::string::npos);
+    EXPECT_NE(error_of<LossParallelLayoutError>([&] { F::nll_loss(lp, t); }).find("loss_parallel()"),
+              std::string::npos);
   });
   ParallelismConfig c;
   c.loss_parallel_fallback_on_layout_error = true;

@@ -80,24 +80,28 @@ class LossParallelInputs : public ::testing::TestWithParam<int64_t> {
 }  // namespace
 
 TEST_P(LossParallelInputs, ATargetOutOfRangeIsTheSameErrorEverywhere) {
-  expect_same_error(errors_on(GetParam(), [](int64_t, const DeviceMesh& m) {
-                      return F::cross_entropy(logits_on(m), torch::tensor({0, 3, 999, 7}));
-                    }),
+  expect_same_error(errors_on(GetParam(),
+                              [](int64_t, const DeviceMesh& m) {
+                                return F::cross_entropy(logits_on(m), torch::tensor({0, 3, 999, 7}));
+                              }),
                     "out of bounds");
 }
 
 TEST_P(LossParallelInputs, ATargetOutOfRangeOnOneRankOnlyIsTheSameErrorEverywhereAndNoHang) {
-  expect_same_error(errors_on(GetParam(), [](int64_t rank, const DeviceMesh& m) {
-                      return F::cross_entropy(logits_on(m), rank == 1 ? torch::tensor({0, 3, 999, 7}) : good_target());
-                    }),
-                    "rank 1");
+  expect_same_error(
+      errors_on(GetParam(),
+                [](int64_t rank, const DeviceMesh& m) {
+                  return F::cross_entropy(logits_on(m), rank == 1 ? torch::tensor({0, 3, 999, 7}) : good_target());
+                }),
+      "rank 1");
 }
 
 TEST_P(LossParallelInputs, AWrongTargetDtypeIsRefusedLikeTheReference) {
   // PyTorch: "expected target dtype to be Long or Byte, but got Int".
-  expect_same_error(errors_on(GetParam(), [](int64_t, const DeviceMesh& m) {
-                      return F::cross_entropy(logits_on(m), good_target().to(torch::kInt));
-                    }),
+  expect_same_error(errors_on(GetParam(),
+                              [](int64_t, const DeviceMesh& m) {
+                                return F::cross_entropy(logits_on(m), good_target().to(torch::kInt));
+                              }),
                     "Long or Byte");
   // Byte is accepted, as by PyTorch, and gives ATen's loss and gradient on the full logits.
   const at::Tensor full = random_tensor({kRows, kClasses}, 21);
@@ -118,24 +122,27 @@ TEST_P(LossParallelInputs, AWrongTargetDtypeIsRefusedLikeTheReference) {
   for (size_t r = 0; r < got.size(); ++r) {
     EXPECT_EQ(errors[r], "") << "rank " << r;
     ASSERT_TRUE(got[r].first.defined() && got[r].second.defined()) << "rank " << r;
-    EXPECT_TRUE(torch::allclose(got[r].first, want, 1e-12, 1e-14)) << "rank " << r << ": " << got[r].first << " vs " << want;
+    EXPECT_TRUE(torch::allclose(got[r].first, want, 1e-12, 1e-14))
+        << "rank " << r << ": " << got[r].first << " vs " << want;
     EXPECT_TRUE(torch::allclose(got[r].second, ref.grad(), 1e-12, 1e-14)) << "rank " << r;
   }
 }
 
 TEST_P(LossParallelInputs, AWrongTargetShapeIsTheSameErrorEverywhere) {
-  expect_same_error(errors_on(GetParam(), [](int64_t, const DeviceMesh& m) {
-                      return F::cross_entropy(logits_on(m), torch::tensor({0, 3, 5}));
-                    }),
+  expect_same_error(errors_on(GetParam(),
+                              [](int64_t, const DeviceMesh& m) {
+                                return F::cross_entropy(logits_on(m), torch::tensor({0, 3, 5}));
+                              }),
                     "expected a target of shape");
 }
 
 TEST_P(LossParallelInputs, AClassWeightOfTheWrongLengthIsTheSameErrorEverywhere) {
-  expect_same_error(errors_on(GetParam(), [](int64_t, const DeviceMesh& m) {
-                      return F::cross_entropy(logits_on(m), good_target(),
-                                              F::CrossEntropyFuncOptions().weight(torch::ones({kClasses - 1},
-                                                                                              torch::kDouble)));
-                    }),
+  expect_same_error(errors_on(GetParam(),
+                              [](int64_t, const DeviceMesh& m) {
+                                return F::cross_entropy(
+                                    logits_on(m), good_target(),
+                                    F::CrossEntropyFuncOptions().weight(torch::ones({kClasses - 1}, torch::kDouble)));
+                              }),
                     "class weight of shape");
 }
 
@@ -146,7 +153,8 @@ TEST_P(LossParallelInputs, NanAndInfLogitsGiveTheReferenceValues) {
     at::Tensor full = random_tensor({kRows, kClasses}, 21);
     full[1][kClasses - 1] = bad;  // on the last rank's shard
     full[2][5] = bad;             // the target class of row 2
-    const at::Tensor expected = F::cross_entropy(full, good_target(), F::CrossEntropyFuncOptions().reduction(torch::kNone));
+    const at::Tensor expected =
+        F::cross_entropy(full, good_target(), F::CrossEntropyFuncOptions().reduction(torch::kNone));
     std::mutex m;
     std::vector<at::Tensor> got(static_cast<size_t>(GetParam()));
     const auto errors = errors_on(GetParam(), [&](int64_t rank, const DeviceMesh& mesh) {
@@ -173,11 +181,12 @@ TEST_P(LossParallelInputs, NanAndInfLogitsGiveTheReferenceLogSoftmaxNllLossAndGr
   for (double bad : {std::numeric_limits<double>::quiet_NaN(), inf, -inf}) {
     SCOPED_TRACE(bad);
     at::Tensor full = random_tensor({kRows, kClasses}, 21);
-    full[1][kClasses - 1] = bad;                       // on the last rank's shard
-    full[3].fill_(-inf);                               // a whole row
+    full[1][kClasses - 1] = bad;  // on the last rank's shard
+    full[3].fill_(-inf);          // a whole row
     at::Tensor leaf = full.clone().requires_grad_();
     const at::Tensor expected_lsm = at::log_softmax(leaf, 1);
-    const at::Tensor expected = F::nll_loss(expected_lsm, good_target(), F::NLLLossFuncOptions().reduction(torch::kNone));
+    const at::Tensor expected =
+        F::nll_loss(expected_lsm, good_target(), F::NLLLossFuncOptions().reduction(torch::kNone));
     expected.sum().backward();
     std::mutex m;
     std::vector<at::Tensor> lsm(static_cast<size_t>(GetParam())), loss(lsm.size()), grad(lsm.size());
@@ -215,7 +224,7 @@ TEST_P(LossParallelInputs, ATargetThatDiffersBetweenRanksIsNamedWhenChecked) {
   expect_same_error(errors, "the target differs between ranks");
   EXPECT_NE(errors[0].find("rank(s) 1"), std::string::npos) << errors[0];
   // Without the check the same call runs (a replicated target is the caller's contract).
-  for (const auto& e : errors_on(GetParam(), [](int64_t rank, const DeviceMesh& m) {
+  for (const auto& e : errors_on(GetParam(), [](int64_t rank, const DeviceMesh&m) {
          return F::cross_entropy(logits_on(m), rank == 1 ? torch::tensor({1, 3, 5, 7}) : good_target());
        })) {
     EXPECT_EQ(e, "");
@@ -232,8 +241,8 @@ TEST_P(LossParallelInputs, ATargetOnAnotherMeshIsTheSameErrorEverywhere) {
         auto mesh2d = init_device_mesh("cpu", {ranks / 2, 2}, {"dp", "tp"});
         auto guard = loss_parallel();
         try {
-          full_tensor(F::cross_entropy(logits_on(mesh2d["tp"]),
-                                       distribute_tensor(good_target(), mesh2d["dp"], {Replicate()})));
+          full_tensor(
+              F::cross_entropy(logits_on(mesh2d["tp"]), distribute_tensor(good_target(), mesh2d["dp"], {Replicate()})));
         } catch (const std::exception& e) {
           errors[static_cast<size_t>(rank)] = message_of(e);
         }

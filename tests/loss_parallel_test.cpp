@@ -69,8 +69,7 @@ F::CrossEntropyFuncOptions options_for(const Case& c, const at::Tensor& weight) 
   F::CrossEntropyFuncOptions::reduction_t r = torch::kMean;
   if (c.reduction == at::Reduction::None) r = torch::kNone;
   if (c.reduction == at::Reduction::Sum) r = torch::kSum;
-  auto o = F::CrossEntropyFuncOptions().reduction(r).ignore_index(c.ignore_index)
-               .label_smoothing(c.label_smoothing);
+  auto o = F::CrossEntropyFuncOptions().reduction(r).ignore_index(c.ignore_index).label_smoothing(c.label_smoothing);
   if (weight.defined()) o = o.weight(weight);
   return o;
 }
@@ -97,13 +96,11 @@ double rel_err(const at::Tensor& got, const at::Tensor& want) {
   return (g - w).norm().item<double>() / denom;
 }
 
-double tolerance(at::ScalarType t) {
-  return t == at::kDouble ? 1e-12 : t == at::kFloat ? 1e-5 : 1e-2;
-}
+double tolerance(at::ScalarType t) { return t == at::kDouble ? 1e-12 : t == at::kFloat ? 1e-5 : 1e-2; }
 
 // Runs one case on this rank; returns {loss error, grad error}.
-void check_case(const DeviceMesh& mesh, const Case& c, const Data& d, const Reference& ref,
-                const at::Tensor& c_loss, at::ScalarType dtype) {
+void check_case(const DeviceMesh& mesh, const Case& c, const Data& d, const Reference& ref, const at::Tensor& c_loss,
+                at::ScalarType dtype) {
   SCOPED_TRACE(c.name() + " " + c10::toString(dtype) + " TP " + std::to_string(mesh.size()));
   const int64_t class_dim = c.shape.size() == 1 ? 0 : 1;
   at::Tensor logits = distribute_tensor(d.logits.to(dtype), mesh, {Shard(class_dim)}).set_requires_grad(true);
@@ -136,13 +133,28 @@ std::vector<Case> small_cases() {
       for (bool w : {false, true}) {
         Case base{shape, r, w};
         cases.push_back(base);
-        Case ls = base; ls.label_smoothing = 0.1; ls.ignored_fraction = 0.3; cases.push_back(ls);
-        Case soft = base; soft.target = Target::Soft; cases.push_back(soft);
-        Case soft_ls = soft; soft_ls.label_smoothing = 0.2; cases.push_back(soft_ls);
-        Case ign = base; ign.ignore_index = 3; ign.ignored_fraction = 0.3; cases.push_back(ign);
+        Case ls = base;
+        ls.label_smoothing = 0.1;
+        ls.ignored_fraction = 0.3;
+        cases.push_back(ls);
+        Case soft = base;
+        soft.target = Target::Soft;
+        cases.push_back(soft);
+        Case soft_ls = soft;
+        soft_ls.label_smoothing = 0.2;
+        cases.push_back(soft_ls);
+        Case ign = base;
+        ign.ignore_index = 3;
+        ign.ignored_fraction = 0.3;
+        cases.push_back(ign);
         if (shape.size() > 1) {
-          Case all = base; all.ignore_index = 5; all.ignored_fraction = 1.0; cases.push_back(all);
-          Case all_ls = all; all_ls.label_smoothing = 0.1; cases.push_back(all_ls);
+          Case all = base;
+          all.ignore_index = 5;
+          all.ignored_fraction = 1.0;
+          cases.push_back(all);
+          Case all_ls = all;
+          all_ls.label_smoothing = 0.1;
+          cases.push_back(all_ls);
         }
       }
     }
@@ -162,14 +174,16 @@ TEST_P(LossParallelExact, EveryOptionMatchesCrossEntropyOnTheFullLogits) {
   std::vector<at::Tensor> weights_of_loss;
   for (size_t i = 0; i < cases.size(); ++i) {
     data.push_back(make_data(cases[i], 100 + i));
-    at::Tensor probe = F::cross_entropy(data.back().logits, data.back().target, options_for(cases[i], data.back().weight));
+    at::Tensor probe =
+        F::cross_entropy(data.back().logits, data.back().target, options_for(cases[i], data.back().weight));
     weights_of_loss.push_back(random_tensor(probe.sizes(), 7000 + i));
     refs.push_back(reference(cases[i], data.back(), weights_of_loss.back()));
   }
   run_ranks(tp, [&](int64_t) {
     auto mesh = init_device_mesh("cpu", {tp}, {"tp"});
     for (size_t i = 0; i < cases.size(); ++i) {
-      for (auto dtype : {at::kDouble, at::kFloat}) check_case(mesh, cases[i], data[i], refs[i], weights_of_loss[i], dtype);
+      for (auto dtype : {at::kDouble, at::kFloat})
+        check_case(mesh, cases[i], data[i], refs[i], weights_of_loss[i], dtype);
     }
   });
 }
@@ -178,9 +192,10 @@ INSTANTIATE_TEST_SUITE_P(Degrees, LossParallelExact, ::testing::Values(1, 2, 3, 
 
 // 4 x 128 tokens, V = 32000 (TP 4) and 32003 (TP 3, uneven), 30 % of the targets ignored.
 TEST(LossParallelExact, LanguageModelShapedInputs) {
-  const std::vector<std::pair<int64_t, int64_t>> configs = {
-      {32000, at::Reduction::Mean}, {32000, at::Reduction::Sum}, {32003, at::Reduction::None},
-      {32003, at::Reduction::Mean}};
+  const std::vector<std::pair<int64_t, int64_t>> configs = {{32000, at::Reduction::Mean},
+                                                            {32000, at::Reduction::Sum},
+                                                            {32003, at::Reduction::None},
+                                                            {32003, at::Reduction::Mean}};
   for (const auto& [vocab, r] : configs) {
     {
       Case c{{512, vocab}, r};

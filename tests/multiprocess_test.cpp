@@ -48,8 +48,8 @@ std::vector<double> logged_losses(const std::string& dump) {
 
 TEST(MultiProcess, ExamplePassesOnTwoAndFourRanks) {
   for (int n : {2, 4}) {
-    auto r = run_command(binary_path("hp-run") + " --nproc-per-node " + std::to_string(n) + " " +
-                         binary_path("hp-example"));
+    auto r =
+        run_command(binary_path("hp-run") + " --nproc-per-node " + std::to_string(n) + " " + binary_path("hp-example"));
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(count(r.output, "all checks passed"), n) << r.output;
     EXPECT_EQ(count(r.output, "MISMATCH"), 0) << r.output;
@@ -59,9 +59,8 @@ TEST(MultiProcess, ExamplePassesOnTwoAndFourRanks) {
 
 TEST(MultiProcess, AFailingRankStopsTheOthersWithinSeconds) {
   // Rank 1 exits 3 while the others wait for it in a collective.
-  auto r = run_command("HP_COLLECTIVE_TIMEOUT_S=120 " + binary_path("hp-run") +
-                       " --nproc-per-node 4 " + binary_path("hp-example") +
-                       " --fail-rank 1 --exit-code 3");
+  auto r = run_command("HP_COLLECTIVE_TIMEOUT_S=120 " + binary_path("hp-run") + " --nproc-per-node 4 " +
+                       binary_path("hp-example") + " --fail-rank 1 --exit-code 3");
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_LT(r.seconds, 20.0) << r.output;
   EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
@@ -88,14 +87,15 @@ TEST(MultiProcess, ARankThatThrowsIsNamedEvenWhenItsPeersExitFirst) {
 TEST(MultiProcess, TwoNodesTrainDp2Tp2AsOneNodeOfFour) {
   const std::string base = compat::join_path(compat::temp_directory(), "hp_two_nodes_" + std::to_string(::getpid()));
   compat::remove_all(base);
-  const std::string job = " --model.dim 32 --model.n_layers 1 --model.n_heads 4 --model.vocab_size 515"
-                          " --model.multiple_of 16 --model.max_seq_len 16 --training.seq_len 16 --training.batch_size 8"
-                          " --training.steps 4 --training.grad_accum_steps 2 --validation.enable false"
-                          " --metrics.enable_plot false --parallelism.data_parallel_degree 2"
-                          " --parallelism.tensor_parallel_degree 2";
+  const std::string job =
+      " --model.dim 32 --model.n_layers 1 --model.n_heads 4 --model.vocab_size 515"
+      " --model.multiple_of 16 --model.max_seq_len 16 --training.seq_len 16 --training.batch_size 8"
+      " --training.steps 4 --training.grad_accum_steps 2 --validation.enable false"
+      " --metrics.enable_plot false --parallelism.data_parallel_degree 2"
+      " --parallelism.tensor_parallel_degree 2";
   const std::string train = binary_path("hp-train");
-  auto one = run_command(binary_path("hp-run") + " --nproc-per-node 4 " + train + job + " --job.dump_folder " + base +
-                         "/one");
+  auto one =
+      run_command(binary_path("hp-run") + " --nproc-per-node 4 " + train + job + " --job.dump_folder " + base + "/one");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   const std::string port = std::to_string(free_port());
   auto node = [&](int r) {

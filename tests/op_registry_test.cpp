@@ -55,7 +55,10 @@ TEST(OpRegistry, OpNamesDropNamespaceAndOverload) {
 }
 
 TEST(OpRegistry, BuiltInSpecsNameTheirFiles) {
-  run_ranks(1, [](int64_t) { init_device_mesh("cpu", {1}); distribute_tensor(at::ones({1}), init_device_mesh("cpu", {1}), {Replicate()}); });
+  run_ranks(1, [](int64_t) {
+    init_device_mesh("cpu", {1});
+    distribute_tensor(at::ones({1}), init_device_mesh("cpu", {1}), {Replicate()});
+  });
   auto origins = distributed_op_origins();
   ASSERT_TRUE(origins.count("mm"));
   EXPECT_NE(origins["mm"].find("ops/matrix.yaml:"), std::string::npos) << origins["mm"];
@@ -313,7 +316,7 @@ TEST(ShardingStrategy, MatmulTakesTheCheapestStrategyPerMeshDim) {
     struct Case {
       Placements a, b, out;
     };
-    for (const Case& c : {Case{{Shard(1)}, {Shard(0)}, {Partial()}},  // contraction: nothing moves
+    for (const Case& c : {Case{{Shard(1)}, {Shard(0)}, {Partial()}},    // contraction: nothing moves
                           Case{{Shard(0)}, {Replicate()}, {Shard(0)}},  // rows
                           Case{{Replicate()}, {Shard(1)}, {Shard(1)}},  // columns
                           Case{{Replicate()}, {Replicate()}, {Replicate()}}}) {

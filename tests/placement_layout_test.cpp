@@ -19,8 +19,7 @@ TEST(Placement, EqualityAndPrinting) {
   EXPECT_EQ(Replicate(), Replicate());
   EXPECT_NE(Shard(0), Shard(1));
   EXPECT_NE(Partial(ReduceOp::Sum), Partial(ReduceOp::Max));
-  EXPECT_EQ(to_string({Shard(1), Replicate(), Partial(ReduceOp::Avg)}),
-            "[Shard(1), Replicate(), Partial(avg)]");
+  EXPECT_EQ(to_string({Shard(1), Replicate(), Partial(ReduceOp::Avg)}), "[Shard(1), Replicate(), Partial(avg)]");
 }
 
 TEST(ChunkRange, FollowsTorchChunkIncludingEmptyPieces) {
@@ -86,8 +85,7 @@ TEST(DeviceMesh, WrongWorldSizeIsAnErrorNamingBothNumbers) {
       init_device_mesh("cpu", {3});
       ADD_FAILURE() << "expected an error";
     } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("needs 3 ranks but the world has 2"), std::string::npos)
-          << e.what();
+      EXPECT_NE(std::string(e.what()).find("needs 3 ranks but the world has 2"), std::string::npos) << e.what();
     }
   });
 }

@@ -48,8 +48,12 @@ at::Tensor expected_piece(const at::Tensor& full, const DeviceMesh& mesh, const 
         }
         break;
       }
-      case ReduceOp::Max: v = c == 0 ? v : v - r(c).abs(); break;
-      case ReduceOp::Min: v = c == 0 ? v : v + r(c).abs(); break;
+      case ReduceOp::Max:
+        v = c == 0 ? v : v - r(c).abs();
+        break;
+      case ReduceOp::Min:
+        v = c == 0 ? v : v + r(c).abs();
+        break;
     }
   }
   // Shards as PyTorch's DTensor cuts them: torch.chunk along the dim, mesh dim 0 first,
@@ -62,15 +66,15 @@ at::Tensor expected_piece(const at::Tensor& full, const DeviceMesh& mesh, const 
   return v.contiguous();
 }
 
-void check_all_pairs(const DeviceMesh& mesh, const std::vector<Placements>& all,
-                     const std::vector<int64_t>& shape, uint64_t seed) {
+void check_all_pairs(const DeviceMesh& mesh, const std::vector<Placements>& all, const std::vector<int64_t>& shape,
+                     uint64_t seed) {
   at::Tensor full = random_ints(shape, seed);
   for (const auto& src : all) {
-    at::Tensor dt = DTensor::from_local(expected_piece(full, mesh, src), mesh, src,
-                                       FromLocalOptions{false, shape, std::nullopt});
+    at::Tensor dt =
+        DTensor::from_local(expected_piece(full, mesh, src), mesh, src, FromLocalOptions{false, shape, std::nullopt});
     for (const auto& dst : all) {
-      SCOPED_TRACE(to_string(src) + " -> " + to_string(dst) + " shape " +
-                   c10::str(c10::IntArrayRef(shape)) + " rank " + std::to_string(mesh.get_rank()));
+      SCOPED_TRACE(to_string(src) + " -> " + to_string(dst) + " shape " + c10::str(c10::IntArrayRef(shape)) + " rank " +
+                   std::to_string(mesh.get_rank()));
       at::Tensor out = redistribute(dt, dst);
       ASSERT_EQ(placements_of(out), dst);
       ASSERT_EQ(out.sizes(), full.sizes());
@@ -84,14 +88,20 @@ void check_all_pairs(const DeviceMesh& mesh, const std::vector<Placements>& all,
 }
 
 std::vector<Placements> one_d_placements() {
-  return {{Shard(0)}, {Shard(1)}, {Replicate()}, {Partial(ReduceOp::Sum)},
-          {Partial(ReduceOp::Max)}, {Partial(ReduceOp::Min)}, {Partial(ReduceOp::Avg)}};
+  return {{Shard(0)},
+          {Shard(1)},
+          {Replicate()},
+          {Partial(ReduceOp::Sum)},
+          {Partial(ReduceOp::Max)},
+          {Partial(ReduceOp::Min)},
+          {Partial(ReduceOp::Avg)}};
 }
 
 std::vector<Placements> two_d_placements() {
   std::vector<Placement> each = {Shard(0), Shard(1), Replicate(), Partial(ReduceOp::Sum)};
   std::vector<Placements> out;
-  for (auto& a : each) for (auto& b : each) out.push_back({a, b});
+  for (auto& a : each)
+    for (auto& b : each) out.push_back({a, b});
   out.push_back({Partial(ReduceOp::Max), Shard(0)});
   out.push_back({Shard(1), Partial(ReduceOp::Avg)});
   return out;
@@ -124,10 +134,15 @@ TEST(RedistributeOn2DMesh, AllPlacementPairsGiveTheSameFullTensor) {
 TEST(RedistributeOn2DMesh, UnevenMeshShapesAndNestedShards) {
   run_ranks(6, [](int64_t) {
     auto mesh = init_device_mesh("cpu", {2, 3});
-    check_all_pairs(mesh, {{Shard(0), Shard(0)}, {Shard(0), Shard(1)}, {Shard(1), Shard(0)},
-                           {Replicate(), Shard(0)}, {Shard(0), Replicate()},
-                           {Partial(ReduceOp::Sum), Shard(0)}, {Replicate(), Replicate()},
-                           {Shard(1), Shard(1)}},
+    check_all_pairs(mesh,
+                    {{Shard(0), Shard(0)},
+                     {Shard(0), Shard(1)},
+                     {Shard(1), Shard(0)},
+                     {Replicate(), Shard(0)},
+                     {Shard(0), Replicate()},
+                     {Partial(ReduceOp::Sum), Shard(0)},
+                     {Replicate(), Replicate()},
+                     {Shard(1), Shard(1)}},
                     {7, 5}, 6);
   });
 }
@@ -181,9 +196,12 @@ TEST(DistributeTensor, TakesCoordinateZerosDataByDefaultWhenRanksHoldDifferentDa
   }
   run_ranks(4, [&](int64_t rank) {
     auto mesh = init_device_mesh("cpu", {2, 2});
-    for (const Placements& ps : std::vector<Placements>{{Shard(0), Replicate()}, {Replicate(), Shard(1)},
-                                                         {Shard(0), Shard(0)}, {Shard(1), Shard(0)},
-                                                         {Partial(), Shard(1)}, {Replicate(), Replicate()}}) {
+    for (const Placements& ps : std::vector<Placements>{{Shard(0), Replicate()},
+                                                        {Replicate(), Shard(1)},
+                                                        {Shard(0), Shard(0)},
+                                                        {Shard(1), Shard(0)},
+                                                        {Partial(), Shard(1)},
+                                                        {Replicate(), Replicate()}}) {
       check(mesh, rank, ps);
     }
   });

@@ -23,8 +23,8 @@
 
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
-using hyper_parallel::testing::run_command;
 using hyper_parallel::testing::checkpoint_path;
+using hyper_parallel::testing::run_command;
 using hyper_parallel::testing::run_ranks;
 using hyper_parallel::testing::train_steps;
 
@@ -36,9 +36,9 @@ constexpr int64_t kSteps = 8;
 
 std::string fresh_dir(const std::string& name) {
   static int counter = 0;
-  const std::string dir = compat::join_path(
-      compat::temp_directory(),
-      "hp_resume_reshard_" + name + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  const std::string dir =
+      compat::join_path(compat::temp_directory(), "hp_resume_reshard_" + name + "_" + std::to_string(::getpid()) + "_" +
+                                                      std::to_string(counter++));
   compat::remove_all(dir);
   return dir;
 }
@@ -198,10 +198,11 @@ TEST(ResumeReshard, SavedAtTp2ResumesAtTp4Tp1AndTp3AsAnUninterruptedRunThere) {
       worst = std::max(worst, rel);
       EXPECT_LT(rel, 1e-5) << "step " << a.step << ": resumed " << a.loss << ", uninterrupted " << b.loss;
     }
-    std::printf("TP 2 -> TP %lld: steps %lld-%lld, largest relative loss difference to an uninterrupted TP %lld "
-                "run: %.3g\n",
-                static_cast<long long>(tp), static_cast<long long>(kSavedAt + 1), static_cast<long long>(kSteps),
-                static_cast<long long>(tp), worst);
+    std::printf(
+        "TP 2 -> TP %lld: steps %lld-%lld, largest relative loss difference to an uninterrupted TP %lld "
+        "run: %.3g\n",
+        static_cast<long long>(tp), static_cast<long long>(kSavedAt + 1), static_cast<long long>(kSteps),
+        static_cast<long long>(tp), worst);
     compat::remove_all(copy.dump_folder);
     compat::remove_all(straight.dump_folder);
   }
@@ -213,9 +214,10 @@ TEST(ResumeReshard, AnotherModelIsRefusedNamingTheFieldAndTheTensor) {
   JobConfig other = resumed_at(saved, 4);
   other.model.dim = 24;  // 12 heads of 2
   const std::string all = all_of(construction_errors(other));
-  for (const char* needle : {"model.dim: checkpoint 48, this job 24",
-                             "tensor model.tok_embeddings.weight: checkpoint [515, 48] Float, this job [515, 24] Float",
-                             "tensor model.layers.0.attention.wq.weight: checkpoint [48, 48] Float, this job [24, 24] Float"}) {
+  for (const char* needle :
+       {"model.dim: checkpoint 48, this job 24",
+        "tensor model.tok_embeddings.weight: checkpoint [515, 48] Float, this job [515, 24] Float",
+        "tensor model.layers.0.attention.wq.weight: checkpoint [48, 48] Float, this job [24, 24] Float"}) {
     EXPECT_NE(all.find(needle), std::string::npos) << "expected '" << needle << "' in:\n" << all;
   }
   JobConfig vocab = resumed_at(saved, 1);
@@ -223,13 +225,15 @@ TEST(ResumeReshard, AnotherModelIsRefusedNamingTheFieldAndTheTensor) {
   const std::string v = all_of(construction_errors(vocab));
   EXPECT_NE(v.find("model.vocab_size: checkpoint 515, this job 512"), std::string::npos) << v;
   EXPECT_NE(v.find("tensor model.output.weight: checkpoint [515, 48] Float, this job [512, 48] Float"),
-            std::string::npos) << v;
+            std::string::npos)
+      << v;
   JobConfig fewer = resumed_at(saved, 3);
   fewer.model.n_layers = 1;
   const std::string f = all_of(construction_errors(fewer));
   EXPECT_NE(f.find("model.n_layers: checkpoint 2, this job 1"), std::string::npos) << f;
   EXPECT_NE(f.find("tensor model.layers.1.attention.wq.weight: checkpoint [48, 48] Float, not in this job"),
-            std::string::npos) << f;
+            std::string::npos)
+      << f;
   compat::remove_all(saved.dump_folder);
 }
 
@@ -251,7 +255,8 @@ TEST(ResumeReshard, AMissingOrDamagedFileThatARankNowNeedsStopsEveryRank) {
     const std::string& e = errors[static_cast<size_t>(r)];
     EXPECT_NE(e.find("step-4/rank-1.pt' does not verify"), std::string::npos) << all;
     EXPECT_NE(e.find("rank " + std::to_string(r) + " needs it to reshard the checkpoint from TP 2 to TP 4"),
-              std::string::npos) << all;
+              std::string::npos)
+        << all;
   }
   for (int64_t r : {0, 1}) {
     EXPECT_NE(errors[static_cast<size_t>(r)].find("loading the checkpoint failed on rank(s) 2, 3"), std::string::npos)
@@ -317,7 +322,8 @@ TEST(ResumeReshard, ADataParallelCheckpointIsReadFromOneReplica) {
     const std::string files = tp == 4 ? "1" : "2";
     EXPECT_NE(log.str().find("resharded the checkpoint of step 4 from dp 2 x tp 2 to dp 1 x tp " + std::to_string(tp) +
                              " (rank 0 read " + files + " of its 4 files)"),
-              std::string::npos) << log.str();
+              std::string::npos)
+        << log.str();
     const auto state = global_state(checkpoint_path(copy, "step-" + std::to_string(kSavedAt)));
     ASSERT_EQ(state.size(), saved_state.size());
     for (const auto& [key, t] : saved_state) EXPECT_TRUE(at::equal(state.at(key), t)) << key;

@@ -25,8 +25,10 @@ struct ScopedEnv {
     ::setenv(name, value, 1);
   }
   ~ScopedEnv() {
-    if (had_) ::setenv(name_, old_.c_str(), 1);
-    else ::unsetenv(name_);
+    if (had_)
+      ::setenv(name_, old_.c_str(), 1);
+    else
+      ::unsetenv(name_);
   }
   const char* name_;
   std::string old_;
@@ -65,10 +67,12 @@ TEST(Settings, CollectiveTimeoutAcceptsSecondsAndDefaultsTo300) {
 
 // Through hp-train, as a user meets them: exit 1 with one clear line.
 TEST(Settings, BadLauncherVariablesAreNamedByHpTrain) {
-  const std::string train = binary_path("hp-train") + " --training.steps 1 --model.dim 32 --model.n_heads 4"
-                            " --model.vocab_size 128 --model.max_seq_len 16 --training.seq_len 8"
-                            " --metrics.enable_plot false --validation.enable false --job.dump_folder /tmp/hp_settings_" +
-                            std::to_string(::getpid());
+  const std::string train =
+      binary_path("hp-train") +
+      " --training.steps 1 --model.dim 32 --model.n_heads 4"
+      " --model.vocab_size 128 --model.max_seq_len 16 --training.seq_len 8"
+      " --metrics.enable_plot false --validation.enable false --job.dump_folder /tmp/hp_settings_" +
+      std::to_string(::getpid());
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=70000", "MASTER_PORT='70000'"},
       {"RANK=x WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511", "RANK='x'"},

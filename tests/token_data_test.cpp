@@ -64,8 +64,8 @@ void python_write(const std::string& prefix, const Docs& docs, const std::string
                         << nlohmann::json(hyper_parallel::testing::source_dir() + "/scripts").dump()
                         << ")\nimport tokenize_corpus as tc\n"
                         << "docs = json.load(open(" << nlohmann::json(docs_path).dump() << "))\n"
-                        << "prefix, fmt, dtype, cut = " << nlohmann::json(prefix).dump() << ", \"" << format
-                        << "\", \"" << dtype << "\", " << max_sequence << "\n"
+                        << "prefix, fmt, dtype, cut = " << nlohmann::json(prefix).dump() << ", \"" << format << "\", \""
+                        << dtype << "\", " << max_sequence << "\n"
                         << "w = tc.FlatWriter(prefix, dtype) if fmt == 'bin' else tc.MegatronWriter(prefix, dtype)\n"
                         << "for d in docs:\n"
                         << "    if fmt == 'bin':\n        w.add_document(d)\n        continue\n"
@@ -111,9 +111,7 @@ std::vector<int64_t> read_all(const TokenDocuments& t) {
   return out;
 }
 
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
+void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -311,8 +309,9 @@ TEST(MegatronIndexedDataset, EveryMalformedFieldIsAnErrorNamingIt) {
   // Truncated anywhere: a size error, never a read past the end.
   const std::string b = good.bytes();
   for (size_t n = 0; n < b.size(); ++n) {
-    EXPECT_THROW(parse_megatron_index(reinterpret_cast<const unsigned char*>(b.data()), static_cast<int64_t>(n), 10, "x"),
-                 c10::Error)
+    EXPECT_THROW(
+        parse_megatron_index(reinterpret_cast<const unsigned char*>(b.data()), static_cast<int64_t>(n), 10, "x"),
+        c10::Error)
         << n << " bytes";
   }
   // Counts far beyond the file: refused before any size arithmetic.
@@ -347,8 +346,9 @@ TEST(FlatTokenFile, SizeThatIsNotWholeTokensOrEmptyIsAnError) {
             std::string::npos);
   EXPECT_NE(error_of([&] { open_flat_token_file(empty, TokenDtype::kUInt32, 1000); }).find("is empty"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { open_flat_token_file(compat::join_path(dir, "missing.bin"), TokenDtype::kUInt16, 9); })
-                .find("missing.bin"),
+  EXPECT_NE(error_of([&] {
+              open_flat_token_file(compat::join_path(dir, "missing.bin"), TokenDtype::kUInt16, 9);
+            }).find("missing.bin"),
             std::string::npos);
   compat::remove_all(dir);
 }
@@ -422,7 +422,8 @@ TEST(TokenWindows, DataParallelRanksReadTheirRowsOfTheGlobalBatch) {
   for (int64_t dp : {2, 4}) {
     for (int64_t step : {0, 3, 1000000}) {
       std::vector<at::Tensor> parts;
-      for (int64_t r = 0; r < dp; ++r) parts.push_back(TokenWindows(t, 0, t->size(), 8, 6, 5, r, dp).batch_at(step).input);
+      for (int64_t r = 0; r < dp; ++r)
+        parts.push_back(TokenWindows(t, 0, t->size(), 8, 6, 5, r, dp).batch_at(step).input);
       EXPECT_TRUE(at::equal(at::cat(parts), global.batch_at(step).input)) << "dp " << dp << ", step " << step;
     }
   }
@@ -439,7 +440,8 @@ TEST(PretokenizedCorpus, FormatIsDetectedAndTheSidecarIsCrossChecked) {
   python_write(mega, docs, "megatron", "uint16", {{"vocab_size", 400}, {"eos_id", 0}});
   python_write(flat, docs, "bin", "uint32", {{"vocab_size", 400}, {"eos_id", 0}});
   python_write(bare, docs, "bin", "uint16");
-  for (const std::string& p : {mega, mega + ".bin", mega + ".idx"}) EXPECT_EQ(resolve_data_format(p, "auto"), "megatron");
+  for (const std::string& p : {mega, mega + ".bin", mega + ".idx"})
+    EXPECT_EQ(resolve_data_format(p, "auto"), "megatron");
   EXPECT_EQ(resolve_data_format(flat + ".bin", "auto"), "bin_u32");
   EXPECT_EQ(resolve_data_format(compat::join_path(dir, "notes.txt"), "auto"), "text");
   EXPECT_NE(error_of([&] { resolve_data_format(bare + ".bin", "auto"); }).find("set training.data_format = bin_u16"),
@@ -455,14 +457,15 @@ TEST(PretokenizedCorpus, FormatIsDetectedAndTheSidecarIsCrossChecked) {
   const PretokenizedCorpus f({.path = flat + ".bin", .vocab_size = 400});
   EXPECT_EQ(f.tokens()->dtype(), TokenDtype::kUInt32);
 
-  EXPECT_NE(error_of([&] { PretokenizedCorpus({.path = mega, .vocab_size = 300}); })
-                .find("vocabulary of 400 ids"),
+  EXPECT_NE(error_of([&] { PretokenizedCorpus({.path = mega, .vocab_size = 300}); }).find("vocabulary of 400 ids"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { PretokenizedCorpus({.path = flat + ".bin", .format = "bin_u16", .vocab_size = 400}); })
-                .find("says dtype uint32"),
+  EXPECT_NE(error_of([&] {
+              PretokenizedCorpus({.path = flat + ".bin", .format = "bin_u16", .vocab_size = 400});
+            }).find("says dtype uint32"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { PretokenizedCorpus({.path = mega, .vocab_size = 400, .min_split_tokens = 100000}); })
-                .find("too short"),
+  EXPECT_NE(error_of([&] {
+              PretokenizedCorpus({.path = mega, .vocab_size = 400, .min_split_tokens = 100000});
+            }).find("too short"),
             std::string::npos);
   // A Megatron dataset without a known EOS would run documents together: refused.
   python_write(bare, docs, "megatron", "uint16");

@@ -22,8 +22,7 @@ void init_params(torch::nn::Module& m, uint64_t seed) {
 }
 
 // Puts `placements` pieces of the module's own (identically seeded) weights in place.
-void shard_linear(torch::nn::Linear& lin, const DeviceMesh& mesh, const Placements& weight,
-                  const Placements& bias) {
+void shard_linear(torch::nn::Linear& lin, const DeviceMesh& mesh, const Placements& weight, const Placements& bias) {
   at::Tensor w = distribute_tensor(lin->weight.detach(), mesh, weight);
   replace_parameter(*lin, "weight", w);
   lin->weight = lin->named_parameters(false)["weight"];
@@ -195,7 +194,8 @@ TEST(ParallelStyles, ColwiseOutputAlreadyInItsLayoutIsNotRedistributed) {
       lin->weight.copy_(w0);
     }
     torch::nn::Sequential model(lin);
-    parallelize_module(*model, mesh, {{"0", ColwiseParallel::make({.output_layouts = {{Shard(-1)}}, .use_local_output = false})}});
+    parallelize_module(*model, mesh,
+                       {{"0", ColwiseParallel::make({.output_layouts = {{Shard(-1)}}, .use_local_output = false})}});
     at::Tensor y = parallel_forward(lin, x);
     ASSERT_TRUE(is_dtensor(y));
     ASSERT_TRUE(y.grad_fn());

@@ -23,7 +23,6 @@
 namespace hyper_parallel::train {
 namespace {
 
-
 // A fresh directory per test, removed afterwards.
 class TempDir : public ::testing::Test {
  protected:
@@ -38,9 +37,7 @@ class TempDir : public ::testing::Test {
 
   std::string file(const std::string& name) const { return compat::join_path(dir_, name); }
 
-  std::vector<std::string> entries() const {
-    return compat::list_directory(dir_);
-  }
+  std::vector<std::string> entries() const { return compat::list_directory(dir_); }
 
   bool has_temp_files() const {
     for (const auto& p : compat::list_directory_recursive(dir_)) {
@@ -80,10 +77,12 @@ void expect_bit_identical(const at::Tensor& expected, const at::Tensor& actual, 
 // Random bit patterns of the given width, viewed as `dtype`: NaNs, infinities,
 // denormals and negative zeros all show up.
 at::Tensor random_bits(at::IntArrayRef shape, at::ScalarType bits, at::ScalarType dtype) {
-  const auto lo = bits == at::kShort ? -32768 : bits == at::kInt ? std::numeric_limits<int32_t>::min()
-                                                                  : std::numeric_limits<int64_t>::min() / 2;
-  const auto hi = bits == at::kShort ? 32767 : bits == at::kInt ? std::numeric_limits<int32_t>::max()
-                                                                 : std::numeric_limits<int64_t>::max() / 2;
+  const auto lo = bits == at::kShort ? -32768
+                  : bits == at::kInt ? std::numeric_limits<int32_t>::min()
+                                     : std::numeric_limits<int64_t>::min() / 2;
+  const auto hi = bits == at::kShort ? 32767
+                  : bits == at::kInt ? std::numeric_limits<int32_t>::max()
+                                     : std::numeric_limits<int64_t>::max() / 2;
   return at::randint(lo, hi, shape, at::TensorOptions().dtype(bits)).view(dtype);
 }
 
@@ -97,11 +96,11 @@ TEST_F(TrainCheckpointIo, RoundTripsEveryDtypeBitForBit) {
   tensors["f32"] = random_bits({5, 7}, at::kInt, at::kFloat);
   tensors["f64"] = random_bits({3, 2, 4}, at::kLong, at::kDouble);
   tensors["bf16"] = random_bits({33}, at::kShort, at::kBFloat16);
-  tensors["i64"] = at::tensor({std::numeric_limits<int64_t>::min(), int64_t{-1}, int64_t{0},
-                               std::numeric_limits<int64_t>::max()}, at::kLong);
-  tensors["f32_specials"] = at::tensor({0.0f, -0.0f, std::numeric_limits<float>::infinity(),
-                                        std::numeric_limits<float>::quiet_NaN(),
-                                        std::numeric_limits<float>::denorm_min()});
+  tensors["i64"] = at::tensor(
+      {std::numeric_limits<int64_t>::min(), int64_t{-1}, int64_t{0}, std::numeric_limits<int64_t>::max()}, at::kLong);
+  tensors["f32_specials"] =
+      at::tensor({0.0f, -0.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                  std::numeric_limits<float>::denorm_min()});
   tensors["scalar"] = at::scalar_tensor(3.25, at::kDouble);
   tensors["empty_f32"] = at::empty({0}, at::kFloat);
   tensors["empty_2d_bf16"] = at::empty({0, 4}, at::kBFloat16);
@@ -123,9 +122,9 @@ TEST_F(TrainCheckpointIo, StoresNonContiguousViewsCompactlyUnderAnyName) {
   at::manual_seed(3);
   const at::Tensor base = at::randn({512, 512});  // 1 MiB of floats
   std::map<std::string, at::Tensor> tensors;
-  tensors["layers.0.attn.q_proj.weight"] = base.t();                   // transposed
-  tensors["optimizer/state/0/exp_avg"] = base.slice(0, 100, 102);      // offset view of a big base
-  tensors["rng:cpu"] = at::arange(4, at::kLong).expand({3, 4});        // stride 0
+  tensors["layers.0.attn.q_proj.weight"] = base.t();               // transposed
+  tensors["optimizer/state/0/exp_avg"] = base.slice(0, 100, 102);  // offset view of a big base
+  tensors["rng:cpu"] = at::arange(4, at::kLong).expand({3, 4});    // stride 0
   tensors["model.norm.weight (requires grad)"] = at::ones({8}).requires_grad_();
   tensors[""] = at::zeros({2}, at::kDouble);
 
@@ -326,7 +325,11 @@ TEST_F(TrainMetrics, LoggerWritesJsonLinesThatReadMetricsReads) {
   {
     MetricsLogger logger(folder);  // creates the folder
     EXPECT_EQ(logger.path(), folder + "/metrics.jsonl");
-    logger.log({{"step", 1}, {"loss", 7.5}, {"lr", 3e-4}, {"tokens_per_s", 41200.5}, {"peak_memory_mb", 812.0},
+    logger.log({{"step", 1},
+                {"loss", 7.5},
+                {"lr", 3e-4},
+                {"tokens_per_s", 41200.5},
+                {"peak_memory_mb", 812.0},
                 {"grad_norm", 1.25}});
     // Flushed per line: visible before the logger goes away.
     EXPECT_EQ(slurp(logger.path()).back(), '\n');

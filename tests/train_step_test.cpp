@@ -36,8 +36,8 @@ int64_t minor_faults() {
 // afresh.
 JobConfig lm_job(const std::string& name, int64_t tp) {
   JobConfig c;
-  c.dump_folder = compat::join_path(compat::temp_directory(),
-                                    "hp_train_step_test_" + name + "_" + std::to_string(::getpid()));
+  c.dump_folder =
+      compat::join_path(compat::temp_directory(), "hp_train_step_test_" + name + "_" + std::to_string(::getpid()));
   compat::remove_all(c.dump_folder);
   c.model.dim = 64;
   c.model.n_layers = 2;
@@ -158,7 +158,8 @@ TEST(TrainStep, StepsAfterTheFirstFaultAlmostNoFreshPages) {
     if (rank == 0) results = r;
   });
   ASSERT_EQ(results.size(), 4u);
-  for (const auto& r : results) std::printf("step %lld: %lld minor faults\n", (long long)r.step, (long long)r.minor_faults);
+  for (const auto& r : results)
+    std::printf("step %lld: %lld minor faults\n", (long long)r.step, (long long)r.minor_faults);
   // Both ranks' threads share this process: the bound is for the two together.
   EXPECT_LT(results[2].minor_faults, 1000);
   EXPECT_LT(results[3].minor_faults, 1000);

@@ -83,8 +83,8 @@ TEST(TrainerHf, ModelSizesComeFromConfigJsonAndAConflictingSizeIsAnErrorNamingBo
   const std::string hf = fresh_dir("sizes");
   write_hf_folder(hf, /*tied=*/false);
   JobConfig job = hf_job(hf, fresh_dir("sizes_dump"), 2, 1);
-  job.model.dim = 32;        // the config's value: fine
-  job.model.n_heads = 8;     // the default: takes the config's 4
+  job.model.dim = 32;         // the config's value: fine
+  job.model.n_heads = 8;      // the default: takes the config's 4
   job.model.vocab_size = 50;  // neither the default 32000 nor the config's 67
   job.model.norm_eps = 1e-5;  // the default: takes the config's 1e-6
   std::vector<std::string> messages(2);
@@ -180,17 +180,17 @@ TEST(TrainerHf, StartsFromTheHfCheckpointAndATiedHeadStaysTheEmbeddingThroughTra
   }
 
   // A resume that finds the checkpoint takes precedence over the initial load.
-  JobConfig resume = hf_job(hf, compat::join_path(compat::temp_directory(),
-                                                  "hp_trainer_hf_tied_tp2_" + std::to_string(::getpid())),
-                            2, steps + 1);
+  JobConfig resume =
+      hf_job(hf, compat::join_path(compat::temp_directory(), "hp_trainer_hf_tied_tp2_" + std::to_string(::getpid())), 2,
+             steps + 1);
   resume.checkpoint.resume = true;
   std::ostringstream log;
   run_ranks(2, [&](int64_t rank) {
     Trainer trainer(resume, rank == 0 ? &log : nullptr);
     EXPECT_EQ(trainer.step(), steps);
     EXPECT_TRUE(trainer.model()->output->weight.is_same(trainer.model()->tok_embeddings->weight));
-    EXPECT_FALSE(at::equal(full(trainer.model()->tok_embeddings->weight),
-                           saved.at("tok_embeddings.weight").to(at::kDouble)));
+    EXPECT_FALSE(
+        at::equal(full(trainer.model()->tok_embeddings->weight), saved.at("tok_embeddings.weight").to(at::kDouble)));
   });
   EXPECT_THAT(log.str(), HasSubstr("is not read (a resume takes precedence)"));
 }
@@ -234,9 +234,11 @@ TEST(TrainerHf, LastSaveInHfWritesTheTrainedWeightsAsAHfCheckpointAtTp2) {
   JobConfig no_checkpoints = job;
   no_checkpoints.checkpoint.enable = false;
   EXPECT_THAT([&] { validate(no_checkpoints); },
-              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("checkpoint.last_save_in_hf = true needs checkpoint.enable = true")));
+              ::testing::ThrowsMessage<std::invalid_argument>(
+                  HasSubstr("checkpoint.last_save_in_hf = true needs checkpoint.enable = true")));
   JobConfig bad_dtype = job;
   bad_dtype.checkpoint.export_dtype = "float16";
   EXPECT_THAT([&] { validate(bad_dtype); },
-              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("checkpoint.export_dtype = \"float16\" is not one of float32, bfloat16")));
+              ::testing::ThrowsMessage<std::invalid_argument>(
+                  HasSubstr("checkpoint.export_dtype = \"float16\" is not one of float32, bfloat16")));
 }

@@ -31,12 +31,12 @@
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::binary_path;
+using hyper_parallel::testing::checkpoint_path;
 using hyper_parallel::testing::error_text;
 using hyper_parallel::testing::expect_refused;
 using hyper_parallel::testing::fresh_test_dir;
 using hyper_parallel::testing::rank_errors;
 using hyper_parallel::testing::run_command;
-using hyper_parallel::testing::checkpoint_path;
 using hyper_parallel::testing::run_ranks;
 
 namespace {
@@ -152,7 +152,8 @@ TEST(NonFiniteSteps, SkipsUpToTheLimitInARowThenStops) {
     poison_final_norm(t);
     t.train();
   });
-  expect_refused(errors, {"step 3: the loss is NaN", "3 such steps in a row, more than training.max_skipped_steps = 2"});
+  expect_refused(errors,
+                 {"step 3: the loss is NaN", "3 such steps in a row, more than training.max_skipped_steps = 2"});
   const auto records = metrics_of(job);
   ASSERT_EQ(records.size(), 3u);
   EXPECT_EQ(records[0]["skipped"], 1);
@@ -253,17 +254,18 @@ TEST(DumpFolderLock, ASecondJobIsRefusedNamingTheHolderAndTouchesNothing) {
 // the same folder is refused and leaves it alone; the first then finishes normally.
 TEST(DumpFolderLock, AJobPausedInItsSaveKeepsItsFolder) {
   const std::string dir = fresh_dir("paused");
-  const std::string job = " --model.dim 32 --model.n_layers 1 --model.n_heads 4 --model.vocab_size 512"
-                          " --model.multiple_of 16 --model.max_seq_len 32 --training.seq_len 16"
-                          " --training.batch_size 4 --training.warmup_steps 1 --validation.enable false"
-                          " --metrics.enable_plot false --checkpoint.enable --checkpoint.interval 2"
-                          " --training.steps 2 --job.dump_folder " + dir;
+  const std::string job =
+      " --model.dim 32 --model.n_layers 1 --model.n_heads 4 --model.vocab_size 512"
+      " --model.multiple_of 16 --model.max_seq_len 32 --training.seq_len 16"
+      " --training.batch_size 4 --training.warmup_steps 1 --validation.enable false"
+      " --metrics.enable_plot false --checkpoint.enable --checkpoint.interval 2"
+      " --training.steps 2 --job.dump_folder " +
+      dir;
   const std::string log = dir + ".first.log";
   hyper_parallel::testing::CommandResult first;
   std::thread runner([&] {
-    first = run_command("HP_PAUSE_AT=rank_file.before_rename@0 " + binary_path("hp-run") +
-                        " --nproc-per-node 2 " + binary_path("hp-train") + job +
-                        " --parallelism.tensor_parallel_degree 2 > " + log + " 2>&1");
+    first = run_command("HP_PAUSE_AT=rank_file.before_rename@0 " + binary_path("hp-run") + " --nproc-per-node 2 " +
+                        binary_path("hp-train") + job + " --parallelism.tensor_parallel_degree 2 > " + log + " 2>&1");
   });
   // Wait for the pause; its line names the paused process.
   const std::string paused = "paused at rank_file.before_rename (rank 0, pid ";
@@ -280,8 +282,7 @@ TEST(DumpFolderLock, AJobPausedInItsSaveKeepsItsFolder) {
   EXPECT_TRUE(compat::path_exists(in_flight));
   const auto second = run_command(binary_path("hp-train") + job + " 2>&1");
   EXPECT_NE(second.exit_code, 0) << second.output;
-  EXPECT_NE(second.output.find("is in use by another job (pid " + std::to_string(pid) + " on host "),
-            std::string::npos)
+  EXPECT_NE(second.output.find("is in use by another job (pid " + std::to_string(pid) + " on host "), std::string::npos)
       << second.output;
   EXPECT_TRUE(compat::path_exists(in_flight)) << "the refused job deleted the paused job's temporary file";
   ::kill(static_cast<pid_t>(pid), SIGCONT);

@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <fstream>
 
-
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
@@ -247,8 +246,8 @@ TEST(Trainer, StartUpTimeAndMemoryDoNotGrowWithTrainingSteps) {
     });
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double grown_mib = static_cast<double>(resident_kib() - before) / 1024.0;
-    std::printf("training.steps %lld: Trainer + step 1 in %.3f s, resident +%.1f MiB\n",
-                static_cast<long long>(steps), secs, grown_mib);
+    std::printf("training.steps %lld: Trainer + step 1 in %.3f s, resident +%.1f MiB\n", static_cast<long long>(steps),
+                secs, grown_mib);
     ASSERT_LT(secs, 3.0) << "(< 1 s on an idle machine; the bound allows a loaded CI)";
     ASSERT_LT(grown_mib, 100.0);
   }
@@ -285,7 +284,10 @@ TEST(Trainer, WorldSizeMustBeTheDataTimesTheTensorParallelDegree) {
       Trainer t(tiny_job(fresh_dir("mismatch"), 4, false, 2));
       ADD_FAILURE() << "expected an error";
     } catch (const c10::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("data_parallel_degree x tensor_parallel_degree = 1 x 4 = 4 ranks, but the job has 2"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(
+                    "data_parallel_degree x tensor_parallel_degree = 1 x 4 = 4 ranks, but the job has 2"),
+                std::string::npos)
+          << e.what();
     }
   });
 }
@@ -295,28 +297,28 @@ TEST(ClipGradNorm, GradientsOnSeveralMeshesGiveTheFullNormWithoutDeadlock) {
   // (An order by process-group addresses differed per rank about one run in two, pairing
   // all-reduces of different buckets: a wrong norm or a deadlock. Fresh meshes each round.)
   for (int round = 0; round < 4; ++round)
-  run_ranks(
-      4,
-      [](int64_t) {
-        auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
-        std::vector<std::pair<at::Tensor, Placements>> grads;
-        std::vector<at::Tensor> params;
-        double expected = 0;
-        uint64_t seed = 50;
-        auto add = [&](const DeviceMesh& m, const Placements& p) {
-          at::Tensor full = hyper_parallel::testing::random_tensor({4, 6}, seed++);
-          expected += full.pow(2).sum().item<double>();
-          at::Tensor param = distribute_tensor(at::zeros({4, 6}, at::kDouble), m, p).set_requires_grad(true);
-          param.mutable_grad() = distribute_tensor(full, m, p);
-          params.push_back(param);
-        };
-        for (int i = 0; i < 3; ++i) {
-          add(mesh["tp"], {Shard(0)});
-          add(mesh["dp"], {Shard(1)});
-          add(mesh, {Shard(0), Shard(1)});
-        }
-        const double norm = clip_grad_norm_(params, 1e9);
-        EXPECT_NEAR(norm, std::sqrt(expected), 1e-9 * std::sqrt(expected));
-      },
-      std::chrono::seconds(10));
+    run_ranks(
+        4,
+        [](int64_t) {
+          auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+          std::vector<std::pair<at::Tensor, Placements>> grads;
+          std::vector<at::Tensor> params;
+          double expected = 0;
+          uint64_t seed = 50;
+          auto add = [&](const DeviceMesh& m, const Placements& p) {
+            at::Tensor full = hyper_parallel::testing::random_tensor({4, 6}, seed++);
+            expected += full.pow(2).sum().item<double>();
+            at::Tensor param = distribute_tensor(at::zeros({4, 6}, at::kDouble), m, p).set_requires_grad(true);
+            param.mutable_grad() = distribute_tensor(full, m, p);
+            params.push_back(param);
+          };
+          for (int i = 0; i < 3; ++i) {
+            add(mesh["tp"], {Shard(0)});
+            add(mesh["dp"], {Shard(1)});
+            add(mesh, {Shard(0), Shard(1)});
+          }
+          const double norm = clip_grad_norm_(params, 1e9);
+          EXPECT_NEAR(norm, std::sqrt(expected), 1e-9 * std::sqrt(expected));
+        },
+        std::chrono::seconds(10));
 }

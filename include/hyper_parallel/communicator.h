@@ -53,8 +53,7 @@ class Communicator {
   void all_reduce_many_(std::vector<at::Tensor>& ts, ReduceOp op) const;
   // Concatenates each member's `local` along `dim`; member i contributes sizes[i] rows
   // (uneven and empty pieces allowed). `sizes` must be identical on every member.
-  at::Tensor all_gather(const at::Tensor& local, int64_t dim,
-                        const std::vector<int64_t>& sizes) const;
+  at::Tensor all_gather(const at::Tensor& local, int64_t dim, const std::vector<int64_t>& sizes) const;
   // Reduces `full` across members and returns this member's torch.chunk piece along dim.
   at::Tensor reduce_scatter(const at::Tensor& full, int64_t dim, ReduceOp op) const;
   void broadcast_(at::Tensor& t, int64_t root) const;

@@ -91,8 +91,7 @@ class DeviceMesh {
 // environment first when needed, as PyTorch does). Every rank must call it, in the
 // same order relative to other mesh creations.
 DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<int64_t>& shape,
-                            const std::vector<std::string>& dim_names = {},
-                            const MeshOptions& options = {});
+                            const std::vector<std::string>& dim_names = {}, const MeshOptions& options = {});
 
 std::ostream& operator<<(std::ostream& os, const DeviceMesh& m);
 

@@ -33,8 +33,7 @@ class OpDispatcher {
   // A context route sees the ops it claims before layout inference; it returns true when
   // it handled the call. `claims(op_name)` is asked once per operator (empty: every op);
   // call clear_layout_cache() when the answer changes.
-  using ContextRoute = std::function<bool(const c10::OperatorHandle&, const std::string& name,
-                                          torch::jit::Stack*)>;
+  using ContextRoute = std::function<bool(const c10::OperatorHandle&, const std::string& name, torch::jit::Stack*)>;
   using RouteClaim = std::function<bool(const std::string& op_name)>;
   static void add_context_route(std::string route_name, ContextRoute route, RouteClaim claims = {});
 };

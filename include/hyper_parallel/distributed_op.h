@@ -27,10 +27,10 @@ namespace hyper_parallel {
 
 // One tensor argument of the call (tensor lists are flattened, in order).
 struct TensorArg {
-  size_t arg_index;                 // position in the schema's arguments
-  std::optional<size_t> list_index; // position inside a Tensor[] / Tensor?[] argument
-  const Layout* layout;             // nullptr: a plain tensor (treated as replicated)
-  c10::IntArrayRef shape;           // global shape (the argument's sizes: valid during the call)
+  size_t arg_index;                  // position in the schema's arguments
+  std::optional<size_t> list_index;  // position inside a Tensor[] / Tensor?[] argument
+  const Layout* layout;              // nullptr: a plain tensor (treated as replicated)
+  c10::IntArrayRef shape;            // global shape (the argument's sizes: valid during the call)
   c10::ScalarType dtype;
 };
 
@@ -87,16 +87,20 @@ class DistributedOp {
   virtual std::string rule() const = 0;
   virtual ShardingDecision infer_layout(const OpCall& call) const = 0;
   // Called on the local arguments after redistribution, before the local op runs.
-  virtual void expand(const OpCall& call, const ShardingDecision& decision,
-                      torch::jit::Stack& local_args) const {
-    (void)call; (void)decision; (void)local_args;
+  virtual void expand(const OpCall& call, const ShardingDecision& decision, torch::jit::Stack& local_args) const {
+    (void)call;
+    (void)decision;
+    (void)local_args;
   }
   // HyperParallel's wrap_output step: may fix up the local results (e.g. zero the rows
   // of ids another rank owns) before they are wrapped with the inferred layouts.
   // `local_args` are the redistributed local arguments as they were before expand().
-  virtual void finalize(const OpCall& call, const ShardingDecision& decision,
-                        const torch::jit::Stack& local_args, torch::jit::Stack& local_results) const {
-    (void)call; (void)decision; (void)local_args; (void)local_results;
+  virtual void finalize(const OpCall& call, const ShardingDecision& decision, const torch::jit::Stack& local_args,
+                        torch::jit::Stack& local_results) const {
+    (void)call;
+    (void)decision;
+    (void)local_args;
+    (void)local_results;
   }
 };
 
@@ -128,8 +132,8 @@ void register_distributed_op_class(const std::string& class_name, DistributedOpF
 std::vector<std::string> registered_op_class_names();
 
 // Registers a class next to its definition: HP_REGISTER_OP_CLASS(PointwiseOp, factory).
-#define HP_REGISTER_OP_CLASS(NAME, ...)                                            \
-  static const bool hp_op_class_registered_##NAME =                                \
+#define HP_REGISTER_OP_CLASS(NAME, ...)             \
+  static const bool hp_op_class_registered_##NAME = \
       (::hyper_parallel::register_distributed_op_class(#NAME, __VA_ARGS__), true)
 
 // input_placements that replicate every DTensor argument and leave plain ones alone.

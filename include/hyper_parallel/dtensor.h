@@ -39,29 +39,25 @@ struct FromLocalOptions {
 // as is, with no collective: only right when every rank holds the same data. Every rank
 // passes the same shape and dtype. `full` must be a leaf (use DTensor::from_local
 // inside autograd); the result is a leaf with full's requires_grad.
-at::Tensor distribute_tensor(const at::Tensor& full, const DeviceMesh& mesh,
-                             const Placements& placements,
+at::Tensor distribute_tensor(const at::Tensor& full, const DeviceMesh& mesh, const Placements& placements,
                              std::optional<int64_t> src_data_rank = 0);
 
 struct DTensor {
   // Wraps each rank's `local` piece. Differentiable: the gradient of `local` is the
   // gradient's local piece once redistributed to `placements` (Partial -> Replicate).
-  static at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh,
-                               const Placements& placements, const FromLocalOptions& options = {});
+  static at::Tensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
+                               const FromLocalOptions& options = {});
 };
 
 // The local piece (differentiable: its gradient comes back as a DTensor of the same
 // layout, or of `grad_placements` when given).
-at::Tensor to_local(const at::Tensor& dtensor,
-                    const std::optional<Placements>& grad_placements = std::nullopt);
+at::Tensor to_local(const at::Tensor& dtensor, const std::optional<Placements>& grad_placements = std::nullopt);
 // All-gathers / reduces into the full tensor on every rank (differentiable; the plain
 // gradient is taken as `grad_placements`' pieces when given, else as Replicate).
-at::Tensor full_tensor(const at::Tensor& dtensor,
-                       const std::optional<Placements>& grad_placements = std::nullopt);
+at::Tensor full_tensor(const at::Tensor& dtensor, const std::optional<Placements>& grad_placements = std::nullopt);
 // Moves to other placements (differentiable; backward goes the other way, with
 // Partial sources receiving Replicate gradients as in PyTorch).
-at::Tensor redistribute(const at::Tensor& dtensor, const DeviceMesh& mesh,
-                        const Placements& placements);
+at::Tensor redistribute(const at::Tensor& dtensor, const DeviceMesh& mesh, const Placements& placements);
 at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements);
 
 bool is_dtensor(const at::Tensor& t);

@@ -25,7 +25,7 @@ namespace hyper_parallel {
 struct FusedLinearCrossEntropyOptions {
   // The options of cross_entropy under loss_parallel (LossParallelOptions for the last two).
   int64_t ignore_index = -100;
-  std::optional<at::Tensor> class_weight;  // [V], plain or Replicate; no gradient
+  std::optional<at::Tensor> class_weight;   // [V], plain or Replicate; no gradient
   int64_t reduction = at::Reduction::Mean;  // at::Reduction: None, Mean or Sum
   double label_smoothing = 0.0;
   double z_loss_weight = 0.0;  // + z * lse^2 per counted token

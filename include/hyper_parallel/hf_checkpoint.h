@@ -55,8 +55,8 @@ void load_hf_checkpoint(torch::nn::Module& model, const HfAdapter& adapter, cons
 // Full tensors under our names -> under the checkpoint's names, rows back in rotate-half
 // order. Several of ours mapped to one name (tied weights) are summed when `sum_shared`
 // (gradients), and must be equal otherwise (weights), or this throws naming them.
-std::map<std::string, at::Tensor> to_hf_names(const std::map<std::string, at::Tensor>& ours,
-                                              const HfAdapter& adapter, bool sum_shared);
+std::map<std::string, at::Tensor> to_hf_names(const std::map<std::string, at::Tensor>& ours, const HfAdapter& adapter,
+                                              bool sum_shared);
 
 // config.json's text for the exported model (the export adds "dtype" and the source's
 // token ids).

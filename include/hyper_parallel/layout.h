@@ -23,8 +23,7 @@ class Layout {
   Layout() = default;
   // Empty `stride` means contiguous. Shard dims are normalised; throws when the
   // placements do not fit the mesh or the shape.
-  Layout(DeviceMesh mesh, Placements placements, std::vector<int64_t> shape,
-         std::vector<int64_t> stride = {});
+  Layout(DeviceMesh mesh, Placements placements, std::vector<int64_t> shape, std::vector<int64_t> stride = {});
 
   bool defined() const { return data_ != nullptr; }
   const DeviceMesh& mesh() const { return data_->mesh; }

@@ -34,7 +34,7 @@ struct LlamaArgs {
   int64_t dim = 256;
   int64_t n_layers = 2;
   int64_t n_heads = 8;
-  int64_t n_kv_heads = 0;  // grouped-query attention: key/value heads; 0: n_heads
+  int64_t n_kv_heads = 0;         // grouped-query attention: key/value heads; 0: n_heads
   int64_t explicit_head_dim = 0;  // 0: dim / n_heads (Hugging Face configs may set head_dim)
   int64_t vocab_size = 32000;
   int64_t ffn_hidden_dim = 0;  // 0: 2/3 * 4 * dim rounded up to multiple_of

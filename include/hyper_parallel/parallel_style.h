@@ -35,9 +35,9 @@ namespace hyper_parallel {
 // How a parallelized module converts what flows in and out (the hooks of PyTorch's styles).
 struct ModuleLayouts {
   DeviceMesh mesh;
-  Placements input_layouts;    // how a plain input is laid out (DTensor inputs keep theirs)
-  Placements desired_input;    // what the module's computation needs
-  Placements output_layouts;   // what the output is redistributed to
+  Placements input_layouts;   // how a plain input is laid out (DTensor inputs keep theirs)
+  Placements desired_input;   // what the module's computation needs
+  Placements output_layouts;  // what the output is redistributed to
   bool use_local_output = true;
   bool use_local_input = false;  // PrepareModuleInput(use_local_output): hand the module local pieces
 };

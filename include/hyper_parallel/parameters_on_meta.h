@@ -5,8 +5,8 @@
 // While a ParametersOnMeta lives on this thread, the modules of our model families build
 // their linear and embedding weights (new_linear, new_embedding) on the meta device: shapes
 // and dtypes, no memory, no initialisation. Norm weights (dim elements, left unsharded by
-// TP) and buffers (RoPE tables) are made as usual. Then: shard the model (its family's parallelize: distribute_tensor keeps meta
-// tensors on meta), materialize_parameters, and load every weight (load_hf_checkpoint).
+// TP) and buffers (RoPE tables) are made as usual. Then: shard the model (its family's parallelize: distribute_tensor
+// keeps meta tensors on meta), materialize_parameters, and load every weight (load_hf_checkpoint).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -39,8 +39,7 @@ class Placement {
   Placement normalized(int64_t ndim) const;
 
   bool operator==(const Placement& o) const {
-    return kind_ == o.kind_ && (kind_ != Kind::Shard || dim_ == o.dim_) &&
-           (kind_ != Kind::Partial || op_ == o.op_);
+    return kind_ == o.kind_ && (kind_ != Kind::Shard || dim_ == o.dim_) && (kind_ != Kind::Partial || op_ == o.op_);
   }
   bool operator!=(const Placement& o) const { return !(*this == o); }
   size_t hash() const;

@@ -36,9 +36,7 @@ class CountingAllocator final : public c10::Allocator {
     }
     return {data, data, &release, device};
   }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
   void reset_peak() { peak_ = current_.load(); }

@@ -14,8 +14,7 @@ namespace hyper_parallel::compat {
 
 using NodePtr = decltype(torch::autograd::Edge::function);
 
-inline constexpr bool kIntrusiveNodes =
-    std::is_base_of_v<c10::intrusive_ptr_target, torch::autograd::Node>;
+inline constexpr bool kIntrusiveNodes = std::is_base_of_v<c10::intrusive_ptr_target, torch::autograd::Node>;
 
 // A new autograd node of type T, owned the way this LibTorch owns nodes.
 template <class T, class... Args>

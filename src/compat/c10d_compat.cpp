@@ -19,10 +19,8 @@ namespace {
 // tensors and, for several ranks sharing one GPU (NCCL refuses that), CUDA tensors too;
 // NCCL serves CUDA tensors only.
 template <typename BackendT>
-ProcessGroupPtr wrap_backend(const StorePtr& store, int rank, int size,
-                             c10::intrusive_ptr<BackendT> backend,
-                             std::initializer_list<c10::DeviceType> devices,
-                             c10d::ProcessGroup::BackendType type) {
+ProcessGroupPtr wrap_backend(const StorePtr& store, int rank, int size, c10::intrusive_ptr<BackendT> backend,
+                             std::initializer_list<c10::DeviceType> devices, c10d::ProcessGroup::BackendType type) {
   auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
   pg->setDefaultBackend(type);
   for (c10::DeviceType device : devices) pg->setBackend(device, type, backend);
@@ -41,15 +39,15 @@ bool has_nccl() {
 std::string default_backend_for(const std::string& device_type) {
   if (device_type == "cpu") return "gloo";
   if (device_type == "cuda") {
-    TORCH_CHECK(has_nccl(), "device type 'cuda' needs a LibTorch built with NCCL; this one (",
-                TORCH_VERSION, ") has none. Expected device type 'cpu', or backend 'gloo'.");
+    TORCH_CHECK(has_nccl(), "device type 'cuda' needs a LibTorch built with NCCL; this one (", TORCH_VERSION,
+                ") has none. Expected device type 'cpu', or backend 'gloo'.");
     return "nccl";
   }
   TORCH_CHECK(false, "unsupported device type '", device_type, "': expected 'cpu' or 'cuda'");
 }
 
-ProcessGroupPtr make_process_group(const std::string& backend, const StorePtr& store, int rank,
-                                   int size, std::chrono::milliseconds timeout) {
+ProcessGroupPtr make_process_group(const std::string& backend, const StorePtr& store, int rank, int size,
+                                   std::chrono::milliseconds timeout) {
   if (backend == "gloo") {
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
@@ -62,12 +60,11 @@ ProcessGroupPtr make_process_group(const std::string& backend, const StorePtr& s
     auto opts = c10d::ProcessGroupNCCL::Options::create();
     opts->timeout = timeout;
     auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
-    return wrap_backend(store, rank, size, nccl, {c10::DeviceType::CUDA},
-                        c10d::ProcessGroup::BackendType::NCCL);
+    return wrap_backend(store, rank, size, nccl, {c10::DeviceType::CUDA}, c10d::ProcessGroup::BackendType::NCCL);
   }
 #endif
-  TORCH_CHECK(false, "unknown or unavailable process-group backend '", backend,
-              "': expected 'gloo'", has_nccl() ? " or 'nccl'" : " (this LibTorch has no NCCL)");
+  TORCH_CHECK(false, "unknown or unavailable process-group backend '", backend, "': expected 'gloo'",
+              has_nccl() ? " or 'nccl'" : " (this LibTorch has no NCCL)");
 }
 
 bool has_native_reduce_scatter(const ProcessGroupPtr& pg, c10::DeviceType device) {

@@ -25,8 +25,8 @@ std::string default_backend_for(const std::string& device_type);
 
 // Creates a process group of `size` members in which the caller is `rank`.
 // All members must call it with a store that gives them the same namespace.
-ProcessGroupPtr make_process_group(const std::string& backend, const StorePtr& store, int rank,
-                                   int size, std::chrono::milliseconds timeout);
+ProcessGroupPtr make_process_group(const std::string& backend, const StorePtr& store, int rank, int size,
+                                   std::chrono::milliseconds timeout);
 
 // Whether `pg` implements reduce_scatter natively for tensors on `device` (NCCL; Gloo from
 // LibTorch 2.x for CPU tensors).

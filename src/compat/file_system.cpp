@@ -34,8 +34,8 @@ bool create_directories(const std::string& path, std::string* error) {
   if (!parent.empty() && parent != path && !create_directories(parent, error)) return false;
   if (::mkdir(path.c_str(), 0777) != 0 && !(errno == EEXIST && is_directory(path))) {
     // EEXIST alone ("File exists") does not say that the thing in the way is a file.
-    const std::string reason = errno == EEXIST ? "a file of that name is in the way (it is not a folder)"
-                                               : std::strerror(errno);
+    const std::string reason =
+        errno == EEXIST ? "a file of that name is in the way (it is not a folder)" : std::strerror(errno);
     if (error) *error = "cannot create directory '" + path + "': " + reason;
     return false;
   }
@@ -50,8 +50,7 @@ void remove_all(const std::string& path) {
         ::remove(p);  // best effort, like rm -rf
         return 0;
       },
-      16,
-      FTW_DEPTH | FTW_PHYS);
+      16, FTW_DEPTH | FTW_PHYS);
 }
 
 std::vector<std::string> list_directory(const std::string& path) {

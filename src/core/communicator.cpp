@@ -43,14 +43,19 @@ class Tallied {
   std::chrono::steady_clock::time_point start_;
 };
 
-int64_t bytes_of(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size()); }
+int64_t bytes_of(const at::Tensor& t) {
+  return static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+}
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Avg: return c10d::ReduceOp::SUM;
-    case ReduceOp::Max: return c10d::ReduceOp::MAX;
-    case ReduceOp::Min: return c10d::ReduceOp::MIN;
+    case ReduceOp::Avg:
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::Max:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::Min:
+      return c10d::ReduceOp::MIN;
   }
   return c10d::ReduceOp::SUM;
 }
@@ -101,8 +106,10 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const Communicator& co
 
 // NCCL takes CUDA tensors only; say so here rather than in NCCL's words.
 void check_device(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at::Tensor& t, const char* what) {
-  TORCH_CHECK(t.is_cuda() || pg->getBackendName() != "nccl", what, ": expected a CUDA tensor on an NCCL "
-              "group, got one on ", t.device(), "; put it on the mesh's device (DeviceMesh::device())");
+  TORCH_CHECK(t.is_cuda() || pg->getBackendName() != "nccl", what,
+              ": expected a CUDA tensor on an NCCL "
+              "group, got one on ",
+              t.device(), "; put it on the mesh's device (DeviceMesh::device())");
 }
 
 // Gloo's reductions are not defined for bfloat16 in every LibTorch: such buffers travel
@@ -143,11 +150,10 @@ ChunkRange chunk_range(int64_t size, int64_t n, int64_t index) {
   return {begin, end - begin};
 }
 
-Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> pg,
-                           std::vector<int64_t> global_ranks)
+Communicator::Communicator(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::vector<int64_t> global_ranks)
     : pg_(std::move(pg)), global_ranks_(std::move(global_ranks)), rank_(pg_->getRank()) {
-  TORCH_CHECK(pg_->getSize() == size(), "process group of size ", pg_->getSize(),
-              " does not match the ", size(), " ranks it was created for");
+  TORCH_CHECK(pg_->getSize() == size(), "process group of size ", pg_->getSize(), " does not match the ", size(),
+              " ranks it was created for");
 }
 
 Communicator::~Communicator() {
@@ -183,7 +189,8 @@ PendingAllReduce PendingAllReduce::start(const Communicator& comm, const at::Ten
   check_device(pg, buffer, "all_reduce");
   TORCH_CHECK(buffer.is_contiguous() && !needs_float_wire(pg, buffer),
               "PendingAllReduce: expected a contiguous buffer that Gloo can sum (float32 for bfloat16 "
-              "data), got ", buffer.scalar_type(), buffer.is_contiguous() ? "" : " (not contiguous)");
+              "data), got ",
+              buffer.scalar_type(), buffer.is_contiguous() ? "" : " (not contiguous)");
   ++tls_tally.count;
   tls_tally.bytes += bytes_of(buffer);
   std::vector<at::Tensor> v{buffer};
@@ -223,13 +230,12 @@ void Communicator::all_reduce_many_(std::vector<at::Tensor>& ts, ReduceOp op) co
   }
 }
 
-at::Tensor Communicator::all_gather(const at::Tensor& local, int64_t dim,
-                                    const std::vector<int64_t>& sizes) const {
+at::Tensor Communicator::all_gather(const at::Tensor& local, int64_t dim, const std::vector<int64_t>& sizes) const {
   dim = c10::maybe_wrap_dim(dim, local.dim());
-  TORCH_CHECK(static_cast<int64_t>(sizes.size()) == size(), "all_gather: expected ", size(),
-              " piece sizes, got ", sizes.size());
-  TORCH_CHECK(local.size(dim) == sizes[rank_], "all_gather: local piece has ", local.size(dim),
-              " rows along dim ", dim, " but rank ", rank_, " was expected to hold ", sizes[rank_]);
+  TORCH_CHECK(static_cast<int64_t>(sizes.size()) == size(), "all_gather: expected ", size(), " piece sizes, got ",
+              sizes.size());
+  TORCH_CHECK(local.size(dim) == sizes[rank_], "all_gather: local piece has ", local.size(dim), " rows along dim ", dim,
+              " but rank ", rank_, " was expected to hold ", sizes[rank_]);
   if (needs_float_wire(pg_, local)) {
     return all_gather(local.to(at::kFloat), dim, sizes).to(at::kBFloat16);
   }

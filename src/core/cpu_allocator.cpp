@@ -133,8 +133,8 @@ class CachingCpuAllocator final : public c10::Allocator {
         stats_.in_use_bytes -= static_cast<int64_t>(size);
         stats_.reserved_bytes -= static_cast<int64_t>(size);
       }
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "hyper_parallel CPU allocator: cannot map ", size, " bytes: ",
-                       std::strerror(err));
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "hyper_parallel CPU allocator: cannot map ", size,
+                       " bytes: ", std::strerror(err));
     }
     if (!huge) return raw;
     const auto begin = reinterpret_cast<uintptr_t>(raw);
@@ -149,8 +149,8 @@ class CachingCpuAllocator final : public c10::Allocator {
 
   c10::Allocator* fallback_;
   std::mutex mu_;
-  std::multimap<size_t, void*> free_;          // size -> free block
-  std::unordered_map<void*, size_t> live_;     // block in use -> its size
+  std::multimap<size_t, void*> free_;       // size -> free block
+  std::unordered_map<void*, size_t> live_;  // block in use -> its size
   CachingCpuAllocatorStats stats_;
 };
 
@@ -162,7 +162,8 @@ void CachingCpuAllocator::release(void* ctx) {
   if (g_allocator->give_back(ctx)) return;
   // Only raw_deallocate hands us a block we did not map: the fallback made it.
   const c10::DeleterFnPtr fallback = g_allocator->fallback_->raw_deleter();
-  TORCH_INTERNAL_ASSERT(fallback != nullptr, "hyper_parallel CPU allocator: freeing a block it does not hold, and "
+  TORCH_INTERNAL_ASSERT(fallback != nullptr,
+                        "hyper_parallel CPU allocator: freeing a block it does not hold, and "
                         "the allocator beneath it cannot free raw blocks");
   fallback(ctx);
 }

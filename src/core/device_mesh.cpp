@@ -79,12 +79,12 @@ int64_t DeviceMesh::get_rank() const { return data().my_rank; }
 const std::vector<int64_t>& DeviceMesh::coordinate() const { return data().coordinate; }
 
 const Communicator& DeviceMesh::comm(int64_t mesh_dim) const {
-  TORCH_CHECK(mesh_dim >= 0 && mesh_dim < ndim(), "mesh dim ", mesh_dim,
-              " is out of range for a ", ndim(), "-D mesh");
+  TORCH_CHECK(mesh_dim >= 0 && mesh_dim < ndim(), "mesh dim ", mesh_dim, " is out of range for a ", ndim(), "-D mesh");
   // The reference stays valid while the world lives; after destroy_process_group() the
   // mesh cannot communicate any more.
   const auto c = data().comms[mesh_dim].lock();
-  TORCH_CHECK(c, str(), ": the process group of mesh dim ", mesh_dim, " was destroyed "
+  TORCH_CHECK(c, str(), ": the process group of mesh dim ", mesh_dim,
+              " was destroyed "
               "(destroy_process_group()); create a new mesh in the new world");
   return *c;
 }
@@ -97,8 +97,7 @@ int64_t DeviceMesh::mesh_dim_index(const std::string& name) const {
   if (it == names.end()) {
     std::ostringstream os;
     for (size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << '"' << names[i] << '"';
-    TORCH_CHECK_INDEX(false, "mesh has no dimension named \"", name, "\"; its dims are [",
-                      os.str(), "]");
+    TORCH_CHECK_INDEX(false, "mesh has no dimension named \"", name, "\"; its dims are [", os.str(), "]");
   }
   return it - names.begin();
 }
@@ -109,8 +108,7 @@ DeviceMesh DeviceMesh::slice(const std::vector<std::string>& names) const {
   const Data& d = data();
   std::vector<int64_t> dims;
   for (const auto& n : names) dims.push_back(mesh_dim_index(n));
-  TORCH_CHECK(std::set<int64_t>(dims.begin(), dims.end()).size() == dims.size(),
-              "mesh slice names a dimension twice");
+  TORCH_CHECK(std::set<int64_t>(dims.begin(), dims.end()).size() == dims.size(), "mesh slice names a dimension twice");
   auto sub = std::make_shared<Data>();
   sub->device_type = d.device_type;
   sub->device = d.device;
@@ -174,8 +172,7 @@ void DeviceMesh::manual_seed(uint64_t seed) const {
 bool DeviceMesh::operator==(const DeviceMesh& o) const {
   if (data_ == o.data_) return true;
   if (!data_ || !o.data_) return false;
-  return data_->device_type == o.data_->device_type && data_->shape == o.data_->shape &&
-         data_->ranks == o.data_->ranks;
+  return data_->device_type == o.data_->device_type && data_->shape == o.data_->shape && data_->ranks == o.data_->ranks;
 }
 
 size_t DeviceMesh::hash() const {
@@ -216,13 +213,11 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
   World& world = current_world();
   TORCH_CHECK(!shape.empty(), "init_device_mesh: expected a non-empty mesh shape");
   for (int64_t s : shape) TORCH_CHECK(s >= 1, "init_device_mesh: mesh sizes must be >= 1, got ", s);
-  TORCH_CHECK(product(shape) == world.size, "init_device_mesh: a mesh of shape ",
-              c10::IntArrayRef(shape), " needs ", product(shape), " ranks but the world has ",
-              world.size);
-  TORCH_CHECK(dim_names.empty() || dim_names.size() == shape.size(), "init_device_mesh: ",
-              shape.size(), " mesh dims but ", dim_names.size(), " dim names");
-  TORCH_CHECK(world.device_type == device_type || device_type == "cpu",
-              "init_device_mesh: device type '", device_type,
+  TORCH_CHECK(product(shape) == world.size, "init_device_mesh: a mesh of shape ", c10::IntArrayRef(shape), " needs ",
+              product(shape), " ranks but the world has ", world.size);
+  TORCH_CHECK(dim_names.empty() || dim_names.size() == shape.size(), "init_device_mesh: ", shape.size(),
+              " mesh dims but ", dim_names.size(), " dim names");
+  TORCH_CHECK(world.device_type == device_type || device_type == "cpu", "init_device_mesh: device type '", device_type,
               "' differs from the world's '", world.device_type,
               "'; initialise the world with InitOptions{.device_type = \"", device_type, "\"}");
 
@@ -259,11 +254,11 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
     std::vector<int64_t> members;
     int64_t base = world.rank - d->coordinate[k] * strides[k];
     for (int64_t i = 0; i < shape[k]; ++i) members.push_back(base + i * strides[k]);
-    std::string ns = "hp/mesh" + std::to_string(mesh_id) + "/dim" + std::to_string(k) +
-                     "/first" + std::to_string(members.front());
+    std::string ns =
+        "hp/mesh" + std::to_string(mesh_id) + "/dim" + std::to_string(k) + "/first" + std::to_string(members.front());
     auto store = c10::make_intrusive<c10d::PrefixStore>(ns, world.store);
-    auto pg = compat::make_process_group(backend, store, static_cast<int>(d->coordinate[k]),
-                                         static_cast<int>(shape[k]), timeout);
+    auto pg = compat::make_process_group(backend, store, static_cast<int>(d->coordinate[k]), static_cast<int>(shape[k]),
+                                         timeout);
     auto comm = std::make_shared<Communicator>(std::move(pg), std::move(members));
     describe_group(*comm, "mesh dim '" + d->names[k] + "' of mesh " + mesh_text, timeout);
     world.groups.push_back(comm);

@@ -68,8 +68,10 @@ void install(std::shared_ptr<World> w, bool per_thread) {
     return;
   }
   std::lock_guard<std::mutex> lock(global_mutex);
-  TORCH_CHECK(!global_world, "init_process_group: the default process group is already "
-              "initialised (rank ", global_world->rank, " of ", global_world->size, ")");
+  TORCH_CHECK(!global_world,
+              "init_process_group: the default process group is already "
+              "initialised (rank ",
+              global_world->rank, " of ", global_world->size, ")");
   global_world = std::move(w);
 }
 }  // namespace
@@ -90,9 +92,9 @@ std::chrono::milliseconds default_collective_timeout() {
 
 c10::Device select_rank_device(const std::string& device_type, int64_t local_rank) {
   if (device_type == "cpu") return c10::Device(c10::kCPU);
-  TORCH_CHECK(device_type == "cuda", "unsupported device type '", device_type,
-              "': expected 'cpu' or 'cuda'");
-  TORCH_CHECK(at::globalContext().hasCUDA(), "device type 'cuda': no GPU is visible to this "
+  TORCH_CHECK(device_type == "cuda", "unsupported device type '", device_type, "': expected 'cpu' or 'cuda'");
+  TORCH_CHECK(at::globalContext().hasCUDA(),
+              "device type 'cuda': no GPU is visible to this "
               "process (or this LibTorch has no CUDA); expected at least one CUDA device");
   const int gpus = at::detail::getCUDAHooks().getNumGPUs();
   const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus));
@@ -109,17 +111,15 @@ void init_process_group(const InitOptions& options) {
   default_collective_timeout();
   validated_backend(options);
   local_rank_of(rank, options);
-  auto store = compat::make_tcp_store(addr && *addr ? addr : "127.0.0.1",
-                                      static_cast<uint16_t>(port), static_cast<int>(rank),
-                                      static_cast<int>(size), options.timeout);
+  auto store = compat::make_tcp_store(addr && *addr ? addr : "127.0.0.1", static_cast<uint16_t>(port),
+                                      static_cast<int>(rank), static_cast<int>(size), options.timeout);
   init_process_group(store, rank, size, options);
 }
 
 void init_process_group(c10::intrusive_ptr<c10d::Store> store, int64_t rank, int64_t world_size,
                         const InitOptions& options) {
   TORCH_CHECK(world_size >= 1 && rank >= 0 && rank < world_size,
-              "init_process_group: expected 0 <= rank < world_size, got rank ", rank,
-              " and world_size ", world_size);
+              "init_process_group: expected 0 <= rank < world_size, got rank ", rank, " and world_size ", world_size);
   auto w = std::make_shared<World>();
   w->store = std::move(store);
   w->rank = rank;
@@ -129,13 +129,13 @@ void init_process_group(c10::intrusive_ptr<c10d::Store> store, int64_t rank, int
   w->backend = backend == "auto" ? compat::default_backend_for(options.device_type) : backend;
   w->device = select_rank_device(options.device_type, local_rank_of(rank, options));
   if (w->backend == "nccl") {
-    const int64_t ranks_here = options.per_thread
-                                   ? world_size
-                                   : env_int_or("LOCAL_WORLD_SIZE", world_size, 1, world_size,
-                                                "ranks on this machine, at most WORLD_SIZE");
+    const int64_t ranks_here = options.per_thread ? world_size
+                                                  : env_int_or("LOCAL_WORLD_SIZE", world_size, 1, world_size,
+                                                               "ranks on this machine, at most WORLD_SIZE");
     const int gpus = at::detail::getCUDAHooks().getNumGPUs();
     TORCH_CHECK(ranks_here <= gpus, "init_process_group: backend 'nccl' with ", ranks_here,
-                " ranks on this machine but ", gpus, " GPU(s): NCCL refuses two ranks on one GPU. "
+                " ranks on this machine but ", gpus,
+                " GPU(s): NCCL refuses two ranks on one GPU. "
                 "Expected at most one rank per GPU, or backend 'gloo' (HP_BACKEND=gloo) to share GPUs");
   }
   w->timeout = options.timeout;
@@ -161,7 +161,8 @@ void destroy_process_group() {
 World& current_world() {
   if (thread_world) return *thread_world;
   std::lock_guard<std::mutex> lock(global_mutex);
-  TORCH_CHECK(global_world, "the default process group is not initialised: call "
+  TORCH_CHECK(global_world,
+              "the default process group is not initialised: call "
               "hyper_parallel::init_process_group() (or init_device_mesh, which does it from "
               "the environment hp-run sets)");
   return *global_world;

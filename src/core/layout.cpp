@@ -14,8 +14,7 @@ std::vector<int64_t> contiguous_strides(c10::IntArrayRef shape) {
   return s;
 }
 
-Layout::Layout(DeviceMesh mesh, Placements placements, std::vector<int64_t> shape,
-               std::vector<int64_t> stride) {
+Layout::Layout(DeviceMesh mesh, Placements placements, std::vector<int64_t> shape, std::vector<int64_t> stride) {
   TORCH_CHECK(mesh.defined(), "Layout needs a defined DeviceMesh");
   TORCH_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), "expected ", mesh.ndim(),
               " placements (one per mesh dim of ", mesh.str(), "), got ", placements.size(), ": ",
@@ -24,8 +23,8 @@ Layout::Layout(DeviceMesh mesh, Placements placements, std::vector<int64_t> shap
   const int64_t ndim = static_cast<int64_t>(shape.size());
   for (auto& p : placements) d->placements.push_back(p.normalized(ndim));
   if (stride.empty()) stride = contiguous_strides(shape);
-  TORCH_CHECK(stride.size() == shape.size(), "Layout: stride has ", stride.size(),
-              " entries for a shape of ", shape.size());
+  TORCH_CHECK(stride.size() == shape.size(), "Layout: stride has ", stride.size(), " entries for a shape of ",
+              shape.size());
   d->mesh = std::move(mesh);
   d->shape = std::move(shape);
   d->stride = std::move(stride);
@@ -53,12 +52,14 @@ void Layout::local_piece_at(const std::vector<int64_t>& coordinate, std::vector<
 }
 
 bool Layout::is_replicated() const {
-  for (auto& p : placements()) if (!p.is_replicate()) return false;
+  for (auto& p : placements())
+    if (!p.is_replicate()) return false;
   return true;
 }
 
 bool Layout::has_partial() const {
-  for (auto& p : placements()) if (p.is_partial()) return true;
+  for (auto& p : placements())
+    if (p.is_partial()) return true;
   return false;
 }
 
@@ -71,7 +72,8 @@ std::vector<int64_t> Layout::mesh_dims_sharding(int64_t dim) const {
 }
 
 bool Layout::has_nested_shards() const {
-  for (int64_t d = 0; d < ndim(); ++d) if (mesh_dims_sharding(d).size() > 1) return true;
+  for (int64_t d = 0; d < ndim(); ++d)
+    if (mesh_dims_sharding(d).size() > 1) return true;
   return false;
 }
 
@@ -82,16 +84,15 @@ Layout Layout::with_placements(Placements placements) const {
 bool Layout::operator==(const Layout& o) const {
   if (data_ == o.data_) return true;
   if (!data_ || !o.data_) return false;
-  return data_->hash == o.data_->hash && data_->placements == o.data_->placements &&
-         data_->shape == o.data_->shape && data_->stride == o.data_->stride &&
-         data_->mesh == o.data_->mesh;
+  return data_->hash == o.data_->hash && data_->placements == o.data_->placements && data_->shape == o.data_->shape &&
+         data_->stride == o.data_->stride && data_->mesh == o.data_->mesh;
 }
 
 std::string Layout::str() const {
   if (!data_) return "Layout(undefined)";
   std::ostringstream os;
-  os << "Layout(" << to_string(placements()) << ", shape=" << c10::IntArrayRef(shape())
-     << ", mesh=" << mesh().str() << ")";
+  os << "Layout(" << to_string(placements()) << ", shape=" << c10::IntArrayRef(shape()) << ", mesh=" << mesh().str()
+     << ")";
   return os.str();
 }
 

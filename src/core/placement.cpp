@@ -9,10 +9,14 @@ namespace hyper_parallel {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Avg: return "avg";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Avg:
+      return "avg";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
   }
   return "?";
 }
@@ -20,8 +24,8 @@ const char* reduce_op_name(ReduceOp op) {
 Placement Placement::normalized(int64_t ndim) const {
   if (kind_ != Kind::Shard) return *this;
   int64_t d = dim_ < 0 ? dim_ + ndim : dim_;
-  TORCH_CHECK_INDEX(d >= 0 && d < ndim, "Shard(", dim_, ") is out of range for a tensor with ",
-                    ndim, " dimensions (expected a dim in [", -ndim, ", ", ndim, "))");
+  TORCH_CHECK_INDEX(d >= 0 && d < ndim, "Shard(", dim_, ") is out of range for a tensor with ", ndim,
+                    " dimensions (expected a dim in [", -ndim, ", ", ndim, "))");
   return shard(d);
 }
 
@@ -34,9 +38,12 @@ size_t Placement::hash() const {
 
 std::string Placement::str() const {
   switch (kind_) {
-    case Kind::Shard: return "Shard(" + std::to_string(dim_) + ")";
-    case Kind::Replicate: return "Replicate()";
-    case Kind::Partial: return std::string("Partial(") + reduce_op_name(op_) + ")";
+    case Kind::Shard:
+      return "Shard(" + std::to_string(dim_) + ")";
+    case Kind::Replicate:
+      return "Replicate()";
+    case Kind::Partial:
+      return std::string("Partial(") + reduce_op_name(op_) + ")";
   }
   return "?";
 }

@@ -9,8 +9,7 @@ namespace {
 
 // Size of tensor dim `d` that mesh dim `m` chunks, given the shards of mesh dims < m
 // in `placements` at this rank's coordinate.
-int64_t size_before_mesh_dim(const Layout& layout, const Placements& placements, int64_t d,
-                             int64_t m) {
+int64_t size_before_mesh_dim(const Layout& layout, const Placements& placements, int64_t d, int64_t m) {
   int64_t s = layout.shape()[d];
   const auto& coord = layout.mesh().coordinate();
   for (int64_t j = 0; j < m; ++j) {
@@ -19,8 +18,7 @@ int64_t size_before_mesh_dim(const Layout& layout, const Placements& placements,
   return s;
 }
 
-at::Tensor unshard(const at::Tensor& local, const Layout& layout, const Placements& cur,
-                   int64_t m) {
+at::Tensor unshard(const at::Tensor& local, const Layout& layout, const Placements& cur, int64_t m) {
   const int64_t d = cur[m].dim();
   const int64_t full = size_before_mesh_dim(layout, cur, d, m);
   const int64_t n = layout.mesh().size(m);
@@ -30,8 +28,7 @@ at::Tensor unshard(const at::Tensor& local, const Layout& layout, const Placemen
 }
 
 at::Tensor take_chunk(const at::Tensor& local, const Layout& layout, int64_t d, int64_t m) {
-  const ChunkRange r =
-      chunk_range(local.size(d), layout.mesh().size(m), layout.mesh().coordinate()[m]);
+  const ChunkRange r = chunk_range(local.size(d), layout.mesh().size(m), layout.mesh().coordinate()[m]);
   return local.narrow(d, r.offset, r.length);
 }
 
@@ -46,13 +43,14 @@ at::Tensor partition(const at::Tensor& local, const Layout& layout, ReduceOp op,
 
 Placements partial_to_replicate(const Placements& placements) {
   Placements out = placements;
-  for (auto& p : out) if (p.is_partial()) p = Placement::replicate();
+  for (auto& p : out)
+    if (p.is_partial()) p = Placement::replicate();
   return out;
 }
 
 at::Tensor redistribute_local(const at::Tensor& local, const Layout& from, const Layout& to) {
-  TORCH_CHECK(from.mesh() == to.mesh(), "redistribute across meshes is not supported: from ",
-              from.mesh().str(), " to ", to.mesh().str());
+  TORCH_CHECK(from.mesh() == to.mesh(), "redistribute across meshes is not supported: from ", from.mesh().str(), " to ",
+              to.mesh().str());
   TORCH_CHECK(from.shape() == to.shape(), "redistribute cannot change the global shape (",
               c10::IntArrayRef(from.shape()), " vs ", c10::IntArrayRef(to.shape()), ")");
   if (from.placements() == to.placements()) return local;

@@ -36,7 +36,8 @@ void run_then_agree(const std::string& what, const std::optional<DeviceMesh>& me
   failed = failed.cpu();
   std::string names;
   for (size_t i = 0; i < ranks.size(); ++i) {
-    if (failed[static_cast<int64_t>(i)].item<int64_t>() != 0) names += (names.empty() ? "" : ", ") + std::to_string(ranks[i]);
+    if (failed[static_cast<int64_t>(i)].item<int64_t>() != 0)
+      names += (names.empty() ? "" : ", ") + std::to_string(ranks[i]);
   }
   if (failed_here) throw std::runtime_error(own_error);
   if (!names.empty()) {

@@ -56,14 +56,12 @@ void copy_(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     dst_local = dst->local();
     if (auto* s = dtensor_impl(src)) {
       TORCH_CHECK(s->layout().shape() == to.shape() || src.dim() == 0 || s->layout().is_replicated(),
-                  "copy_: cannot copy a DTensor of shape ", src.sizes(), " into one of shape ",
-                  self.sizes());
+                  "copy_: cannot copy a DTensor of shape ", src.sizes(), " into one of shape ", self.sizes());
       src_local = s->layout().shape() == to.shape() ? local_piece(src, to) : full_value(src);
     } else {
       src_local = src;
     }
-    if (src_local.dim() > 0 && src_local.sizes() != dst_local.sizes() &&
-        src_local.sizes() == self.sizes()) {
+    if (src_local.dim() > 0 && src_local.sizes() != dst_local.sizes() && src_local.sizes() == self.sizes()) {
       // A full plain source: take this rank's piece of it.
       src_local = local_piece(src_local, to);
     }

@@ -106,9 +106,7 @@ ThreadCache& thread_cache() {
 
 thread_local uint64_t tls_context_token = 0;
 
-uint64_t mix(uint64_t h, uint64_t v) {
-  return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
-}
+uint64_t mix(uint64_t h, uint64_t v) { return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2)); }
 
 bool add_ivalue(std::vector<uint64_t>& w, const c10::IValue& v);
 

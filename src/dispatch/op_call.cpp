@@ -26,9 +26,10 @@ OpCall::OpCall(const c10::OperatorHandle& op, const std::string& name, c10::Arra
       if (!mesh_.defined()) {
         mesh_ = ta.layout->mesh();
       } else {
-        TORCH_CHECK(ta.layout->mesh() == mesh_, *name_, ": DTensor arguments live on different "
-                    "meshes (", mesh_.str(), " and ", ta.layout->mesh().str(),
-                    "); expected one mesh");
+        TORCH_CHECK(ta.layout->mesh() == mesh_, *name_,
+                    ": DTensor arguments live on different "
+                    "meshes (",
+                    mesh_.str(), " and ", ta.layout->mesh().str(), "); expected one mesh");
       }
       dtensors_.push_back(tensors_.size());
     }
@@ -54,9 +55,7 @@ OpCall::OpCall(const c10::OperatorHandle& op, const std::string& name, c10::Arra
   }
 }
 
-bool OpCall::has_arg(const std::string& name) const {
-  return schema().argumentIndexWithName(name).has_value();
-}
+bool OpCall::has_arg(const std::string& name) const { return schema().argumentIndexWithName(name).has_value(); }
 
 const c10::IValue& OpCall::arg(const std::string& name) const {
   auto idx = schema().argumentIndexWithName(name);
@@ -71,8 +70,7 @@ const Layout& OpCall::first_layout() const {
 
 bool OpCall::is_inplace() const {
   const auto& args = schema().arguments();
-  return !args.empty() && args[0].alias_info() && args[0].alias_info()->isWrite() &&
-         !args[0].is_out();
+  return !args.empty() && args[0].alias_info() && args[0].alias_info()->isWrite() && !args[0].is_out();
 }
 
 bool OpCall::is_out() const {
@@ -93,8 +91,7 @@ std::vector<std::vector<std::vector<int64_t>>> infer_output_shapes(const OpCall&
   torch::jit::Stack meta_args(call.args().begin(), call.args().end());
   auto to_meta = [](const at::Tensor& t) -> at::Tensor {
     if (!t.defined()) return t;
-    return at::empty_strided(t.sizes(), t.strides(),
-                             at::TensorOptions().dtype(t.scalar_type()).device(at::kMeta));
+    return at::empty_strided(t.sizes(), t.strides(), at::TensorOptions().dtype(t.scalar_type()).device(at::kMeta));
   };
   for (auto& v : meta_args) {
     if (v.isTensor()) {
@@ -137,8 +134,8 @@ std::vector<std::vector<std::vector<int64_t>>> infer_output_shapes(const OpCall&
         call.op().callBoxed(&fallback);
       } catch (const c10::Error& e) {
         TORCH_CHECK(false, call.name(), ": cannot infer output shapes on meta tensors (",
-                    meta_error.what_without_backtrace(), ") nor on expanded CPU tensors (",
-                    e.what_without_backtrace(), "); its DistributedOp must compute them itself");
+                    meta_error.what_without_backtrace(), ") nor on expanded CPU tensors (", e.what_without_backtrace(),
+                    "); its DistributedOp must compute them itself");
       }
       meta_args = std::move(fallback);
     }

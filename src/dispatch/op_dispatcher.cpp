@@ -36,7 +36,7 @@ struct Registry {
     OpDispatcher::RouteClaim claims;
   };
   std::vector<Route> routes;
-  std::map<std::string, std::vector<std::string>> route_kernels;                // route -> kernels
+  std::map<std::string, std::vector<std::string>> route_kernels;             // route -> kernels
   std::map<std::string, std::map<std::string, std::string>> route_bindings;  // route -> op -> kernel
   std::set<std::string> warned_implicit;
 };
@@ -66,8 +66,8 @@ std::string describe_inputs(const OpCall& call) {
 }
 
 // A plain tensor argument next to DTensors is taken to be replicated.
-at::Tensor local_input(const at::Tensor& t, const TensorArg& info,
-                       const std::optional<Placements>& target, const DeviceMesh& mesh) {
+at::Tensor local_input(const at::Tensor& t, const TensorArg& info, const std::optional<Placements>& target,
+                       const DeviceMesh& mesh) {
   if (!target) return info.layout ? local_of(t) : t;
   if (info.layout && *target == info.layout->placements()) return local_of(t);  // no move
   return local_piece(t, info.layout ? info.layout->with_placements(*target) : Layout(mesh, *target, info.shape.vec()));
@@ -97,8 +97,7 @@ torch::jit::Stack localize_args(const OpCall& call, const ShardingDecision& d) {
       slot = list;
     } else {
       auto list = slot.toList().copy();
-      list.set(*info.list_index,
-               local_input(list.get(*info.list_index).toTensor(), info, target, call.mesh()));
+      list.set(*info.list_index, local_input(list.get(*info.list_index).toTensor(), info, target, call.mesh()));
       slot = list;
     }
   }
@@ -106,20 +105,18 @@ torch::jit::Stack localize_args(const OpCall& call, const ShardingDecision& d) {
 }
 
 at::Tensor wrap_one(const OpCall& call, const at::Tensor& local, const Layout& layout) {
-  TORCH_CHECK(local.sizes() == c10::IntArrayRef(layout.local_shape()), call.name(),
-              ": the local result has shape ", local.sizes(), " but the inferred output ",
-              layout.str(), " gives this rank ", c10::IntArrayRef(layout.local_shape()),
-              " (inputs ", describe_inputs(call), ")");
+  TORCH_CHECK(local.sizes() == c10::IntArrayRef(layout.local_shape()), call.name(), ": the local result has shape ",
+              local.sizes(), " but the inferred output ", layout.str(), " gives this rank ",
+              c10::IntArrayRef(layout.local_shape()), " (inputs ", describe_inputs(call), ")");
   return make_dtensor(local, layout);
 }
 
 // Turns the local results into DTensors, in place. A written argument (in-place, out=)
 // is handed back as the caller's DTensor, which commit_writes has updated.
-void wrap_outputs(const OpCall& call, const OpResolution& res, const ShardingDecision& d,
-                  torch::jit::Stack& results) {
+void wrap_outputs(const OpCall& call, const OpResolution& res, const ShardingDecision& d, torch::jit::Stack& results) {
   const auto& schema = call.schema();
-  TORCH_CHECK(results.size() == schema.returns().size(), call.name(), ": expected ",
-              schema.returns().size(), " results, got ", results.size());
+  TORCH_CHECK(results.size() == schema.returns().size(), call.name(), ": expected ", schema.returns().size(),
+              " results, got ", results.size());
   for (size_t r = 0; r < results.size(); ++r) {
     c10::IValue& v = results[r];
     if (const auto arg = res.written_argument[r]) {
@@ -135,8 +132,8 @@ void wrap_outputs(const OpCall& call, const OpResolution& res, const ShardingDec
       v = wrap_one(call, t, layouts[0]);
     } else if (v.isTensorList()) {
       auto list = v.toTensorVector();
-      TORCH_CHECK(layouts.size() == list.size(), call.name(), ": the rule gave ", layouts.size(),
-                  " layouts for ", list.size(), " outputs");
+      TORCH_CHECK(layouts.size() == list.size(), call.name(), ": the rule gave ", layouts.size(), " layouts for ",
+                  list.size(), " outputs");
       std::vector<at::Tensor> wrapped;
       for (size_t j = 0; j < list.size(); ++j) wrapped.push_back(wrap_one(call, list[j], layouts[j]));
       v = wrapped;
@@ -170,8 +167,8 @@ void commit_writes(const OpCall& call, const OpResolution& res, const ShardingDe
                   schema.arguments()[*arg].name(),
                   "' (an in-place view, or a rule that gave no output layout); expected a DTensor");
       dest = target;
-      dest_layout = Layout(call.mesh(), Placements(call.mesh().ndim(), Placement::replicate()),
-                           d.output_layouts[r][0].shape());
+      dest_layout =
+          Layout(call.mesh(), Placements(call.mesh().ndim(), Placement::replicate()), d.output_layouts[r][0].shape());
     } else {
       dest = impl->local();
       dest_layout = impl->layout();
@@ -197,16 +194,15 @@ void commit_writes(const OpCall& call, const OpResolution& res, const ShardingDe
 
 // Replaces the call's arguments on the stack with its results. Last: until here the
 // OpCall reads its arguments from the stack.
-void finish(const OpCall& call, const OpResolution& res, const ShardingDecision& d,
-            torch::jit::Stack& results, torch::jit::Stack* stack) {
+void finish(const OpCall& call, const OpResolution& res, const ShardingDecision& d, torch::jit::Stack& results,
+            torch::jit::Stack* stack) {
   commit_writes(call, res, d, results);
   wrap_outputs(call, res, d, results);
   torch::jit::drop(*stack, call.schema().arguments().size());
   for (auto& v : results) stack->push_back(std::move(v));
 }
 
-void run_local(const OpCall& call, const OpResolution& res, const ShardingDecision& d,
-               torch::jit::Stack* stack) {
+void run_local(const OpCall& call, const OpResolution& res, const ShardingDecision& d, torch::jit::Stack* stack) {
   const DistributedOp& rule = *res.rule;
   torch::jit::Stack local = localize_args(call, d);
   // finalize() sees the arguments as they were before expand() and the op consumed them.
@@ -383,15 +379,15 @@ void OpDispatcher::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* st
     return;
   }
   // 4. no rule
-  TORCH_CHECK(implicit_replication, "DTensor: no sharding rule for op '", res->name, "' (",
-              op.schema().operator_name(), ") with inputs ", describe_inputs(call),
+  TORCH_CHECK(implicit_replication, "DTensor: no sharding rule for op '", res->name, "' (", op.schema().operator_name(),
+              ") with inputs ", describe_inputs(call),
               ". Register a DistributedOp for it (YAML in HYPER_PARALLEL_OPS_YAML_DIR or a plugin in "
               "HYPER_PARALLEL_OPS_PLUGIN_PATH), or opt in to set_implicit_replication(true)");
   {
     std::lock_guard<std::mutex> lock(registry().mutex);
     if (registry().warned_implicit.insert(res->name).second) {
-      TORCH_WARN("DTensor: op '", res->name, "' has no sharding rule; replicating its inputs ",
-                 describe_inputs(call), " and running it locally (implicit replication)");
+      TORCH_WARN("DTensor: op '", res->name, "' has no sharding rule; replicating its inputs ", describe_inputs(call),
+                 " and running it locally (implicit replication)");
     }
   }
   run_replicated(call, *res, stack);

@@ -24,17 +24,17 @@
 namespace hyper_parallel {
 
 struct OpResolution {
-  std::string name;                  // get_op_name(op): no namespace, no overload
-  BypassHandler bypass = nullptr;    // set: the bypass handler takes every call
+  std::string name;                                // get_op_name(op): no namespace, no overload
+  BypassHandler bypass = nullptr;                  // set: the bypass handler takes every call
   std::vector<OpDispatcher::ContextRoute> routes;  // the context routes that claim this op
   // The rule: the one registered for "name.overload" if any, else for "name", else (for an
   // in-place op foo_) the functional op's "foo". Nullptr: no rule.
   DistributedOpPtr rule;
-  std::string rule_name;             // the registry name the rule was found under
-  bool inplace_view = false;         // transpose_, squeeze_ ...: changes self's layout
+  std::string rule_name;      // the registry name the rule was found under
+  bool inplace_view = false;  // transpose_, squeeze_ ...: changes self's layout
   // Per schema return: the argument it writes into (in-place self, out=), if any.
   std::vector<std::optional<size_t>> written_argument;
-  bool writes = false;               // any return writes into an argument
+  bool writes = false;  // any return writes into an argument
 };
 
 // Resolves on first use. Shared, because a nested dispatch may see a registry change

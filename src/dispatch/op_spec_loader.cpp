@@ -32,7 +32,8 @@ std::vector<std::string> split_paths(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
   std::string item;
-  while (std::getline(ss, item, ':')) if (!item.empty()) out.push_back(item);
+  while (std::getline(ss, item, ':'))
+    if (!item.empty()) out.push_back(item);
   return out;
 }
 
@@ -46,8 +47,8 @@ std::map<std::string, std::string> scalars_of(const YAML::Node& node, const std:
   TORCH_CHECK(node.IsMap(), where, ": expected a map of parameters (e.g. {linearity: additive})");
   for (const auto& kv : node) {
     const std::string key = kv.first.as<std::string>();
-    TORCH_CHECK(kv.second.IsScalar(), at_line(where.substr(0, where.rfind(':')), kv.second.Mark()),
-                ": parameter '", key, "' must be a scalar");
+    TORCH_CHECK(kv.second.IsScalar(), at_line(where.substr(0, where.rfind(':')), kv.second.Mark()), ": parameter '",
+                key, "' must be a scalar");
     out[key] = kv.second.as<std::string>();
   }
   return out;
@@ -73,7 +74,8 @@ bool OpParams::get_bool(const std::string& key, bool fallback) const {
 
 std::vector<std::string> OpParams::unread_keys() const {
   std::vector<std::string> out;
-  for (const auto& kv : values_) if (!read_.count(kv.first)) out.push_back(kv.first);
+  for (const auto& kv : values_)
+    if (!read_.count(kv.first)) out.push_back(kv.first);
   return out;
 }
 

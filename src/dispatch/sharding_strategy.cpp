@@ -11,16 +11,16 @@ double redistribute_cost_bytes(const Placement& have, const Placement& want, dou
   if (have == want || ranks <= 1) return 0;
   const double n = static_cast<double>(ranks);
   const double token = 0.01 * bytes / n;
-  if (have.is_replicate()) return token;                         // chunk locally, or zero
+  if (have.is_replicate()) return token;  // chunk locally, or zero
   if (have.is_partial()) {
-    if (want.is_replicate()) return 2 * bytes * (n - 1) / n;     // all-reduce
+    if (want.is_replicate()) return 2 * bytes * (n - 1) / n;                               // all-reduce
     if (want.is_shard() && have.reduce_op() == ReduceOp::Sum) return bytes * (n - 1) / n;  // reduce-scatter
-    return 3 * bytes * (n - 1) / n;                              // all-reduce, then re-partial
+    return 3 * bytes * (n - 1) / n;  // all-reduce, then re-partial
   }
   // have is a Shard
-  if (want.is_replicate()) return bytes * (n - 1) / n;           // all-gather
-  if (want.is_shard()) return bytes / n * (n - 1) / n;           // all-to-all
-  return bytes * (n - 1) / n + token;                            // all-gather, then zero
+  if (want.is_replicate()) return bytes * (n - 1) / n;  // all-gather
+  if (want.is_shard()) return bytes / n * (n - 1) / n;  // all-to-all
+  return bytes * (n - 1) / n + token;                   // all-gather, then zero
 }
 
 size_t cheapest_strategy(const OpCall& call, int64_t mesh_dim, const std::vector<size_t>& arguments,

@@ -20,9 +20,7 @@ namespace hyper_parallel {
 
 namespace {
 
-void dtensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  OpDispatcher::dispatch(op, stack);
-}
+void dtensor_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) { OpDispatcher::dispatch(op, stack); }
 
 bool needs_explicit_kernel(const c10::OperatorHandle& op) {
   using K = c10::DispatchKey;
@@ -68,8 +66,8 @@ void ensure_dtensor_dispatch_registered() {
   static std::once_flag once;
   std::call_once(once, [] {
     // Kept alive for the whole process: dropping a Library deregisters its kernels.
-    static auto* fallback = new torch::Library(torch::Library::IMPL, "_",
-                                               c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    static auto* fallback =
+        new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
     fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&dtensor_kernel>());
     static auto* by_namespace = new std::map<std::string, std::unique_ptr<torch::Library>>();
     auto& dispatcher = c10::Dispatcher::singleton();
@@ -82,8 +80,8 @@ void ensure_dtensor_dispatch_registered() {
       const std::string ns = full.substr(0, sep);
       auto& lib = (*by_namespace)[ns];
       if (!lib) {
-        lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns,
-                                               c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+        lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__,
+                                               __LINE__);
       }
       std::string qualified = full.substr(sep + 2);
       if (!name.overload_name.empty()) qualified += "." + name.overload_name;

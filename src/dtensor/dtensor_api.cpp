@@ -20,9 +20,7 @@ namespace {
 using torch::autograd::Node;
 using torch::autograd::variable_list;
 
-bool needs_history(const at::Tensor& input) {
-  return torch::autograd::GradMode::is_enabled() && input.requires_grad();
-}
+bool needs_history(const at::Tensor& input) { return torch::autograd::GradMode::is_enabled() && input.requires_grad(); }
 
 void attach(at::Tensor& output, const at::Tensor& input, compat::NodePtr node) {
   node->set_next_edges(torch::autograd::collect_next_edges(input));
@@ -31,8 +29,10 @@ void attach(at::Tensor& output, const at::Tensor& input, compat::NodePtr node) {
 
 const Layout& require_layout(const at::Tensor& grad, const char* where) {
   auto* impl = dtensor_impl(grad);
-  TORCH_CHECK(impl, where, ": expected the incoming gradient to be a DTensor, got a plain tensor "
-              "of shape ", grad.sizes());
+  TORCH_CHECK(impl, where,
+              ": expected the incoming gradient to be a DTensor, got a plain tensor "
+              "of shape ",
+              grad.sizes());
   return impl->layout();
 }
 
@@ -56,7 +56,8 @@ struct ToLocalBackward : Node {
   explicit ToLocalBackward(Layout grad_layout) : grad_layout(std::move(grad_layout)) {}
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined()) return {at::Tensor()};
-    TORCH_CHECK(!dtensor_impl(grads[0]), "to_local backward: expected a plain local gradient, "
+    TORCH_CHECK(!dtensor_impl(grads[0]),
+                "to_local backward: expected a plain local gradient, "
                 "got a DTensor");
     return {make_dtensor(grads[0], grad_layout)};
   }
@@ -74,8 +75,7 @@ struct RedistributeBackward : Node {
   Layout grad_layout;
 };
 
-std::vector<int64_t> even_global_shape(const at::Tensor& local, const DeviceMesh& mesh,
-                                       const Placements& placements) {
+std::vector<int64_t> even_global_shape(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements) {
   std::vector<int64_t> shape(local.sizes().begin(), local.sizes().end());
   for (size_t m = 0; m < placements.size(); ++m) {
     const Placement p = placements[m].normalized(local.dim());
@@ -107,15 +107,13 @@ void check_pieces_across_mesh(const at::Tensor& local, const Layout& layout) {
     }
     std::vector<int64_t> expect_shape, offset;
     layout.local_piece_at(coord, &expect_shape, &offset);
-    TORCH_CHECK(acc[r][0] == mine[0], "DTensor::from_local(run_check): rank ", mesh.ranks()[r],
-                " has dtype ", c10::toString(static_cast<c10::ScalarType>(acc[r][0])),
-                " but this rank has ", local.scalar_type());
-    TORCH_CHECK(acc[r][1] == nd, "DTensor::from_local(run_check): rank ", mesh.ranks()[r],
-                " has a ", acc[r][1], "-D piece but this rank has a ", nd, "-D one");
+    TORCH_CHECK(acc[r][0] == mine[0], "DTensor::from_local(run_check): rank ", mesh.ranks()[r], " has dtype ",
+                c10::toString(static_cast<c10::ScalarType>(acc[r][0])), " but this rank has ", local.scalar_type());
+    TORCH_CHECK(acc[r][1] == nd, "DTensor::from_local(run_check): rank ", mesh.ranks()[r], " has a ", acc[r][1],
+                "-D piece but this rank has a ", nd, "-D one");
     for (int64_t d = 0; d < nd; ++d) {
-      TORCH_CHECK(acc[r][2 + d] == expect_shape[d], "DTensor::from_local(run_check): rank ",
-                  mesh.ranks()[r], " holds ", acc[r][2 + d], " rows along dim ", d, " but ",
-                  layout.str(), " assigns it ", expect_shape[d]);
+      TORCH_CHECK(acc[r][2 + d] == expect_shape[d], "DTensor::from_local(run_check): rank ", mesh.ranks()[r], " holds ",
+                  acc[r][2 + d], " rows along dim ", d, " but ", layout.str(), " assigns it ", expect_shape[d]);
     }
   }
 }
@@ -127,7 +125,8 @@ at::Tensor piece_from_source(const at::Tensor& data, const Layout& target, int64
   const DeviceMesh& mesh = target.mesh();
   for (int64_t m = 0; m < mesh.ndim(); ++m) {
     TORCH_CHECK(src >= 0 && src < mesh.size(m), "distribute_tensor: src_data_rank ", src,
-                " is not a coordinate of every dim of ", mesh.str(), " (it names the source's rank "
+                " is not a coordinate of every dim of ", mesh.str(),
+                " (it names the source's rank "
                 "within each mesh dim, as PyTorch's; std::nullopt takes each rank's own data)");
   }
   at::Tensor piece = data;
@@ -159,31 +158,32 @@ const Layout& layout_of(const at::Tensor& dtensor) {
 const Placements& placements_of(const at::Tensor& t) { return layout_of(t).placements(); }
 const DeviceMesh& mesh_of(const at::Tensor& t) { return layout_of(t).mesh(); }
 
-at::Tensor distribute_tensor(const at::Tensor& full, const DeviceMesh& mesh,
-                             const Placements& placements, std::optional<int64_t> src_data_rank) {
+at::Tensor distribute_tensor(const at::Tensor& full, const DeviceMesh& mesh, const Placements& placements,
+                             std::optional<int64_t> src_data_rank) {
   TORCH_CHECK(!is_dtensor(full), "distribute_tensor expects a plain tensor, got a DTensor with ",
               to_string(placements_of(full)));
-  TORCH_CHECK(full.is_leaf(), "distribute_tensor expects a leaf tensor (a parameter, a buffer, data), got one "
-              "computed by ", full.grad_fn()->name(), "; use DTensor::from_local to make a DTensor inside autograd");
+  TORCH_CHECK(full.is_leaf(),
+              "distribute_tensor expects a leaf tensor (a parameter, a buffer, data), got one "
+              "computed by ",
+              full.grad_fn()->name(), "; use DTensor::from_local to make a DTensor inside autograd");
   // As PyTorch: the tensor moves to the mesh's device type first; a meta tensor (a model
   // built under ParametersOnMeta) stays on meta, its pieces shapes only.
-  at::Tensor data = full.device().type() == mesh.device().type() || full.is_meta() ? full.detach()
-                                                                                   : full.detach().to(mesh.device());
+  at::Tensor data =
+      full.device().type() == mesh.device().type() || full.is_meta() ? full.detach() : full.detach().to(mesh.device());
   const std::vector<int64_t> shape(data.sizes().begin(), data.sizes().end());
   Layout target(mesh, placements, shape);
   // A meta tensor has no data to send: its pieces are cut locally whatever the source.
-  at::Tensor local = src_data_rank && !data.is_meta() ? piece_from_source(data, target, *src_data_rank)
-                                                      : local_piece(data, target);
+  at::Tensor local =
+      src_data_rank && !data.is_meta() ? piece_from_source(data, target, *src_data_rank) : local_piece(data, target);
   at::Tensor out = make_dtensor(local.is_alias_of(full) ? local.clone() : local, target);
   if (full.requires_grad()) out.set_requires_grad(true);
   return out;
 }
 
-at::Tensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
-                               const Placements& placements, const FromLocalOptions& options) {
+at::Tensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements,
+                               const FromLocalOptions& options) {
   TORCH_CHECK(!is_dtensor(local), "DTensor::from_local expects a plain local tensor, got a DTensor");
-  std::vector<int64_t> shape =
-      options.shape ? *options.shape : even_global_shape(local, mesh, placements);
+  std::vector<int64_t> shape = options.shape ? *options.shape : even_global_shape(local, mesh, placements);
   Layout layout(mesh, placements, shape, options.stride.value_or(std::vector<int64_t>{}));
   at::Tensor data = local;
   if (options.run_check) {
@@ -215,17 +215,17 @@ at::Tensor to_local(const at::Tensor& dtensor, const std::optional<Placements>& 
   return out;
 }
 
-at::Tensor redistribute(const at::Tensor& dtensor, const DeviceMesh& mesh,
-                        const Placements& placements) {
+at::Tensor redistribute(const at::Tensor& dtensor, const DeviceMesh& mesh, const Placements& placements) {
   const Layout& from = layout_of(dtensor);
-  TORCH_CHECK(mesh == from.mesh(), "redistribute to another mesh is not supported: the tensor "
-              "lives on ", from.mesh().str(), ", asked for ", mesh.str());
+  TORCH_CHECK(mesh == from.mesh(),
+              "redistribute to another mesh is not supported: the tensor "
+              "lives on ",
+              from.mesh().str(), ", asked for ", mesh.str());
   Layout to = from.with_placements(placements);
   at::Tensor out = make_dtensor(redistribute_local(local_of(dtensor), from, to), to);
   if (needs_history(dtensor)) {
     attach(out, dtensor,
-           compat::make_node<RedistributeBackward>(
-               from.with_placements(partial_to_replicate(from.placements()))));
+           compat::make_node<RedistributeBackward>(from.with_placements(partial_to_replicate(from.placements()))));
   }
   return out;
 }

@@ -13,9 +13,7 @@ c10::DispatchKeySet dtensor_key_set() {
 }
 
 // Keeps only data: the wrapper, not its piece, carries autograd history.
-at::Tensor plain_local(const at::Tensor& local) {
-  return local.requires_grad() ? local.detach() : local;
-}
+at::Tensor plain_local(const at::Tensor& local) { return local.requires_grad() ? local.detach() : local; }
 }  // namespace
 
 DTensorImpl::DTensorImpl(at::Tensor local, Layout layout)
@@ -26,9 +24,7 @@ DTensorImpl::DTensorImpl(at::Tensor local, Layout layout)
   set_global_geometry();
 }
 
-void DTensorImpl::set_global_geometry() {
-  set_sizes_and_strides(layout_.shape(), layout_.stride());
-}
+void DTensorImpl::set_global_geometry() { set_sizes_and_strides(layout_.shape(), layout_.stride()); }
 
 void DTensorImpl::set_layout_after_inplace_view(Layout layout) {
   TORCH_CHECK(local_.sizes() == c10::IntArrayRef(layout.local_shape()), "in-place view: the local piece has shape ",
@@ -37,8 +33,8 @@ void DTensorImpl::set_layout_after_inplace_view(Layout layout) {
   set_global_geometry();
 }
 
-c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
-    const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
+c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(const c10::VariableVersion& version_counter,
+                                                                         bool allow_tensor_metadata_change) const {
   auto impl = c10::make_intrusive<DTensorImpl>(local_, layout_);
   copy_tensor_metadata(this, impl.get(), version_counter, allow_tensor_metadata_change);
   impl->refresh_numel();
@@ -46,8 +42,8 @@ c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
   return impl;
 }
 
-c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(
-    c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const {
+c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(c10::VariableVersion&& version_counter,
+                                                                         bool allow_tensor_metadata_change) const {
   auto impl = c10::make_intrusive<DTensorImpl>(local_, layout_);
   copy_tensor_metadata(this, impl.get(), std::move(version_counter), allow_tensor_metadata_change);
   impl->refresh_numel();
@@ -69,9 +65,8 @@ at::Tensor make_dtensor(const at::Tensor& local, const Layout& layout) {
   ensure_dtensor_dispatch_registered();
   TORCH_CHECK(local.defined(), "cannot make a DTensor from an undefined local tensor");
   TORCH_CHECK(!dtensor_impl(local), "the local piece of a DTensor must be a plain tensor");
-  TORCH_CHECK(local.sizes() == c10::IntArrayRef(layout.local_shape()), "local tensor of shape ",
-              local.sizes(), " does not match ", layout.str(), ", which gives rank ",
-              layout.mesh().get_rank(), " a piece of shape ",
+  TORCH_CHECK(local.sizes() == c10::IntArrayRef(layout.local_shape()), "local tensor of shape ", local.sizes(),
+              " does not match ", layout.str(), ", which gives rank ", layout.mesh().get_rank(), " a piece of shape ",
               c10::IntArrayRef(layout.local_shape()));
   return at::Tensor(c10::make_intrusive<DTensorImpl>(local, layout));
 }
@@ -92,7 +87,8 @@ const at::Tensor& local_of(const at::Tensor& dtensor) {
 
 at::Tensor local_piece(const at::Tensor& t, const Layout& layout) {
   if (auto* impl = dtensor_impl(t)) return redistribute_local(impl->local(), impl->layout(), layout);
-  return redistribute_local(t, layout.with_placements(Placements(layout.mesh().ndim(), Placement::replicate())), layout);
+  return redistribute_local(t, layout.with_placements(Placements(layout.mesh().ndim(), Placement::replicate())),
+                            layout);
 }
 
 at::Tensor full_value(const at::Tensor& t) {

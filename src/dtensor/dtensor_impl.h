@@ -22,11 +22,10 @@ class DTensorImpl : public c10::TensorImpl {
   // geometry: the DTensor takes the layout the view gives it.
   void set_layout_after_inplace_view(Layout layout);
 
-  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
-      const c10::VariableVersion& version_counter,
-      bool allow_tensor_metadata_change) const override;
-  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(
-      c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(const c10::VariableVersion& version_counter,
+                                                              bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(c10::VariableVersion&& version_counter,
+                                                              bool allow_tensor_metadata_change) const override;
   void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
 
  private:

@@ -55,12 +55,9 @@ std::string canonical_option_name(std::string name) {
   return name;
 }
 
-int parse_int_option(const std::string& option, const std::string& text,
-                     long min_value, long max_value) {
-  const bool looks_numeric =
-      !text.empty() &&
-      (std::isdigit(static_cast<unsigned char>(text[0])) ||
-       ((text[0] == '-' || text[0] == '+') && text.size() > 1));
+int parse_int_option(const std::string& option, const std::string& text, long min_value, long max_value) {
+  const bool looks_numeric = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) ||
+                                               ((text[0] == '-' || text[0] == '+') && text.size() > 1));
   errno = 0;
   char* end = nullptr;
   const long value = looks_numeric ? std::strtol(text.c_str(), &end, 10) : 0;
@@ -68,46 +65,37 @@ int parse_int_option(const std::string& option, const std::string& text,
     throw UsageError(option + " expects an integer, got '" + text + "'");
   }
   if (value < min_value || value > max_value) {
-    throw UsageError(option + " expects an integer in [" +
-                     std::to_string(min_value) + ", " +
+    throw UsageError(option + " expects an integer in [" + std::to_string(min_value) + ", " +
                      std::to_string(max_value) + "], got " + text);
   }
   return static_cast<int>(value);
 }
 
-double parse_seconds_option(const std::string& option,
-                            const std::string& text) {
-  const bool looks_numeric =
-      !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) ||
-                        text[0] == '.' || text[0] == '-' || text[0] == '+');
+double parse_seconds_option(const std::string& option, const std::string& text) {
+  const bool looks_numeric = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.' ||
+                                               text[0] == '-' || text[0] == '+');
   errno = 0;
   char* end = nullptr;
   const double value = looks_numeric ? std::strtod(text.c_str(), &end) : 0.0;
-  if (!looks_numeric || *end != '\0' || errno == ERANGE ||
-      !std::isfinite(value) || value < 0.0) {
-    throw UsageError(option +
-                     " expects a non-negative number of seconds, got '" +
-                     text + "'");
+  if (!looks_numeric || *end != '\0' || errno == ERANGE || !std::isfinite(value) || value < 0.0) {
+    throw UsageError(option + " expects a non-negative number of seconds, got '" + text + "'");
   }
   return value;
 }
 
 void validate(const LaunchOptions& o) {
   if (o.command.empty()) {
-    throw UsageError(
-        "missing PROGRAM: expected 'hp-run [OPTIONS] PROGRAM [ARGS...]'");
+    throw UsageError("missing PROGRAM: expected 'hp-run [OPTIONS] PROGRAM [ARGS...]'");
   }
   if (o.node_rank >= o.nnodes) {
-    throw UsageError("--node-rank must be less than --nnodes (" +
-                     std::to_string(o.nnodes) + "), got " +
+    throw UsageError("--node-rank must be less than --nnodes (" + std::to_string(o.nnodes) + "), got " +
                      std::to_string(o.node_rank));
   }
   if (o.nnodes > 1 && o.master_port == 0) {
     throw UsageError(
         "--master-port is required when --nnodes is greater than 1 (got "
         "--nnodes " +
-        std::to_string(o.nnodes) +
-        "): every node must be told the same port");
+        std::to_string(o.nnodes) + "): every node must be told the same port");
   }
 }
 
@@ -131,19 +119,15 @@ LaunchOptions parse_arguments(const std::vector<std::string>& args) {
       break;
     }
     if (arg.compare(0, 2, "--") != 0) {
-      throw UsageError("unknown option '" + arg + "'; expected one of " +
-                       kKnownOptions + ", or PROGRAM");
+      throw UsageError("unknown option '" + arg + "'; expected one of " + kKnownOptions + ", or PROGRAM");
     }
     const size_t eq = arg.find('=');
     const std::string spelled = arg.substr(0, eq);
     const std::string name = canonical_option_name(spelled);
-    const bool known = name == "--nproc-per-node" || name == "--nnodes" ||
-                       name == "--node-rank" || name == "--master-addr" ||
-                       name == "--master-port" ||
-                       name == "--timeout-on-failure";
+    const bool known = name == "--nproc-per-node" || name == "--nnodes" || name == "--node-rank" ||
+                       name == "--master-addr" || name == "--master-port" || name == "--timeout-on-failure";
     if (!known) {
-      throw UsageError("unknown option '" + spelled + "'; expected one of " +
-                       kKnownOptions + ", or PROGRAM");
+      throw UsageError("unknown option '" + spelled + "'; expected one of " + kKnownOptions + ", or PROGRAM");
     }
     std::string value;
     if (eq != std::string::npos) {
@@ -182,31 +166,30 @@ LaunchOptions parse_arguments(int argc, const char* const* argv) {
 }
 
 std::string usage_text() {
-  return
-      "usage: hp-run [OPTIONS] PROGRAM [ARGS...]\n"
-      "\n"
-      "Starts --nproc-per-node copies of PROGRAM on this node with the\n"
-      "torch.distributed environment set (RANK, LOCAL_RANK, WORLD_SIZE,\n"
-      "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT). Each output\n"
-      "line is prefixed with '[rankK]: '. If one rank fails, the others are\n"
-      "stopped and hp-run exits with that rank's status. Each rank may write\n"
-      "why it failed to the file named by HP_ERROR_FILE (hp-train does); the\n"
-      "rank whose error came first is then named, even if a peer exited first.\n"
-      "\n"
-      "options (also accepted as --option=VALUE; options end at PROGRAM or --):\n"
-      "  --nproc-per-node N        processes on this node (default 1)\n"
-      "  --nnodes M                number of nodes (default 1)\n"
-      "  --node-rank R             index of this node, 0..M-1 (default 0)\n"
-      "  --master-addr HOST        address of rank 0 (default 127.0.0.1)\n"
-      "  --master-port PORT        port of rank 0; required when M > 1,\n"
-      "                            otherwise a free local port is chosen\n"
-      "  --timeout-on-failure SEC  grace period between SIGTERM and SIGKILL\n"
-      "                            when stopping the ranks (default 5)\n"
-      "  -h, --help                print this help and exit\n"
-      "\n"
-      "exit status: 0 if all ranks succeed; the failed rank's exit status\n"
-      "(1..127) or 128+signal; 128+signal if hp-run got SIGINT/SIGTERM;\n"
-      "2 for a command-line error.\n";
+  return "usage: hp-run [OPTIONS] PROGRAM [ARGS...]\n"
+         "\n"
+         "Starts --nproc-per-node copies of PROGRAM on this node with the\n"
+         "torch.distributed environment set (RANK, LOCAL_RANK, WORLD_SIZE,\n"
+         "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT). Each output\n"
+         "line is prefixed with '[rankK]: '. If one rank fails, the others are\n"
+         "stopped and hp-run exits with that rank's status. Each rank may write\n"
+         "why it failed to the file named by HP_ERROR_FILE (hp-train does); the\n"
+         "rank whose error came first is then named, even if a peer exited first.\n"
+         "\n"
+         "options (also accepted as --option=VALUE; options end at PROGRAM or --):\n"
+         "  --nproc-per-node N        processes on this node (default 1)\n"
+         "  --nnodes M                number of nodes (default 1)\n"
+         "  --node-rank R             index of this node, 0..M-1 (default 0)\n"
+         "  --master-addr HOST        address of rank 0 (default 127.0.0.1)\n"
+         "  --master-port PORT        port of rank 0; required when M > 1,\n"
+         "                            otherwise a free local port is chosen\n"
+         "  --timeout-on-failure SEC  grace period between SIGTERM and SIGKILL\n"
+         "                            when stopping the ranks (default 5)\n"
+         "  -h, --help                print this help and exit\n"
+         "\n"
+         "exit status: 0 if all ranks succeed; the failed rank's exit status\n"
+         "(1..127) or 128+signal; 128+signal if hp-run got SIGINT/SIGTERM;\n"
+         "2 for a command-line error.\n";
 }
 
 // ---------------------------------------------------------------------------
@@ -216,8 +199,7 @@ std::string usage_text() {
 int pick_free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) {
-    throw std::system_error(errno, std::generic_category(),
-                            "hp-run: socket() while choosing a master port");
+    throw std::system_error(errno, std::generic_category(), "hp-run: socket() while choosing a master port");
   }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -236,8 +218,8 @@ int pick_free_port() {
   return ntohs(addr.sin_port);
 }
 
-std::vector<std::pair<std::string, std::string>> rank_environment(
-    const LaunchOptions& o, int local_rank, int master_port) {
+std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOptions& o, int local_rank,
+                                                                  int master_port) {
   return {
       {"RANK", std::to_string(o.node_rank * o.nproc_per_node + local_rank)},
       {"LOCAL_RANK", std::to_string(local_rank)},
@@ -253,31 +235,56 @@ std::string signal_name(int sig) {
   // Own table: strsignal() gives descriptions ("Killed"), not names, and
   // sigabbrev_np() is glibc-only.
   switch (sig) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGALRM: return "SIGALRM";
-    case SIGTERM: return "SIGTERM";
-    case SIGCHLD: return "SIGCHLD";
-    case SIGCONT: return "SIGCONT";
-    case SIGSTOP: return "SIGSTOP";
-    case SIGTSTP: return "SIGTSTP";
-    case SIGTTIN: return "SIGTTIN";
-    case SIGTTOU: return "SIGTTOU";
-    case SIGXCPU: return "SIGXCPU";
-    case SIGXFSZ: return "SIGXFSZ";
-    case SIGSYS: return "SIGSYS";
-    default: return "signal " + std::to_string(sig);
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGINT:
+      return "SIGINT";
+    case SIGQUIT:
+      return "SIGQUIT";
+    case SIGILL:
+      return "SIGILL";
+    case SIGTRAP:
+      return "SIGTRAP";
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGBUS:
+      return "SIGBUS";
+    case SIGFPE:
+      return "SIGFPE";
+    case SIGKILL:
+      return "SIGKILL";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGUSR2:
+      return "SIGUSR2";
+    case SIGPIPE:
+      return "SIGPIPE";
+    case SIGALRM:
+      return "SIGALRM";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGCHLD:
+      return "SIGCHLD";
+    case SIGCONT:
+      return "SIGCONT";
+    case SIGSTOP:
+      return "SIGSTOP";
+    case SIGTSTP:
+      return "SIGTSTP";
+    case SIGTTIN:
+      return "SIGTTIN";
+    case SIGTTOU:
+      return "SIGTTOU";
+    case SIGXCPU:
+      return "SIGXCPU";
+    case SIGXFSZ:
+      return "SIGXFSZ";
+    case SIGSYS:
+      return "SIGSYS";
+    default:
+      return "signal " + std::to_string(sig);
   }
 }
 
@@ -287,8 +294,7 @@ std::string describe_wait_status(int status) {
   }
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
-    return "killed by signal " + std::to_string(sig) + " (" + signal_name(sig) +
-           ")";
+    return "killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")";
   }
   return "ended with wait status " + std::to_string(status);
 }
@@ -330,13 +336,9 @@ extern "C" void hp_run_on_signal(int sig) {
   errno = saved_errno;
 }
 
-void set_cloexec(int fd) {
-  ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC);
-}
+void set_cloexec(int fd) { ::fcntl(fd, F_SETFD, ::fcntl(fd, F_GETFD) | FD_CLOEXEC); }
 
-void set_nonblocking(int fd) {
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-}
+void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
 // pipe() + close-on-exec on both ends, so one rank never inherits another
 // rank's pipes (which would delay EOF).
@@ -403,7 +405,8 @@ class SignalScope {
 
  private:
   int pipe_[2] = {-1, -1};
-  struct sigaction old_int_ {}, old_term_ {}, old_chld_ {}, old_pipe_ {};
+  struct sigaction old_int_ {
+  }, old_term_{}, old_chld_{}, old_pipe_{};
 };
 
 // Blocks the signals we handle while forking, so that the child cannot run
@@ -461,7 +464,7 @@ struct Rank {
   int local_rank = 0;
   pid_t pid = -1;  // also the process group id
   bool running = false;
-  int wait_status = 0;  // once reaped
+  int wait_status = 0;       // once reaped
   int64_t reaped_at_ns = 0;  // CLOCK_REALTIME, as the error files' times
   std::string prefix;
   OutputStream out, err;
@@ -469,8 +472,7 @@ struct Rank {
 
 // Everything the child does between fork() and exec(). Only async-signal-safe
 // calls: all allocation happened in the parent.
-[[noreturn]] void exec_rank(char* const* argv, char** envp, pid_t parent,
-                            int stdin_fd, int stdout_fd, int stderr_fd) {
+[[noreturn]] void exec_rank(char* const* argv, char** envp, pid_t parent, int stdin_fd, int stdout_fd, int stderr_fd) {
   // Own process group, so that signals to the rank reach its descendants.
   ::setpgid(0, 0);
 #ifdef __linux__
@@ -498,12 +500,10 @@ struct Rank {
 
   const int err = errno;
   char message[512];
-  const int len = std::snprintf(message, sizeof(message),
-                                "hp-run: cannot execute '%s': %s\n", argv[0],
-                                std::strerror(err));
+  const int len =
+      std::snprintf(message, sizeof(message), "hp-run: cannot execute '%s': %s\n", argv[0], std::strerror(err));
   if (len > 0) {
-    const ssize_t ignored = ::write(STDERR_FILENO, message,
-                                    std::min(static_cast<size_t>(len), sizeof(message) - 1));
+    const ssize_t ignored = ::write(STDERR_FILENO, message, std::min(static_cast<size_t>(len), sizeof(message) - 1));
     (void)ignored;
   }
   ::_exit(127);
@@ -515,15 +515,13 @@ class Supervisor {
 
   int run() {
     ensure_standard_fds_open();
-    const int port =
-        options_.master_port != 0 ? options_.master_port : pick_free_port();
+    const int port = options_.master_port != 0 ? options_.master_port : pick_free_port();
 
     // Ranks get no terminal input: they sit in background process groups,
     // where reading the terminal would stop them with SIGTTIN.
     devnull_ = ::open("/dev/null", O_RDONLY);
     if (devnull_ < 0) {
-      throw std::system_error(errno, std::generic_category(),
-                              "hp-run: cannot open /dev/null");
+      throw std::system_error(errno, std::generic_category(), "hp-run: cannot open /dev/null");
     }
     set_cloexec(devnull_);
 
@@ -551,8 +549,7 @@ class Supervisor {
       try {
         start_rank(r, argv, port);
       } catch (const std::system_error& e) {
-        report("cannot start rank " + std::to_string(r.rank) + ": " + e.what() +
-               stop_suffix());
+        report("cannot start rank " + std::to_string(r.rank) + ": " + e.what() + stop_suffix());
         first_failure_ = "rank " + std::to_string(r.rank) + " could not be started";
         failure_exit_code_ = 1;
         begin_stopping(SIGTERM);
@@ -562,8 +559,7 @@ class Supervisor {
 
   void start_rank(Rank& r, std::vector<char*>& argv, int port) {
     // The child's environment: ours minus the variables we set, then ours.
-    std::vector<std::pair<std::string, std::string>> vars =
-        rank_environment(options_, r.local_rank, port);
+    std::vector<std::pair<std::string, std::string>> vars = rank_environment(options_, r.local_rank, port);
     if (!error_dir_.empty()) vars.emplace_back(kErrorFileVariable, error_file(r));
     std::vector<std::string> env;
     for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
@@ -643,8 +639,7 @@ class Supervisor {
 
       int timeout_ms = -1;
       if (stopping_ && !killed_) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-            kill_deadline_ - Clock::now());
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(kill_deadline_ - Clock::now());
         timeout_ms = static_cast<int>(std::max<long long>(0, left.count() + 1));
       }
       const int ready = ::poll(fds.data(), fds.size(), timeout_ms);
@@ -680,8 +675,7 @@ class Supervisor {
   void on_termination_request(int sig) {
     if (stopping_) {
       // Asked again while already stopping: stop waiting politely.
-      report("received " + signal_name(sig) +
-             " again; killing all ranks with SIGKILL");
+      report("received " + signal_name(sig) + " again; killing all ranks with SIGKILL");
       escalate_to_sigkill();
       return;
     }
@@ -694,8 +688,7 @@ class Supervisor {
     stopping_ = true;
     // Capped so the deadline cannot overflow the clock's representation.
     const double grace_s = std::min(options_.timeout_on_failure, 1e6);
-    kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                        std::chrono::duration<double>(grace_s));
+    kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
     signal_running_ranks(sig);
   }
 
@@ -708,8 +701,7 @@ class Supervisor {
     if (!still.empty()) {
       char grace[32];
       std::snprintf(grace, sizeof(grace), "%g", options_.timeout_on_failure);
-      report("rank(s) " + still + " still running " + grace +
-             " s after being asked to stop; sending SIGKILL");
+      report("rank(s) " + still + " still running " + grace + " s after being asked to stop; sending SIGKILL");
     }
     signal_running_ranks(SIGKILL);
   }
@@ -751,8 +743,7 @@ class Supervisor {
     s.pending.append(data, n);
     std::string out;
     size_t start = 0;
-    for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos;
-         start = nl + 1) {
+    for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
       out += r.prefix;
       out.append(s.pending, start, nl + 1 - start);
     }
@@ -787,17 +778,14 @@ class Supervisor {
         const std::string what = describe_wait_status(status);
         first_failure_ = "rank " + std::to_string(r.rank) + " " + what;
         failure_exit_code_ = exit_code_for_wait_status(status);
-        report("rank " + std::to_string(r.rank) + " (local rank " +
-               std::to_string(r.local_rank) + ", pid " + std::to_string(r.pid) +
-               ") " + what + stop_suffix());
+        report("rank " + std::to_string(r.rank) + " (local rank " + std::to_string(r.local_rank) + ", pid " +
+               std::to_string(r.pid) + ") " + what + stop_suffix());
         begin_stopping(SIGTERM);
       }
     }
   }
 
-  std::string stop_suffix() const {
-    return any_running() ? "; stopping the other ranks" : "";
-  }
+  std::string stop_suffix() const { return any_running() ? "; stopping the other ranks" : ""; }
 
   int finish() {
     // Descendants left in the ranks' process groups would be orphans
@@ -879,15 +867,16 @@ class Supervisor {
       first_failure_ += ": " + message;
       return;
     }
-    report(rank + (first.unix_time_ns <= earliest_ns ? "'s error was recorded first; "
-                                                      : "'s own error is the cause (earlier errors only report it); ") +
+    report(rank +
+           (first.unix_time_ns <= earliest_ns ? "'s error was recorded first; "
+                                              : "'s own error is the cause (earlier errors only report it); ") +
            first_failure_ + " before it, failing after it");
     if (WIFEXITED(cause->wait_status) && WEXITSTATUS(cause->wait_status) != 0) {
       first_failure_ = rank + " " + describe_wait_status(cause->wait_status) + ": " + message;
       failure_exit_code_ = exit_code_for_wait_status(cause->wait_status);
     } else {  // still tearing down when hp-run stopped it: its status is hp-run's doing
-      first_failure_ = rank + ": " + message + " (then stopped by hp-run: " +
-                       describe_wait_status(cause->wait_status) + ")";
+      first_failure_ =
+          rank + ": " + message + " (then stopped by hp-run: " + describe_wait_status(cause->wait_status) + ")";
     }
   }
 

@@ -60,8 +60,8 @@ int pick_free_port();
 
 // The variables that identify local rank `local_rank` to the program, in the
 // order they are set.
-std::vector<std::pair<std::string, std::string>> rank_environment(
-    const LaunchOptions& options, int local_rank, int master_port);
+std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOptions& options, int local_rank,
+                                                                  int master_port);
 
 // "SIGKILL" for 9, "signal 77" for numbers it does not know.
 std::string signal_name(int signal_number);

@@ -32,9 +32,8 @@ ClassSharding resolve_class_sharding(at::Tensor* t, int64_t class_dim, const std
                                      const LossParallelOptions& options, bool differentiable) {
   auto* impl = dtensor_impl(*t);
   if (!impl) {
-    throw LossParallelLayoutError(op + " under loss_parallel: expected the input to be " +
-                                  expected_layout(class_dim) + ", got a plain tensor of shape " +
-                                  c10::str(t->sizes()));
+    throw LossParallelLayoutError(op + " under loss_parallel: expected the input to be " + expected_layout(class_dim) +
+                                  ", got a plain tensor of shape " + c10::str(t->sizes()));
   }
   const Layout& layout = impl->layout();
   const DeviceMesh& mesh = layout.mesh();
@@ -43,14 +42,12 @@ ClassSharding resolve_class_sharding(at::Tensor* t, int64_t class_dim, const std
   for (const auto& p : layout.placements()) {
     if (p.is_partial()) {
       throw LossParallelLayoutError(op + " under loss_parallel: expected the input to be " +
-                                    expected_layout(class_dim) + ", got " + got +
-                                    " (reduce the Partial first)");
+                                    expected_layout(class_dim) + ", got " + got + " (reduce the Partial first)");
     }
   }
   if (sharding.empty()) {
-    throw LossParallelLayoutError(op + " under loss_parallel: expected the input to be " +
-                                  expected_layout(class_dim) + ", got " + got +
-                                  ": the class dim " + std::to_string(class_dim) + " is not sharded");
+    throw LossParallelLayoutError(op + " under loss_parallel: expected the input to be " + expected_layout(class_dim) +
+                                  ", got " + got + ": the class dim " + std::to_string(class_dim) + " is not sharded");
   }
   if (sharding.size() > 1) {
     throw LossParallelUnsupportedError(op + " under loss_parallel: the class dim is sharded by " +
@@ -69,16 +66,15 @@ ClassSharding resolve_class_sharding(at::Tensor* t, int64_t class_dim, const std
   const bool strict = effective_strict(options);
   if (mesh.ndim() != 1) {
     if (strict) {
-      throw LossParallelLayoutError(op + " under loss_parallel (strict): expected " +
-                                    expected_layout(class_dim) + ", got " + got +
-                                    ". Use the 1-D sub-mesh (mesh[\"tp\"]) or strict = false");
+      throw LossParallelLayoutError(op + " under loss_parallel (strict): expected " + expected_layout(class_dim) +
+                                    ", got " + got + ". Use the 1-D sub-mesh (mesh[\"tp\"]) or strict = false");
     }
     // Non-strict: keep the class shard, gather every other mesh dim.
     Placements want(mesh.ndim(), Placement::replicate());
     want[m] = Placement::shard(class_dim);
     if (want != layout.placements()) {
-      TORCH_WARN_ONCE("loss_parallel (strict = false): gathering the logits' non-class mesh dims (",
-                      got, " -> ", to_string(want), ")");
+      TORCH_WARN_ONCE("loss_parallel (strict = false): gathering the logits' non-class mesh dims (", got, " -> ",
+                      to_string(want), ")");
       *t = differentiable ? redistribute(*t, want)
                           : make_dtensor(redistribute_local(impl->local(), layout, layout.with_placements(want)),
                                          layout.with_placements(want));

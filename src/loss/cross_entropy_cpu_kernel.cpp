@@ -34,12 +34,15 @@ Variant chosen() {
 
 }  // namespace
 
-#define HP_CE_DISPATCH(call)                           \
-  switch (chosen()) {                                  \
-    case Variant::Avx512: HP_CE_AVX512(return AVX512::call;) \
-    case Variant::Avx2: HP_CE_AVX2(return AVX2::call;)       \
-    case Variant::Default: break;                      \
-  }                                                    \
+#define HP_CE_DISPATCH(call)             \
+  switch (chosen()) {                    \
+    case Variant::Avx512:                \
+      HP_CE_AVX512(return AVX512::call;) \
+    case Variant::Avx2:                  \
+      HP_CE_AVX2(return AVX2::call;)     \
+    case Variant::Default:               \
+      break;                             \
+  }                                      \
   return DEFAULT::call;
 
 #if defined(HP_CE_HAVE_AVX512)
@@ -60,9 +63,12 @@ double read_probe(const float* buf, int64_t n) { HP_CE_DISPATCH(read_probe(buf, 
 
 const char* capability_name() {
   switch (chosen()) {
-    case Variant::Avx512: return "AVX512";
-    case Variant::Avx2: return "AVX2";
-    case Variant::Default: break;
+    case Variant::Avx512:
+      return "AVX512";
+    case Variant::Avx2:
+      return "AVX2";
+    case Variant::Default:
+      break;
   }
   return "DEFAULT";
 }

@@ -27,14 +27,14 @@ struct ForwardArgs {
   c10::ScalarType dtype;  // of x
   const void* x;          // [rows, cols] with row stride ldx, unit class stride
   int64_t rows = 0, cols = 0, ldx = 0;
-  double logit_softcap = 0;       // > 0: y = cap * tanh(x / cap)
+  double logit_softcap = 0;             // > 0: y = cap * tanh(x / cap)
   const int64_t* target_col = nullptr;  // [rows], local column or -1 (index targets)
-  bool smoothing_sum = false;     // fill kV2 and kU (index targets)
-  const void* weight = nullptr;   // [cols] compute type, or null (all ones)
-  const void* q = nullptr;        // probability targets [rows, cols], compute type, row stride ldq
+  bool smoothing_sum = false;           // fill kV2 and kU (index targets)
+  const void* weight = nullptr;         // [cols] compute type, or null (all ones)
+  const void* q = nullptr;              // probability targets [rows, cols], compute type, row stride ldq
   int64_t ldq = 0;
   double q_scale = 1, q_shift = 0;  // q' = q * q_scale + q_shift (label smoothing)
-  void* stats = nullptr;          // [kStats, rows], compute type
+  void* stats = nullptr;            // [kStats, rows], compute type
 };
 
 // grad_j = cap'(x_j) * (a_r exp((y_j - max_r) - log_sum_r) - w_j (b_r + c_r q_j) - [j == t_r] t_coef_r),
@@ -49,14 +49,14 @@ struct BackwardArgs {
   void* out;
   int64_t rows = 0, cols = 0, ldx = 0, ldo = 0;
   double logit_softcap = 0;
-  const void* row_max = nullptr;             // [rows] compute type: max_c y_c over all classes
-  const void* log_sum = nullptr;             // [rows] compute type: log sum_c exp(y_c - max)
-  const void* a = nullptr;                   // [rows] compute type
-  const void* b = nullptr;                   // [rows] or null (0)
-  const void* c = nullptr;                   // [rows] or null (0); needs q
-  const void* t_coef = nullptr;              // [rows] or null (0)
-  const int64_t* target_col = nullptr;       // [rows] or null
-  const void* weight = nullptr;              // [cols] or null (ones)
+  const void* row_max = nullptr;        // [rows] compute type: max_c y_c over all classes
+  const void* log_sum = nullptr;        // [rows] compute type: log sum_c exp(y_c - max)
+  const void* a = nullptr;              // [rows] compute type
+  const void* b = nullptr;              // [rows] or null (0)
+  const void* c = nullptr;              // [rows] or null (0); needs q
+  const void* t_coef = nullptr;         // [rows] or null (0)
+  const int64_t* target_col = nullptr;  // [rows] or null
+  const void* weight = nullptr;         // [cols] or null (ones)
   const void* q = nullptr;
   int64_t ldq = 0;
 };
@@ -68,12 +68,12 @@ void backward(const BackwardArgs& args);
 const char* capability_name();
 
 // The per-capability entry points (cross_entropy_cpu_kernel_impl.h instantiates them).
-#define HP_CE_DECLARE(CAP)                               \
-  namespace CAP {                                        \
-  void forward_stats(const ForwardArgs& args);           \
-  void backward(const BackwardArgs& args);               \
+#define HP_CE_DECLARE(CAP)                                      \
+  namespace CAP {                                               \
+  void forward_stats(const ForwardArgs& args);                  \
+  void backward(const BackwardArgs& args);                      \
   double exp_throughput_probe(float* buf, int64_t n, int reps); \
-  double read_probe(const float* buf, int64_t n);        \
+  double read_probe(const float* buf, int64_t n);               \
   }
 HP_CE_DECLARE(DEFAULT)
 #if defined(HP_CE_HAVE_AVX2)

@@ -35,8 +35,14 @@ namespace {
 
 using at::vec::Vectorized;
 
-template <typename T> struct Acc { using type = float; };
-template <> struct Acc<double> { using type = double; };
+template <typename T>
+struct Acc {
+  using type = float;
+};
+template <>
+struct Acc<double> {
+  using type = double;
+};
 
 // Loads/stores two accumulator vectors' worth of elements (a 16-bit vector converts to
 // exactly two float vectors), so every type steps by the same kStep.
@@ -67,8 +73,10 @@ struct Io {
 // forward's sums, where the errors of many terms average out.
 template <typename V>
 inline V vexp(const V& v) {
-  if constexpr (std::is_same_v<V, Vectorized<float>>) return v.exp_u20();
-  else return v.exp();
+  if constexpr (std::is_same_v<V, Vectorized<float>>)
+    return v.exp_u20();
+  else
+    return v.exp();
 }
 
 // Sleef's 1-ulp exp, the one ATen's softmax uses: each gradient element is one exp, and
@@ -87,7 +95,9 @@ inline acc_t softcapped(acc_t x, acc_t cap) {
 }
 
 // Rows per at::parallel_for task: about 64 K elements, so tasks amortise their start.
-inline int64_t grain_rows(int64_t cols) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, cols)); }
+inline int64_t grain_rows(int64_t cols) {
+  return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, cols));
+}
 
 constexpr int64_t kBlock = 2048;  // classes per block: 8 KiB of float in L1
 

@@ -23,8 +23,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T> struct Acc { using type = float; };
-template <> struct Acc<double> { using type = double; };
+template <typename T>
+struct Acc {
+  using type = float;
+};
+template <>
+struct Acc<double> {
+  using type = double;
+};
 
 template <typename acc_t>
 __device__ __forceinline__ acc_t capped(acc_t x, acc_t cap) {

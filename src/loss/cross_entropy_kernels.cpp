@@ -40,9 +40,8 @@ Targets split_targets(const at::Tensor& target, int64_t ignore_index, const Clas
 }
 
 // w[t] for valid targets, 0 for ignored ones, in `dtype`.
-at::Tensor target_weights(const at::Tensor& target, const at::Tensor& valid,
-                          const c10::optional<at::Tensor>& weight, int64_t num_classes,
-                          at::ScalarType dtype) {
+at::Tensor target_weights(const at::Tensor& target, const at::Tensor& valid, const c10::optional<at::Tensor>& weight,
+                          int64_t num_classes, at::ScalarType dtype) {
   if (!weight) return valid.to(dtype);
   at::Tensor idx = at::where(valid, target, at::zeros_like(target)).clamp(0, num_classes - 1);
   return weight->to(dtype).index_select(0, idx) * valid.to(dtype);
@@ -58,7 +57,9 @@ at::Tensor picked(const at::Tensor& rows, const Targets& t, at::ScalarType dtype
 // Rows per block so that a block's temporaries stay around 1M elements: the passes
 // over the logits then reuse a small, cache-resident buffer instead of allocating (and
 // page-faulting) logits-sized temporaries.
-int64_t rows_per_block(int64_t classes) { return std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, classes)); }
+int64_t rows_per_block(int64_t classes) {
+  return std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, classes));
+}
 
 template <typename Fn>
 void for_row_blocks(int64_t rows, int64_t classes, Fn&& fn) {
@@ -72,7 +73,8 @@ void reject_cross_entropy_only_options(const char* op) {
   if (!is_loss_parallel_active()) return;
   const LossParallelOptions o = current_loss_parallel_options();
   if (o.z_loss_weight != 0 || o.logit_softcap != 0) {
-    throw LossParallelUnsupportedError(std::string(op) + " under loss_parallel with z_loss_weight or logit_softcap "
+    throw LossParallelUnsupportedError(std::string(op) +
+                                       " under loss_parallel with z_loss_weight or logit_softcap "
                                        "set: these options apply to cross_entropy only; call cross_entropy, or "
                                        "open a guard without them");
   }
@@ -80,9 +82,7 @@ void reject_cross_entropy_only_options(const char* op) {
 
 }  // namespace
 
-at::ScalarType compute_type(at::ScalarType t) {
-  return (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t;
-}
+at::ScalarType compute_type(at::ScalarType t) { return (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t; }
 
 at::Tensor to_rows(const at::Tensor& x, int64_t class_dim) {
   if (x.dim() == 1) return x.unsqueeze(0);
@@ -134,16 +134,14 @@ void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore
   at::Tensor bad = target.ne(ignore_index).logical_and(target.lt(0).logical_or(target.ge(num_classes)));
   if (bad.any().item<bool>()) {
     const int64_t value = target.masked_select(bad).view({-1})[0].item<int64_t>();
-    TORCH_CHECK_INDEX(false, "Target ", value, " is out of bounds: expected a class in [0, ",
-                      num_classes, ") or ignore_index (", ignore_index, ")");
+    TORCH_CHECK_INDEX(false, "Target ", value, " is out of bounds: expected a class in [0, ", num_classes,
+                      ") or ignore_index (", ignore_index, ")");
   }
 }
 
-std::pair<at::Tensor, at::Tensor> distributed_nll_forward(const at::Tensor& logp_rows,
-                                                          const at::Tensor& target,
-                                                          const c10::optional<at::Tensor>& weight,
-                                                          int64_t reduction, int64_t ignore_index,
-                                                          const ClassShard& shard) {
+std::pair<at::Tensor, at::Tensor> distributed_nll_forward(const at::Tensor& logp_rows, const at::Tensor& target,
+                                                          const c10::optional<at::Tensor>& weight, int64_t reduction,
+                                                          int64_t ignore_index, const ClassShard& shard) {
   reject_cross_entropy_only_options("nll_loss");
   const at::ScalarType ct = compute_type(logp_rows.scalar_type());
   check_targets(target, shard.total, ignore_index);
@@ -162,9 +160,8 @@ std::pair<at::Tensor, at::Tensor> distributed_nll_forward(const at::Tensor& logp
 }
 
 at::Tensor nll_backward_rows(const at::Tensor& grad_output, int64_t rows, const at::Tensor& target,
-                             const c10::optional<at::Tensor>& weight, int64_t reduction,
-                             int64_t ignore_index, const at::Tensor& total_weight,
-                             at::ScalarType dtype, const ClassShard& shard) {
+                             const c10::optional<at::Tensor>& weight, int64_t reduction, int64_t ignore_index,
+                             const at::Tensor& total_weight, at::ScalarType dtype, const ClassShard& shard) {
   const at::ScalarType ct = compute_type(dtype);
   Targets t = split_targets(target, ignore_index, shard);
   at::Tensor scale = target_weights(target, t.valid, weight, shard.total, ct);

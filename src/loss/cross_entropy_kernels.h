@@ -42,15 +42,12 @@ at::Tensor distributed_log_softmax_backward(const at::Tensor& grad_rows, const a
 void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore_index);
 
 // K2: nll_loss_forward on log-prob rows. Returns (output, total_weight) as ATen's.
-std::pair<at::Tensor, at::Tensor> distributed_nll_forward(const at::Tensor& logp_rows,
-                                                          const at::Tensor& target,
-                                                          const c10::optional<at::Tensor>& weight,
-                                                          int64_t reduction, int64_t ignore_index,
-                                                          const ClassShard& shard);
+std::pair<at::Tensor, at::Tensor> distributed_nll_forward(const at::Tensor& logp_rows, const at::Tensor& target,
+                                                          const c10::optional<at::Tensor>& weight, int64_t reduction,
+                                                          int64_t ignore_index, const ClassShard& shard);
 // nll_loss_backward: the gradient rows, nonzero only at owned targets. No collective.
 at::Tensor nll_backward_rows(const at::Tensor& grad_output, int64_t rows, const at::Tensor& target,
-                             const c10::optional<at::Tensor>& weight, int64_t reduction,
-                             int64_t ignore_index, const at::Tensor& total_weight,
-                             at::ScalarType dtype, const ClassShard& shard);
+                             const c10::optional<at::Tensor>& weight, int64_t reduction, int64_t ignore_index,
+                             const at::Tensor& total_weight, at::ScalarType dtype, const ClassShard& shard);
 
 }  // namespace hyper_parallel

@@ -40,13 +40,15 @@ struct CrossEntropyParallelBackward : Node {
     // gradient was written over them: their storage is the gradient.)
     if (!ce.gradient_in_forward) saved_logits.unpack();
     // (With it, nothing was saved: say what SavedVariable says once the graph is freed.)
-    TORCH_CHECK(ce.lse.defined(), "Trying to backward through the graph a second time (or directly access saved "
+    TORCH_CHECK(ce.lse.defined(),
+                "Trying to backward through the graph a second time (or directly access saved "
                 "tensors after they have already been freed). Specify retain_graph=True if you need to backward "
                 "a second time.");
     if (!grads[0].defined()) return {at::Tensor()};
     const at::Tensor g = full_value(grads[0]);
     const ClassShard& shard = sharding.shard;
-    at::Tensor rows = ce.gradient_in_forward ? gradient_written_in_forward(g, shard) : fused_cross_entropy_backward(ce, g, shard);
+    at::Tensor rows =
+        ce.gradient_in_forward ? gradient_written_in_forward(g, shard) : fused_cross_entropy_backward(ce, g, shard);
     return {make_dtensor(from_rows(rows, local_shape, sharding.class_dim), sharding.layout)};
   }
 
@@ -58,14 +60,16 @@ struct CrossEntropyParallelBackward : Node {
   at::Tensor gradient_written_in_forward(const at::Tensor& grad_loss, const ClassShard& shard) {
     const at::Tensor& stored = ce.grad_rows;
     const char* op = "cross_entropy with gradient_in_forward";
-    TORCH_CHECK(stored._version() == grad_version, op, ": the gradient written over the logits was modified in "
-                "place after ", grad_applied.defined() ? "the first backward handed it out" : "the forward wrote it",
+    TORCH_CHECK(stored._version() == grad_version, op,
+                ": the gradient written over the logits was modified in "
+                "place after ",
+                grad_applied.defined() ? "the first backward handed it out" : "the forward wrote it",
                 "; turn gradient_in_forward off to use the logits' storage otherwise or to backward through this "
                 "loss more than once");
     const int64_t rows = stored.size(0);
-    const at::Tensor g = (ce.reduction == at::Reduction::None ? grad_loss.reshape({-1})
-                                                              : grad_loss.reshape({}).expand({rows}))
-                             .to(ce.lse.scalar_type());
+    const at::Tensor g =
+        (ce.reduction == at::Reduction::None ? grad_loss.reshape({-1}) : grad_loss.reshape({}).expand({rows}))
+            .to(ce.lse.scalar_type());
     if (!grad_applied.defined()) {
       at::Tensor out = fused_cross_entropy_backward(ce, grad_loss, shard);  // in place
       grad_applied = g.clone();
@@ -103,14 +107,15 @@ at::Tensor soft_target_rows(const at::Tensor& target, const ClassSharding& cs, c
     } else if (l.is_replicated()) {
       local = impl->local().narrow(cs.class_dim, cs.shard.offset, cs.shard.local);
     } else {
-      throw LossParallelLayoutError(op + " under loss_parallel: expected probability targets "
+      throw LossParallelLayoutError(op +
+                                    " under loss_parallel: expected probability targets "
                                     "replicated or laid out like the logits (" +
                                     to_string(cs.layout.placements()) + "), got " + to_string(l.placements()));
     }
   } else {
     TORCH_CHECK(target.sizes() == c10::IntArrayRef(cs.layout.shape()), op,
-                ": probability targets must have the logits' shape ", c10::IntArrayRef(cs.layout.shape()),
-                ", got ", target.sizes());
+                ": probability targets must have the logits' shape ", c10::IntArrayRef(cs.layout.shape()), ", got ",
+                target.sizes());
     local = target.narrow(cs.class_dim, cs.shard.offset, cs.shard.local);
   }
   return to_rows(local, cs.class_dim);
@@ -135,15 +140,16 @@ c10::Device local_device(const at::Tensor& t) {
 }  // namespace
 
 at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor& target,
-                                  const c10::optional<at::Tensor>& weight, int64_t reduction,
-                                  int64_t ignore_index, double label_smoothing) {
+                                  const c10::optional<at::Tensor>& weight, int64_t reduction, int64_t ignore_index,
+                                  double label_smoothing) {
   const std::string op = "cross_entropy";
   at::Tensor logits = logits_in;
   const int64_t class_dim = class_dim_of(logits.dim());
   ClassSharding cs = resolve_class_sharding(&logits, class_dim, op, current_loss_parallel_options(),
                                             /*differentiable=*/true);
   if (target.requires_grad() || (weight && weight->defined() && weight->requires_grad())) {
-    throw LossParallelUnsupportedError(op + " under loss_parallel: gradients with respect to the "
+    throw LossParallelUnsupportedError(op +
+                                       " under loss_parallel: gradients with respect to the "
                                        "target or the class weights are not supported");
   }
   const at::Tensor& local_logits = local_of(logits);
@@ -162,15 +168,14 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   // that are neither a leaf nor a view of one: a leaf's values are the caller's (PyTorch
   // refuses in-place writes to them when they require grad), and its .grad would alias them.
   const bool leaf_values = logits.is_leaf() || (logits.is_view() && logits._base().is_leaf());
-  ce.gradient_in_forward = options.gradient_in_forward && wants_grad && !leaf_values &&
-                           ce.x_rows.is_alias_of(local_logits) &&
-                           (ce.x_rows.size(1) <= 1 || ce.x_rows.stride(1) == 1) &&
-                           local_logits.is_non_overlapping_and_dense();
+  ce.gradient_in_forward =
+      options.gradient_in_forward && wants_grad && !leaf_values && ce.x_rows.is_alias_of(local_logits) &&
+      (ce.x_rows.size(1) <= 1 || ce.x_rows.stride(1) == 1) && local_logits.is_non_overlapping_and_dense();
   std::vector<int64_t> loss_shape;
   ce.soft = target.is_floating_point();
   const InputAgreement agreement(op, target, [&] {
-    TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
-                ": label_smoothing must be in [0, 1], got ", label_smoothing);
+    TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op, ": label_smoothing must be in [0, 1], got ",
+                label_smoothing);
     check_on_logits_mesh(target, cs, "target", op);
     check_on_logits_device(local_logits.device(), local_device(target), ce.soft ? "probability target" : "target", op);
     if (weight && weight->defined()) {
@@ -192,9 +197,8 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
                   ": expected target dtype to be Long or Byte, but got ", t.scalar_type());
       std::vector<int64_t> expect = cs.layout.shape();
       expect.erase(expect.begin() + class_dim);
-      TORCH_CHECK(t.sizes() == c10::IntArrayRef(expect), op, ": expected a target of shape ",
-                  c10::IntArrayRef(expect), " for logits of shape ", c10::IntArrayRef(cs.layout.shape()),
-                  ", got ", t.sizes());
+      TORCH_CHECK(t.sizes() == c10::IntArrayRef(expect), op, ": expected a target of shape ", c10::IntArrayRef(expect),
+                  " for logits of shape ", c10::IntArrayRef(cs.layout.shape()), ", got ", t.sizes());
       check_targets(t, cs.shard.total, ignore_index);
       ce.target = t.reshape({-1}).to(at::kLong);
       loss_shape = expect;

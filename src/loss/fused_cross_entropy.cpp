@@ -207,8 +207,8 @@ void fused_cross_entropy_prepare(FusedCrossEntropy& ce, int64_t rows, const Clas
   }
 }
 
-at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at::Tensor& x_in, int64_t r0,
-                                           int64_t c0, const ClassShard& shard) {
+at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at::Tensor& x_in, int64_t r0, int64_t c0,
+                                           const ClassShard& shard) {
   const at::Tensor x = unit_class_stride(x_in);
   const int64_t n = x.size(0), nc = x.size(1);
   const at::ScalarType ct = compute_type(x.scalar_type());
@@ -246,8 +246,10 @@ at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at
   }
   args.stats = stats.data_ptr();
 #if defined(HP_CE_HAVE_CUDA)
-  if (x.is_cuda()) k::cuda_forward_stats(args, x.device().index());
-  else k::forward_stats(args);
+  if (x.is_cuda())
+    k::cuda_forward_stats(args, x.device().index());
+  else
+    k::forward_stats(args);
 #else
   k::forward_stats(args);
 #endif
@@ -283,9 +285,9 @@ at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& 
     sent = at::cat({sent, record});
   }
   // The forward's one collective: every rank's per-row statistics (and record), [P, ...].
-  const at::Tensor gathered = shard.comm ? shard.comm->all_gather(sent.unsqueeze(0), 0,
-                                                                  std::vector<int64_t>(shard.comm->size(), 1))
-                                         : sent.unsqueeze(0);
+  const at::Tensor gathered =
+      shard.comm ? shard.comm->all_gather(sent.unsqueeze(0), 0, std::vector<int64_t>(shard.comm->size(), 1))
+                 : sent.unsqueeze(0);
   if (agreement) agreement->settle(gathered.narrow(1, k::kStats * rows, InputAgreement::kRecordSize), shard.comm);
   const at::Tensor all = gathered.narrow(1, 0, k::kStats * rows).view({gathered.size(0), k::kStats, rows});
   const at::Tensor m = all.select(1, k::kMax), s = all.select(1, k::kSumExp);
@@ -304,7 +306,7 @@ at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& 
   const at::Tensor valid_b = ce.valid.to(at::kBool);
   at::Tensor ce_rows;
   if (ce.soft) {
-    ce.row_weight = v1;                  // A = sum_c w_c q'_c
+    ce.row_weight = v1;  // A = sum_c w_c q'_c
     // -sum_c w_c q'_c log p_c = A log_sum - sum_c w_c q'_c (y_c - max)
     ce_rows = u_all * ce.log_sum - v2;
     ce.ce_denominator = at::scalar_tensor(static_cast<double>(rows), opts);
@@ -334,8 +336,7 @@ at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& 
   return z.defined() ? loss + z : loss;
 }
 
-FusedCrossEntropyCoefficients fused_cross_entropy_coefficients(const FusedCrossEntropy& ce,
-                                                               const at::Tensor& grad_loss,
+FusedCrossEntropyCoefficients fused_cross_entropy_coefficients(const FusedCrossEntropy& ce, const at::Tensor& grad_loss,
                                                                const ClassShard& shard) {
   const int64_t rows = ce.lse.size(0);
   return coefficients(ce, per_row(grad_loss.to(ce.lse.scalar_type()), rows, ce.reduction).contiguous(), shard);

@@ -18,11 +18,11 @@ namespace hyper_parallel {
 
 struct FusedCrossEntropy {
   // Inputs, kept for backward.
-  at::Tensor x_rows;      // logits rows [M, C_l] (input dtype; a view of the local logits when possible)
-  at::Tensor target;      // index targets [M] (int64), or probability rows [M, C_l]
+  at::Tensor x_rows;  // logits rows [M, C_l] (input dtype; a view of the local logits when possible)
+  at::Tensor target;  // index targets [M] (int64), or probability rows [M, C_l]
   bool soft = false;
   c10::optional<at::Tensor> weight;  // full [C], compute type
-  int64_t reduction = 1;  // at::Reduction
+  int64_t reduction = 1;             // at::Reduction
   int64_t ignore_index = -100;
   double label_smoothing = 0.0;
   double z_loss_weight = 0.0;  // adds z * lse^2 per counted row
@@ -31,14 +31,14 @@ struct FusedCrossEntropy {
   // then only scales it. The caller checks that x_rows is the logits' own storage.
   bool gradient_in_forward = false;
   // Forward results, kept for backward ([M], compute type unless said).
-  at::Tensor row_max, log_sum;  // lse = row_max + log_sum, kept apart (cross_entropy_cpu_kernel.h)
-  at::Tensor lse;               // their sum, for the z-loss
-  at::Tensor row_weight;  // index: w[t] (0 where ignored); soft: A = sum_c w_c q'_c
-  at::Tensor valid;       // 1 for counted rows, 0 for ignored ones
-  at::Tensor target_col;  // index: local column of an owned target, else -1 (int64)
-  at::Tensor q;           // soft: the probability rows in compute type, unit class stride
+  at::Tensor row_max, log_sum;               // lse = row_max + log_sum, kept apart (cross_entropy_cpu_kernel.h)
+  at::Tensor lse;                            // their sum, for the z-loss
+  at::Tensor row_weight;                     // index: w[t] (0 where ignored); soft: A = sum_c w_c q'_c
+  at::Tensor valid;                          // 1 for counted rows, 0 for ignored ones
+  at::Tensor target_col;                     // index: local column of an owned target, else -1 (int64)
+  at::Tensor q;                              // soft: the probability rows in compute type, unit class stride
   at::Tensor ce_denominator, z_denominator;  // mean: what the sums are divided by
-  at::Tensor grad_rows;   // gradient_in_forward: the gradient written in forward
+  at::Tensor grad_rows;                      // gradient_in_forward: the gradient written in forward
 };
 
 // Returns the loss (compute type): [M] for none, a scalar otherwise. One all-gather, which
@@ -54,8 +54,8 @@ void fused_cross_entropy_prepare(FusedCrossEntropy& ce, int64_t rows, const Clas
                                  const at::TensorOptions& compute_options);
 // 2. Statistics [kStats, n] of logits block x = rows [r0, r0 + n), local classes
 //    [c0, c0 + x.size(1)); blocks of the same rows merge with merge_block_stats.
-at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at::Tensor& x, int64_t r0,
-                                           int64_t c0, const ClassShard& shard);
+at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at::Tensor& x, int64_t r0, int64_t c0,
+                                           const ClassShard& shard);
 // acc <- the statistics of acc's columns and block's columns together (same rows).
 void merge_block_stats(at::Tensor& acc, const at::Tensor& block);
 // 3. The one all-gather of the statistics [kStats, M] of this rank's classes, and the loss.
@@ -69,8 +69,7 @@ at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& 
 struct FusedCrossEntropyCoefficients {
   at::Tensor a, b, c, t;  // [M] compute type, or undefined (0)
 };
-FusedCrossEntropyCoefficients fused_cross_entropy_coefficients(const FusedCrossEntropy& ce,
-                                                               const at::Tensor& grad_loss,
+FusedCrossEntropyCoefficients fused_cross_entropy_coefficients(const FusedCrossEntropy& ce, const at::Tensor& grad_loss,
                                                                const ClassShard& shard);
 void fused_cross_entropy_block_gradient(const FusedCrossEntropy& ce, const FusedCrossEntropyCoefficients& co,
                                         const at::Tensor& x, const at::Tensor& out, int64_t r0, int64_t c0,

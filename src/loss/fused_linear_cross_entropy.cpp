@@ -74,7 +74,7 @@ at::Tensor view_of(const at::Tensor& buffer, int64_t rows, int64_t cols) {
 
 // Where the inputs live and how the vocabulary is split, after validation.
 struct Inputs {
-  at::Tensor h, w, target;       // local pieces: [T, D], [V_l, D], [T] int64
+  at::Tensor h, w, target;  // local pieces: [T, D], [V_l, D], [T] int64
   c10::optional<at::Tensor> class_weight;
   ClassShard shard;
   c10::optional<Layout> weight_layout, hidden_layout;  // set for DTensor inputs
@@ -82,8 +82,8 @@ struct Inputs {
 
 std::string describe(const at::Tensor& t) {
   if (auto* impl = dtensor_impl(t)) {
-    return "a DTensor " + to_string(impl->layout().placements()) + " on " + impl->layout().mesh().str() +
-           " of shape " + c10::str(t.sizes());
+    return "a DTensor " + to_string(impl->layout().placements()) + " on " + impl->layout().mesh().str() + " of shape " +
+           c10::str(t.sizes());
   }
   return "a plain tensor of shape " + c10::str(t.sizes());
 }
@@ -91,14 +91,17 @@ std::string describe(const at::Tensor& t) {
 Inputs validate(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
                 const FusedLinearCrossEntropyOptions& o) {
   const std::string op = kOp;
-  TORCH_CHECK(hidden.defined() && weight.defined() && target.defined(), op, ": hidden, weight and target must be defined");
+  TORCH_CHECK(hidden.defined() && weight.defined() && target.defined(), op,
+              ": hidden, weight and target must be defined");
   TORCH_CHECK(weight.dim() == 2, op, ": expected the weight [V, dim], got ", describe(weight));
   Inputs in;
   if (auto* impl = dtensor_impl(weight)) {
     const Layout& l = impl->layout();
     if (l.mesh().ndim() != 1 || !l.placements()[0].is_shard(0)) {
-      throw LossParallelLayoutError(op + ": expected the weight to be the ColwiseParallel head, a DTensor [Shard(0)] "
-                                    "on a 1-D tensor-parallel mesh (or a plain tensor), got " + describe(weight));
+      throw LossParallelLayoutError(op +
+                                    ": expected the weight to be the ColwiseParallel head, a DTensor [Shard(0)] "
+                                    "on a 1-D tensor-parallel mesh (or a plain tensor), got " +
+                                    describe(weight));
     }
     in.weight_layout = l;
     in.w = impl->local();
@@ -110,42 +113,47 @@ Inputs validate(const at::Tensor& hidden, const at::Tensor& weight, const at::Te
   if (auto* impl = dtensor_impl(hidden)) {
     const Layout& l = impl->layout();
     if (!l.is_replicated() || !in.weight_layout || !(l.mesh() == in.weight_layout->mesh())) {
-      throw LossParallelLayoutError(op + ": expected hidden to be a plain tensor or a Replicate DTensor on the "
-                                    "weight's mesh, got " + describe(hidden) + " (weight: " + describe(weight) + ")");
+      throw LossParallelLayoutError(op +
+                                    ": expected hidden to be a plain tensor or a Replicate DTensor on the "
+                                    "weight's mesh, got " +
+                                    describe(hidden) + " (weight: " + describe(weight) + ")");
     }
     in.hidden_layout = l;
     in.h = impl->local();
   } else {
     in.h = hidden;
   }
-  TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == weight.size(1), op, ": expected hidden [tokens, ",
-              weight.size(1), "] for a weight of shape ", weight.sizes(), ", got ", describe(hidden));
+  TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == weight.size(1), op, ": expected hidden [tokens, ", weight.size(1),
+              "] for a weight of shape ", weight.sizes(), ", got ", describe(hidden));
   TORCH_CHECK(at::isFloatingType(hidden.scalar_type()) && hidden.scalar_type() == weight.scalar_type(), op,
               ": expected hidden and weight of one floating dtype, got ", hidden.scalar_type(), " and ",
               weight.scalar_type());
-  TORCH_CHECK(in.h.device() == in.w.device(), op, ": hidden is on ", in.h.device(), ", the weight on ",
-              in.w.device());
+  TORCH_CHECK(in.h.device() == in.w.device(), op, ": hidden is on ", in.h.device(), ", the weight on ", in.w.device());
   if (target.is_floating_point()) {
-    throw LossParallelUnsupportedError(op + ": probability targets are not supported (they are [tokens, V], "
+    throw LossParallelUnsupportedError(op +
+                                       ": probability targets are not supported (they are [tokens, V], "
                                        "what this loss exists to avoid); give class indices [tokens]");
   }
   if (target.requires_grad() || (o.class_weight && o.class_weight->defined() && o.class_weight->requires_grad())) {
-    throw LossParallelUnsupportedError(op + ": gradients with respect to the target or the class weights are not "
+    throw LossParallelUnsupportedError(op +
+                                       ": gradients with respect to the target or the class weights are not "
                                        "supported");
   }
   in.target = replicated_value(target, "target", op);
-  TORCH_CHECK(in.target.dim() == 1 && in.target.size(0) == hidden.size(0), op, ": expected a target [",
-              hidden.size(0), "] (one class per token of hidden), got ", describe(target));
+  TORCH_CHECK(in.target.dim() == 1 && in.target.size(0) == hidden.size(0), op, ": expected a target [", hidden.size(0),
+              "] (one class per token of hidden), got ", describe(target));
   in.target = in.target.to(in.h.device(), at::kLong);
   check_targets(in.target, in.shard.total, o.ignore_index);
-  TORCH_CHECK(o.reduction == at::Reduction::None || o.reduction == at::Reduction::Mean ||
-                  o.reduction == at::Reduction::Sum,
-              op, ": reduction must be at::Reduction::None, Mean or Sum, got ", o.reduction);
+  TORCH_CHECK(
+      o.reduction == at::Reduction::None || o.reduction == at::Reduction::Mean || o.reduction == at::Reduction::Sum, op,
+      ": reduction must be at::Reduction::None, Mean or Sum, got ", o.reduction);
   TORCH_CHECK(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, op, ": label_smoothing must be in [0, 1], got ",
               o.label_smoothing);
   TORCH_CHECK(o.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: off), got ", o.logit_softcap);
-  TORCH_CHECK(o.chunk_tokens >= 0 && o.vocab_block >= 0, op, ": chunk_tokens and vocab_block must be >= 0 "
-              "(0: automatic), got ", o.chunk_tokens, " and ", o.vocab_block);
+  TORCH_CHECK(o.chunk_tokens >= 0 && o.vocab_block >= 0, op,
+              ": chunk_tokens and vocab_block must be >= 0 "
+              "(0: automatic), got ",
+              o.chunk_tokens, " and ", o.vocab_block);
   if (o.class_weight && o.class_weight->defined()) {
     at::Tensor cw = replicated_value(*o.class_weight, "class weight", op);
     TORCH_CHECK(cw.dim() == 1 && cw.size(0) == in.shard.total, op, ": expected a class weight of shape [",
@@ -178,8 +186,8 @@ struct FusedLinearCrossEntropyBackward : Node {
     // Accumulators in the compute type: bf16/fp16 gradients are summed over blocks in fp32.
     at::Tensor gh = want_h ? at::zeros({T, D}, h.options().dtype(ct)) : at::Tensor();
     at::Tensor gw = want_w ? at::empty({Vl, D}, w.options()) : at::Tensor();
-    at::Tensor gw_block = want_w && low ? at::empty({std::min(blocks.vocab, Vl), D}, w.options().dtype(ct))
-                                        : at::Tensor();
+    at::Tensor gw_block =
+        want_w && low ? at::empty({std::min(blocks.vocab, Vl), D}, w.options().dtype(ct)) : at::Tensor();
     // float16 products of one block can overflow where the whole sum does not (the
     // gradient's terms cancel over all classes, not over one block's): they are formed in
     // float. bfloat16 has float's range.
@@ -278,8 +286,10 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
         at::Tensor logits = view_of(tile, n, nc);
         at::mm_out(logits, hc, w.narrow(0, c0, nc).t());
         const at::Tensor s = fused_cross_entropy_block_stats(ce, logits, r0, c0, in.shard);
-        if (acc.defined()) merge_block_stats(acc, s);
-        else acc = s;
+        if (acc.defined())
+          merge_block_stats(acc, s);
+        else
+          acc = s;
       });
       stats.narrow(1, r0, n).copy_(acc);
     });
@@ -291,8 +301,7 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
     std::vector<int64_t> shape = loss.sizes().vec();
     loss = make_dtensor(loss, Layout(mesh, Placements(mesh.ndim(), Placement::replicate()), shape));
   }
-  const bool wants_grad =
-      torch::autograd::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  const bool wants_grad = torch::autograd::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
   if (wants_grad) {
     compat::NodePtr owner = compat::make_node<FusedLinearCrossEntropyBackward>();
     auto* node = static_cast<FusedLinearCrossEntropyBackward*>(owner.get());

@@ -35,8 +35,8 @@ at::Tensor reusable_gradient_buffer(int64_t rows, int64_t cols, at::ScalarType d
   const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(cols) * c10::elementSize(dtype);
   if (bytes < kMinCachedBytes) return at::empty({rows, cols}, at::TensorOptions().dtype(dtype));
   // Free again when this cache holds the only reference to the tensor and its storage.
-  if (cached.defined() && cached.scalar_type() == dtype && cached.numel() == rows * cols &&
-      cached.use_count() == 1 && cached.storage().use_count() == 1) {
+  if (cached.defined() && cached.scalar_type() == dtype && cached.numel() == rows * cols && cached.use_count() == 1 &&
+      cached.storage().use_count() == 1) {
     return cached.view({rows, cols});
   }
   cached = huge_page_tensor(rows, cols, dtype);

@@ -36,13 +36,11 @@ std::string join_ranks(const std::vector<int64_t>& ranks) {
 }
 
 // The refused ranks' messages (truncated), one all_reduce in which each rank fills its slot.
-std::vector<std::string> exchange_messages(const std::string& own, const Communicator& comm,
-                                           const at::Device& device) {
+std::vector<std::string> exchange_messages(const std::string& own, const Communicator& comm, const at::Device& device) {
   constexpr int64_t kSlot = 512;
   const int64_t n = comm.size();
   at::Tensor slots = at::zeros({n * kSlot}, at::kByte);
-  std::memcpy(slots.data_ptr<uint8_t>() + comm.rank() * kSlot, own.data(),
-              std::min<size_t>(own.size(), kSlot - 1));
+  std::memcpy(slots.data_ptr<uint8_t>() + comm.rank() * kSlot, own.data(), std::min<size_t>(own.size(), kSlot - 1));
   slots = slots.to(device);
   comm.all_reduce_(slots, ReduceOp::Sum);
   const at::Tensor all = slots.cpu();
@@ -106,8 +104,11 @@ void InputAgreement::settle(const at::Tensor& records, const Communicator* comm)
   for (int64_t p = 1; p < n; ++p) {
     if (!std::equal(v + p * kRecordSize + 1, v + (p + 1) * kRecordSize, v + 1)) differ.push_back(p);
   }
-  TORCH_CHECK(differ.empty(), op_, " under loss_parallel (HYPER_PARALLEL_CHECK_REPLICATED=1): the target differs "
-              "between ranks: rank(s) ", join_ranks(differ), " of the loss's group hold a different target than "
+  TORCH_CHECK(differ.empty(), op_,
+              " under loss_parallel (HYPER_PARALLEL_CHECK_REPLICATED=1): the target differs "
+              "between ranks: rank(s) ",
+              join_ranks(differ),
+              " of the loss's group hold a different target than "
               "rank 0; a replicated target must be identical on every rank");
 }
 

@@ -12,11 +12,16 @@ namespace hyper_parallel::fused_ce {
 template <typename Fn>
 void dispatch_logits_dtype(c10::ScalarType t, Fn&& fn) {
   switch (t) {
-    case c10::ScalarType::Float: return fn(float{});
-    case c10::ScalarType::Double: return fn(double{});
-    case c10::ScalarType::BFloat16: return fn(c10::BFloat16{});
-    case c10::ScalarType::Half: return fn(c10::Half{});
-    default: TORCH_CHECK(false, "fused cross-entropy: unsupported logits dtype ", t);
+    case c10::ScalarType::Float:
+      return fn(float{});
+    case c10::ScalarType::Double:
+      return fn(double{});
+    case c10::ScalarType::BFloat16:
+      return fn(c10::BFloat16{});
+    case c10::ScalarType::Half:
+      return fn(c10::Half{});
+    default:
+      TORCH_CHECK(false, "fused cross-entropy: unsupported logits dtype ", t);
   }
 }
 

@@ -28,16 +28,16 @@ ParallelismConfig global_config;
 
 bool same_options(const LossParallelOptions& a, const LossParallelOptions& b) {
   const bool mesh_ok = a.mesh.has_value() == b.mesh.has_value() && (!a.mesh || *a.mesh == *b.mesh);
-  return mesh_ok && a.strict == b.strict && a.z_loss_weight == b.z_loss_weight &&
-         a.logit_softcap == b.logit_softcap && a.gradient_in_forward == b.gradient_in_forward;
+  return mesh_ok && a.strict == b.strict && a.z_loss_weight == b.z_loss_weight && a.logit_softcap == b.logit_softcap &&
+         a.gradient_in_forward == b.gradient_in_forward;
 }
 
 std::string describe(const LossParallelOptions& o) {
   return std::string("{mesh = ") + (o.mesh ? o.mesh->str() : "none") +
          ", strict = " + (o.strict ? (*o.strict ? "true" : "false") : "unset") +
-         ", z_loss_weight = " + std::to_string(o.z_loss_weight) + ", logit_softcap = " +
-         std::to_string(o.logit_softcap) + ", gradient_in_forward = " + (o.gradient_in_forward ? "true" : "false") +
-         "}";
+         ", z_loss_weight = " + std::to_string(o.z_loss_weight) +
+         ", logit_softcap = " + std::to_string(o.logit_softcap) +
+         ", gradient_in_forward = " + (o.gradient_in_forward ? "true" : "false") + "}";
 }
 
 }  // namespace
@@ -60,8 +60,9 @@ LossParallelGuard::LossParallelGuard(const LossParallelOptions& options) {
   if (parallelism_config().disable_loss_parallel) {
     static std::once_flag warned;
     std::call_once(warned, [] {
-      TORCH_WARN("loss_parallel(): ParallelismConfig::disable_loss_parallel is set, so the "
-                 "guard activates nothing (the config takes precedence)");
+      TORCH_WARN(
+          "loss_parallel(): ParallelismConfig::disable_loss_parallel is set, so the "
+          "guard activates nothing (the config takes precedence)");
     });
     return;
   }

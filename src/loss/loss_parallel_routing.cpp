@@ -115,8 +115,8 @@ bool nll_forward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   const int64_t reduction = args[3].toInt();
   const int64_t ignore_index = args[4].toInt();
   const at::Tensor& local = local_of(self);
-  auto result = distributed_nll_forward(to_rows(local, class_dim), target.reshape({-1}), weight,
-                                        reduction, ignore_index, cs.shard);
+  auto result = distributed_nll_forward(to_rows(local, class_dim), target.reshape({-1}), weight, reduction,
+                                        ignore_index, cs.shard);
   at::Tensor out = reduction == at::Reduction::None ? result.first.reshape(target.sizes()) : result.first;
   torch::jit::drop(*stack, 5);
   stack->push_back(replicated_dtensor(out, cs.layout.mesh()));
@@ -139,9 +139,8 @@ bool nll_backward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   if (weight) weight = replicated_value(*weight, "class weight", op);
   const at::Tensor& local = local_of(self);
   const int64_t rows = to_rows(local, class_dim).size(0);
-  at::Tensor g = nll_backward_rows(grad, rows, target.reshape({-1}), weight, args[4].toInt(),
-                                   args[5].toInt(), full_value(args[6].toTensor()),
-                                   local.scalar_type(), cs.shard);
+  at::Tensor g = nll_backward_rows(grad, rows, target.reshape({-1}), weight, args[4].toInt(), args[5].toInt(),
+                                   full_value(args[6].toTensor()), local.scalar_type(), cs.shard);
   torch::jit::drop(*stack, 7);
   stack->push_back(make_dtensor(from_rows(g, local.sizes(), class_dim), cs.layout));
   return true;
@@ -200,14 +199,14 @@ void cross_entropy_loss_kernel(const c10::OperatorHandle&, torch::jit::Stack* st
     if (sharded) {
       if (!parallelism_config().loss_parallel_fallback_on_layout_error) {
         throw LossParallelLayoutError(
-            "cross_entropy on logits sharded along the class dim (" + to_string(placements_of(self)) +
-            " on " + mesh_of(self).str() + ") outside loss_parallel(): enter hyper_parallel::loss_parallel() "
+            "cross_entropy on logits sharded along the class dim (" + to_string(placements_of(self)) + " on " +
+            mesh_of(self).str() +
+            ") outside loss_parallel(): enter hyper_parallel::loss_parallel() "
             "(or the Trainer's train_context) around the loss and its backward, or set "
             "ParallelismConfig::loss_parallel_fallback_on_layout_error to all-gather the logits (slow)");
       }
-      TORCH_WARN("cross_entropy outside loss_parallel(): all-gathering logits of shape ", self.sizes(),
-                 " sharded as ", to_string(placements_of(self)),
-                 " (loss_parallel_fallback_on_layout_error is set)");
+      TORCH_WARN("cross_entropy outside loss_parallel(): all-gathering logits of shape ", self.sizes(), " sharded as ",
+                 to_string(placements_of(self)), " (loss_parallel_fallback_on_layout_error is set)");
       self = redistribute(self, Placements(mesh_of(self).ndim(), Placement::replicate()));
     } else if (is_loss_parallel_active()) {
       TORCH_WARN_ONCE("loss_parallel (strict = false): logits are not sharded along the class dim (",
@@ -308,8 +307,8 @@ void ensure_loss_parallel_registered() {
   static std::once_flag once;
   std::call_once(once, [] {
     OpDispatcher::add_context_route("loss_parallel", loss_parallel_route, in_table);
-    static auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1,
-                                          __FILE__, __LINE__);
+    static auto* lib =
+        new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1, __FILE__, __LINE__);
     lib->impl("cross_entropy_loss", torch::CppFunction::makeFromBoxedFunction<&cross_entropy_loss_kernel>());
   });
 }

@@ -72,8 +72,7 @@ HP_HOST_DEVICE inline void rebase_relative_sum(acc_t& v, acc_t u, acc_t old_ref,
 
 // (v, u) <- with y of weight `weight` added, the max having gone from m_before to m_after.
 template <typename acc_t>
-HP_HOST_DEVICE inline void relative_sum_push(acc_t& v, acc_t& u, acc_t m_before, acc_t m_after, acc_t y,
-                                             acc_t weight) {
+HP_HOST_DEVICE inline void relative_sum_push(acc_t& v, acc_t& u, acc_t m_before, acc_t m_after, acc_t y, acc_t weight) {
   const acc_t ref = relative_sum_reference(m_after);
   rebase_relative_sum(v, u, relative_sum_reference(m_before), ref);
   v += weight * (y - ref);

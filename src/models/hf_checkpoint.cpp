@@ -81,7 +81,8 @@ class CheckpointFiles {
       for (const auto& [name, e] : sf->header().tensors) {
         auto it = tensors_.find(name);
         if (it == tensors_.end() || it->second.file != sf) {
-          throw std::runtime_error(sf->path() + ": tensor '" + name + "' is not in " + index + "'s weight_map under this file");
+          throw std::runtime_error(sf->path() + ": tensor '" + name + "' is not in " + index +
+                                   "'s weight_map under this file");
         }
       }
     }
@@ -176,16 +177,16 @@ void load_hf_checkpoint(torch::nn::Module& model, const HfAdapter& adapter, cons
     if (!c10::isFloatingType(e.dtype)) {
       problems.push_back(where + "has dtype " + e.dtype_name + ", expected a floating dtype (BF16, F16, F32, F64)");
     } else if (c10::IntArrayRef(e.shape) != p.sizes()) {
-      problems.push_back(where + "has shape " + shape_string(e.shape) + ", the model expects " + shape_string(p.sizes()) +
-                         " for " + ours);
+      problems.push_back(where + "has shape " + shape_string(e.shape) + ", the model expects " +
+                         shape_string(p.sizes()) + " for " + ours);
     } else {
       copies.push_back({p, m->second, t->second});
     }
   }
   for (const auto& [name, located] : ckpt.tensors()) {
     if (!used.count(name) && !is_derived_buffer(name)) {
-      problems.push_back(located.file->path() + ": unexpected tensor '" + name + "' " + shape_string(located.entry->shape) +
-                         " (the model has no parameter for it)");
+      problems.push_back(located.file->path() + ": unexpected tensor '" + name + "' " +
+                         shape_string(located.entry->shape) + " (the model has no parameter for it)");
     }
   }
   if (!problems.empty()) {

@@ -29,8 +29,8 @@ namespace {
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 // What transformers' save_pretrained and tokenizers write next to the weights.
-constexpr const char* kSourceFiles[] = {"tokenizer.json",          "tokenizer_config.json", "special_tokens_map.json",
-                                        "tokenizer.model",         "generation_config.json", "chat_template.jinja"};
+constexpr const char* kSourceFiles[] = {"tokenizer.json",  "tokenizer_config.json",  "special_tokens_map.json",
+                                        "tokenizer.model", "generation_config.json", "chat_template.jinja"};
 // Token ids of the source's config.json that the family's config cannot know.
 constexpr const char* kTokenIds[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
 
@@ -89,10 +89,14 @@ void raise_writer_error(const Group& g, const std::string& error) {
 
 std::string torch_dtype_name(c10::ScalarType t) {
   switch (t) {
-    case c10::kFloat: return "float32";
-    case c10::kBFloat16: return "bfloat16";
-    case c10::kHalf: return "float16";
-    case c10::kDouble: return "float64";
+    case c10::kFloat:
+      return "float32";
+    case c10::kBFloat16:
+      return "bfloat16";
+    case c10::kHalf:
+      return "float16";
+    case c10::kDouble:
+      return "float64";
     default:
       throw std::invalid_argument(std::string("export_hf_checkpoint: dtype ") + c10::toString(t) +
                                   " is not one to export weights in (bfloat16, float16, float32, float64)");
@@ -192,14 +196,16 @@ HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const HfAdap
   // A tied model holds one parameter for its embeddings and head: the adapter names it once.
   std::set<std::string> mapped, hf_names;
   for (const auto& m : adapter) {
-    if (!by_name.count(m.ours)) throw std::invalid_argument(what + "the adapter names '" + m.ours + "', which the model does not have");
+    if (!by_name.count(m.ours))
+      throw std::invalid_argument(what + "the adapter names '" + m.ours + "', which the model does not have");
     if (!hf_names.insert(m.hf).second) {
       throw std::invalid_argument(what + "the adapter maps two of our parameters to '" + m.hf + "'");
     }
     mapped.insert(m.ours);
   }
   for (const auto& [name, p] : params) {
-    if (!mapped.count(name)) throw std::invalid_argument(what + "our parameter '" + name + "' has no Hugging Face name in the adapter");
+    if (!mapped.count(name))
+      throw std::invalid_argument(what + "our parameter '" + name + "' has no Hugging Face name in the adapter");
   }
   const Group group = group_of(params);
 
@@ -256,8 +262,9 @@ HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const HfAdap
       if (shards.size() > 1) {
         int64_t parameters = 0;
         for (const Output& o : outputs) parameters += o.bytes / static_cast<int64_t>(c10::elementSize(dtype));
-        const nlohmann::json index = {{"metadata", {{"total_size", result.total_bytes}, {"total_parameters", parameters}}},
-                                      {"weight_map", weight_map}};
+        const nlohmann::json index = {
+            {"metadata", {{"total_size", result.total_bytes}, {"total_parameters", parameters}}},
+            {"weight_map", weight_map}};
         write_text(compat::join_path(folder, kIndexFile), index.dump(2) + "\n");
         result.files.push_back(kIndexFile);
       }

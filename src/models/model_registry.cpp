@@ -36,10 +36,10 @@ const ModelFamily& model_family(const std::string& name) {
 
 HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const ModelFamily& family,
                                     const std::string& folder, const HfExportOptions& options) {
-  if (!family.to_hf_config) throw std::invalid_argument("model family '" + family.name + "' cannot write a config.json yet");
+  if (!family.to_hf_config)
+    throw std::invalid_argument("model family '" + family.name + "' cannot write a config.json yet");
   return export_hf_checkpoint(
-      model, family.hf_adapter(model), [&] { return family.to_hf_config(model); }, folder,
-      options);
+      model, family.hf_adapter(model), [&] { return family.to_hf_config(model); }, folder, options);
 }
 
 }  // namespace hyper_parallel

@@ -34,9 +34,8 @@ namespace {
 // The dtypes read and written here, by their names in the format.
 const std::vector<std::pair<std::string, c10::ScalarType>>& dtype_table() {
   static const std::vector<std::pair<std::string, c10::ScalarType>> table = {
-      {"F64", c10::kDouble}, {"F32", c10::kFloat}, {"F16", c10::kHalf}, {"BF16", c10::kBFloat16},
-      {"I64", c10::kLong},   {"I32", c10::kInt},   {"I16", c10::kShort}, {"I8", c10::kChar},
-      {"U8", c10::kByte},    {"BOOL", c10::kBool},
+      {"F64", c10::kDouble}, {"F32", c10::kFloat}, {"F16", c10::kHalf}, {"BF16", c10::kBFloat16}, {"I64", c10::kLong},
+      {"I32", c10::kInt},    {"I16", c10::kShort}, {"I8", c10::kChar},  {"U8", c10::kByte},       {"BOOL", c10::kBool},
   };
   return table;
 }
@@ -110,7 +109,8 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size, ui
     // Element count, refusing overflow: a forged shape must not wrap around to a small size.
     uint64_t numel = 1;
     for (const auto& d : shape) {
-      if (!d.is_number_unsigned()) fail(file, where + "shape " + shape.dump() + " has a dimension that is not a non-negative integer");
+      if (!d.is_number_unsigned())
+        fail(file, where + "shape " + shape.dump() + " has a dimension that is not a non-negative integer");
       const uint64_t s = d.get<uint64_t>();
       if (s > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
           (s != 0 && numel > std::numeric_limits<uint64_t>::max() / s)) {
@@ -145,8 +145,8 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size, ui
   uint64_t at = 0;
   for (const auto& [b, e] : ranges) {
     if (b != at) {
-      fail(file, std::string(b < at ? "tensors overlap" : "the data has a hole") + " at byte " + std::to_string(std::min(b, at)) +
-                     " of the data section");
+      fail(file, std::string(b < at ? "tensors overlap" : "the data has a hole") + " at byte " +
+                     std::to_string(std::min(b, at)) + " of the data section");
     }
     at = e;
   }

@@ -1,7 +1,6 @@
-// safetensors, read from its specification (safetensors_writer.h writes it) (huggingface/safetensors, "Format"): 8 bytes
-// little-endian header length N, N bytes of JSON {name: {"dtype", "shape",
-// "data_offsets": [begin, end)}} plus an optional "__metadata__" string map, then the data;
-// offsets are relative to byte 8 + N. No alignment is assumed.
+// safetensors, read from its specification (safetensors_writer.h writes it) (huggingface/safetensors, "Format"): 8
+// bytes little-endian header length N, N bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end)}} plus an
+// optional "__metadata__" string map, then the data; offsets are relative to byte 8 + N. No alignment is assumed.
 //
 // A file is memory-mapped: a tensor's bytes are read in place, and a rank copies only the
 // rows/columns of its own shard (the pages of the rest are never touched), then hands the

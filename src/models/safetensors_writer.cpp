@@ -13,7 +13,8 @@ namespace hyper_parallel::hf {
 
 namespace {
 
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian; this writer copies bytes as they are");
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "safetensors data is little-endian; this writer copies bytes as they are");
 
 // The header text (padded) and the tensors in data order.
 struct Plan {
@@ -25,7 +26,8 @@ Plan plan_file(const std::map<std::string, at::Tensor>& tensors, const std::map<
   Plan p;
   for (const auto& [name, t] : tensors) {
     if (!t.defined()) throw std::invalid_argument("write_safetensors: tensor '" + name + "' is undefined");
-    if (name == "__metadata__") throw std::invalid_argument("write_safetensors: '__metadata__' is the format's own key");
+    if (name == "__metadata__")
+      throw std::invalid_argument("write_safetensors: '__metadata__' is the format's own key");
     safetensors_dtype_name(t.scalar_type());  // refuses a dtype the format cannot name, before anything is written
     p.tensors.emplace_back(name, t);
   }
@@ -58,7 +60,7 @@ void write_safetensors(const std::string& path, const std::map<std::string, at::
     std::fwrite(length, 1, 8, f);
     std::fwrite(p.header.data(), 1, p.header.size(), f);
     for (const auto& [name, t] : p.tensors) {
-      const at::Tensor c = t.detach().cpu().contiguous();  // one tensor at a time
+      const at::Tensor c = t.detach().cpu().contiguous();                     // one tensor at a time
       if (c.nbytes() > 0) std::fwrite(c.const_data_ptr(), 1, c.nbytes(), f);  // an empty one has no storage
     }
   });

@@ -16,8 +16,8 @@ struct ParameterTableAccess : torch::nn::Module {
 void replace_parameter(torch::nn::Module& module, const std::string& name, const at::Tensor& value) {
   auto& params = module.*ParameterTableAccess::table();
   auto* slot = params.find(name);
-  TORCH_CHECK(slot, "replace_parameter: module ", module.name(), " has no parameter '", name,
-              "'; its parameters are ", c10::Join(", ", params.keys()));
+  TORCH_CHECK(slot, "replace_parameter: module ", module.name(), " has no parameter '", name, "'; its parameters are ",
+              c10::Join(", ", params.keys()));
   const bool requires_grad = slot->requires_grad();
   *slot = value.detach().set_requires_grad(requires_grad);
 }

@@ -62,8 +62,7 @@ at::Tensor shard_parameter(torch::nn::Module& module, const std::string& name, c
 }
 
 std::string type_error(const std::string& style, const std::string& path, const torch::nn::Module& m) {
-  return style + ": module '" + path + "' is a " + m.name() +
-         "; expected torch::nn::Linear or torch::nn::Embedding";
+  return style + ": module '" + path + "' is a " + m.name() + "; expected torch::nn::Linear or torch::nn::Embedding";
 }
 
 }  // namespace

@@ -60,7 +60,8 @@ void materialize_parameters(torch::nn::Module& module, at::Device device) {
     }
   }
   for (auto& b : module.buffers()) {
-    TORCH_CHECK(!b.is_meta(), "materialize_parameters: a buffer is on the meta device; buffers are computed when the "
+    TORCH_CHECK(!b.is_meta(),
+                "materialize_parameters: a buffer is on the meta device; buffers are computed when the "
                 "module is built, never on meta");
     if (b.device() != device) b.set_data(b.to(device));
   }

@@ -36,9 +36,7 @@ std::string EmbeddingOp::rule() const {
 ShardingDecision EmbeddingOp::infer_layout(const OpCall& call) const {
   const auto& tensors = call.tensors();
   const int64_t nm = call.mesh().ndim();
-  auto cur = [&](const TensorArg& t, int64_t m) {
-    return t.layout ? t.layout->placement(m) : Placement::replicate();
-  };
+  auto cur = [&](const TensorArg& t, int64_t m) { return t.layout ? t.layout->placement(m) : Placement::replicate(); };
   ShardingDecision d;
   d.input_placements.assign(tensors.size(), std::nullopt);
   // Shapes by hand, not infer_output_shapes(): they are plain arithmetic here, and a meta
@@ -131,8 +129,8 @@ void EmbeddingOp::expand(const OpCall& call, const ShardingDecision& d, torch::j
   local[1] = own(local[1].toTensor(), weight.local_offset()[0], weight.local_shape()[0]).local_ids;
 }
 
-void EmbeddingOp::finalize(const OpCall& call, const ShardingDecision& d,
-                           const torch::jit::Stack& local_args, torch::jit::Stack& results) const {
+void EmbeddingOp::finalize(const OpCall& call, const ShardingDecision& d, const torch::jit::Stack& local_args,
+                           torch::jit::Stack& results) const {
   if (d.expand_tag != kVocabParallel) return;
   const Layout& weight = *call.tensors().at(0).layout;
   const OwnedIds owned = own(local_args[1].toTensor(), weight.local_offset()[0], weight.local_shape()[0]);

@@ -29,8 +29,8 @@ std::string MatmulOp::rule() const {
 ShardingDecision MatmulOp::infer_layout(const OpCall& call) const {
   const bool has_bias = form_ == Form::Addmm;
   const auto& tensors = call.tensors();
-  TORCH_CHECK(tensors.size() == (has_bias ? 3u : 2u), call.name(), ": expected ",
-              has_bias ? 3 : 2, " tensor arguments");
+  TORCH_CHECK(tensors.size() == (has_bias ? 3u : 2u), call.name(), ": expected ", has_bias ? 3 : 2,
+              " tensor arguments");
   const bool batched = form_ == Form::Bmm;
   const int64_t o = batched ? 1 : 0;
   const int64_t out_ndim = 2 + o;

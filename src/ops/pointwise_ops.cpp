@@ -34,8 +34,7 @@ PointwiseOp::Linearity PointwiseOp::parse_linearity(const std::string& s) {
   if (s == "additive") return Linearity::Additive;
   if (s == "multiplicative") return Linearity::Multiplicative;
   if (s == "quotient") return Linearity::Quotient;
-  TORCH_CHECK(false, "PointwiseOp: linearity '", s,
-              "' is not one of none, unary, additive, multiplicative, quotient");
+  TORCH_CHECK(false, "PointwiseOp: linearity '", s, "' is not one of none, unary, additive, multiplicative, quotient");
 }
 
 std::string PointwiseOp::rule() const {
@@ -44,9 +43,11 @@ std::string PointwiseOp::rule() const {
                     : linearity_ == Linearity::Additive ? "Partial(sum) + Partial(sum) or Replicate -> Partial(sum)"
                     : linearity_ == Linearity::Quotient ? "Partial(sum) / Replicate -> Partial(sum)"
                                                         : "Partial(sum) * Replicate -> Partial(sum)";
-  return std::string("per mesh dim the cheapest of: sharded where an input's Shard lands (ties: the earlier "
-                     "input), Partial(sum) when linear, Replicate; in place keeps self's placements; broadcast "
-                     "dims replicated; ") + lin;
+  return std::string(
+             "per mesh dim the cheapest of: sharded where an input's Shard lands (ties: the earlier "
+             "input), Partial(sum) when linear, Replicate; in place keeps self's placements; broadcast "
+             "dims replicated; ") +
+         lin;
 }
 
 ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
@@ -73,13 +74,18 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
     }
     if (partial.empty()) return false;
     switch (linearity_) {
-      case Linearity::None: return false;
-      case Linearity::Unary: return tensors.size() == 1;
+      case Linearity::None:
+        return false;
+      case Linearity::Unary:
+        return tensors.size() == 1;
       // Replicate addends become Partial (kept on one rank, zeros elsewhere: no
       // communication); a non-tensor Scalar addend would be added on every rank.
-      case Linearity::Additive: return !has_scalar_addend;
-      case Linearity::Multiplicative: return partial.size() == 1;  // any single factor
-      case Linearity::Quotient: return partial.size() == 1 && partial[0] == 0;  // the numerator
+      case Linearity::Additive:
+        return !has_scalar_addend;
+      case Linearity::Multiplicative:
+        return partial.size() == 1;  // any single factor
+      case Linearity::Quotient:
+        return partial.size() == 1 && partial[0] == 0;  // the numerator
     }
     return false;
   };
@@ -99,7 +105,8 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
 
   Placements target(nm, Placement::replicate());
   if (call.is_inplace()) {
-    TORCH_CHECK(tensors.at(0).layout, call.name(), ": in-place op on a plain tensor with DTensor "
+    TORCH_CHECK(tensors.at(0).layout, call.name(),
+                ": in-place op on a plain tensor with DTensor "
                 "arguments; expected self to be a DTensor");
     target = tensors[0].layout->placements();
     // A Partial self the op is not linear in is computed on its Replicate value; the
@@ -156,8 +163,8 @@ ShardingDecision PointwiseOp::infer_layout(const OpCall& call) const {
                 ": cannot run in place on a DTensor with ", to_string(target),
                 " given the other inputs; expected layouts that keep self's placements");
   }
-  TORCH_CHECK(call.schema().returns().size() == 1, call.name(),
-              ": PointwiseOp expects one output; the op has ", call.schema().returns().size());
+  TORCH_CHECK(call.schema().returns().size() == 1, call.name(), ": PointwiseOp expects one output; the op has ",
+              call.schema().returns().size());
   d.output_layouts.push_back({Layout(mesh, target, out)});
   return d;
 }

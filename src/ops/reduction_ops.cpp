@@ -11,8 +11,10 @@ std::vector<int64_t> reduced_dims(const OpCall& call, int64_t ndim) {
   std::vector<int64_t> dims;
   if (call.has_arg("dim")) {
     const c10::IValue& v = call.arg("dim");
-    if (v.isInt()) dims.push_back(v.toInt());
-    else if (v.isIntList()) dims = v.toIntVector();
+    if (v.isInt())
+      dims.push_back(v.toInt());
+    else if (v.isIntList())
+      dims = v.toIntVector();
   }
   if (dims.empty() && !(call.has_arg("dim") && call.arg("dim").isInt())) {
     for (int64_t d = 0; d < ndim; ++d) dims.push_back(d);
@@ -22,13 +24,10 @@ std::vector<int64_t> reduced_dims(const OpCall& call, int64_t ndim) {
   return dims;
 }
 
-bool keeps_dims(const OpCall& call) {
-  return call.has_arg("keepdim") && call.arg("keepdim").toBool();
-}
+bool keeps_dims(const OpCall& call) { return call.has_arg("keepdim") && call.arg("keepdim").toBool(); }
 
 std::string ReductionOp::rule() const {
-  std::string r = partial_op_ ? std::string("reducing a sharded dim -> Partial(") +
-                                    reduce_op_name(*partial_op_) + ")"
+  std::string r = partial_op_ ? std::string("reducing a sharded dim -> Partial(") + reduce_op_name(*partial_op_) + ")"
                               : "a sharded reduced dim is gathered first";
   return r + (linear_ ? "; Partial(sum) passes through" : "; Partial inputs are reduced first");
 }
@@ -94,10 +93,14 @@ void ReductionOp::finalize(const OpCall& call, const ShardingDecision& d, const 
 HP_REGISTER_OP_CLASS(ReductionOp, [](const OpParams& p) {
   const std::string partial = p.get("partial", "none");
   std::optional<ReduceOp> op;
-  if (partial == "sum") op = ReduceOp::Sum;
-  else if (partial == "max") op = ReduceOp::Max;
-  else if (partial == "min") op = ReduceOp::Min;
-  else TORCH_CHECK(partial == "none", p.source(), ": partial must be sum, max, min or none, got '", partial, "'");
+  if (partial == "sum")
+    op = ReduceOp::Sum;
+  else if (partial == "max")
+    op = ReduceOp::Max;
+  else if (partial == "min")
+    op = ReduceOp::Min;
+  else
+    TORCH_CHECK(partial == "none", p.source(), ": partial must be sum, max, min or none, got '", partial, "'");
   return std::make_shared<ReductionOp>(op, p.get_bool("linear", false), p.get_bool("mean", false));
 });
 

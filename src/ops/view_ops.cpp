@@ -52,8 +52,8 @@ std::vector<DimGroup> dim_groups(const std::vector<int64_t>& in, const std::vect
     if (j < no) pj *= out[j++];
     while (pi != pj) {
       if ((pi < pj && i < ni) || j >= no) {
-        TORCH_CHECK(i < ni, "reshape: shapes ", c10::IntArrayRef(in), " and ",
-                    c10::IntArrayRef(out), " have different numbers of elements");
+        TORCH_CHECK(i < ni, "reshape: shapes ", c10::IntArrayRef(in), " and ", c10::IntArrayRef(out),
+                    " have different numbers of elements");
         pi *= in[i++];
       } else {
         pj *= out[j++];
@@ -67,8 +67,7 @@ std::vector<DimGroup> dim_groups(const std::vector<int64_t>& in, const std::vect
 }
 
 // Where Shard(d) of `in` lands in `out` under a reshape on a mesh dim of size n, or -1.
-int64_t reshaped_shard_dim(const std::vector<int64_t>& in, const std::vector<int64_t>& out,
-                           int64_t d, int64_t n) {
+int64_t reshaped_shard_dim(const std::vector<int64_t>& in, const std::vector<int64_t>& out, int64_t d, int64_t n) {
   for (const auto& g : dim_groups(in, out)) {
     if (d < g.in_begin || d >= g.in_end) continue;
     int64_t first_in = g.in_begin;
@@ -244,7 +243,8 @@ ShardingDecision ConcatOp::infer_layout(const OpCall& call) const {
   }
   Placements out = want;
   if (stacking) {
-    for (auto& p : out) if (p.is_shard() && p.dim() >= dim) p = Placement::shard(p.dim() + 1);
+    for (auto& p : out)
+      if (p.is_shard() && p.dim() >= dim) p = Placement::shard(p.dim() + 1);
   }
   ShardingDecision d;
   for (const auto& t : call.tensors()) {

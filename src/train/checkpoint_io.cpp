@@ -36,7 +36,6 @@
 namespace hyper_parallel::train {
 namespace {
 
-
 constexpr const char* kFormatKey = "hp_format";
 constexpr const char* kFormatTag = "hyper_parallel.tensor_file.v2";
 constexpr const char* kFormatTagV1 = "hyper_parallel.tensor_file.v1";
@@ -223,12 +222,13 @@ TensorFile read_tensor_file(const std::string& path) {
       throw std::runtime_error("not a HyperParallel tensor file (missing '" + std::string(kFormatKey) + "' tag)");
     }
     if (format.toStringRef() == kFormatTagV1) {
-      throw std::runtime_error("written by an older hp-train (format v1, without checksums); it cannot be "
-                               "verified, so it is not loaded: start over with --checkpoint.overwrite");
+      throw std::runtime_error(
+          "written by an older hp-train (format v1, without checksums); it cannot be "
+          "verified, so it is not loaded: start over with --checkpoint.overwrite");
     }
     if (format.toStringRef() != kFormatTag) {
-      throw std::runtime_error("unknown format '" + format.toStringRef().substr(0, 60) + "' (expected " +
-                               kFormatTag + ")");
+      throw std::runtime_error("unknown format '" + format.toStringRef().substr(0, 60) + "' (expected " + kFormatTag +
+                               ")");
     }
     c10::IValue metadata;
     archive.read(kMetadataKey, metadata);
@@ -333,7 +333,8 @@ std::optional<int64_t> read_latest_marker(const std::string& folder) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     // Not found is "no checkpoint yet"; anything else (permissions) is an error.
-    if (errno != ENOENT) throw std::runtime_error("cannot access checkpoint marker '" + path + "': " + std::strerror(errno));
+    if (errno != ENOENT)
+      throw std::runtime_error("cannot access checkpoint marker '" + path + "': " + std::strerror(errno));
     return std::nullopt;
   }
   std::ifstream in(path, std::ios::binary);

@@ -83,7 +83,8 @@ LayoutTable layout_table_from_json(const nlohmann::json& j, const std::string& w
     int64_t numel = 1;
     for (const auto& s : *shape) {
       if (!s.is_number_integer() || s.get<int64_t>() < 0 || s.get<int64_t>() > kMaxElements) {
-        throw std::runtime_error(at + ": 'shape' " + shape->dump() + " holds a size that is not an integer in [0, 2^48]");
+        throw std::runtime_error(at + ": 'shape' " + shape->dump() +
+                                 " holds a size that is not an integer in [0, 2^48]");
       }
       l.shape.push_back(s.get<int64_t>());
       numel = l.shape.back() == 0 ? 0 : numel * l.shape.back();

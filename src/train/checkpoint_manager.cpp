@@ -32,10 +32,14 @@ namespace hyper_parallel::train {
 namespace {
 
 nlohmann::json model_json(const ModelConfig& m) {
-  return {{"name", m.name},           {"dim", m.dim},
-          {"n_layers", m.n_layers},   {"n_heads", m.n_heads},
-          {"vocab_size", m.vocab_size}, {"ffn_hidden_dim", resolved_ffn_hidden_dim(m)},
-          {"norm_eps", m.norm_eps},   {"rope_theta", m.rope_theta},
+  return {{"name", m.name},
+          {"dim", m.dim},
+          {"n_layers", m.n_layers},
+          {"n_heads", m.n_heads},
+          {"vocab_size", m.vocab_size},
+          {"ffn_hidden_dim", resolved_ffn_hidden_dim(m)},
+          {"norm_eps", m.norm_eps},
+          {"rope_theta", m.rope_theta},
           {"max_seq_len", m.max_seq_len}};
 }
 
@@ -74,8 +78,10 @@ std::string other_verified_steps(const std::string& folder, int64_t step) {
     return "no verified step before it is left: start over with --checkpoint.overwrite (deleting the folder's "
            "checkpoints)";
   }
-  return "the last verified step before it is " + std::to_string(last) + ": resume from it with --checkpoint.resume "
-         "--checkpoint.load_step " + std::to_string(last);
+  return "the last verified step before it is " + std::to_string(last) +
+         ": resume from it with --checkpoint.resume "
+         "--checkpoint.load_step " +
+         std::to_string(last);
 }
 
 // A checkpoint of a different model is refused before any file is read, naming the
@@ -91,7 +97,8 @@ void refuse_a_different_model(const StepManifest& manifest, const CheckpointIden
       // (not a structured binding: clang 14 cannot capture one in the lambda)
       const std::string& key = entry.first;
       const TensorLayout& l = entry.second;
-      const bool ours = std::any_of(targets.begin(), targets.end(), [&](const ReshardTarget& t) { return t.key == key; });
+      const bool ours =
+          std::any_of(targets.begin(), targets.end(), [&](const ReshardTarget& t) { return t.key == key; });
       if (key.rfind("model.", 0) == 0 && !ours) {
         problems.push_back("tensor " + key + ": checkpoint " + shape_string(l.shape) + " " + c10::toString(l.dtype) +
                            ", not in this job");
@@ -138,8 +145,8 @@ CheckpointManager::CheckpointManager(const JobConfig& config, int64_t rank, int6
       hf_config_(std::move(hf_config)),
       log_(log) {
   // One id for the run, from rank 0; a resume replaces it with the checkpoint's.
-  at::Tensor id = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(
-                                     world_mesh_ ? world_mesh_->device() : at::Device(at::kCPU)));
+  at::Tensor id = at::zeros(
+      {1}, at::TensorOptions().dtype(at::kLong).device(world_mesh_ ? world_mesh_->device() : at::Device(at::kCPU)));
   if (rank_ == 0) id.fill_(static_cast<int64_t>(std::stoull(new_run_id(), nullptr, 16)));
   // Rank 0 is coordinate 0 on every mesh dim: down the first dim, then along the rest.
   if (world_mesh_) {
@@ -203,8 +210,7 @@ void CheckpointManager::prepare_folder() const {
         }
         for (const auto& step : steps) compat::remove_all(compat::join_path(folder, step));
         if (log_) {
-          *log_ << "hp-train: --checkpoint.overwrite: deleted the earlier run's checkpoints in " << folder
-                << std::endl;
+          *log_ << "hp-train: --checkpoint.overwrite: deleted the earlier run's checkpoints in " << folder << std::endl;
         }
       }
     }
@@ -273,11 +279,12 @@ std::optional<int64_t> CheckpointManager::load(const TrainedState& state) {
       const std::string dir = step_directory(folder_, *step);
       if (!compat::path_exists(compat::join_path(dir, kManifestName))) {
         throw std::runtime_error(
-            (chosen >= 0 ? "--checkpoint.load_step " + std::to_string(chosen) + ": "
-                         : "'" + compat::join_path(folder_, "latest") + "' names step " +
-                               std::to_string(*step) + ", but ") +
-            "'" + dir + (compat::is_directory(dir) ? "' has no " + std::string(kManifestName) + " (its save did not complete)"
-                                                   : "' does not exist") +
+            (chosen >= 0
+                 ? "--checkpoint.load_step " + std::to_string(chosen) + ": "
+                 : "'" + compat::join_path(folder_, "latest") + "' names step " + std::to_string(*step) + ", but ") +
+            "'" + dir +
+            (compat::is_directory(dir) ? "' has no " + std::string(kManifestName) + " (its save did not complete)"
+                                       : "' does not exist") +
             "; " + other_verified_steps(folder_, *step));
       }
       load_step(*step, state);
@@ -377,7 +384,8 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
       throw std::runtime_error("cannot resume from '" + dir + "' at TP " + std::to_string(tp) +
                                ": the checkpoint was saved at TP " + std::to_string(saved_tp) +
                                " by an hp-train that recorded no tensor layouts, so it cannot be resharded; resume "
-                               "it with --parallelism.tensor_parallel_degree " + std::to_string(saved_tp));
+                               "it with --parallelism.tensor_parallel_degree " +
+                               std::to_string(saved_tp));
     }
     own = read(tp_rank);
     for (const auto& t : targets) layouts[t.key] = t.layout;
@@ -417,8 +425,8 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
   }
   if (rank_ == 0 && log_ && (resharding || saved.world_size != job.world_size)) {
     *log_ << "hp-train: resharded the checkpoint of step " << step << " from dp " << saved_dp << " x tp " << saved_tp
-          << " to dp " << job.world_size / tp << " x tp " << tp << " (rank 0 read " << plan.sources().size() << " of its "
-          << saved.world_size << " files)" << std::endl;
+          << " to dp " << job.world_size / tp << " x tp " << tp << " (rank 0 read " << plan.sources().size()
+          << " of its " << saved.world_size << " files)" << std::endl;
   }
 
   at::NoGradGuard no_grad;
@@ -433,21 +441,20 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
 
 void CheckpointManager::save_in_hf(int64_t step) const {
   const std::string out = hf_export_folder(config_, step);
-  run_then_agree("writing step " + std::to_string(step) + " as a Hugging Face checkpoint in '" + out + "'", world_mesh_,
-                 [&] {
-                   if (rank_ != 0) return;
-                   const SavedModel saved = load_saved_model(folder_, step);
-                   HfExportOptions options;
-                   options.dtype = config_.checkpoint.export_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
-                   options.source_folder = config_.model.hf_assets_path;
-                   const HfExportResult r =
-                       export_hf_checkpoint(*saved.model, model_family(saved.config.name), out, options);
-                   if (log_) {
-                     *log_ << "hp-train: step " << step << " written as a Hugging Face checkpoint in " << out << " ("
-                           << r.files.size() << " files, " << r.total_bytes << " bytes of "
-                           << config_.checkpoint.export_dtype << " tensors)" << std::endl;
-                   }
-                 });
+  run_then_agree(
+      "writing step " + std::to_string(step) + " as a Hugging Face checkpoint in '" + out + "'", world_mesh_, [&] {
+        if (rank_ != 0) return;
+        const SavedModel saved = load_saved_model(folder_, step);
+        HfExportOptions options;
+        options.dtype = config_.checkpoint.export_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+        options.source_folder = config_.model.hf_assets_path;
+        const HfExportResult r = export_hf_checkpoint(*saved.model, model_family(saved.config.name), out, options);
+        if (log_) {
+          *log_ << "hp-train: step " << step << " written as a Hugging Face checkpoint in " << out << " ("
+                << r.files.size() << " files, " << r.total_bytes << " bytes of " << config_.checkpoint.export_dtype
+                << " tensors)" << std::endl;
+        }
+      });
 }
 
 }  // namespace hyper_parallel::train

@@ -35,7 +35,7 @@ struct TrainedState {
   // in the model's parameter order (AdamW's state is saved by position in it).
   std::vector<std::pair<std::string, at::Tensor>> parameters;
   torch::optim::Optimizer* optimizer = nullptr;  // AdamW
-  MasterWeights* master = nullptr;  // bfloat16 training: the model's weights follow a load
+  MasterWeights* master = nullptr;               // bfloat16 training: the model's weights follow a load
 };
 
 class CheckpointManager {

@@ -219,7 +219,8 @@ StepManifest read_manifest(const std::string& dir) {
     e.checksum.crc32c = parse_crc(field<std::string>(f, "crc32c", where), where);
     if (e.rank != static_cast<int64_t>(m.files.size()) || e.file != rank_file_name(e.rank)) {
       throw std::runtime_error(where + ": entry " + std::to_string(m.files.size()) + " is '" + e.file + "' (rank " +
-                               std::to_string(e.rank) + "), expected " + rank_file_name(static_cast<int64_t>(m.files.size())));
+                               std::to_string(e.rank) + "), expected " +
+                               rank_file_name(static_cast<int64_t>(m.files.size())));
     }
     m.files.push_back(e);
   }
@@ -240,8 +241,8 @@ TensorFile load_verified_rank_file(const std::string& dir, int64_t expected_step
   if (!mismatches.empty()) {
     std::string text;
     for (const auto& m : mismatches) text += "\n  " + m;
-    throw std::runtime_error("cannot resume from '" + dir + "': the checkpoint was written by a different job:" +
-                             text + "\nresume with the checkpoint's settings, or start over with "
+    throw std::runtime_error("cannot resume from '" + dir + "': the checkpoint was written by a different job:" + text +
+                             "\nresume with the checkpoint's settings, or start over with "
                              "--checkpoint.overwrite");
   }
   return read_verified_rank_file(dir, manifest, rank);
@@ -261,8 +262,9 @@ TensorFile read_verified_rank_file(const std::string& dir, const StepManifest& m
   const auto same = [&](const FileChecksum& c) { return c.bytes == actual.bytes && c.crc32c == actual.crc32c; };
   const FileChecksum& recorded = manifest.files.at(static_cast<size_t>(rank)).checksum;
   if (!same(recorded)) {
-    std::string whose = "it matches none of the files this step's manifest records (changed after the save, or "
-                        "copied from another step or run)";
+    std::string whose =
+        "it matches none of the files this step's manifest records (changed after the save, or "
+        "copied from another step or run)";
     for (const auto& f : manifest.files) {
       if (f.rank != rank && same(f.checksum)) {
         whose = "it holds rank " + std::to_string(f.rank) + "'s state (its bytes are those the manifest records for " +

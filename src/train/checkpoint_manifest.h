@@ -28,13 +28,13 @@
 namespace hyper_parallel::train {
 
 struct CheckpointIdentity {
-  std::string run_id;                // chosen by rank 0 when a run starts, shared by all ranks
+  std::string run_id;  // chosen by rank 0 when a run starts, shared by all ranks
   int64_t step = 0;
   int64_t world_size = 1;
   int64_t tensor_parallel_degree = 1;
   int64_t data_parallel_degree = 1;
-  std::string dtype;                 // training.dtype
-  nlohmann::json model;              // every [model] key, by name
+  std::string dtype;     // training.dtype
+  nlohmann::json model;  // every [model] key, by name
   // What defines the training data (data_identity.h); null in checkpoints of an hp-train
   // before it was recorded, whose data cannot be checked.
   nlohmann::json data;

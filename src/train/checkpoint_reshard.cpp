@@ -112,12 +112,11 @@ void ReshardPlan::take(int64_t saved_rank, const std::map<std::string, at::Tenso
                                ", which the manifest's layout records");
     }
     if (it->second.sizes().vec() != piece.sizes || it->second.scalar_type() != from.dtype) {
-      throw std::runtime_error("checkpoint file '" + path + "': tensor " + p.target.key + " is " +
-                               shape_string(it->second.sizes().vec()) + " " + c10::toString(it->second.scalar_type()) +
-                               ", but the manifest's layout (" + describe(from) + ", " + placement_string(from) +
-                               " over " + std::to_string(saved_tp_) + " ranks) gives rank " +
-                               std::to_string(saved_rank) + " a piece " + shape_string(piece.sizes) + " " +
-                               c10::toString(from.dtype));
+      throw std::runtime_error(
+          "checkpoint file '" + path + "': tensor " + p.target.key + " is " + shape_string(it->second.sizes().vec()) +
+          " " + c10::toString(it->second.scalar_type()) + ", but the manifest's layout (" + describe(from) + ", " +
+          placement_string(from) + " over " + std::to_string(saved_tp_) + " ranks) gives rank " +
+          std::to_string(saved_rank) + " a piece " + shape_string(piece.sizes) + " " + c10::toString(from.dtype));
     }
     Box common;
     if (!overlap(p.target.box, piece, &common)) continue;

@@ -20,10 +20,11 @@ nlohmann::json to_json(const CorpusIdentity& id) {
   for (const FileIdentity& f : id.files) {
     files.push_back({{"path", f.path}, {"bytes", f.bytes}, {"crc32c", crc32c_hex(f.crc32c)}});
   }
-  return {{"format", id.format},     {"files", files},           {"tokenizer", id.tokenizer},
-          {"tokenizer_sha256", id.tokenizer_sha256},           {"dtype", id.dtype},
-          {"vocab_size", id.vocab_size}, {"eos_id", id.eos_id}, {"bos_id", id.bos_id},
-          {"tokens", id.tokens},     {"documents", id.documents}};
+  return {{"format", id.format},       {"files", files},
+          {"tokenizer", id.tokenizer}, {"tokenizer_sha256", id.tokenizer_sha256},
+          {"dtype", id.dtype},         {"vocab_size", id.vocab_size},
+          {"eos_id", id.eos_id},       {"bos_id", id.bos_id},
+          {"tokens", id.tokens},       {"documents", id.documents}};
 }
 
 }  // namespace hyper_parallel::train

@@ -19,7 +19,7 @@ struct FileIdentity {
 };
 
 struct CorpusIdentity {
-  std::string format;            // synthetic | text | bin_u16 | bin_u32 | megatron
+  std::string format;  // synthetic | text | bin_u16 | bin_u32 | megatron
   std::vector<FileIdentity> files;
   std::string tokenizer;         // the sidecar's; "" when unknown
   std::string tokenizer_sha256;  // the sidecar's; "" when unknown
@@ -27,8 +27,8 @@ struct CorpusIdentity {
   int64_t vocab_size = -1;       // ids are < this
   int64_t eos_id = -1;           // separators between documents; -1: none
   int64_t bos_id = -1;
-  int64_t tokens = -1;           // of the stream read (separators included)
-  int64_t documents = -1;        // -1 when the format records none
+  int64_t tokens = -1;     // of the stream read (separators included)
+  int64_t documents = -1;  // -1 when the format records none
   bool operator==(const CorpusIdentity&) const = default;
 };
 

@@ -14,11 +14,11 @@
 namespace hyper_parallel::train {
 
 struct CorpusSidecar {
-  std::string path;              // where it was read from
-  std::string format;            // "bin" or "megatron"; "" when absent
-  std::string dtype;             // numpy name; "" when absent
-  int64_t vocab_size = -1;       // the tokenizer's; -1 when absent
-  int64_t eos_id = -1;           // -1 when absent or null
+  std::string path;         // where it was read from
+  std::string format;       // "bin" or "megatron"; "" when absent
+  std::string dtype;        // numpy name; "" when absent
+  int64_t vocab_size = -1;  // the tokenizer's; -1 when absent
+  int64_t eos_id = -1;      // -1 when absent or null
   int64_t bos_id = -1;
   std::string tokenizer;         // the tokenizer's name or path, as given to the script
   std::string tokenizer_sha256;  // of its tokenizer.json (or model file)

@@ -38,9 +38,7 @@ class SplitMix64 {
   }
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
   // Uniform in [0, n): multiply-shift; its bias (n / 2^64) is negligible here.
-  uint64_t below(uint64_t n) {
-    return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64);
-  }
+  uint64_t below(uint64_t n) { return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64); }
 
  private:
   uint64_t state_;
@@ -105,8 +103,8 @@ class SplitCorpus : public TokenCorpus {
   const at::Tensor& validation_tokens() const override { return validation_; }
   std::string describe() const override {
     std::ostringstream os;
-    os << description_ << ": " << train_.numel() << " train + " << validation_.numel()
-       << " validation tokens, vocab " << vocab_size_;
+    os << description_ << ": " << train_.numel() << " train + " << validation_.numel() << " validation tokens, vocab "
+       << vocab_size_;
     return os.str();
   }
 
@@ -195,11 +193,14 @@ std::string not_text_reason(std::string_view text) {
     const auto c = static_cast<unsigned char>(text[i]);
     if (c == 0) return "a NUL byte at offset " + std::to_string(i);
     size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (len == 0) return "not valid UTF-8: byte 0x" + [&] {
-      char buf[3];
-      std::snprintf(buf, sizeof buf, "%02x", c);
-      return std::string(buf);
-    }() + " at offset " + std::to_string(i);
+    if (len == 0)
+      return "not valid UTF-8: byte 0x" +
+             [&] {
+               char buf[3];
+               std::snprintf(buf, sizeof buf, "%02x", c);
+               return std::string(buf);
+             }() +
+             " at offset " + std::to_string(i);
     if (i + len > n) break;
     for (size_t k = 1; k < len; ++k) {
       if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) {
@@ -213,20 +214,18 @@ std::string not_text_reason(std::string_view text) {
 
 }  // namespace
 
-std::unique_ptr<TokenCorpus> make_synthetic_corpus(int64_t vocab_size, int64_t num_tokens,
-                                                   uint64_t seed) {
+std::unique_ptr<TokenCorpus> make_synthetic_corpus(int64_t vocab_size, int64_t num_tokens, uint64_t seed) {
   TORCH_CHECK(vocab_size >= 64, "synthetic corpus: vocab_size must be >= 64, got ", vocab_size);
   TORCH_CHECK(num_tokens >= 100, "synthetic corpus: num_tokens must be >= 100, got ", num_tokens);
   std::ostringstream what;
   what << "synthetic corpus (Zipf-Markov with phrases, seed " << seed << ")";
-  return std::make_unique<SplitCorpus>(generate_synthetic(vocab_size, num_tokens, seed), vocab_size,
-                                       what.str());
+  return std::make_unique<SplitCorpus>(generate_synthetic(vocab_size, num_tokens, seed), vocab_size, what.str());
 }
 
 std::unique_ptr<TokenCorpus> make_text_file_corpus(const std::string& path, int64_t vocab_size,
                                                    int64_t min_split_tokens) {
-  TORCH_CHECK(vocab_size >= 3, "text corpus '", path,
-              "': vocab_size must be >= 3 (<pad>, <unk> and one word), got ", vocab_size);
+  TORCH_CHECK(vocab_size >= 3, "text corpus '", path, "': vocab_size must be >= 3 (<pad>, <unk> and one word), got ",
+              vocab_size);
   const std::string what = "text corpus '" + path + "'";
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   TORCH_CHECK(fd >= 0, "text corpus: cannot read '", path, "': ", std::strerror(errno));
@@ -267,8 +266,8 @@ std::unique_ptr<TokenCorpus> make_text_file_corpus(const std::string& path, int6
   const int64_t n_train = n - n_val;
   // One (input, target) pair needs two tokens; the validation part is the smaller one.
   const int64_t need = std::max<int64_t>(min_split_tokens, 2);
-  TORCH_CHECK(n_val >= need, what, " is too short for one batch: its ", n, " tokens give ", n_train, " train + ",
-              n_val, " validation tokens, but each part needs at least ", need, " (a file of at least ", 10 * need,
+  TORCH_CHECK(n_val >= need, what, " is too short for one batch: its ", n, " tokens give ", n_train, " train + ", n_val,
+              " validation tokens, but each part needs at least ", need, " (a file of at least ", 10 * need,
               " tokens)");
 
   // Vocabulary from the training part only, so validation measures unseen text.
@@ -313,8 +312,8 @@ SyntheticBatchStream::SyntheticBatchStream(int64_t vocab_size, int64_t batch_siz
   TORCH_CHECK(vocab_size >= 64, "synthetic corpus: vocab_size must be >= 64, got ", vocab_size);
   TORCH_CHECK(batch_size > 0 && seq_len > 0, "synthetic corpus: batch_size and seq_len must be > 0, got ", batch_size,
               " and ", seq_len);
-  TORCH_CHECK(dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size, "synthetic corpus: expected 0 <= dp_rank < dp_size, got ",
-              dp_rank, " and ", dp_size);
+  TORCH_CHECK(dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size,
+              "synthetic corpus: expected 0 <= dp_rank < dp_size, got ", dp_rank, " and ", dp_size);
   TORCH_CHECK(batch_size % dp_size == 0, "synthetic corpus: batch_size ", batch_size,
               " must be divisible by the data-parallel size ", dp_size);
   rows_ = batch_size / dp_size;
@@ -349,13 +348,12 @@ std::string SyntheticBatchStream::describe() const {
   return os.str();
 }
 
-BatchSampler::BatchSampler(const at::Tensor& tokens, int64_t batch_size, int64_t seq_len,
-                           uint64_t seed)
+BatchSampler::BatchSampler(const at::Tensor& tokens, int64_t batch_size, int64_t seq_len, uint64_t seed)
     : batch_size_(batch_size), seq_len_(seq_len), seed_(seed) {
   TORCH_CHECK(tokens.defined() && tokens.dim() == 1 && tokens.scalar_type() == at::kLong,
               "BatchSampler: tokens must be a 1-D int64 tensor");
-  TORCH_CHECK(batch_size > 0 && seq_len > 0, "BatchSampler: batch_size and seq_len must be > 0, got ",
-              batch_size, " and ", seq_len);
+  TORCH_CHECK(batch_size > 0 && seq_len > 0, "BatchSampler: batch_size and seq_len must be > 0, got ", batch_size,
+              " and ", seq_len);
   TORCH_CHECK(tokens.numel() >= seq_len + 1, "BatchSampler: ", tokens.numel(),
               " tokens are too few for one window of seq_len + 1 = ", seq_len + 1, " tokens");
   tokens_ = tokens.device().is_cpu() ? tokens.contiguous() : tokens.cpu().contiguous();

@@ -62,8 +62,7 @@ constexpr int64_t kDefaultSyntheticTokens = 2'000'000;
 // The first 90% of the stream is the training part, the last 10% validation.
 // Needs vocab_size >= 64 and num_tokens >= 100; 2M tokens take ~0.1 s.
 std::unique_ptr<TokenCorpus> make_synthetic_corpus(int64_t vocab_size = kDefaultSyntheticVocab,
-                                                   int64_t num_tokens = kDefaultSyntheticTokens,
-                                                   uint64_t seed = 0);
+                                                   int64_t num_tokens = kDefaultSyntheticTokens, uint64_t seed = 0);
 
 // A user's text file, tokenized at word level: ASCII is lowercased; a word is a
 // run of letters / digits / non-ASCII bytes (UTF-8 words stay whole), with an

@@ -54,14 +54,13 @@ nlohmann::json data_identity(const TrainingConfig& t, const std::optional<Corpus
 }
 
 std::vector<std::string> data_mismatches(const nlohmann::json& saved, const nlohmann::json& job) {
-  static const std::vector<std::pair<const char*, const char*>> keys = {
-      {"corpus", "training.data"},
-      {"bytes", "training.data (size in bytes)"},
-      {"crc32c", "training.data (content CRC-32C)"},
-      {"tokenizer", "tokenizer"},
-      {"seed", "training.seed"},
-      {"batch_size", "training.batch_size"},
-      {"seq_len", "training.seq_len"}};
+  static const std::vector<std::pair<const char*, const char*>> keys = {{"corpus", "training.data"},
+                                                                        {"bytes", "training.data (size in bytes)"},
+                                                                        {"crc32c", "training.data (content CRC-32C)"},
+                                                                        {"tokenizer", "tokenizer"},
+                                                                        {"seed", "training.seed"},
+                                                                        {"batch_size", "training.batch_size"},
+                                                                        {"seq_len", "training.seq_len"}};
   auto text = [](const nlohmann::json& j, const char* key) {
     const auto it = j.find(key);
     return it == j.end() ? std::string("(none)") : it->dump();

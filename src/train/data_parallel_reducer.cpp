@@ -46,7 +46,8 @@ struct DataParallelReducer::Impl {
     if (!armed) return;
     at::NoGradGuard no_grad;
     Slot& s = slots[i];
-    TORCH_CHECK(!s.ready, "data parallel: parameter '", s.name, "' got two gradients in one backward; "
+    TORCH_CHECK(!s.ready, "data parallel: parameter '", s.name,
+                "' got two gradients in one backward; "
                 "a parameter used twice must be so in one graph (DataParallelReducer sends each once)");
     Bucket& b = buckets[s.bucket];
     at::Tensor dst = b.flat.narrow(0, s.offset, s.numel);
@@ -89,8 +90,9 @@ DataParallelReducer::DataParallelReducer(const torch::OrderedDict<std::string, a
     s.param = item.value();
     s.holder = gradient_holders.empty() ? item.value() : gradient_holders[i];
     s.numel = local_or_plain(item.value()).numel();
-    TORCH_CHECK(local_or_plain(s.holder).sizes() == local_or_plain(s.param).sizes(), "DataParallelReducer: the gradient holder of '",
-                s.name, "' has local shape ", local_or_plain(s.holder).sizes(), ", its parameter ", local_or_plain(s.param).sizes());
+    TORCH_CHECK(local_or_plain(s.holder).sizes() == local_or_plain(s.param).sizes(),
+                "DataParallelReducer: the gradient holder of '", s.name, "' has local shape ",
+                local_or_plain(s.holder).sizes(), ", its parameter ", local_or_plain(s.param).sizes());
     m.slots.push_back(std::move(s));
   }
   // Reverse order: the last layers' gradients come first in backward. A bucket takes
@@ -146,7 +148,8 @@ void DataParallelReducer::finish() {
   for (const auto& s : m.slots) {
     // Every replica runs the same model: a missing gradient here is missing everywhere,
     // but the buckets can only be sent whole, so say which parameter it is.
-    TORCH_CHECK(s.ready, "data parallel: parameter '", s.name, "' got no gradient in this step's backward; "
+    TORCH_CHECK(s.ready, "data parallel: parameter '", s.name,
+                "' got no gradient in this step's backward; "
                 "every trainable parameter must take part in the loss (freeze it with requires_grad(false) "
                 "otherwise)");
   }

@@ -43,7 +43,8 @@ DumpFolderLock::DumpFolderLock(const std::string& folder) {
   if (!compat::create_directories(folder, &error)) throw std::runtime_error("job.dump_folder: " + error);
   const std::string path = dump_folder_lock_path(folder);
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw std::runtime_error("cannot open the dump folder's lock file '" + path + "': " + std::strerror(errno));
+  if (fd_ < 0)
+    throw std::runtime_error("cannot open the dump folder's lock file '" + path + "': " + std::strerror(errno));
   int rc;
   do {
     rc = ::flock(fd_, LOCK_EX | LOCK_NB);
@@ -58,12 +59,13 @@ DumpFolderLock::DumpFolderLock(const std::string& folder) {
     const std::string holder = read_dump_folder_lock_record(folder);
     throw std::runtime_error("job.dump_folder '" + folder + "' is in use by another job (" +
                              (holder.empty() ? std::string("its holder has not recorded itself yet") : holder) +
-                             ", holding " + path + "): two jobs in one folder would mix their checkpoints and "
+                             ", holding " + path +
+                             "): two jobs in one folder would mix their checkpoints and "
                              "metrics. Wait for it to end, stop it, or choose another --job.dump_folder");
   }
   // The pid alone is not unique over time; the start time tells two holders apart.
-  const auto since = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::system_clock::now().time_since_epoch()).count();
+  const auto since =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::ostringstream record;
   record << "pid " << ::getpid() << " on host " << host_name() << ", locked at " << since << " ns";
   record_ = record.str();

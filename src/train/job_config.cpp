@@ -60,9 +60,11 @@ constexpr Kind kind_of() {
 
 // A member of one of JobConfig's section structs: cfg.*section.*member.
 template <class S, class M, class T>
-Field section_field(const char* section, const char* key, S JobConfig::*sec, T M::*member,
-                    const char* help) {
-  return Field{section, key, kind_of<T>(), help,
+Field section_field(const char* section, const char* key, S JobConfig::*sec, T M::*member, const char* help) {
+  return Field{section,
+               key,
+               kind_of<T>(),
+               help,
                [=](const JobConfig& c) { return Value(std::in_place_type<T>, (c.*sec).*member); },
                [=](JobConfig& c, Value v) { (c.*sec).*member = std::get<T>(std::move(v)); }};
 }
@@ -70,7 +72,10 @@ Field section_field(const char* section, const char* key, S JobConfig::*sec, T M
 // A member of JobConfig itself (the [job] table).
 template <class T>
 Field job_field(const char* key, T JobConfig::*member, const char* help) {
-  return Field{"job", key, kind_of<T>(), help,
+  return Field{"job",
+               key,
+               kind_of<T>(),
+               help,
                [=](const JobConfig& c) { return Value(std::in_place_type<T>, c.*member); },
                [=](JobConfig& c, Value v) { c.*member = std::get<T>(std::move(v)); }};
 }
@@ -154,8 +159,9 @@ const std::vector<Field>& fields() {
       HP_FIELD(checkpoint, resume, "resume from the latest checkpoint in the folder"),
       HP_FIELD(checkpoint, overwrite, "start over in a folder with checkpoints, deleting them"),
       HP_FIELD(checkpoint, load_step, "with resume: the step to resume from; -1: the one `latest` names"),
-      HP_FIELD(checkpoint, allow_data_change,
-               "resume even though the data (corpus, tokenizer, seed, batch size, seq_len) differs from the checkpoint's"),
+      HP_FIELD(
+          checkpoint, allow_data_change,
+          "resume even though the data (corpus, tokenizer, seed, batch size, seq_len) differs from the checkpoint's"),
       HP_FIELD(checkpoint, initial_load_path,
                "folder whose weights a run starts from when it does not resume (a resume takes precedence); needs "
                "initial_load_in_hf"),
@@ -261,29 +267,36 @@ std::string suggestion(const std::string& section, const std::string& key) {
 // `unknown key 'training.lrr' (known keys in [training]: ...)` or the section equivalent.
 std::string unknown_message(const std::string& section, const std::string& key) {
   if (!is_section(section)) {
-    return "unknown section '" + section + "' in '" + section + "." + key + "' (" +
-           known_sections() + ")" + suggestion(section, key);
+    return "unknown section '" + section + "' in '" + section + "." + key + "' (" + known_sections() + ")" +
+           suggestion(section, key);
   }
-  return "unknown key '" + section + "." + key + "' (" + known_keys(section) + ")" +
-         suggestion(section, key);
+  return "unknown key '" + section + "." + key + "' (" + known_keys(section) + ")" + suggestion(section, key);
 }
 
 const char* expected(Kind kind) {
   switch (kind) {
-    case Kind::Int: return "an integer";
-    case Kind::Float: return "a number";
-    case Kind::Bool: return "a boolean";
-    case Kind::String: return "a string";
+    case Kind::Int:
+      return "an integer";
+    case Kind::Float:
+      return "a number";
+    case Kind::Bool:
+      return "a boolean";
+    case Kind::String:
+      return "a string";
   }
   return "?";
 }
 
 const char* type_name(Kind kind) {
   switch (kind) {
-    case Kind::Int: return "INT";
-    case Kind::Float: return "FLOAT";
-    case Kind::Bool: return "BOOL";
-    case Kind::String: return "STRING";
+    case Kind::Int:
+      return "INT";
+    case Kind::Float:
+      return "FLOAT";
+    case Kind::Bool:
+      return "BOOL";
+    case Kind::String:
+      return "STRING";
   }
   return "?";
 }
@@ -298,13 +311,27 @@ std::string quote(const std::string& s) {
   for (const char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
     switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\t': out += "\\t"; break;
-      case '\n': out += "\\n"; break;
-      case '\f': out += "\\f"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (c < 0x20 || c == 0x7f) {
           char buf[8];
@@ -428,9 +455,10 @@ std::string normalize_key(std::string key) {
 const Field& lookup_flag(const std::string& flag, const std::string& dotted) {
   const auto dot = dotted.find('.');
   if (dot == std::string::npos) {
-    throw std::invalid_argument(flag + ": unknown option; expected --config FILE, --help or "
-                                "--section.key VALUE (" + known_sections() + ")" +
-                                suggestion("", dotted));
+    throw std::invalid_argument(flag +
+                                ": unknown option; expected --config FILE, --help or "
+                                "--section.key VALUE (" +
+                                known_sections() + ")" + suggestion("", dotted));
   }
   const std::string section = dotted.substr(0, dot);
   const std::string key = dotted.substr(dot + 1);
@@ -444,17 +472,16 @@ void apply_toml(JobConfig& cfg, const toml::table& root, const std::string& file
     const std::string section(section_key.str());
     if (!is_section(section)) {
       if (node.is_table()) {
-        throw std::invalid_argument(file + ": unknown section [" + section + "] (" +
-                                    known_sections() + ")" + suggestion("", section));
+        throw std::invalid_argument(file + ": unknown section [" + section + "] (" + known_sections() + ")" +
+                                    suggestion("", section));
       }
-      throw std::invalid_argument(file + ": unknown key '" + section +
-                                  "' outside any section (" + known_sections() + ")" +
-                                  suggestion("", section));
+      throw std::invalid_argument(file + ": unknown key '" + section + "' outside any section (" + known_sections() +
+                                  ")" + suggestion("", section));
     }
     const toml::table* table = node.as_table();
     if (!table) {
-      throw std::invalid_argument(file + ": " + section + ": expected a table [" + section +
-                                  "], got " + describe(node));
+      throw std::invalid_argument(file + ": " + section + ": expected a table [" + section + "], got " +
+                                  describe(node));
     }
     for (const auto& [key_node, value] : *table) {
       const std::string key(key_node.str());
@@ -462,8 +489,8 @@ void apply_toml(JobConfig& cfg, const toml::table& root, const std::string& file
       if (!f) throw std::invalid_argument(file + ": " + unknown_message(section, key));
       auto v = from_node(value, f->kind);
       if (!v) {
-        throw std::invalid_argument(file + ": " + f->dotted() + ": expected " +
-                                    expected(f->kind) + ", got " + describe(value));
+        throw std::invalid_argument(file + ": " + f->dotted() + ": expected " + expected(f->kind) + ", got " +
+                                    describe(value));
       }
       f->set(cfg, std::move(*v));
     }
@@ -511,8 +538,7 @@ JobConfig load_job_config_file(const std::string& path) {
     root = toml::parse(text.str(), path);
   } catch (const toml::parse_error& e) {
     const auto& at = e.source().begin;
-    throw std::invalid_argument(path + ": invalid TOML at line " + std::to_string(at.line) +
-                                ", column " +
+    throw std::invalid_argument(path + ": invalid TOML at line " + std::to_string(at.line) + ", column " +
                                 std::to_string(at.column) + ": " + std::string(e.description()));
   }
   JobConfig cfg;
@@ -526,8 +552,7 @@ void apply_override(JobConfig& cfg, const std::string& dotted_key, const std::st
   const Field& f = lookup_flag(flag, normalize_key(dotted_key));
   auto v = from_text(value, f.kind);
   if (!v) {
-    throw std::invalid_argument(flag + ": expected " + std::string(expected(f.kind)) +
-                                ", got " + quote(value));
+    throw std::invalid_argument(flag + ": expected " + std::string(expected(f.kind)) + ", got " + quote(value));
   }
   f.set(cfg, std::move(*v));
 }
@@ -572,8 +597,7 @@ JobConfig parse_job_config(const std::vector<std::string>& args, bool* help) {
     }
     if (is_config) {
       if (config_file) {
-        throw std::invalid_argument(flag + ": a job config file was already given (" +
-                                    *config_file + ")");
+        throw std::invalid_argument(flag + ": a job config file was already given (" + *config_file + ")");
       }
       config_file = *value;
     } else {
@@ -616,8 +640,7 @@ std::string job_config_usage() {
     size_t default_width = 0;
     for (; end < all.size() && std::string(all[end].section) == all[begin].section; ++end) {
       const Field& f = all[end];
-      rows.push_back({"--" + f.dotted() + " " + type_name(f.kind),
-                      "default " + format_value(f.get(defaults)), f.help});
+      rows.push_back({"--" + f.dotted() + " " + type_name(f.kind), "default " + format_value(f.get(defaults)), f.help});
       flag_width = std::max(flag_width, rows.back().flag.size());
       default_width = std::max(default_width, rows.back().fallback.size());
     }
@@ -682,8 +705,8 @@ void validate(const JobConfig& cfg) {
   positive("model.vocab_size", m.vocab_size);
   positive("model.multiple_of", m.multiple_of);
   positive("model.max_seq_len", m.max_seq_len);
-  require(m.ffn_hidden_dim >= 0, "model.ffn_hidden_dim = " + std::to_string(m.ffn_hidden_dim) +
-                                     " must be >= 0 (0: derived from model.dim)");
+  require(m.ffn_hidden_dim >= 0,
+          "model.ffn_hidden_dim = " + std::to_string(m.ffn_hidden_dim) + " must be >= 0 (0: derived from model.dim)");
   // A Hugging Face config may give head_dim explicitly (not dim / n_heads): the family checks it.
   if (m.dim > 0 && m.n_heads > 0 && m.hf_assets_path.empty()) {
     if (m.dim % m.n_heads != 0) {
@@ -702,13 +725,12 @@ void validate(const JobConfig& cfg) {
   positive("training.seq_len", t.seq_len);
   positive("training.steps", t.steps);
   positive("training.log_freq", t.log_freq);
-  require(t.warmup_steps >= 0,
-          "training.warmup_steps = " + std::to_string(t.warmup_steps) + " must be >= 0");
+  require(t.warmup_steps >= 0, "training.warmup_steps = " + std::to_string(t.warmup_steps) + " must be >= 0");
   // A Hugging Face model's sizes are not known before make_job_model reads its config.json.
   const bool sizes_known = m.hf_assets_path.empty() || m.hf_sizes_applied;
-  require(!sizes_known || t.seq_len <= m.max_seq_len, "training.seq_len = " + std::to_string(t.seq_len) +
-                                          " must be <= model.max_seq_len = " +
-                                          std::to_string(m.max_seq_len));
+  require(!sizes_known || t.seq_len <= m.max_seq_len,
+          "training.seq_len = " + std::to_string(t.seq_len) +
+              " must be <= model.max_seq_len = " + std::to_string(m.max_seq_len));
   require(t.lr > 0, "training.lr = " + num(t.lr) + " must be > 0");
   require(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1,
           "training.min_lr_ratio = " + num(t.min_lr_ratio) + " must be in [0, 1]");
@@ -722,8 +744,7 @@ void validate(const JobConfig& cfg) {
   require(t.seed >= 0, "training.seed = " + std::to_string(t.seed) + " must be >= 0");
   require(t.dtype == "float32" || t.dtype == "bfloat16" || t.dtype == "float64",
           "training.dtype = " + quote(t.dtype) + " is not one of float32, bfloat16, float64");
-  require(t.device == "cpu" || t.device == "cuda",
-          "training.device = " + quote(t.device) + " is not one of cpu, cuda");
+  require(t.device == "cpu" || t.device == "cuda", "training.device = " + quote(t.device) + " is not one of cpu, cuda");
   const std::string& f = t.data_format;
   require(f == "auto" || f == "text" || f == "bin_u16" || f == "bin_u32" || f == "megatron",
           "training.data_format = " + quote(f) + " is not one of auto, text, bin_u16, bin_u32, megatron");
@@ -731,22 +752,25 @@ void validate(const JobConfig& cfg) {
           "training.data_format = " + quote(f) + " needs training.data (empty: the built-in synthetic corpus)");
   for (const auto& [key, id] : {std::pair{"training.eos_id", t.eos_id}, std::pair{"training.bos_id", t.bos_id}}) {
     require(id >= -1 && (m.vocab_size <= 0 || !sizes_known || id < m.vocab_size),
-            std::string(key) + " = " + std::to_string(id) + " must be -1 (none / the sidecar's) or an id below "
-            "model.vocab_size = " + std::to_string(m.vocab_size));
+            std::string(key) + " = " + std::to_string(id) +
+                " must be -1 (none / the sidecar's) or an id below "
+                "model.vocab_size = " +
+                std::to_string(m.vocab_size));
     // The word-level text vocabulary and the synthetic language have no such ids: a set
     // one would be silently ignored.
     require(id == -1 || (!t.data.empty() && f != "text"),
-            std::string(key) + " = " + std::to_string(id) + " applies to pre-tokenized data (training.data_format "
-            "bin_u16, bin_u32, megatron or auto on such a file), not to " +
-            (t.data.empty() ? std::string("the synthetic corpus") : std::string("a text corpus")));
+            std::string(key) + " = " + std::to_string(id) +
+                " applies to pre-tokenized data (training.data_format "
+                "bin_u16, bin_u32, megatron or auto on such a file), not to " +
+                (t.data.empty() ? std::string("the synthetic corpus") : std::string("a text corpus")));
   }
 
   const int64_t tp = cfg.parallelism.tensor_parallel_degree;
   require(tp >= 1, "parallelism.tensor_parallel_degree = " + std::to_string(tp) + " must be >= 1");
   if (tp >= 1 && m.n_heads > 0 && sizes_known) {  // attention shards whole heads across the TP ranks
-    require(m.n_heads % tp == 0, "model.n_heads = " + std::to_string(m.n_heads) +
-                                     " must be divisible by parallelism.tensor_parallel_degree = " +
-                                     std::to_string(tp));
+    require(m.n_heads % tp == 0,
+            "model.n_heads = " + std::to_string(m.n_heads) +
+                " must be divisible by parallelism.tensor_parallel_degree = " + std::to_string(tp));
   }
   const int64_t dp = cfg.parallelism.data_parallel_degree;
   require(dp >= 1, "parallelism.data_parallel_degree = " + std::to_string(dp) + " must be >= 1");

@@ -40,16 +40,16 @@ struct ParallelismJobConfig : ParallelismConfig {
 
 // [model]: the Llama-style decoder.
 struct ModelConfig {
-  std::string name = "llama";     // model family (the trainer decides which it knows)
-  int64_t dim = 256;              // hidden (embedding) size
-  int64_t n_layers = 2;           // transformer blocks
-  int64_t n_heads = 8;            // attention heads; dim % n_heads == 0 and n_heads % tp == 0
-  int64_t vocab_size = 32000;     // token vocabulary (uneven TP sharding is fine)
-  int64_t ffn_hidden_dim = 0;     // MLP hidden size; 0: 4*dim*2/3 rounded up to multiple_of
-  int64_t multiple_of = 64;       // rounding of the derived ffn_hidden_dim
-  double norm_eps = 1e-5;         // RMSNorm epsilon
-  double rope_theta = 10000.0;    // RoPE base frequency
-  int64_t max_seq_len = 512;      // longest sequence the RoPE tables cover
+  std::string name = "llama";   // model family (the trainer decides which it knows)
+  int64_t dim = 256;            // hidden (embedding) size
+  int64_t n_layers = 2;         // transformer blocks
+  int64_t n_heads = 8;          // attention heads; dim % n_heads == 0 and n_heads % tp == 0
+  int64_t vocab_size = 32000;   // token vocabulary (uneven TP sharding is fine)
+  int64_t ffn_hidden_dim = 0;   // MLP hidden size; 0: 4*dim*2/3 rounded up to multiple_of
+  int64_t multiple_of = 64;     // rounding of the derived ffn_hidden_dim
+  double norm_eps = 1e-5;       // RMSNorm epsilon
+  double rope_theta = 10000.0;  // RoPE base frequency
+  int64_t max_seq_len = 512;    // longest sequence the RoPE tables cover
   // A Hugging Face model folder (config.json, tokenizer files): the model is the family's
   // from_hf_config of its config.json, and the sizes above are set from it (one set to a
   // value other than both its default and the config's is an error naming both).
@@ -87,7 +87,7 @@ struct TrainingConfig {
   // (Megatron), unless a document already starts / ends with them; -1: the sidecar's.
   int64_t eos_id = -1;
   int64_t bos_id = -1;
-  int64_t log_freq = 1;           // log metrics every this many steps
+  int64_t log_freq = 1;  // log metrics every this many steps
   // The head matmul and the loss fused (fused_linear_cross_entropy): the [tokens, vocab]
   // logits are never materialised. Needs loss parallel when TP > 1 (it is vocabulary-parallel).
   bool fused_linear_loss = false;
@@ -109,10 +109,10 @@ struct TrainingConfig {
 
 // [checkpoint]: periodic save / resume. folder is relative to job.dump_folder.
 struct CheckpointConfig {
-  bool enable = false;                  // save checkpoints during the run
-  std::string folder = "checkpoints";   // under job.dump_folder
-  int64_t interval = 10;                // save every this many steps (and at the end)
-  bool resume = false;                  // start from the latest checkpoint in folder
+  bool enable = false;                 // save checkpoints during the run
+  std::string folder = "checkpoints";  // under job.dump_folder
+  int64_t interval = 10;               // save every this many steps (and at the end)
+  bool resume = false;                 // start from the latest checkpoint in folder
   // Without resume, a folder that already holds checkpoints is an error (it would
   // lose the earlier run's resume point); overwrite deletes them and starts over.
   bool overwrite = false;
@@ -135,15 +135,15 @@ struct CheckpointConfig {
 
 // [validation]: periodic evaluation on held-out batches.
 struct ValidationConfig {
-  bool enable = true;    // run validation
-  int64_t freq = 10;     // validate every this many steps
-  int64_t steps = 2;     // batches per validation
+  bool enable = true;  // run validation
+  int64_t freq = 10;   // validate every this many steps
+  int64_t steps = 2;   // batches per validation
 };
 
 // [metrics]: metric logs (and plots). folder is relative to job.dump_folder.
 struct MetricsConfig {
-  std::string folder = "metrics";   // under job.dump_folder
-  bool enable_plot = true;          // also write plots of the logged metrics
+  std::string folder = "metrics";  // under job.dump_folder
+  bool enable_plot = true;         // also write plots of the logged metrics
 };
 
 struct JobConfig {
@@ -151,14 +151,14 @@ struct JobConfig {
   std::string dump_folder = "outputs/run";  // root of everything the run writes
   std::string description;                  // free text, stored and otherwise ignored
 
-  ModelConfig model;                // [model]
-  TrainingConfig training;          // [training]
-  ParallelismJobConfig parallelism; // [parallelism], same field names as the struct
-  CheckpointConfig checkpoint;      // [checkpoint]
-  ValidationConfig validation;      // [validation]
-  MetricsConfig metrics;            // [metrics]
+  ModelConfig model;                 // [model]
+  TrainingConfig training;           // [training]
+  ParallelismJobConfig parallelism;  // [parallelism], same field names as the struct
+  CheckpointConfig checkpoint;       // [checkpoint]
+  ValidationConfig validation;       // [validation]
+  MetricsConfig metrics;             // [metrics]
 
-  std::string config_file;          // path it was loaded from, empty if none (not a TOML key)
+  std::string config_file;  // path it was loaded from, empty if none (not a TOML key)
 };
 
 // Parses the command-line arguments after the program name: `--config FILE` (or

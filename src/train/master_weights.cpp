@@ -12,7 +12,8 @@ MasterWeights::MasterWeights(const torch::OrderedDict<std::string, at::Tensor>& 
   for (const auto& p : model_parameters) {
     names_.push_back(p.key());
     model_.push_back(p.value());
-    at::Tensor copy = shaped_like(local_or_plain(p.value()).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true), p.value());
+    at::Tensor copy =
+        shaped_like(local_or_plain(p.value()).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true), p.value());
     copy.set_requires_grad(p.value().requires_grad());
     master_.push_back(copy);
   }

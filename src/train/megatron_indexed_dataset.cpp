@@ -22,13 +22,26 @@ T read_le(const unsigned char* p) {
 // Megatron's DType codes (indexed_dataset.py); floats are not token ids.
 bool dtype_from_code(uint8_t code, TokenDtype* dtype) {
   switch (code) {
-    case 1: *dtype = TokenDtype::kUInt8; return true;
-    case 2: *dtype = TokenDtype::kInt8; return true;
-    case 3: *dtype = TokenDtype::kInt16; return true;
-    case 4: *dtype = TokenDtype::kInt32; return true;
-    case 5: *dtype = TokenDtype::kInt64; return true;
-    case 8: *dtype = TokenDtype::kUInt16; return true;
-    default: return false;
+    case 1:
+      *dtype = TokenDtype::kUInt8;
+      return true;
+    case 2:
+      *dtype = TokenDtype::kInt8;
+      return true;
+    case 3:
+      *dtype = TokenDtype::kInt16;
+      return true;
+    case 4:
+      *dtype = TokenDtype::kInt32;
+      return true;
+    case 5:
+      *dtype = TokenDtype::kInt64;
+      return true;
+    case 8:
+      *dtype = TokenDtype::kUInt16;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -76,9 +89,8 @@ MegatronIndex parse_megatron_index(const unsigned char* data, int64_t size, int6
     TORCH_CHECK(len >= 0, "Megatron index '", what, "': sequence_lengths[", i, "] = ", len, " is negative");
     TORCH_CHECK(ptr == bytes, "Megatron index '", what, "': sequence_pointers[", i, "] = ", ptr, ", expected ", bytes,
                 " (the byte sum of the lengths before it, as Megatron writes)");
-    TORCH_CHECK(bytes + int64_t{len} * item <= bin_bytes, "Megatron index '", what, "': sequence ", i,
-                " ends at byte ", bytes + int64_t{len} * item, ", past the end of the .bin file (", bin_bytes,
-                " bytes)");
+    TORCH_CHECK(bytes + int64_t{len} * item <= bin_bytes, "Megatron index '", what, "': sequence ", i, " ends at byte ",
+                bytes + int64_t{len} * item, ", past the end of the .bin file (", bin_bytes, " bytes)");
     first_token[static_cast<size_t>(i)] = bytes / item;
     bytes += int64_t{len} * item;
   }
@@ -101,8 +113,8 @@ MegatronIndex parse_megatron_index(const unsigned char* data, int64_t size, int6
   return index;
 }
 
-std::shared_ptr<const TokenDocuments> open_megatron_dataset(const std::string& prefix,
-                                                            DocumentSeparators separators, int64_t vocab_size) {
+std::shared_ptr<const TokenDocuments> open_megatron_dataset(const std::string& prefix, DocumentSeparators separators,
+                                                            int64_t vocab_size) {
   auto bin = std::make_shared<const MappedFile>(prefix + ".bin");
   MegatronIndex index;
   {

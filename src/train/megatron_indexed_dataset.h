@@ -35,11 +35,10 @@ struct MegatronIndex {
 // the lengths (what Megatron's writer produces) with the last sequence ending exactly at
 // `bin_bytes`, document indices starting at 0, non-decreasing, ending at S. Throws
 // c10::Error naming `what` (the file) and the field.
-MegatronIndex parse_megatron_index(const unsigned char* data, int64_t size, int64_t bin_bytes,
-                                   const std::string& what);
+MegatronIndex parse_megatron_index(const unsigned char* data, int64_t size, int64_t bin_bytes, const std::string& what);
 
 // PREFIX.idx and PREFIX.bin as documents, separated as TokenDocuments says.
-std::shared_ptr<const TokenDocuments> open_megatron_dataset(const std::string& prefix,
-                                                            DocumentSeparators separators, int64_t vocab_size);
+std::shared_ptr<const TokenDocuments> open_megatron_dataset(const std::string& prefix, DocumentSeparators separators,
+                                                            int64_t vocab_size);
 
 }  // namespace hyper_parallel::train

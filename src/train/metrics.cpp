@@ -23,7 +23,6 @@ extern char** environ;
 namespace hyper_parallel::train {
 namespace {
 
-
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 // Removes the temporary files of one plot whatever happens.
@@ -136,7 +135,8 @@ void MetricsLogger::log(const nlohmann::json& record) {
   const std::string line =
       with_non_finite_as_strings(record).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   struct stat st {};
-  if (::fstat(fd_, &st) != 0) throw std::runtime_error("cannot stat metrics file '" + path_ + "': " + errno_text(errno));
+  if (::fstat(fd_, &st) != 0)
+    throw std::runtime_error("cannot stat metrics file '" + path_ + "': " + errno_text(errno));
   size_t done = 0;
   while (done < line.size()) {
     const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);

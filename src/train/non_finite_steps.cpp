@@ -15,7 +15,8 @@ std::string value_text(double v) { return std::isnan(v) ? "NaN" : v > 0 ? "+inf"
 std::string describe_non_finite(double loss, double grad_norm) {
   std::string out;
   if (!std::isfinite(loss)) out = "the loss is " + value_text(loss);
-  if (!std::isfinite(grad_norm)) out += (out.empty() ? "" : " and ") + std::string("the gradient norm is ") + value_text(grad_norm);
+  if (!std::isfinite(grad_norm))
+    out += (out.empty() ? "" : " and ") + std::string("the gradient norm is ") + value_text(grad_norm);
   return out;
 }
 

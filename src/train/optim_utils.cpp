@@ -65,11 +65,13 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
     bool has_partial = false;
     for (const auto& pl : ps) has_partial |= pl.is_partial();
     if (has_partial) {
-      for (auto& pl : ps) if (pl.is_partial()) pl = Placement::replicate();
+      for (auto& pl : ps)
+        if (pl.is_partial()) pl = Placement::replicate();
       g = redistribute(g, ps);
     }
     std::vector<int64_t> dims;
-    for (size_t m = 0; m < ps.size(); ++m) if (ps[m].is_shard()) dims.push_back(static_cast<int64_t>(m));
+    for (size_t m = 0; m < ps.size(); ++m)
+      if (ps[m].is_shard()) dims.push_back(static_cast<int64_t>(m));
     const double local = squared_norm_fp64(to_local(g));
     if (dims.empty()) {
       replicated += local;
@@ -95,7 +97,8 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
 }
 
 double learning_rate_at(int64_t step, int64_t total_steps, int64_t warmup_steps, double lr, double min_lr_ratio) {
-  if (warmup_steps > 0 && step <= warmup_steps) return lr * static_cast<double>(step) / static_cast<double>(warmup_steps);
+  if (warmup_steps > 0 && step <= warmup_steps)
+    return lr * static_cast<double>(step) / static_cast<double>(warmup_steps);
   const double span = std::max<int64_t>(1, total_steps - warmup_steps);
   const double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / span);
   const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));

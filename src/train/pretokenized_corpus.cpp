@@ -52,8 +52,8 @@ PretokenizedCorpus::PretokenizedCorpus(const PretokenizedCorpusOptions& options)
   separators_.eos_id = options.eos_id >= 0 ? options.eos_id : sidecar_ ? sidecar_->eos_id : -1;
   separators_.bos_id = options.bos_id >= 0 ? options.bos_id : sidecar_ ? sidecar_->bos_id : -1;
   for (const auto& [name, id] : {std::pair{"eos_id", separators_.eos_id}, std::pair{"bos_id", separators_.bos_id}}) {
-    TORCH_CHECK(id < options.vocab_size, what, ": ", name, " ", id, " is not below model.vocab_size = ",
-                options.vocab_size);
+    TORCH_CHECK(id < options.vocab_size, what, ": ", name, " ", id,
+                " is not below model.vocab_size = ", options.vocab_size);
   }
   if (megatron) {
     TORCH_CHECK(separators_.eos_id >= 0, what,
@@ -61,19 +61,19 @@ PretokenizedCorpus::PretokenizedCorpus(const PretokenizedCorpusOptions& options)
                 "(the tokenizer's EOS) so that windows crossing documents see a separator");
     tokens_ = open_megatron_dataset(prefix_, separators_, options.vocab_size);
     TORCH_CHECK(!sidecar_ || sidecar_->dtype.empty() || sidecar_->dtype == token_dtype_name(tokens_->dtype()),
-                "corpus sidecar '", sidecar_->path, "' says dtype ", sidecar_->dtype, ", but ", prefix_,
-                ".idx stores ", token_dtype_name(tokens_->dtype()));
+                "corpus sidecar '", sidecar_->path, "' says dtype ", sidecar_->dtype, ", but ", prefix_, ".idx stores ",
+                token_dtype_name(tokens_->dtype()));
   } else {
     tokens_ = open_flat_token_file(prefix_, format_ == "bin_u16" ? TokenDtype::kUInt16 : TokenDtype::kUInt32,
                                    options.vocab_size);
   }
   if (sidecar_) {
-    TORCH_CHECK(sidecar_->tokens < 0 || sidecar_->tokens == tokens_->file_tokens(), "corpus sidecar '",
-                sidecar_->path, "' says ", sidecar_->tokens, " tokens, but ", what, " holds ", tokens_->file_tokens(),
+    TORCH_CHECK(sidecar_->tokens < 0 || sidecar_->tokens == tokens_->file_tokens(), "corpus sidecar '", sidecar_->path,
+                "' says ", sidecar_->tokens, " tokens, but ", what, " holds ", tokens_->file_tokens(),
                 ": the sidecar belongs to another version of the corpus");
-    TORCH_CHECK(!megatron || sidecar_->documents < 0 || sidecar_->documents == tokens_->documents(),
-                "corpus sidecar '", sidecar_->path, "' says ", sidecar_->documents, " documents, but ", what,
-                " holds ", tokens_->documents());
+    TORCH_CHECK(!megatron || sidecar_->documents < 0 || sidecar_->documents == tokens_->documents(), "corpus sidecar '",
+                sidecar_->path, "' says ", sidecar_->documents, " documents, but ", what, " holds ",
+                tokens_->documents());
   }
   const int64_t n = tokens_->size();
   const int64_t n_val = n / 10;
@@ -121,9 +121,8 @@ CorpusIdentity PretokenizedCorpus::identity() const {
   return id;
 }
 
-std::shared_ptr<const BatchSource> PretokenizedCorpus::train_batches(int64_t batch_size, int64_t seq_len,
-                                                                     uint64_t seed, int64_t dp_rank,
-                                                                     int64_t dp_size) const {
+std::shared_ptr<const BatchSource> PretokenizedCorpus::train_batches(int64_t batch_size, int64_t seq_len, uint64_t seed,
+                                                                     int64_t dp_rank, int64_t dp_size) const {
   return std::make_shared<TokenWindows>(tokens_, 0, train_end_, batch_size, seq_len, seed, dp_rank, dp_size);
 }
 

@@ -24,11 +24,11 @@ std::string resolve_data_format(const std::string& path, const std::string& requ
 
 struct PretokenizedCorpusOptions {
   std::string path;
-  std::string format = "auto";  // as training.data_format
-  int64_t vocab_size = 0;       // the model's: every id must be below it
-  int64_t eos_id = -1;          // -1: the sidecar's
-  int64_t bos_id = -1;          // -1: the sidecar's
-  int64_t min_split_tokens = 2; // each of train / validation needs this many (seq_len + 1)
+  std::string format = "auto";   // as training.data_format
+  int64_t vocab_size = 0;        // the model's: every id must be below it
+  int64_t eos_id = -1;           // -1: the sidecar's
+  int64_t bos_id = -1;           // -1: the sidecar's
+  int64_t min_split_tokens = 2;  // each of train / validation needs this many (seq_len + 1)
 };
 
 class PretokenizedCorpus {
@@ -47,8 +47,8 @@ class PretokenizedCorpus {
   CorpusIdentity identity() const;
 
   // This data-parallel rank's rows of the training / validation windows.
-  std::shared_ptr<const BatchSource> train_batches(int64_t batch_size, int64_t seq_len, uint64_t seed,
-                                                   int64_t dp_rank, int64_t dp_size) const;
+  std::shared_ptr<const BatchSource> train_batches(int64_t batch_size, int64_t seq_len, uint64_t seed, int64_t dp_rank,
+                                                   int64_t dp_size) const;
   std::shared_ptr<const BatchSource> validation_batches(int64_t batch_size, int64_t seq_len, uint64_t seed,
                                                         int64_t dp_rank, int64_t dp_size) const;
 

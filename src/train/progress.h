@@ -50,9 +50,9 @@ class ProgressLine {
   std::ostream& out_;
   bool interactive_;
   std::chrono::steady_clock::time_point start_;
-  int64_t first_step_ = -1;     // step of the first update; -1 before it
-  size_t last_width_ = 0;       // of the last in-place line, to blank its tail
-  bool line_open_ = false;      // an in-place line awaits its newline
+  int64_t first_step_ = -1;  // step of the first update; -1 before it
+  size_t last_width_ = 0;    // of the last in-place line, to blank its tail
+  bool line_open_ = false;   // an in-place line awaits its newline
 };
 
 }  // namespace hyper_parallel::train

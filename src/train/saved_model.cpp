@@ -43,12 +43,11 @@ ModelConfig recorded_model(const nlohmann::json& model, const std::string& where
 Llama recorded_module(const nlohmann::json& model, const ModelConfig& config, const std::string& where) {
   if (!model.contains("hf_config")) return Llama(llama_args(config));
   // Families read a config.json file: the recorded one, written to a scratch folder.
-  const std::string folder = compat::join_path(compat::temp_directory(), "hp_saved_model_" + std::to_string(::getpid()));
+  const std::string folder =
+      compat::join_path(compat::temp_directory(), "hp_saved_model_" + std::to_string(::getpid()));
   compat::create_directories(folder);
   const std::string path = compat::join_path(folder, "config.json");
-  {
-    std::ofstream(path) << model.at("hf_config").dump();
-  }
+  { std::ofstream(path) << model.at("hf_config").dump(); }
   std::shared_ptr<torch::nn::Module> module;
   try {
     module = model_family(config.name).from_hf_config(path);

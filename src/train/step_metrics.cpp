@@ -60,11 +60,16 @@ void StepMeter::finish(StepResult& r) const {
 }
 
 nlohmann::json metrics_record(const StepResult& r, double tokens_per_s, int64_t skipped) {
-  nlohmann::json rec = {{"step", r.step},       {"loss", r.loss},
-                        {"lr", r.lr},           {"grad_norm", r.grad_norm},
-                        {"skipped", skipped},   {"tokens_per_s", tokens_per_s},
-                        {"peak_memory_mb", peak_memory_mib()}, {"step_s", r.seconds},
-                        {"minor_faults", r.minor_faults},       {"system_s", r.system_seconds}};
+  nlohmann::json rec = {{"step", r.step},
+                        {"loss", r.loss},
+                        {"lr", r.lr},
+                        {"grad_norm", r.grad_norm},
+                        {"skipped", skipped},
+                        {"tokens_per_s", tokens_per_s},
+                        {"peak_memory_mb", peak_memory_mib()},
+                        {"step_s", r.seconds},
+                        {"minor_faults", r.minor_faults},
+                        {"system_s", r.system_seconds}};
   int64_t collectives = 0;
   double collective_s = 0;
   for (size_t i = 0; i < kStepPhases; ++i) {

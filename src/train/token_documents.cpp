@@ -28,13 +28,20 @@ int64_t load(const unsigned char* p) {
 template <class F>
 auto visit_dtype(TokenDtype dtype, F&& f) {
   switch (dtype) {
-    case TokenDtype::kUInt8: return f.template operator()<uint8_t>();
-    case TokenDtype::kInt8: return f.template operator()<int8_t>();
-    case TokenDtype::kInt16: return f.template operator()<int16_t>();
-    case TokenDtype::kUInt16: return f.template operator()<uint16_t>();
-    case TokenDtype::kInt32: return f.template operator()<int32_t>();
-    case TokenDtype::kUInt32: return f.template operator()<uint32_t>();
-    case TokenDtype::kInt64: return f.template operator()<int64_t>();
+    case TokenDtype::kUInt8:
+      return f.template operator()<uint8_t>();
+    case TokenDtype::kInt8:
+      return f.template operator()<int8_t>();
+    case TokenDtype::kInt16:
+      return f.template operator()<int16_t>();
+    case TokenDtype::kUInt16:
+      return f.template operator()<uint16_t>();
+    case TokenDtype::kInt32:
+      return f.template operator()<int32_t>();
+    case TokenDtype::kUInt32:
+      return f.template operator()<uint32_t>();
+    case TokenDtype::kInt64:
+      return f.template operator()<int64_t>();
   }
   TORCH_CHECK(false, "unknown token dtype");
 }
@@ -47,13 +54,20 @@ int64_t token_dtype_size(TokenDtype dtype) {
 
 std::string token_dtype_name(TokenDtype dtype) {
   switch (dtype) {
-    case TokenDtype::kUInt8: return "uint8";
-    case TokenDtype::kInt8: return "int8";
-    case TokenDtype::kInt16: return "int16";
-    case TokenDtype::kUInt16: return "uint16";
-    case TokenDtype::kInt32: return "int32";
-    case TokenDtype::kUInt32: return "uint32";
-    case TokenDtype::kInt64: return "int64";
+    case TokenDtype::kUInt8:
+      return "uint8";
+    case TokenDtype::kInt8:
+      return "int8";
+    case TokenDtype::kInt16:
+      return "int16";
+    case TokenDtype::kUInt16:
+      return "uint16";
+    case TokenDtype::kInt32:
+      return "int32";
+    case TokenDtype::kUInt32:
+      return "uint32";
+    case TokenDtype::kInt64:
+      return "int64";
   }
   return "?";
 }
@@ -84,8 +98,8 @@ TokenDocuments::TokenDocuments(std::shared_ptr<const MappedFile> file, TokenDtyp
   TORCH_CHECK(file_start_.back() <= tokens_in_file, "'", path(), "': documents end at token ", file_start_.back(),
               " but the file holds ", tokens_in_file, " ", token_dtype_name(dtype_), " tokens");
   for (const int64_t id : {separators_.bos_id, separators_.eos_id}) {
-    TORCH_CHECK(id >= -1 && id < vocab_size_, "'", path(), "': separator id ", id,
-                " is outside the vocabulary [0, ", vocab_size_, ")");
+    TORCH_CHECK(id >= -1 && id < vocab_size_, "'", path(), "': separator id ", id, " is outside the vocabulary [0, ",
+                vocab_size_, ")");
   }
   const size_t docs = file_start_.size() - 1;
   added_.assign(docs, 0);
@@ -121,9 +135,11 @@ void TokenDocuments::read_file_tokens(int64_t begin, int64_t n, int64_t* out) co
     if (ok) return;
     for (int64_t i = 0; i < n; ++i) {
       TORCH_CHECK(out[i] >= 0 && out[i] < vocab_size_, "'", path(), "': token ", begin + i, " (byte offset ",
-                  (begin + i) * static_cast<int64_t>(sizeof(T)), ") is id ", out[i],
-                  ", outside the vocabulary [0, ", vocab_size_, "); was the corpus tokenized for this "
-                  "model.vocab_size, and is its dtype (", token_dtype_name(dtype_), ") right?");
+                  (begin + i) * static_cast<int64_t>(sizeof(T)), ") is id ", out[i], ", outside the vocabulary [0, ",
+                  vocab_size_,
+                  "); was the corpus tokenized for this "
+                  "model.vocab_size, and is its dtype (",
+                  token_dtype_name(dtype_), ") right?");
     }
   });
 }

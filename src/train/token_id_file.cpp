@@ -14,8 +14,7 @@ namespace hyper_parallel::train {
 
 namespace {
 
-void write_all(int fd, const void* data, size_t bytes, off_t offset, const std::string& what,
-               const std::string& path) {
+void write_all(int fd, const void* data, size_t bytes, off_t offset, const std::string& what, const std::string& path) {
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
     const ssize_t n = ::pwrite(fd, p, bytes, offset);
@@ -33,8 +32,8 @@ void read_all(int fd, void* data, size_t bytes, off_t offset, const std::string&
   while (bytes > 0) {
     const ssize_t n = ::pread(fd, p, bytes, offset);
     if (n < 0 && errno == EINTR) continue;
-    TORCH_CHECK(n > 0, what, ": cannot read back its token ids from '", path, "': ",
-                n < 0 ? std::strerror(errno) : "unexpected end of file");
+    TORCH_CHECK(n > 0, what, ": cannot read back its token ids from '", path,
+                "': ", n < 0 ? std::strerror(errno) : "unexpected end of file");
     p += n;
     offset += n;
     bytes -= static_cast<size_t>(n);
@@ -47,8 +46,8 @@ TokenIdFile::TokenIdFile(std::string what) : what_(std::move(what)) {
   const char* tmp = std::getenv("TMPDIR");
   path_ = std::string(tmp && *tmp ? tmp : "/tmp") + "/hp-corpus-ids-XXXXXX";
   fd_ = ::mkstemp(path_.data());
-  TORCH_CHECK(fd_ >= 0, what_, ": cannot create a temporary file for its token ids in '", path_, "': ",
-              std::strerror(errno), " (set TMPDIR to a writable folder)");
+  TORCH_CHECK(fd_ >= 0, what_, ": cannot create a temporary file for its token ids in '", path_,
+              "': ", std::strerror(errno), " (set TMPDIR to a writable folder)");
   ::unlink(path_.c_str());
   buffer_.reserve(kBlock);
 }
@@ -88,11 +87,12 @@ at::Tensor TokenIdFile::map() {
   }
   const size_t bytes = static_cast<size_t>(n) * 8;
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd_, 0);
-  TORCH_CHECK(p != MAP_FAILED, what_, ": cannot map its token ids (", bytes, " bytes of '", path_, "'): ",
-              std::strerror(errno));
+  TORCH_CHECK(p != MAP_FAILED, what_, ": cannot map its token ids (", bytes, " bytes of '", path_,
+              "'): ", std::strerror(errno));
   ::close(fd_);  // the mapping keeps the (unlinked) file alive
   fd_ = -1;
-  return at::from_blob(p, {n}, [bytes](void* q) { ::munmap(q, bytes); }, at::TensorOptions().dtype(at::kLong));
+  return at::from_blob(
+      p, {n}, [bytes](void* q) { ::munmap(q, bytes); }, at::TensorOptions().dtype(at::kLong));
 }
 
 }  // namespace hyper_parallel::train

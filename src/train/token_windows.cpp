@@ -19,8 +19,8 @@ uint64_t epoch_key(uint64_t seed, uint64_t epoch) {
 
 }  // namespace
 
-TokenWindows::TokenWindows(std::shared_ptr<const TokenDocuments> tokens, int64_t begin, int64_t end,
-                           int64_t batch_size, int64_t seq_len, uint64_t seed, int64_t dp_rank, int64_t dp_size)
+TokenWindows::TokenWindows(std::shared_ptr<const TokenDocuments> tokens, int64_t begin, int64_t end, int64_t batch_size,
+                           int64_t seq_len, uint64_t seed, int64_t dp_rank, int64_t dp_size)
     : tokens_(std::move(tokens)), begin_(begin), batch_size_(batch_size), seq_len_(seq_len), seed_(seed) {
   TORCH_CHECK(tokens_, "TokenWindows: expected documents");
   TORCH_CHECK(batch_size > 0 && seq_len > 0, "TokenWindows: batch_size and seq_len must be > 0, got ", batch_size,

@@ -84,7 +84,8 @@ at::Tensor token_loss_sum(Llama& model, const Batch& batch, bool fused, const Tr
   if (logits.scalar_type() == at::kBFloat16 || logits.scalar_type() == at::kHalf) logits = logits.to(at::kFloat);
   logits = logits.flatten(0, 1);
   const auto sum_options = F::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum);
-  if (context.loss_parallel_enabled()) return F::cross_entropy(logits, target, sum_options);  // the guard adds the terms
+  if (context.loss_parallel_enabled())
+    return F::cross_entropy(logits, target, sum_options);  // the guard adds the terms
   if (terms.logit_softcap > 0) logits = at::tanh(logits / terms.logit_softcap) * terms.logit_softcap;
   at::Tensor loss = F::cross_entropy(logits, target, sum_options);
   if (terms.z_loss_weight != 0) {
@@ -147,8 +148,7 @@ double Validator::validate(Llama& model) const {
   return total / static_cast<double>(std::max<int64_t>(1, config_.steps));
 }
 
-Trainer::Trainer(JobConfig config, std::ostream* log)
-    : config_(std::move(config)), log_(log), train_context_(false) {
+Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config)), log_(log), train_context_(false) {
   // Large CPU buffers from a cache of huge-page-backed blocks that outlives each step: no
   // fresh-page faults after the first step, whatever the environment says.
   if (config_.training.device == "cpu" && config_.training.caching_allocator) install_caching_cpu_allocator();
@@ -176,22 +176,24 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   const int64_t world = is_initialized() ? get_world_size() : 1;
   rank_ = is_initialized() ? get_rank() : 0;
   const int64_t tp = par.tensor_parallel_degree, dp = par.data_parallel_degree;
-  TORCH_CHECK(world == dp * tp, "hp-train: parallelism.data_parallel_degree x tensor_parallel_degree = ", dp, " x ",
-              tp, " = ", dp * tp, " ranks, but the job has ", world, "; launch ", dp * tp,
+  TORCH_CHECK(world == dp * tp, "hp-train: parallelism.data_parallel_degree x tensor_parallel_degree = ", dp, " x ", tp,
+              " = ", dp * tp, " ranks, but the job has ", world, "; launch ", dp * tp,
               " ranks (hp-run --nproc-per-node ", dp * tp, ", or --nnodes N with N x nproc-per-node = ", dp * tp,
               ") or change the degrees");
   tp_enabled_ = tp > 1;
   loss_parallel_enabled_ = tp_enabled_ && !par.disable_loss_parallel;
   parallelism_scope_.emplace(par);
-  train_context_ = get_train_context(loss_parallel_enabled_, {config_.training.z_loss_weight, config_.training.logit_softcap});
+  train_context_ =
+      get_train_context(loss_parallel_enabled_, {config_.training.z_loss_weight, config_.training.logit_softcap});
 
   if (!weights_from_checkpoint) model_->init_weights(static_cast<uint64_t>(config_.training.seed));
   const at::ScalarType dtype = dtype_of(config_.training.dtype);
   const at::Device device = is_initialized() ? current_world().device : at::Device(at::kCPU);
   TORCH_CHECK(device.type() == (config_.training.device == "cuda" ? at::kCUDA : at::kCPU),
-              "hp-train: training.device = ", config_.training.device, " but the process group was "
-              "initialised for ", device, "; initialise it with InitOptions{.device_type = \"",
-              config_.training.device, "\"}");
+              "hp-train: training.device = ", config_.training.device,
+              " but the process group was "
+              "initialised for ",
+              device, "; initialise it with InitOptions{.device_type = \"", config_.training.device, "\"}");
   if (weights_from_checkpoint) {
     model_->to(dtype);  // meta parameters get their device when materialized
   } else {
@@ -232,8 +234,8 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   std::string data_description;
   if (t.data.empty()) {
     // Generated per batch: memory and start-up do not depend on training.steps.
-    auto train_stream = std::make_shared<SyntheticBatchStream>(config_.model.vocab_size, t.batch_size, t.seq_len,
-                                                               static_cast<uint64_t>(t.seed), /*split=*/0, dp_rank_, dp);
+    auto train_stream = std::make_shared<SyntheticBatchStream>(
+        config_.model.vocab_size, t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed), /*split=*/0, dp_rank_, dp);
     data_description = train_stream->describe();
     batches_ = train_stream;
     if (config_.validation.enable) {
@@ -244,8 +246,8 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
           train_context_.for_validation());
     }
   } else if (const std::string format = resolve_data_format(t.data, t.data_format); format != "text") {
-    token_corpus_ = std::make_shared<const PretokenizedCorpus>(PretokenizedCorpusOptions{
-        t.data, format, config_.model.vocab_size, t.eos_id, t.bos_id, t.seq_len + 1});
+    token_corpus_ = std::make_shared<const PretokenizedCorpus>(
+        PretokenizedCorpusOptions{t.data, format, config_.model.vocab_size, t.eos_id, t.bos_id, t.seq_len + 1});
     data_description = token_corpus_->describe();
     batches_ = token_corpus_->train_batches(t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed), dp_rank_, dp);
     if (config_.validation.enable) {
@@ -296,8 +298,8 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
     if (t.logit_softcap > 0) *log_ << ", logit soft-cap " << t.logit_softcap;
     *log_ << std::endl;
   }
-  checkpoints_->set_data_identity(data_identity(t, token_corpus_ ? std::optional<CorpusIdentity>(token_corpus_->identity())
-                                                                 : std::nullopt));
+  checkpoints_->set_data_identity(
+      data_identity(t, token_corpus_ ? std::optional<CorpusIdentity>(token_corpus_->identity()) : std::nullopt));
   if (config_.checkpoint.enable) checkpoints_->prepare_folder();
   if (config_.checkpoint.enable && config_.checkpoint.resume) {
     if (const auto step = checkpoints_->resume(trained_state(), t.steps)) step_ = *step;
@@ -311,7 +313,8 @@ std::vector<at::Tensor> Trainer::trained_parameters() const {
 std::vector<std::pair<std::string, at::Tensor>> Trainer::named_trained_parameters() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   if (master_) {
-    for (size_t i = 0; i < master_->parameters().size(); ++i) out.emplace_back(master_->names()[i], master_->parameters()[i]);
+    for (size_t i = 0; i < master_->parameters().size(); ++i)
+      out.emplace_back(master_->names()[i], master_->parameters()[i]);
   } else {
     for (const auto& p : model_->named_parameters()) out.emplace_back(p.key(), p.value());
   }
@@ -334,9 +337,8 @@ void Trainer::initial_load() {
   }
   // Every rank checks the same headers alike (load_hf_checkpoint); an error of one rank
   // alone (its file system) still stops every rank.
-  run_then_agree("loading the Hugging Face checkpoint " + path, world_mesh_, [&] {
-    load_hf_checkpoint(*model_, model_family(config_.model.name).hf_adapter(*model_), path);
-  });
+  run_then_agree("loading the Hugging Face checkpoint " + path, world_mesh_,
+                 [&] { load_hf_checkpoint(*model_, model_family(config_.model.name).hf_adapter(*model_), path); });
   if (rank_ == 0 && log_) *log_ << "hp-train: weights loaded from the Hugging Face checkpoint in " << path << std::endl;
 }
 
@@ -381,7 +383,8 @@ void Trainer::check_storage() {
     const at::Tensor local = local_or_plain(p);
     bytes += 3.0 * static_cast<double>(local.numel()) * static_cast<double>(local.element_size());
   }
-  at::Tensor total = at::full({1}, bytes, at::TensorOptions().dtype(at::kDouble).device(model_->output->weight.device()));
+  at::Tensor total =
+      at::full({1}, bytes, at::TensorOptions().dtype(at::kDouble).device(model_->output->weight.device()));
   sum_over_mesh_(total, world_mesh_);
   const auto free = free_bytes(checkpoints_->folder());
   if (rank_ == 0 && log_ && free) {
@@ -558,8 +561,6 @@ bool Trainer::load_checkpoint() {
   return step.has_value();
 }
 
-TrainedState Trainer::trained_state() const {
-  return {named_trained_parameters(), optimizer_.get(), master_.get()};
-}
+TrainedState Trainer::trained_state() const { return {named_trained_parameters(), optimizer_.get(), master_.get()}; }
 
 }  // namespace hyper_parallel::train

@@ -46,8 +46,8 @@ class Validator {
   Validator(const ValidationConfig& config, const TrainingConfig& training, const at::Tensor& tokens,
             TrainContext validation_context);
   // Batches 0 .. config.steps - 1 of `batches` (e.g. the synthetic stream's validation split).
-  Validator(const ValidationConfig& config, const TrainingConfig& training,
-            std::shared_ptr<const BatchSource> batches, TrainContext validation_context);
+  Validator(const ValidationConfig& config, const TrainingConfig& training, std::shared_ptr<const BatchSource> batches,
+            TrainContext validation_context);
   // The mean over config.steps fixed batches of each batch's loss (its token losses over
   // every replica's rows, divided by their count), without gradients.
   double validate(Llama& model) const;
@@ -119,7 +119,7 @@ class Trainer {
 
   JobConfig config_;
   // Declared first: released last, after everything the job writes is closed.
-  std::unique_ptr<DumpFolderLock> dump_folder_lock_;  // rank 0 (and node leaders); null elsewhere
+  std::unique_ptr<DumpFolderLock> dump_folder_lock_;   // rank 0 (and node leaders); null elsewhere
   std::optional<ParallelismScope> parallelism_scope_;  // set in the constructor, restored at the end
   std::ostream* log_;
   int64_t rank_ = 0;
@@ -127,14 +127,14 @@ class Trainer {
   bool loss_parallel_enabled_ = false;
   std::optional<DeviceMesh> world_mesh_;  // every rank: dp x tp, or the TP mesh alone; none for one rank
   std::optional<DeviceMesh> tp_mesh_;
-  std::optional<DeviceMesh> dp_mesh_;     // the replicas of this rank's shards (dp > 1)
+  std::optional<DeviceMesh> dp_mesh_;  // the replicas of this rank's shards (dp > 1)
   int64_t dp_rank_ = 0;
   std::unique_ptr<DataParallelReducer> reducer_;  // dp > 1
   std::unique_ptr<CheckpointManager> checkpoints_;
   Llama model_{nullptr};
   std::unique_ptr<MasterWeights> master_;  // bfloat16 training: the float32 weights AdamW updates
   std::unique_ptr<torch::optim::AdamW> optimizer_;
-  std::unique_ptr<TokenCorpus> corpus_;  // a text file's tokens; null for the synthetic stream
+  std::unique_ptr<TokenCorpus> corpus_;                     // a text file's tokens; null for the synthetic stream
   std::shared_ptr<const PretokenizedCorpus> token_corpus_;  // a pre-tokenized training.data
   std::shared_ptr<const BatchSource> batches_;
   TrainContext train_context_;
@@ -144,6 +144,5 @@ class Trainer {
   NonFiniteSteps non_finite_{0};
   int64_t step_ = 0;
 };
-
 
 }  // namespace hyper_parallel::train

@@ -26,7 +26,7 @@ class WordTokenizer {
   void other(unsigned char c);
 
   Emit emit_;
-  std::string word_;                // the word being read ("" outside a word)
+  std::string word_;                 // the word being read ("" outside a word)
   bool apostrophe_pending_ = false;  // the word was followed by ' : kept if a word byte follows
 };
 

@@ -27,7 +27,8 @@ double max_diff(const at::Tensor& a, const at::Tensor& b) {
 }  // namespace
 
 HfDifferences run_hf_parity_case(const HfParityCase& c) {
-  const auto ref = read_safetensors_file(c.folder + "/reference_" + (c.dtype == at::kDouble ? "float64" : "float32") + ".safetensors");
+  const auto ref = read_safetensors_file(c.folder + "/reference_" + (c.dtype == at::kDouble ? "float64" : "float32") +
+                                         ".safetensors");
   const std::string what = c.folder + " tp " + std::to_string(c.tp) + (c.sequence_parallel ? " sp" : "");
   HfDifferences worst;
   std::mutex mu;

@@ -22,7 +22,7 @@ struct HfParityCase {
   at::ScalarType dtype = at::kDouble;
   int64_t tp = 1;
   bool sequence_parallel = false;
-  double tol = 1e-10;  // every comparison is EXPECTed within it
+  double tol = 1e-10;                            // every comparison is EXPECTed within it
   std::function<void(HfAdapter&)> edit_adapter;  // to show that a mapping matters
 };
 struct HfDifferences {

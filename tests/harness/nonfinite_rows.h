@@ -57,8 +57,10 @@ inline NonFiniteRows nonfinite_rows(int64_t cols) {
   r.target = at::full({static_cast<int64_t>(spec.size())}, t, at::kLong);
   for (size_t i = 0; i < spec.size(); ++i) {
     for (auto [col, v] : spec[i].set) {
-      if (col < 0) r.logits[static_cast<int64_t>(i)].fill_(v);
-      else r.logits[static_cast<int64_t>(i)][col] = v;
+      if (col < 0)
+        r.logits[static_cast<int64_t>(i)].fill_(v);
+      else
+        r.logits[static_cast<int64_t>(i)][col] = v;
     }
     r.names.push_back(spec[i].name);
   }

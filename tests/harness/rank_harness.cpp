@@ -19,8 +19,8 @@
 namespace hyper_parallel::testing {
 
 namespace {
-void run_rank_threads(int64_t world_size, const std::function<void(int64_t)>& fn,
-                      std::chrono::milliseconds timeout, const InitOptions& base) {
+void run_rank_threads(int64_t world_size, const std::function<void(int64_t)>& fn, std::chrono::milliseconds timeout,
+                      const InitOptions& base) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   store->setTimeout(timeout);
   std::vector<std::exception_ptr> errors(world_size);
@@ -54,13 +54,11 @@ void run_rank_threads(int64_t world_size, const std::function<void(int64_t)>& fn
 
 }  // namespace
 
-void run_ranks(int64_t world_size, const std::function<void(int64_t)>& fn,
-               std::chrono::milliseconds timeout) {
+void run_ranks(int64_t world_size, const std::function<void(int64_t)>& fn, std::chrono::milliseconds timeout) {
   run_rank_threads(world_size, fn, timeout, InitOptions{});
 }
 
-void run_cuda_ranks(int64_t world_size, const std::function<void(int64_t)>& fn,
-                    std::chrono::milliseconds timeout) {
+void run_cuda_ranks(int64_t world_size, const std::function<void(int64_t)>& fn, std::chrono::milliseconds timeout) {
   InitOptions opts;
   opts.device_type = "cuda";
   opts.backend = "gloo";
@@ -74,9 +72,7 @@ at::Tensor random_tensor(c10::IntArrayRef shape, uint64_t seed, at::ScalarType d
   return at::randn(shape, gen, at::TensorOptions().dtype(at::kDouble)).to(dtype);
 }
 
-std::string binary_path(const std::string& name) {
-  return binary_dir() + "/" + name;
-}
+std::string binary_path(const std::string& name) { return binary_dir() + "/" + name; }
 
 CommandResult run_command(const std::string& command) {
   const auto start = std::chrono::steady_clock::now();
@@ -88,8 +84,7 @@ CommandResult run_command(const std::string& command) {
   size_t n;
   while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
   int status = pclose(pipe);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return {code, out, secs};
 }

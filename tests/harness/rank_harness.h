@@ -30,8 +30,7 @@ inline constexpr const char* kNoCudaReason =
   if (!::hyper_parallel::testing::has_cuda()) GTEST_SKIP() << ::hyper_parallel::testing::kNoCudaReason
 
 // Same random tensor on every rank (seeded generator, independent of thread state).
-at::Tensor random_tensor(c10::IntArrayRef shape, uint64_t seed,
-                         at::ScalarType dtype = at::kDouble);
+at::Tensor random_tensor(c10::IntArrayRef shape, uint64_t seed, at::ScalarType dtype = at::kDouble);
 
 // Path of a built binary (hp-run, hp-example ...), from the build's bin directory.
 std::string binary_path(const std::string& name);

@@ -23,7 +23,7 @@ std::string checkpoint_path(const train::JobConfig& job, const std::string& rel)
 // Steps first..last (1-based) of `job`. The Trainer must start at step first - 1: 0 for a
 // fresh run, the checkpoint's step when the job resumes. With `save`, a checkpoint is
 // written after the last step. Returns the StepResults of global rank `report_rank`.
-std::vector<train::StepResult> train_steps(const train::JobConfig& job, int64_t first, int64_t last,
-                                           bool save = false, int64_t report_rank = 0);
+std::vector<train::StepResult> train_steps(const train::JobConfig& job, int64_t first, int64_t last, bool save = false,
+                                           int64_t report_rank = 0);
 
 }  // namespace hyper_parallel::testing

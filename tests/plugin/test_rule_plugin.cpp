@@ -14,7 +14,10 @@ class AlongDimsOp : public hp::DistributedOp {
     const hp::Layout& self = call.first_layout();
     std::vector<int64_t> dims;
     const auto& v = call.arg(call.has_arg("dims") ? "dims" : "dim");
-    if (v.isInt()) dims.push_back(v.toInt()); else dims = v.toIntVector();
+    if (v.isInt())
+      dims.push_back(v.toInt());
+    else
+      dims = v.toIntVector();
     hp::Placements want = self.placements();
     for (auto& p : want) {
       for (int64_t d : dims) {
@@ -34,8 +37,7 @@ class AlongDimsOp : public hp::DistributedOp {
 }  // namespace
 
 extern "C" void hyper_parallel_register_ops() {
-  hp::register_distributed_op_class("FlipOp", [](const hp::OpParams&) {
-    return std::make_shared<AlongDimsOp>("FlipOp");
-  });
+  hp::register_distributed_op_class("FlipOp",
+                                    [](const hp::OpParams&) { return std::make_shared<AlongDimsOp>("FlipOp"); });
   hp::register_distributed_op("cumsum", std::make_shared<AlongDimsOp>("CumsumOp"));
 }

@@ -31,7 +31,8 @@ at::Tensor hf_inverse_frequencies(const LlamaArgs& a) {
   const double low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
   at::Tensor wavelen = at::reciprocal(inv) * (2 * M_PI);
   at::Tensor scaled = at::where(wavelen > low_wavelen, inv / s.factor, inv);
-  at::Tensor smooth = (at::reciprocal(wavelen) * old_len - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  at::Tensor smooth =
+      (at::reciprocal(wavelen) * old_len - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
   at::Tensor smoothed = at::rsub(smooth, 1) * scaled / s.factor + smooth * scaled;
   at::Tensor medium = at::logical_not(wavelen < high_wavelen).logical_and(at::logical_not(wavelen > low_wavelen));
   return at::where(medium, smoothed, scaled);
@@ -42,8 +43,8 @@ at::Tensor hf_inverse_frequencies(const LlamaArgs& a) {
 std::pair<at::Tensor, at::Tensor> llama_rope_tables(const LlamaArgs& a) {
   if (a.rope_tables_like_hf || a.rope_scaling) {
     // transformers: position_ids.float() * inv_freq, cos/sin in float32.
-    at::Tensor angles = at::arange(a.max_seq_len, at::kLong).to(at::kFloat).unsqueeze(1) *
-                        hf_inverse_frequencies(a).unsqueeze(0);
+    at::Tensor angles =
+        at::arange(a.max_seq_len, at::kLong).to(at::kFloat).unsqueeze(1) * hf_inverse_frequencies(a).unsqueeze(0);
     return {angles.cos(), angles.sin()};
   }
   const int64_t half = a.head_dim() / 2;
@@ -110,7 +111,8 @@ LlamaArgs LlamaArgs::from_hf_config_json(const std::string& text, const std::str
   HfConfigReader r(j, source);
   const std::string model_type = r.get<std::string>("model_type", family_model_type);
   if (model_type != family_model_type) {
-    r.refuse("model_type", model_type, "the " + family_model_type + " family reads model_type \"" + family_model_type + "\"");
+    r.refuse("model_type", model_type,
+             "the " + family_model_type + " family reads model_type \"" + family_model_type + "\"");
   }
 
   LlamaArgs a;
@@ -164,7 +166,8 @@ LlamaArgs LlamaArgs::from_hf_config_json(const std::string& text, const std::str
     const char* type_key = r.has(rope, "rope_type") ? "rope_type" : "type";
     const std::string type = r.get<std::string>(rope, p, type_key, std::string("default"));
     if (r.has(rope, "partial_rotary_factor") && r.get<double>(rope, p, "partial_rotary_factor") != 1.0) {
-      r.refuse(p + "partial_rotary_factor", rope.at("partial_rotary_factor"), "only 1.0 (rotary over the whole head) is supported");
+      r.refuse(p + "partial_rotary_factor", rope.at("partial_rotary_factor"),
+               "only 1.0 (rotary over the whole head) is supported");
     }
     if (type == "llama3") {
       Llama3RopeScaling s;

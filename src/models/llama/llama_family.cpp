@@ -46,9 +46,7 @@ ModelFamily llama_family() {
         parallelize_llama(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);
       },
       [](const torch::nn::Module& m) { return llama_hf_adapter(as_llama(m)->args()); },
-      [](const torch::nn::Module& m) {
-        return as_llama(m)->args().to_hf_config_json();
-      },
+      [](const torch::nn::Module& m) { return as_llama(m)->args().to_hf_config_json(); },
   };
 }
 

@@ -74,9 +74,7 @@ at::Tensor module_input(const torch::nn::Module& module, const at::Tensor& x) {
 }  // namespace
 
 AttentionImpl::AttentionImpl(const LlamaArgs& a) : head_dim_(a.head_dim()), group_(a.n_heads / a.kv_heads()) {
-  auto make = [&](const char* name, int64_t in, int64_t out) {
-    return register_module(name, new_linear(in, out));
-  };
+  auto make = [&](const char* name, int64_t in, int64_t out) { return register_module(name, new_linear(in, out)); };
   wq = make("wq", a.dim, a.n_heads * a.head_dim());
   wk = make("wk", a.dim, a.kv_heads() * a.head_dim());
   wv = make("wv", a.dim, a.kv_heads() * a.head_dim());
@@ -140,8 +138,8 @@ at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& 
 }
 
 LlamaImpl::LlamaImpl(const LlamaArgs& a) : args_(a) {
-  TORCH_CHECK(a.explicit_head_dim > 0 || a.dim % a.n_heads == 0, "Llama: dim ", a.dim,
-              " must be divisible by n_heads ", a.n_heads, " (or head_dim given)");
+  TORCH_CHECK(a.explicit_head_dim > 0 || a.dim % a.n_heads == 0, "Llama: dim ", a.dim, " must be divisible by n_heads ",
+              a.n_heads, " (or head_dim given)");
   TORCH_CHECK(a.n_heads % a.kv_heads() == 0, "Llama: n_heads ", a.n_heads, " must be a multiple of n_kv_heads ",
               a.kv_heads());
   TORCH_CHECK(a.head_dim() % 2 == 0, "Llama: head_dim ", a.head_dim(), " must be even for RoPE");
@@ -164,8 +162,8 @@ LlamaImpl::LlamaImpl(const LlamaArgs& a) : args_(a) {
 at::Tensor LlamaImpl::forward(const at::Tensor& tokens) { return parallel_forward(output, hidden_states(tokens)); }
 
 at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens) {
-  TORCH_CHECK(tokens.dim() == 2 && tokens.size(1) <= args_.max_seq_len, "Llama: expected tokens [batch, seq] with seq <= ",
-              args_.max_seq_len, ", got ", tokens.sizes());
+  TORCH_CHECK(tokens.dim() == 2 && tokens.size(1) <= args_.max_seq_len,
+              "Llama: expected tokens [batch, seq] with seq <= ", args_.max_seq_len, ", got ", tokens.sizes());
   at::Tensor h = parallel_forward(tok_embeddings, tokens);
   for (const auto& layer : *layers) h = layer->as<TransformerBlockImpl>()->forward(h, rope_cos_, rope_sin_);
   return parallel_forward(norm, h);

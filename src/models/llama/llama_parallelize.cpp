@@ -49,14 +49,10 @@ ParallelizePlan llama_sp_plan(bool loss_parallel) {
 ParallelizePlan llama_tp_plan(bool loss_parallel, bool sequence_parallel) {
   if (sequence_parallel) return llama_sp_plan(loss_parallel);
   ParallelizePlan plan = {
-      {"tok_embeddings", RowwiseParallel::make()},
-      {"layers.*.attention.wq", ColwiseParallel::make()},
-      {"layers.*.attention.wk", ColwiseParallel::make()},
-      {"layers.*.attention.wv", ColwiseParallel::make()},
-      {"layers.*.attention.wo", RowwiseParallel::make()},
-      {"layers.*.feed_forward.w1", ColwiseParallel::make()},
-      {"layers.*.feed_forward.w3", ColwiseParallel::make()},
-      {"layers.*.feed_forward.w2", RowwiseParallel::make()},
+      {"tok_embeddings", RowwiseParallel::make()},           {"layers.*.attention.wq", ColwiseParallel::make()},
+      {"layers.*.attention.wk", ColwiseParallel::make()},    {"layers.*.attention.wv", ColwiseParallel::make()},
+      {"layers.*.attention.wo", RowwiseParallel::make()},    {"layers.*.feed_forward.w1", ColwiseParallel::make()},
+      {"layers.*.feed_forward.w3", ColwiseParallel::make()}, {"layers.*.feed_forward.w2", RowwiseParallel::make()},
   };
   plan.emplace_back("output", ColwiseParallel::make(head_options(loss_parallel, std::nullopt)));
   return plan;
