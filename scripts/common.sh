@@ -31,6 +31,7 @@ HP_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev libyaml-cpp-dev libcli11-dev
   libtomlplusplus-dev nlohmann-json3-dev gnuplot-nox
   clang lld  # the sanitizer + libFuzzer build (hp_build_sanitized)
+  clang-format  # the format check (scripts/check_format.sh)
 )
 
 hp_sudo() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
