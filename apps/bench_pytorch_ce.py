@@ -69,7 +69,7 @@ def main():
             torch.cuda.synchronize(device)
 
     mesh = init_device_mesh(a.device, (dist.get_world_size(),))
-    dtype = torch.bfloat16 if a.dtype == "bfloat16" else torch.float32
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[a.dtype]
     g = torch.Generator().manual_seed(7)
     full = (torch.randn(a.tokens, a.vocab, generator=g) * 2).to(dtype).to(device)
     target = torch.randint(a.vocab, (a.tokens,), generator=g).to(device)

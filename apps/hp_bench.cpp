@@ -2,7 +2,7 @@
 // baselines measured in the same run (the machines are shared and noisy).
 //
 //   hp-run --nproc-per-node 2 build/bin/hp-bench [--tokens 4096] [--vocab 32000]
-//          [--dtype float32|bfloat16] [--iters 5] [--device cpu|cuda] [--threads N]
+//          [--dtype float32|bfloat16|float16] [--iters 5] [--device cpu|cuda] [--threads N]
 //          [--vs-pytorch [--python PY]]
 //   hp-run --nproc-per-node 2 build/bin/hp-bench --linear DIM [--tokens N] [--vocab V]
 //          [--chunk-tokens N] [--vocab-block N]   (apps/hp_bench_linear.cpp: fused linear +
@@ -25,6 +25,8 @@
 // every case of V x tokens x dtype x gradient_in_forward at this TP (a reduced grid on
 // machines with <= 4 cores, which says so; --full-grid forces all); --json PATH appends one
 // JSON line per case. scripts/bench_loss_roofline.sh runs the grid for several TP degrees.
+// On a GPU (--device cuda) the roofline is HBM traffic alone (ATen's sum and fill over a
+// buffer of the logits' bytes give the read and write bandwidth); the exp is not measured.
 // Memory is the peak above what was allocated before (the logits piece excluded): on the
 // CPU through a counting wrapper of LibTorch's allocator (libhp_memory_probe, which the
 // PyTorch side loads too), on a GPU from the caching allocator's statistics, on both sides.
@@ -57,6 +59,12 @@ namespace hp = hyper_parallel;
 namespace F = torch::nn::functional;
 
 namespace {
+
+// --dtype's names.
+const std::map<std::string, at::ScalarType> kDtypes = {
+    {"float32", at::kFloat}, {"bfloat16", at::kBFloat16}, {"float16", at::kHalf}};
+
+const char* short_name(at::ScalarType t) { return t == at::kBFloat16 ? "bf16" : t == at::kHalf ? "f16" : "f32"; }
 
 struct Measure {
   std::string name;
@@ -142,13 +150,14 @@ Args parse(int argc, char** argv) {
     else if (s == "--vocab-block")
       a.vocab_block = std::stoll(next());
     else
-      throw std::invalid_argument("unknown argument '" + s +
-                                  "'; expected --tokens N --vocab V --iters K "
-                                  "--threads T --dtype float32|bfloat16 --device cpu|cuda --vs-pytorch --python PY "
-                                  "--grid --full-grid --json PATH --linear DIM --chunk-tokens N --vocab-block N");
+      throw std::invalid_argument(
+          "unknown argument '" + s +
+          "'; expected --tokens N --vocab V --iters K "
+          "--threads T --dtype float32|bfloat16|float16 --device cpu|cuda --vs-pytorch --python PY "
+          "--grid --full-grid --json PATH --linear DIM --chunk-tokens N --vocab-block N");
   }
-  if (a.dtype != "float32" && a.dtype != "bfloat16")
-    throw std::invalid_argument("--dtype: expected float32 or bfloat16, got " + a.dtype);
+  if (!kDtypes.count(a.dtype))
+    throw std::invalid_argument("--dtype: expected float32, bfloat16 or float16, got " + a.dtype);
   if (a.device != "cpu" && a.device != "cuda")
     throw std::invalid_argument("--device: expected cpu or cuda, got " + a.device);
   return a;
@@ -230,24 +239,37 @@ void print_versus(const std::vector<Measure>& ours, const std::map<std::string, 
 // ---- The roofline of the fused kernel, measured here and now ----
 
 struct Limits {
-  double exp_per_s = 0;   // the kernel's vectorised exp, all of this rank's threads
+  double exp_per_s = 0;   // the kernel's vectorised exp, all of this rank's threads (0 on a GPU)
   double read_gb_s = 0;   // vectorised sum over a logits-sized buffer
   double write_gb_s = 0;  // fill of a logits-sized, already-touched buffer
 };
 
-// Measures the limits for n elements of `dtype` on this rank's threads; once per step of
-// the kernel, interleaved with it, so both see the same (shared, noisy) machine.
+// Measures the limits for n elements of `dtype` on this rank's threads (or its GPU); once
+// per step of the kernel, interleaved with it, so both see the same (shared, noisy) machine.
 class LimitProbe {
  public:
-  LimitProbe(int64_t n, at::ScalarType dtype)
+  LimitProbe(int64_t n, at::ScalarType dtype, c10::Device device)
       : n_(n),
+        device_(device),
         resident_((int64_t{1} << 16) * at::get_num_threads()),
         exp_buf_(at::rand({resident_}, at::kFloat)),
         // The same bytes as the rank's logits, touched now: no page faults when timed.
-        big_(at::rand({n * static_cast<int64_t>(c10::elementSize(dtype)) / 4}, at::kFloat)) {}
+        big_(at::rand({n * static_cast<int64_t>(c10::elementSize(dtype)) / 4}, at::kFloat).to(device)) {}
 
   Limits once() {
     Limits l;
+    if (device_.is_cuda()) {
+      // HBM: ATen's reduction and fill run near the memory's bandwidth.
+      const double bytes = static_cast<double>(big_.numel()) * 4;
+      double ms = time([&] { sink_ = sink_ + big_.sum().item<double>(); });
+      l.read_gb_s = bytes / (ms * 1e-3) / 1e9;
+      ms = time([&] {
+        big_.fill_(0.5);
+        hp::bench::synchronize(device_);
+      });
+      l.write_gb_s = bytes / (ms * 1e-3) / 1e9;
+      return l;
+    }
     // exp: a cache-resident slice per thread, passed over until n exps are done.
     const int reps = static_cast<int>(std::max<int64_t>(1, n_ / resident_));
     double ms =
@@ -268,7 +290,9 @@ class LimitProbe {
     fn();
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
-  int64_t n_, resident_;
+  int64_t n_;
+  c10::Device device_;
+  int64_t resident_;
   at::Tensor exp_buf_, big_;
   volatile double sink_ = 0;
 };
@@ -281,13 +305,14 @@ struct RooflineCase {
 
 // Fused forward + backward (median), split into forward and backward, plus its bounds.
 nlohmann::json roofline_case(const RooflineCase& c, const hp::DeviceMesh& mesh, int iters) {
-  const at::ScalarType dtype = c.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  const at::ScalarType dtype = kDtypes.at(c.dtype);
+  const c10::Device device = mesh.device();
   const int64_t tp = mesh.size();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
   const hp::ChunkRange mine = hp::chunk_range(c.vocab, tp, mesh.get_rank());
   // This rank's piece only (the full logits need not fit in memory).
-  at::Tensor original = (at::randn({c.tokens, mine.length}, gen, at::kFloat) * 2).to(dtype);
-  at::Tensor target = at::randint(c.vocab, {c.tokens}, gen, at::kLong);
+  at::Tensor original = (at::randn({c.tokens, mine.length}, gen, at::kFloat) * 2).to(dtype).to(device);
+  at::Tensor target = at::randint(c.vocab, {c.tokens}, gen, at::kLong).to(device);
   mesh.comm(0).broadcast_(target, 0);
   at::Tensor work = original.clone();
   hp::FromLocalOptions from_local;
@@ -298,7 +323,7 @@ nlohmann::json roofline_case(const RooflineCase& c, const hp::DeviceMesh& mesh, 
   int64_t fwd_coll = 0, bwd_coll = 0;
   const int64_t n = c.tokens * mine.length;
   const double bytes = static_cast<double>(n) * original.element_size();
-  LimitProbe probe(n, dtype);
+  LimitProbe probe(n, dtype, device);
   std::vector<double> fwds, bwds, totals, exp_rates, reads, writes, exp_bounds, traffic_bounds, percents;
   for (int i = 0; i < iters + 1; ++i) {
     if (c.gradient_in_forward) work.copy_(original);  // the previous step overwrote it
@@ -306,6 +331,7 @@ nlohmann::json roofline_case(const RooflineCase& c, const hp::DeviceMesh& mesh, 
     // logits that are not the caller's leaf values).
     at::Tensor leaf = work.detach().set_requires_grad(true);
     at::Tensor x = hp::DTensor::from_local(leaf, mesh, {hp::Shard(1)}, from_local);
+    hp::bench::synchronize(device);
     mesh.comm(0).barrier();
     hp::reset_collective_counts();
     const auto t0 = std::chrono::steady_clock::now();
@@ -314,10 +340,12 @@ nlohmann::json roofline_case(const RooflineCase& c, const hp::DeviceMesh& mesh, 
       auto guard = hp::loss_parallel(options);
       loss = F::cross_entropy(x, target);
     }
+    hp::bench::synchronize(device);
     const auto t1 = std::chrono::steady_clock::now();
     fwd_coll = hp::collective_counts().total();
     hp::reset_collective_counts();
     loss.backward();
+    hp::bench::synchronize(device);
     const auto t2 = std::chrono::steady_clock::now();
     bwd_coll = hp::collective_counts().total();
     loss_value = hp::to_local(loss).item<double>();
@@ -331,7 +359,8 @@ nlohmann::json roofline_case(const RooflineCase& c, const hp::DeviceMesh& mesh, 
     exp_rates.push_back(l.exp_per_s);
     reads.push_back(l.read_gb_s);
     writes.push_back(l.write_gb_s);
-    exp_bounds.push_back(2.0 * n / l.exp_per_s * 1e3);  // one exp per logit forward, one backward
+    // One exp per logit forward, one backward (not measured on a GPU: memory binds there).
+    exp_bounds.push_back(l.exp_per_s > 0 ? 2.0 * n / l.exp_per_s * 1e3 : 0.0);
     traffic_bounds.push_back((2 * bytes / (l.read_gb_s * 1e9) + bytes / (l.write_gb_s * 1e9)) * 1e3);
     percents.push_back(100.0 * std::max(exp_bounds.back(), traffic_bounds.back()) / totals.back());
   }
@@ -349,7 +378,7 @@ nlohmann::json roofline_case(const RooflineCase& c, const hp::DeviceMesh& mesh, 
   j["dtype"] = c.dtype;
   j["gradient_in_forward"] = c.gradient_in_forward;
   j["threads_per_rank"] = at::get_num_threads();
-  j["kernel"] = hp::ce_kernel::capability_name();
+  j["kernel"] = device.is_cuda() ? "CUDA" : hp::ce_kernel::capability_name();
   j["logits_per_rank"] = n;
   j["forward_ms"] = med(fwds);
   j["backward_ms"] = med(bwds);
@@ -377,7 +406,7 @@ void print_roofline_row(const nlohmann::json& j) {
   std::printf("%-7lld %6lld %5lld %3s %4s %9.2f %9.2f %9.2f %9.2f %9.2f %8.2f %9.2f %9.2f %6.0f%% %3lld/%lld\n",
               j["tokens"].get<long long>(), j["vocab"].get<long long>(), j["tp"].get<long long>(),
               j["gradient_in_forward"].get<bool>() ? "yes" : "no",
-              j["dtype"].get<std::string>() == "bfloat16" ? "bf16" : "f32", j["forward_ms"].get<double>(),
+              short_name(kDtypes.at(j["dtype"].get<std::string>())), j["forward_ms"].get<double>(),
               j["backward_ms"].get<double>(), j["total_ms"].get<double>(), j["exp_per_s"].get<double>() / 1e9,
               j["read_gb_s"].get<double>(), j["write_gb_s"].get<double>(), j["exp_bound_ms"].get<double>(),
               j["traffic_bound_ms"].get<double>(), j["percent_of_bound"].get<double>(),
@@ -391,7 +420,8 @@ int run_roofline(const Args& a, const hp::DeviceMesh& mesh, const std::vector<Ro
     std::printf(
         "hp-bench roofline: fused cross-entropy forward+backward per rank vs limits measured in this run "
         "(%s kernel, %d threads per rank, TP %lld)\n%s",
-        hp::ce_kernel::capability_name(), at::get_num_threads(), static_cast<long long>(mesh.size()), note.c_str());
+        mesh.device().is_cuda() ? "CUDA" : hp::ce_kernel::capability_name(), at::get_num_threads(),
+        static_cast<long long>(mesh.size()), note.c_str());
     print_roofline_header();
   }
   for (const auto& c : cases) {
@@ -408,8 +438,8 @@ int run_roofline(const Args& a, const hp::DeviceMesh& mesh, const std::vector<Ro
     std::printf(
         "(exp bnd: 2 exps per logit at the measured rate; mem bnd: 2 reads + 1 write of the logits at the "
         "measured bandwidths; %% bnd: median over steps of max(bounds measured right after the step) / "
-        "the step; medians of %d steps; coll = collectives forward/backward)\n",
-        a.iters);
+        "the step; medians of %d steps; coll = collectives forward/backward%s)\n",
+        a.iters, mesh.device().is_cuda() ? "; on a GPU the exp is not measured: the memory bound alone" : "");
   }
   return 0;
 }
@@ -429,7 +459,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (a.threads > 0) at::set_num_threads(a.threads);
-  const at::ScalarType dtype = a.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  const at::ScalarType dtype = kDtypes.at(a.dtype);
   hp_memory_probe_install();
   hp::InitOptions init;
   init.device_type = a.device;
@@ -443,19 +473,15 @@ int main(int argc, char** argv) {
     la.vocab = a.vocab;
     la.dim = a.linear_dim;
     la.iters = a.iters;
-    la.dtype = a.dtype;
+    la.dtype = dtype;
     la.chunk_tokens = a.chunk_tokens;
     la.vocab_block = a.vocab_block;
     return hp_bench::run_linear_bench(la, mesh);
   }
   if (a.grid) {
-    if (a.device != "cpu") {
-      std::cerr << "hp-bench: --grid measures the CPU kernel's roofline; run it with --device cpu" << std::endl;
-      return 2;
-    }
     std::vector<int64_t> vocabs{32000, 128256}, tokens{4096, 16384};
     std::string note;
-    if (!a.full_grid && std::thread::hardware_concurrency() <= 4) {
+    if (!a.full_grid && a.device == "cpu" && std::thread::hardware_concurrency() <= 4) {
       vocabs = {32000};
       tokens = {4096};
       note = "(reduced grid: this machine has " + std::to_string(std::thread::hardware_concurrency()) +
@@ -464,7 +490,7 @@ int main(int argc, char** argv) {
     std::vector<RooflineCase> cases;
     for (int64_t v : vocabs)
       for (int64_t t : tokens)
-        for (const char* dt : {"float32", "bfloat16"})
+        for (const char* dt : {"float32", "bfloat16", "float16"})
           for (bool gif : {false, true}) cases.push_back({t, v, dt, gif});
     return run_roofline(a, mesh, cases, note);
   }
@@ -501,19 +527,15 @@ int main(int argc, char** argv) {
     return hp::full_tensor(loss).item<double>();
   }));
   mesh.comm(0).barrier();
-  // The roofline of this case's fused kernel (CPU), same run.
-  if (a.device == "cpu") {
-    full = sharded = at::Tensor();
-    std::vector<RooflineCase> cases{{a.tokens, a.vocab, a.dtype, false}, {a.tokens, a.vocab, a.dtype, true}};
-    if (rank == 0) {
-      print_ours(results, a, mesh.size());
-      std::printf("\n");
-    }
-    run_roofline(a, mesh, cases, "");
-    mesh.comm(0).barrier();
-  } else if (rank == 0) {
+  // The roofline of this case's fused kernel, same run.
+  full = sharded = at::Tensor();
+  std::vector<RooflineCase> cases{{a.tokens, a.vocab, a.dtype, false}, {a.tokens, a.vocab, a.dtype, true}};
+  if (rank == 0) {
     print_ours(results, a, mesh.size());
+    std::printf("\n");
   }
+  run_roofline(a, mesh, cases, "");
+  mesh.comm(0).barrier();
   if (rank != 0) return 0;
   if (a.vs_pytorch) {
     // Free our tensors first: the PyTorch side runs on this machine right after.

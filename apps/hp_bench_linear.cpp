@@ -72,7 +72,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int run_linear_bench(const LinearArgs& a, const hp::DeviceMesh& mesh) {
-  const at::ScalarType dtype = a.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  const at::ScalarType dtype = a.dtype;
   const c10::Device device = mesh.device();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
   HeadModel model(a.dim, a.vocab);
@@ -132,8 +132,8 @@ int run_linear_bench(const LinearArgs& a, const hp::DeviceMesh& mesh) {
       "hp-bench --linear: head + loss forward+backward, %lld tokens x dim %lld x vocab %lld (%lld per rank), "
       "%s, %s, TP %lld, %d threads per rank\n",
       static_cast<long long>(a.tokens), static_cast<long long>(a.dim), static_cast<long long>(a.vocab),
-      static_cast<long long>(local_vocab), a.dtype.c_str(), device.str().c_str(), static_cast<long long>(mesh.size()),
-      at::get_num_threads());
+      static_cast<long long>(local_vocab), c10::toString(a.dtype), device.str().c_str(),
+      static_cast<long long>(mesh.size()), at::get_num_threads());
   std::printf("%-13s %10s %12s %12s %12s %14s\n", "method", "ms", "peak MiB", "working MiB", "collectives", "loss");
   for (const auto& [name, r] : {std::pair<const char*, Result>{"head+fused", unfused}, {"fused-linear", fused}}) {
     std::printf("%-13s %10.1f %12.1f %12.1f %12lld %14.6f\n", name, r.ms, r.peak_mb, r.peak_mb - grads_mb,

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include <c10/core/ScalarType.h>
+
 #include "hyper_parallel/device_mesh.h"
 
 namespace hp_bench {
@@ -12,7 +14,7 @@ namespace hp_bench {
 struct LinearArgs {
   int64_t tokens = 4096, vocab = 32000, dim = 256;
   int iters = 3;
-  std::string dtype = "float32";
+  c10::ScalarType dtype = c10::kFloat;
   int64_t chunk_tokens = 0, vocab_block = 0;  // 0: the loss's automatic sizes
 };
 

@@ -33,7 +33,7 @@ rows = [json.loads(l) for l in open(out + ".jsonl")]
 labels = [f"TP{r['tp']} {r['tokens']}x{r['vocab']} {r['dtype'][:4]}{' gif' if r['gradient_in_forward'] else ''}" for r in rows]
 fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.6), 4))
 ax.bar(range(len(rows)), [r["percent_of_bound"] for r in rows])
-ax.axhline(70, color="red", linestyle="--", label="target 70 %")
+ax.axhline(90, color="red", linestyle="--", label="target 90 %")
 ax.set_xticks(range(len(rows)), labels, rotation=60, ha="right", fontsize=7)
 ax.set_ylabel("% of the binding bound (same run)")
 ax.legend()

@@ -64,7 +64,9 @@ for area, c in areas.items():
 PY
 grep -E "\*\*\*Failed|Failed  |\(Failed\)" "$out/ctest.log" | head -20
 
-echo "== GPU benchmark (TP 1, one H200): cross-entropy forward+backward"
-for dtype in bfloat16 float32; do
+echo "== GPU benchmark (TP 1, one GPU): cross-entropy forward+backward, then % of the HBM bound"
+for dtype in bfloat16 float16 float32; do
   "$build/bin/hp-run" --nproc-per-node 1 "$build/bin/hp-bench" --device cuda --tokens 8192 --vocab 128256 --dtype "$dtype" --vs-pytorch 2>&1 | sed "s/^\\[rank0\\]: //"
 done
+# Few rows, many classes: the kernels split each row over several blocks.
+"$build/bin/hp-run" --nproc-per-node 1 "$build/bin/hp-bench" --device cuda --tokens 256 --vocab 128256 --dtype bfloat16 2>&1 | sed "s/^\\[rank0\\]: //"

@@ -3,13 +3,14 @@
 // gradients; every reduction, ignore_index, class weights, label smoothing, probability
 // targets), the gradient written in forward (exact, autograd-safe), one all-gather in
 // forward and none in backward, gradient-buffer reuse, and the CPU kernel on rows that
-// exercise its block rescaling, tails and strides.
+// exercise its block rescaling, tails and strides; the CUDA kernel the same way where a GPU is.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <iostream>
 #include <limits>
+#include <map>
 
 #include "harness/rank_harness.h"
 #include "harness/rounding_bound.h"
@@ -83,7 +84,7 @@ at::Tensor reference_loss(const Case& c, const at::Tensor& x, const Data& d) {
 }
 
 double rel_err(const at::Tensor& got, const at::Tensor& want) {
-  at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
+  at::Tensor g = got.cpu().to(at::kDouble), w = want.cpu().to(at::kDouble);
   return (g - w).norm().item<double>() / std::max(w.norm().item<double>(), 1e-30);
 }
 
@@ -94,24 +95,31 @@ struct InDtype {
   at::Tensor loss, grad;
 };
 
-InDtype aten_in_dtype(const Case& c, const Data& d, const at::Tensor& c_loss, at::ScalarType dtype) {
+InDtype aten_in_dtype(const Case& c, const Data& d, const at::Tensor& c_loss, at::ScalarType dtype,
+                      const at::Device& device) {
   Data dd = d;
-  if (c.soft) dd.target = d.target.to(dtype);
-  if (d.weight.defined()) dd.weight = d.weight.to(dtype);
-  at::Tensor x = d.logits.to(dtype).set_requires_grad(true);
+  dd.target = c.soft ? d.target.to(dtype).to(device) : d.target.to(device);
+  if (d.weight.defined()) dd.weight = d.weight.to(dtype).to(device);
+  at::Tensor x = d.logits.to(dtype).to(device).set_requires_grad(true);
   at::Tensor loss = reference_loss(c, x, dd);
-  (loss * c_loss.to(dtype)).sum().backward();
-  return {loss.detach(), x.grad()};
+  (loss * c_loss.to(dtype).to(device)).sum().backward();
+  return {loss.detach().cpu(), x.grad().cpu()};
 }
 
-// Loss and gradient: float64 to rounding, float32 to 2e-5, bf16 within a small multiple of
-// ATen's own bf16 error on the same data (harness/rounding_bound.h).
-RoundingRecord& bf16_errors() {
+// Where the grid runs: the device of the logits, and the dtypes.
+struct GridDevice {
+  std::string device = "cpu";
+  std::vector<at::ScalarType> dtypes = {at::kDouble, at::kFloat, at::kBFloat16};
+};
+
+// Loss and gradient: float64 to rounding, float32 to 2e-5, bf16 and fp16 within a small
+// multiple of ATen's own error in that dtype on the same data (harness/rounding_bound.h).
+RoundingRecord& rounding_errors() {
   static RoundingRecord record;
   return record;
 }
 double tolerance(at::ScalarType t, const at::Tensor& aten, const at::Tensor& want, double ours) {
-  return bf16_errors().tolerance(t, aten, want, ours);
+  return rounding_errors().tolerance(t, aten, want, ours);
 }
 
 LossParallelOptions guard_options(const Case& c, bool grad_in_forward) {
@@ -126,9 +134,10 @@ void check(const DeviceMesh& mesh, const Case& c, const Data& d, const at::Tenso
            const at::Tensor& c_loss, const InDtype& aten, at::ScalarType dtype, bool grad_in_forward) {
   SCOPED_TRACE(c.name() + " " + c10::toString(dtype) + " TP " + std::to_string(mesh.size()) +
                (grad_in_forward ? " gradient_in_forward" : ""));
-  at::Tensor logits = distribute_tensor(d.logits.to(dtype), mesh, {Shard(1)}).set_requires_grad(true);
-  const at::Tensor target = c.soft ? d.target.to(dtype) : d.target;
-  const at::Tensor weight = d.weight.defined() ? d.weight.to(dtype) : at::Tensor();
+  const at::Device dev = mesh.device();
+  at::Tensor logits = distribute_tensor(d.logits.to(dtype).to(dev), mesh, {Shard(1)}).set_requires_grad(true);
+  const at::Tensor target = c.soft ? d.target.to(dtype).to(dev) : d.target.to(dev);
+  const at::Tensor weight = d.weight.defined() ? d.weight.to(dtype).to(dev) : at::Tensor();
   const F::CrossEntropyFuncOptions::reduction_t r =
       c.reduction == at::Reduction::None  ? F::CrossEntropyFuncOptions::reduction_t(torch::kNone)
       : c.reduction == at::Reduction::Sum ? F::CrossEntropyFuncOptions::reduction_t(torch::kSum)
@@ -143,17 +152,18 @@ void check(const DeviceMesh& mesh, const Case& c, const Data& d, const at::Tenso
   const double loss_err = rel_err(to_local(loss), ref_loss);
   EXPECT_LE(loss_err, tolerance(dtype, aten.loss, ref_loss, loss_err)) << to_local(loss) << " vs " << ref_loss;
   reset_collective_counts();
-  (to_local(loss) * c_loss.to(dtype)).sum().backward();
+  (to_local(loss) * c_loss.to(dtype).to(dev)).sum().backward();
   EXPECT_EQ(collective_counts().total(), 0) << "no collective in backward";
   // The whole gradient (a shard of a few columns measures rounding too noisily).
   const double grad_err = rel_err(full_tensor(logits.grad()), ref_grad);
   EXPECT_LE(grad_err, tolerance(dtype, aten.grad, ref_grad, grad_err)) << "gradient";
 }
 
-void run_grid(const std::vector<Case>& cases, const std::vector<int64_t>& degrees) {
+void run_grid(const std::vector<Case>& cases, const std::vector<int64_t>& degrees, const GridDevice& where = {}) {
+  const at::Device device(where.device);
   std::vector<Data> data;
   std::vector<at::Tensor> ref_loss, ref_grad, c_loss;
-  std::vector<InDtype> aten_bf16;
+  std::vector<std::map<at::ScalarType, InDtype>> aten_16bit;
   for (size_t i = 0; i < cases.size(); ++i) {
     data.push_back(make_data(cases[i], 500 + i));
     at::Tensor x = data.back().logits.clone().set_requires_grad(true);
@@ -162,21 +172,28 @@ void run_grid(const std::vector<Case>& cases, const std::vector<int64_t>& degree
     (loss * c_loss.back()).sum().backward();
     ref_loss.push_back(loss.detach());
     ref_grad.push_back(x.grad());
-    aten_bf16.push_back(aten_in_dtype(cases[i], data.back(), c_loss.back(), at::kBFloat16));
+    aten_16bit.emplace_back();
+    for (auto dtype : where.dtypes)
+      if (c10::elementSize(dtype) == 2)
+        aten_16bit.back()[dtype] = aten_in_dtype(cases[i], data.back(), c_loss.back(), dtype, device);
   }
-  for (int64_t tp : degrees) {
-    run_ranks(tp, [&](int64_t) {
-      auto mesh = init_device_mesh("cpu", {tp}, {"tp"});
-      for (size_t i = 0; i < cases.size(); ++i) {
-        for (auto dtype : {at::kDouble, at::kFloat, at::kBFloat16}) {
-          const InDtype aten = dtype == at::kBFloat16 ? aten_bf16[i] : InDtype{};
-          for (bool gif : {false, true})
-            check(mesh, cases[i], data[i], ref_loss[i], ref_grad[i], c_loss[i], aten, dtype, gif);
-        }
+  const auto body = [&](int64_t tp) {
+    auto mesh = init_device_mesh(where.device, {tp}, {"tp"});
+    for (size_t i = 0; i < cases.size(); ++i) {
+      for (auto dtype : where.dtypes) {
+        const InDtype aten = c10::elementSize(dtype) == 2 ? aten_16bit[i].at(dtype) : InDtype{};
+        for (bool gif : {false, true})
+          check(mesh, cases[i], data[i], ref_loss[i], ref_grad[i], c_loss[i], aten, dtype, gif);
       }
-    });
+    }
+  };
+  for (int64_t tp : degrees) {
+    if (device.is_cuda())
+      hyper_parallel::testing::run_cuda_ranks(tp, [&](int64_t) { body(tp); });
+    else
+      run_ranks(tp, [&](int64_t) { body(tp); });
   }
-  std::cout << "[ bf16     ] " << bf16_errors().summary() << std::endl;
+  std::cout << "[ 16-bit   ] " << rounding_errors().summary() << std::endl;
 }
 
 std::vector<Case> option_grid() {
@@ -227,6 +244,34 @@ TEST(FusedCrossEntropy, LongRowsAcrossBlocksMatchTheDefinition) {
   capped.label_smoothing = 0.1;
   capped.weighted = true;
   run_grid({c, capped}, {1, 3});
+}
+
+// The CUDA kernel (where a GPU is present; skips, saying why, elsewhere): the option grid
+// in every dtype it takes (fp16 too) at TP 1 and 3, then rows that take both of its grids:
+// few long rows, each split into pieces merged per row (50000 classes: pieces in every
+// dtype up to TP 3), and many short rows of odd length (a block per row; rows that start
+// off the 16-byte packs).
+TEST(FusedCrossEntropy, CudaKernelMatchesTheDefinitionInEveryDtypeAndOption) {
+  HP_REQUIRE_CUDA();
+  const GridDevice cuda{"cuda", {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf}};
+  run_grid(option_grid(), {1, 3}, cuda);
+  Case few;
+  few.rows = 16;
+  few.classes = 50000;
+  few.ignored_fraction = 0.2;
+  few.label_smoothing = 0.1;
+  few.z_loss_weight = 1e-3;
+  few.logit_softcap = 30;
+  Case few_soft = few;
+  few_soft.soft = true;
+  few_soft.weighted = true;
+  Case many;
+  many.rows = 700;
+  many.classes = 1003;
+  many.weighted = true;
+  many.ignored_fraction = 0.1;
+  many.reduction = at::Reduction::None;
+  run_grid({few, few_soft, many}, {1, 2, 3}, cuda);
 }
 
 TEST(FusedCrossEntropy, GradientInForwardBumpsTheVersionSoOtherSavedUsersRaise) {
