@@ -119,32 +119,15 @@ struct ForwardRow {
     }
   }
 
-  // Classes j .. j + N - 1 at once: the state as N pushes leave it (a NaN makes it NaN, -inf
-  // adds nothing, +inf twice is NaN), with one rescale per pack rather than a compare and
-  // branch per element.
+  // Classes j .. j + N - 1 at once: the state as N pushes leave it, with one rescale per
+  // pack (running_lse_push_pack) rather than a compare and branch per element.
   template <int N>
   __device__ __forceinline__ void push_pack(RowState<acc_t>& st, int64_t j, const acc_t (&x)[N]) const {
-    constexpr acc_t ninf = -std::numeric_limits<acc_t>::infinity();
     acc_t y[N];
-    acc_t top = ninf;
-    bool nan = false;
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      y[i] = capped(x[i], cap);
-      top = y[i] > top ? y[i] : top;
-      nan = nan || y[i] != y[i];
-    }
+    for (int i = 0; i < N; ++i) y[i] = capped(x[i], cap);
     const acc_t m_before = st.m;
-    if (nan) {
-      st.m = st.s = std::numeric_limits<acc_t>::quiet_NaN();
-    } else if (top != ninf) {
-      if (top > st.m) {
-        st.s *= running_exp(st.m - top);
-        st.m = top;
-      }
-#pragma unroll
-      for (int i = 0; i < N; ++i) st.s += running_exp(y[i] - st.m);
-    }
+    running_lse_push_pack(st.m, st.s, y);
     if (!q && !args.smoothing_sum) return;
     const acc_t ref = relative_sum_reference(st.m);
     rebase_relative_sum(st.v2, st.u, relative_sum_reference(m_before), ref);
@@ -283,7 +266,7 @@ __global__ void backward_kernel(BackwardArgs args, int64_t piece) {
 
 // Pieces per row: enough blocks to fill the GPU several times over when rows are few,
 // each piece still a few packs per thread; the piece length a whole number of packs, so
-// that only the first piece of a row has an unaligned head.
+// that every piece starts at the row's alignment (all have the same scalar head, or none).
 struct Grid {
   int64_t pieces, piece;
 };
