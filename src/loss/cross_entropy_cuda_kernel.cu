@@ -44,16 +44,26 @@ struct alignas(kVecBytes) Pack {
 // 16-byte packs, and a scalar tail. `also` is a second row (the gradient) that must share
 // the packs' alignment; when it does not, everything is scalar.
 struct Span {
-  int64_t head_end, packs_end, end;
+  int64_t begin, head_end, packs_end, end;
 };
 template <typename scalar_t>
 __device__ __forceinline__ Span split_span(const scalar_t* row, const scalar_t* also, int64_t begin, int64_t end) {
   constexpr int64_t kSize = Pack<scalar_t>::kSize;
   const auto addr = reinterpret_cast<uintptr_t>(row + begin);
-  if (also && (reinterpret_cast<uintptr_t>(also + begin) - addr) % kVecBytes != 0) return {end, end, end};
+  if (also && (reinterpret_cast<uintptr_t>(also + begin) - addr) % kVecBytes != 0) return {begin, end, end, end};
   const int64_t misaligned = static_cast<int64_t>(addr % kVecBytes) / static_cast<int64_t>(sizeof(scalar_t));
   const int64_t head_end = std::min(end, begin + (misaligned ? kSize - misaligned : 0));
-  return {head_end, head_end + (end - head_end) / kSize * kSize, end};
+  return {begin, head_end, head_end + (end - head_end) / kSize * kSize, end};
+}
+
+// Thread t's share of a span: one(j) for head and tail elements t, t + kThreads, ...;
+// pack(j) for the packs starting at j, packs t, t + kThreads, ... (consecutive threads,
+// consecutive addresses).
+template <int kPackSize, typename One, typename Packed>
+__device__ __forceinline__ void for_each_in_span(const Span& span, One&& one, Packed&& pack) {
+  for (int64_t j = span.begin + threadIdx.x; j < span.head_end; j += kThreads) one(j);
+  for (int64_t j = span.head_end + threadIdx.x * kPackSize; j < span.packs_end; j += kThreads * kPackSize) pack(j);
+  for (int64_t j = span.packs_end + threadIdx.x; j < span.end; j += kThreads) one(j);
 }
 
 template <typename acc_t>
@@ -175,16 +185,16 @@ __global__ void forward_kernel(ForwardArgs args, int64_t piece, RowState<at::opm
                               static_cast<acc_t>(args.q_scale),
                               static_cast<acc_t>(args.q_shift)};
   RowState<acc_t> st = empty_state<acc_t>();
-  const Span span = split_span(x, static_cast<const scalar_t*>(nullptr), begin, end);
-  for (int64_t j = begin + threadIdx.x; j < span.head_end; j += kThreads) row.push(st, j, static_cast<acc_t>(x[j]));
-  for (int64_t j = span.head_end + threadIdx.x * P::kSize; j < span.packs_end; j += kThreads * P::kSize) {
-    const P pk = *reinterpret_cast<const P*>(x + j);
-    acc_t v[P::kSize];
+  for_each_in_span<P::kSize>(
+      split_span(x, static_cast<const scalar_t*>(nullptr), begin, end),
+      [&](int64_t j) { row.push(st, j, static_cast<acc_t>(x[j])); },
+      [&](int64_t j) {
+        const P pk = *reinterpret_cast<const P*>(x + j);
+        acc_t v[P::kSize];
 #pragma unroll
-    for (int i = 0; i < P::kSize; ++i) v[i] = static_cast<acc_t>(pk.v[i]);
-    row.push_pack(st, j, v);
-  }
-  for (int64_t j = span.packs_end + threadIdx.x; j < end; j += kThreads) row.push(st, j, static_cast<acc_t>(x[j]));
+        for (int i = 0; i < P::kSize; ++i) v[i] = static_cast<acc_t>(pk.v[i]);
+        row.push_pack(st, j, v);
+      });
   st = block_merge(st);
   if (threadIdx.x != 0) return;
   if (pieces)
@@ -252,16 +262,15 @@ __global__ void backward_kernel(BackwardArgs args, int64_t piece) {
   auto value = [&](int64_t j, scalar_t xj) {
     return zero_row ? scalar_t(0) : static_cast<scalar_t>(row.grad(j, static_cast<acc_t>(xj)));
   };
-  const Span span = split_span(x, static_cast<const scalar_t*>(out), begin, end);
-  for (int64_t j = begin + threadIdx.x; j < span.head_end; j += kThreads) out[j] = value(j, x[j]);
-  for (int64_t j = span.head_end + threadIdx.x * P::kSize; j < span.packs_end; j += kThreads * P::kSize) {
-    const P in = *reinterpret_cast<const P*>(x + j);
-    P pk;
+  for_each_in_span<P::kSize>(
+      split_span(x, static_cast<const scalar_t*>(out), begin, end), [&](int64_t j) { out[j] = value(j, x[j]); },
+      [&](int64_t j) {
+        const P in = *reinterpret_cast<const P*>(x + j);
+        P pk;
 #pragma unroll
-    for (int i = 0; i < P::kSize; ++i) pk.v[i] = value(j + i, in.v[i]);
-    *reinterpret_cast<P*>(out + j) = pk;
-  }
-  for (int64_t j = span.packs_end + threadIdx.x; j < end; j += kThreads) out[j] = value(j, x[j]);
+        for (int i = 0; i < P::kSize; ++i) pk.v[i] = value(j + i, in.v[i]);
+        *reinterpret_cast<P*>(out + j) = pk;
+      });
 }
 
 // Pieces per row: enough blocks to fill the GPU several times over when rows are few,
@@ -290,18 +299,16 @@ void cuda_forward_stats(const ForwardArgs& args, c10::DeviceIndex device) {
     using scalar_t = decltype(tag);
     using State = RowState<at::opmath_type<scalar_t>>;
     const Grid g = grid_for(args.rows, args.cols, sizeof(scalar_t), device);
-    if (g.pieces <= 1) {
-      forward_kernel<scalar_t>
-          <<<dim3(args.rows, 1), kThreads, 0, stream>>>(args, std::max<int64_t>(args.cols, 1), nullptr);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      return;
-    }
-    // The pieces' states: a stream-ordered buffer from the caching allocator.
-    const at::Tensor buffer = at::empty({static_cast<int64_t>(g.pieces * args.rows * sizeof(State))},
-                                        at::TensorOptions().dtype(at::kByte).device(at::Device(at::kCUDA, device)));
-    auto* pieces = reinterpret_cast<State*>(buffer.data_ptr());
+    // Several pieces per row: their states in a stream-ordered buffer from the caching
+    // allocator; one piece writes the statistics itself.
+    at::Tensor buffer;
+    if (g.pieces > 1)
+      buffer = at::empty({static_cast<int64_t>(g.pieces * args.rows * sizeof(State))},
+                         at::TensorOptions().dtype(at::kByte).device(at::Device(at::kCUDA, device)));
+    auto* pieces = buffer.defined() ? reinterpret_cast<State*>(buffer.data_ptr()) : nullptr;
     forward_kernel<scalar_t><<<dim3(args.rows, g.pieces), kThreads, 0, stream>>>(args, g.piece, pieces);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (!pieces) return;
     const int64_t threads = 128;
     merge_pieces_kernel<scalar_t>
         <<<static_cast<unsigned>((args.rows + threads - 1) / threads), threads, 0, stream>>>(args, g.pieces, pieces);
