@@ -297,6 +297,9 @@ class LimitProbe {
   volatile double sink_ = 0;
 };
 
+// The fused kernel that runs on `device`: "CUDA", or the CPU variant chosen at run time.
+const char* kernel_name(c10::Device device) { return device.is_cuda() ? "CUDA" : hp::ce_kernel::capability_name(); }
+
 struct RooflineCase {
   int64_t tokens, vocab;
   std::string dtype;
@@ -378,7 +381,7 @@ nlohmann::json roofline_case(const RooflineCase& c, const hp::DeviceMesh& mesh, 
   j["dtype"] = c.dtype;
   j["gradient_in_forward"] = c.gradient_in_forward;
   j["threads_per_rank"] = at::get_num_threads();
-  j["kernel"] = device.is_cuda() ? "CUDA" : hp::ce_kernel::capability_name();
+  j["kernel"] = kernel_name(device);
   j["logits_per_rank"] = n;
   j["forward_ms"] = med(fwds);
   j["backward_ms"] = med(bwds);
@@ -420,8 +423,7 @@ int run_roofline(const Args& a, const hp::DeviceMesh& mesh, const std::vector<Ro
     std::printf(
         "hp-bench roofline: fused cross-entropy forward+backward per rank vs limits measured in this run "
         "(%s kernel, %d threads per rank, TP %lld)\n%s",
-        mesh.device().is_cuda() ? "CUDA" : hp::ce_kernel::capability_name(), at::get_num_threads(),
-        static_cast<long long>(mesh.size()), note.c_str());
+        kernel_name(mesh.device()), at::get_num_threads(), static_cast<long long>(mesh.size()), note.c_str());
     print_roofline_header();
   }
   for (const auto& c : cases) {

@@ -22,8 +22,10 @@ patterns=('*.cpp' '*.h' '*.hpp' '*.cu' '*.cuh')
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   mapfile -t files < <(git ls-files -- "${patterns[@]}")
 else
-  mapfile -t files < <(find . -path ./build -prune -o -path ./build-san -prune -o \
-    \( -name '*.cpp' -o -name '*.h' -o -name '*.hpp' -o -name '*.cu' -o -name '*.cuh' \) -print | sed 's|^\./||' | sort)
+  names=()
+  for p in "${patterns[@]}"; do names+=(${names:+-o} -name "$p"); done
+  mapfile -t files < <(find . -path ./build -prune -o -path ./build-san -prune -o \( "${names[@]}" \) -print |
+    sed 's|^\./||' | sort)
 fi
 bad=()
 for f in "${files[@]}"; do
