@@ -12,7 +12,7 @@
 #include <mutex>
 
 #include "compat/file_system.h"
-#include "core/async_all_reduce.h"
+#include "core/pending_collective.h"
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
@@ -305,8 +305,8 @@ TEST(DataParallel, ReducerAndMicroBatchErrorsNameWhatIsWrong) {
     // The asynchronous all-reduce under the buckets takes only what Gloo can sum in place.
     const Communicator& comm = dp.comm(0);
     for (const at::Tensor& bad : {at::zeros({4, 4}).t(), at::zeros({4}, at::kBFloat16)}) {
-      expect_error([&] { PendingAllReduce::start(comm, bad).wait(); },
-                   "PendingAllReduce: expected a contiguous buffer that Gloo can sum");
+      expect_error([&] { PendingCollective::start_all_reduce(comm, bad).wait(); },
+                   "PendingCollective::start_all_reduce: expected a contiguous buffer that Gloo can sum");
     }
   });
   const Batch five{at::zeros({5, 3}, at::kLong), at::zeros({5, 3}, at::kLong)};

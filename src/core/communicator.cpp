@@ -15,9 +15,10 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "compat/c10d_compat.h"
-#include "core/async_all_reduce.h"
+#include "core/pending_collective.h"
 #include "core/collective_stats.h"
 #include "core/group_description.h"
 
@@ -176,40 +177,150 @@ void Communicator::all_reduce_(at::Tensor& t, ReduceOp op) const {
   if (!buf.is_same(t)) t.copy_(buf);
 }
 
-PendingAllReduce::PendingAllReduce() = default;
-PendingAllReduce::~PendingAllReduce() = default;
-PendingAllReduce::PendingAllReduce(PendingAllReduce&&) noexcept = default;
-PendingAllReduce& PendingAllReduce::operator=(PendingAllReduce&&) noexcept = default;
+PendingCollective::PendingCollective() = default;
+PendingCollective::~PendingCollective() = default;
+PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
+PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
 
-PendingAllReduce PendingAllReduce::start(const Communicator& comm, const at::Tensor& buffer) {
+namespace {
+
+// bfloat16 travels over Gloo as float16 bits: a gather only copies bytes, and Gloo knows
+// float16 but not bfloat16 (nor int16).
+at::Tensor gather_wire(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at::Tensor& t) {
+  return needs_float_wire(pg, t) ? t.view(at::kHalf) : t;
+}
+
+// A gather's recv / a reduce-scatter's send (`whole`) holds comm.size() x `part`.
+void check_whole_and_part(const char* what, const Communicator& comm, const at::Tensor& whole, const char* whole_name,
+                          const at::Tensor& part, const char* part_name) {
+  TORCH_CHECK(whole.is_contiguous() && part.is_contiguous() && whole.numel() == comm.size() * part.numel() &&
+                  whole.scalar_type() == part.scalar_type(),
+              "PendingCollective::", what, ": expected contiguous buffers of one dtype, ", whole_name, " holding ",
+              comm.size(), " x ", part_name, " (", part.numel(), " elements), got ", whole_name, " ",
+              whole.scalar_type(), " ", whole.numel(), ", ", part_name, " ", part.scalar_type(), " ", part.numel());
+}
+
+}  // namespace
+
+void PendingCollective::issued(Kind kind, const Communicator& comm, c10::intrusive_ptr<c10d::Work> work,
+                               std::chrono::steady_clock::time_point at, at::Tensor send, at::Tensor recv) {
+  kind_ = kind;
+  comm_ = &comm;
+  work_ = std::move(work);
+  issued_ = at;
+  send_ = std::move(send);
+  recv_ = std::move(recv);
+  ++tls_tally.count;
+  tls_tally.bytes += bytes_of(send_);  // what this member sends
+  // Stamped on the backend's thread at completion: the transfer time is known even when
+  // nobody waited for it.
+  completed_ns_ = std::make_shared<std::atomic<int64_t>>(-1);
+  try {
+    work_->getFuture()->addCallback([stamp = completed_ns_, at](c10::ivalue::Future&) {
+      stamp->store(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - at).count());
+    });
+  } catch (const std::exception&) {
+    completed_ns_->store(-2);  // a backend without futures: wait() stamps it
+  }
+}
+
+PendingCollective PendingCollective::start_all_reduce(const Communicator& comm, const at::Tensor& buffer) {
   ++tls_counts.all_reduce;
-  PendingAllReduce p;
+  PendingCollective p;
   if (comm.size() == 1) return p;
   const auto& pg = comm.process_group();
   check_device(pg, buffer, "all_reduce");
   TORCH_CHECK(buffer.is_contiguous() && !needs_float_wire(pg, buffer),
-              "PendingAllReduce: expected a contiguous buffer that Gloo can sum (float32 for bfloat16 "
-              "data), got ",
+              "PendingCollective::start_all_reduce: expected a contiguous buffer that Gloo can sum (float32 for "
+              "bfloat16 data), got ",
               buffer.scalar_type(), buffer.is_contiguous() ? "" : " (not contiguous)");
-  ++tls_tally.count;
-  tls_tally.bytes += bytes_of(buffer);
   std::vector<at::Tensor> v{buffer};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
-  p.work_ = pg->allreduce(v, opts);
-  p.buffer_ = buffer;
-  p.comm_ = &comm;
+  const auto now = std::chrono::steady_clock::now();
+  p.issued(Kind::AllReduce, comm, pg->allreduce(v, opts), now, buffer, at::Tensor());
   return p;
 }
 
-void PendingAllReduce::wait() {
+PendingCollective PendingCollective::start_all_gather(const Communicator& comm, const at::Tensor& send,
+                                                      const at::Tensor& recv) {
+  ++tls_counts.all_gather;
+  check_whole_and_part("start_all_gather", comm, recv, "recv", send, "send");
+  PendingCollective p;
+  if (comm.size() == 1) {
+    recv.copy_(send.view(recv.sizes()));
+    return p;
+  }
+  const auto& pg = comm.process_group();
+  check_device(pg, send, "all_gather");
+  const at::Tensor wire_send = gather_wire(pg, send).reshape({-1});
+  const at::Tensor wire_recv = gather_wire(pg, recv).reshape({-1});
+  std::vector<at::Tensor> outs;
+  for (int64_t i = 0; i < comm.size(); ++i) outs.push_back(wire_recv.narrow(0, i * send.numel(), send.numel()));
+  std::vector<std::vector<at::Tensor>> out_lists{outs};
+  std::vector<at::Tensor> in{wire_send};
+  const auto now = std::chrono::steady_clock::now();
+  p.issued(Kind::AllGather, comm, pg->allgather(out_lists, in), now, send, recv);
+  return p;
+}
+
+PendingCollective PendingCollective::start_reduce_scatter(const Communicator& comm, const at::Tensor& send,
+                                                          const at::Tensor& recv) {
+  ++tls_counts.reduce_scatter;
+  check_whole_and_part("start_reduce_scatter", comm, send, "send", recv, "recv");
+  PendingCollective p;
+  if (comm.size() == 1) {
+    recv.copy_(send.view(recv.sizes()));
+    return p;
+  }
+  const auto& pg = comm.process_group();
+  check_device(pg, send, "reduce_scatter");
+  TORCH_CHECK(!needs_float_wire(pg, send) && !(send.scalar_type() == at::kHalf && pg->getBackendName() == "gloo"),
+              "PendingCollective::start_reduce_scatter: Gloo cannot sum ", send.scalar_type(),
+              "; reduce in float32 (or use NCCL)");
+  const int64_t n = recv.numel();
+  const auto now = std::chrono::steady_clock::now();
+  if (compat::has_native_reduce_scatter(pg, send.device().type())) {
+    std::vector<at::Tensor> ins;
+    for (int64_t i = 0; i < comm.size(); ++i) ins.push_back(send.reshape({-1}).narrow(0, i * n, n));
+    std::vector<std::vector<at::Tensor>> in_lists{ins};
+    std::vector<at::Tensor> outs{recv.reshape({-1})};
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    p.issued(Kind::ReduceScatter, comm, pg->reduce_scatter(outs, in_lists, opts), now, send, recv);
+  } else {
+    // Gloo on CUDA tensors: the whole buffer is summed, this member keeps its segment.
+    std::vector<at::Tensor> v{send};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    p.issued(Kind::ReduceScatter, comm, pg->allreduce(v, opts), now, send, recv);
+    p.copy_segment_ = true;
+  }
+  return p;
+}
+
+void PendingCollective::wait() {
   if (!work_) return;
   const auto start = std::chrono::steady_clock::now();
   auto work = std::move(work_);
   work_.reset();
-  wait_for(work, *comm_, "all_reduce");
-  buffer_ = at::Tensor();
-  tls_tally.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  static constexpr const char* kNames[] = {"all_reduce", "all_gather", "reduce_scatter"};
+  wait_for(work, *comm_, kNames[static_cast<int>(kind_)]);
+  if (copy_segment_) {
+    const int64_t n = recv_.numel();
+    recv_.reshape({-1}).copy_(send_.reshape({-1}).narrow(0, comm_->rank() * n, n));
+  }
+  const auto now = std::chrono::steady_clock::now();
+  // The completion callback runs on the backend's thread just after the work completes.
+  int64_t ns = completed_ns_->load();
+  while (ns == -1) {
+    std::this_thread::yield();
+    ns = completed_ns_->load();
+  }
+  completed_seconds_ = ns >= 0 ? static_cast<double>(ns) * 1e-9 : std::chrono::duration<double>(now - issued_).count();
+  send_ = at::Tensor();
+  recv_ = at::Tensor();
+  tls_tally.seconds += std::chrono::duration<double>(now - start).count();
 }
 
 void Communicator::all_reduce_many_(std::vector<at::Tensor>& ts, ReduceOp op) const {

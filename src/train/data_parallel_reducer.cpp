@@ -4,7 +4,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
-#include "core/async_all_reduce.h"
+#include "core/pending_collective.h"
 #include "train/local_piece.h"
 
 namespace hyper_parallel::train {
@@ -32,7 +32,7 @@ struct DataParallelReducer::Impl {
     at::Tensor flat;
     std::vector<size_t> slots;
     size_t ready = 0;
-    PendingAllReduce pending;
+    PendingCollective pending;
   };
 
   DeviceMesh mesh;
@@ -66,7 +66,7 @@ struct DataParallelReducer::Impl {
   void send_ready_buckets() {
     while (next_to_send < buckets.size() && buckets[next_to_send].ready == buckets[next_to_send].slots.size()) {
       Bucket& b = buckets[next_to_send++];
-      b.pending = PendingAllReduce::start(mesh.comm(0), b.flat);
+      b.pending = PendingCollective::start_all_reduce(mesh.comm(0), b.flat);
     }
   }
 };
