@@ -12,9 +12,11 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 
+#include "hyper_parallel/block_hooks.h"
 #include "hyper_parallel/device_mesh.h"
 #include "hyper_parallel/hf_checkpoint.h"
 #include "hyper_parallel/parallel_style.h"
@@ -130,6 +132,9 @@ class LlamaImpl : public torch::nn::Module {
   // weight). The constructor and parallelize_llama call it; call it again after replacing
   // the embeddings' parameter yourself.
   void tie_head();
+  // Called around the forward's blocks (block_hooks.h), e.g. by sharded data
+  // parallelism; nullptr: none.
+  void set_block_hooks(std::shared_ptr<BlockHooks> hooks) { block_hooks_ = std::move(hooks); }
 
   torch::nn::Embedding tok_embeddings{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -139,6 +144,7 @@ class LlamaImpl : public torch::nn::Module {
  private:
   LlamaArgs args_;
   at::Tensor rope_cos_, rope_sin_;  // [max_seq_len, head_dim / 2]
+  std::shared_ptr<BlockHooks> block_hooks_;
 };
 TORCH_MODULE(Llama);
 

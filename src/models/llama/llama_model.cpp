@@ -164,8 +164,13 @@ at::Tensor LlamaImpl::forward(const at::Tensor& tokens) { return parallel_forwar
 at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens) {
   TORCH_CHECK(tokens.dim() == 2 && tokens.size(1) <= args_.max_seq_len,
               "Llama: expected tokens [batch, seq] with seq <= ", args_.max_seq_len, ", got ", tokens.sizes());
+  if (block_hooks_) block_hooks_->before_forward();
   at::Tensor h = parallel_forward(tok_embeddings, tokens);
-  for (const auto& layer : *layers) h = layer->as<TransformerBlockImpl>()->forward(h, rope_cos_, rope_sin_);
+  for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) {
+    if (block_hooks_) block_hooks_->before_block(i);
+    h = layers[i]->as<TransformerBlockImpl>()->forward(h, rope_cos_, rope_sin_);
+    if (block_hooks_) block_hooks_->after_block(i, h);
+  }
   return parallel_forward(norm, h);
 }
 
