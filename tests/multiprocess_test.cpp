@@ -119,3 +119,34 @@ TEST(MultiProcess, TwoNodesTrainDp2Tp2AsOneNodeOfFour) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
   compat::remove_all(base);
 }
+
+// FSDP through the launcher: four processes as dp_shard 2 x tp 2 train with the losses of
+// dp 2 x tp 2 (replicated), float64 (the same arithmetic up to summation order), and the
+// metrics say how the sharding collectives went.
+TEST(MultiProcess, FsdpShard2Tp2TrainsAsReplicatedDp2Tp2) {
+  const std::string base = compat::join_path(compat::temp_directory(), "hp_fsdp_mp_" + std::to_string(::getpid()));
+  compat::remove_all(base);
+  const std::string job =
+      " --model.dim 32 --model.n_layers 2 --model.n_heads 4 --model.vocab_size 515"
+      " --model.multiple_of 16 --model.max_seq_len 16 --training.seq_len 16 --training.batch_size 8"
+      " --training.steps 4 --training.dtype float64 --validation.enable false --metrics.enable_plot false"
+      " --parallelism.tensor_parallel_degree 2";
+  const std::string run = binary_path("hp-run") + " --nproc-per-node 4 " + binary_path("hp-train") + job;
+  auto replicated = run_command(run + " --parallelism.data_parallel_degree 2 --job.dump_folder " + base + "/dp");
+  ASSERT_EQ(replicated.exit_code, 0) << replicated.output;
+  auto sharded = run_command(run + " --parallelism.data_parallel_shard_degree 2 --job.dump_folder " + base + "/fsdp");
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+  EXPECT_NE(sharded.output.find("DP 1 x FSDP 2 x TP 2"), std::string::npos) << sharded.output;
+  const auto a = logged_losses(base + "/dp"), b = logged_losses(base + "/fsdp");
+  ASSERT_EQ(a.size(), 4u) << replicated.output;
+  ASSERT_EQ(b.size(), 4u) << sharded.output;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-10 * a[i]) << "step " << i + 1;
+  std::ifstream in(base + "/fsdp/metrics/metrics.jsonl");
+  std::string line;
+  std::getline(in, line);
+  const auto fsdp = nlohmann::json::parse(line).at("fsdp");
+  EXPECT_EQ(fsdp.at("all_gathers").get<int64_t>(), 5);  // root + 2 blocks in forward, 2 blocks again in backward
+  EXPECT_EQ(fsdp.at("reduce_scatters").get<int64_t>(), 3);
+  EXPECT_EQ(fsdp.at("reduce_dtype").get<std::string>(), "float64");
+  compat::remove_all(base);
+}

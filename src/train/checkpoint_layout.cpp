@@ -26,13 +26,18 @@ int64_t Box::numel() const {
   return n;
 }
 
-Box piece_of(const TensorLayout& layout, int64_t tp, int64_t tp_rank) {
+Box piece_of(const TensorLayout& layout, int64_t tp, int64_t piece) {
   Box box{std::vector<int64_t>(layout.shape.size(), 0), layout.shape};
   if (layout.shard_dim >= 0) {
     const auto d = static_cast<size_t>(layout.shard_dim);
-    const ChunkRange r = chunk_range(layout.shape[d], tp, tp_rank);
+    const ChunkRange r = chunk_range(layout.shape[d], tp, piece % tp);
     box.offset[d] = r.offset;
     box.sizes[d] = r.length;
+  }
+  if (layout.dim0_shards > 1 && !box.sizes.empty()) {
+    const ChunkRange r = chunk_range(box.sizes[0], layout.dim0_shards, piece / tp);
+    box.offset[0] += r.offset;
+    box.sizes[0] = r.length;
   }
   return box;
 }
@@ -43,11 +48,19 @@ TensorLayout layout_of(const at::Tensor& t, const std::string& key) {
   l.dtype = t.scalar_type();
   if (!is_dtensor(t)) return l;
   const Placements& ps = placements_of(t);
-  if (ps.size() != 1 || ps[0].is_partial()) {
+  const std::vector<std::string>& names = mesh_of(t).dim_names();
+  // FSDP: [Shard(0)] on ("dp_shard"), or [TP placement, Shard(0)] on ("tp", "dp_shard").
+  const bool fsdp = !names.empty() && names.back() == "dp_shard" && ps.back().is_shard() &&
+                    ps.back().normalized(t.dim()).dim() == 0 &&
+                    (ps.size() == 1 || (ps.size() == 2 && names[0] == "tp"));
+  if (fsdp) l.dim0_shards = mesh_of(t).size(static_cast<int64_t>(ps.size()) - 1);
+  const size_t tp_placements = fsdp ? ps.size() - 1 : ps.size();
+  if ((!fsdp && ps.size() != 1) || (tp_placements == 1 && ps[0].is_partial())) {
     throw std::invalid_argument("checkpoint: tensor " + key + " is a DTensor with placements " + to_string(ps) +
-                                "; a checkpoint holds Shard(d) or Replicate() on a 1-D tensor-parallel mesh");
+                                "; a checkpoint holds Shard(d) or Replicate() on a 1-D tensor-parallel mesh, and "
+                                "FSDP's Shard(0) on a \"dp_shard\" dim after it");
   }
-  if (ps[0].is_shard()) l.shard_dim = ps[0].normalized(t.dim()).dim();
+  if (tp_placements == 1 && ps[0].is_shard()) l.shard_dim = ps[0].normalized(t.dim()).dim();
   return l;
 }
 
@@ -65,6 +78,7 @@ nlohmann::json to_json(const LayoutTable& table) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [key, l] : table) {
     j[key] = {{"shape", l.shape}, {"placement", placement_string(l)}, {"dtype", c10::toString(l.dtype)}};
+    if (l.dim0_shards > 1) j[key]["dim0_shards"] = l.dim0_shards;
   }
   return j;
 }
@@ -115,6 +129,13 @@ LayoutTable layout_table_from_json(const nlohmann::json& j, const std::string& w
     if (!known) {
       throw std::runtime_error(at + ": dtype " + (dtype == entry.end() ? "(missing)" : dtype->dump()) +
                                " is not one a checkpoint holds (Float, Double, BFloat16, Half, Long, Int)");
+    }
+    if (const auto shards = entry.find("dim0_shards"); shards != entry.end()) {
+      if (!shards->is_number_integer() || shards->get<int64_t>() < 1 || shards->get<int64_t>() > (1 << 20)) {
+        throw std::runtime_error(at + ": 'dim0_shards' " + shards->dump() + " is not an integer in [1, 2^20]");
+      }
+      if (l.shape.empty()) throw std::runtime_error(at + ": 'dim0_shards' on a tensor without dims");
+      l.dim0_shards = shards->get<int64_t>();
     }
     table.emplace(key, l);
   }

@@ -23,6 +23,9 @@ struct TensorLayout {
   std::vector<int64_t> shape;  // global
   int64_t shard_dim = -1;      // -1: Replicate()
   at::ScalarType dtype = at::kFloat;
+  // Sharded data parallelism (fully_shard.h): dim 0 of each TP piece (the whole tensor
+  // under Replicate()) is split torch.chunk-wise over this many dp_shard ranks; 1: not.
+  int64_t dim0_shards = 1;
   bool operator==(const TensorLayout&) const = default;
 };
 
@@ -39,13 +42,19 @@ struct Box {
   int64_t numel() const;
 };
 
-// The part tensor-parallel rank `tp_rank` of `tp` holds (torch.chunk arithmetic, as
-// DTensor's Shard): the whole tensor for Replicate().
-Box piece_of(const TensorLayout& layout, int64_t tp, int64_t tp_rank);
+// The part the rank at `piece` of a replica holds: piece = dp_shard rank x tp + TP rank
+// (the global rank order within a replica; the TP rank alone without FSDP). Its TP rank's
+// torch.chunk piece along shard_dim (the whole tensor for Replicate()), then its dp_shard
+// rank's chunk of that along dim 0 when dim0_shards > 1.
+Box piece_of(const TensorLayout& layout, int64_t tp, int64_t piece);
+// Whether every rank holds the whole tensor (Replicate(), not FSDP-sharded).
+inline bool is_whole(const TensorLayout& layout) { return layout.shard_dim < 0 && layout.dim0_shards == 1; }
 
 // The layout of a parameter (or a state of its shape): a DTensor's global shape and
-// placement on its 1-D mesh, a plain tensor as Replicate(). Throws std::invalid_argument
-// naming `key` for a placement a checkpoint cannot hold (Partial, a mesh of several dims).
+// placement on its 1-D mesh, a plain tensor as Replicate(); FSDP's shards (a DTensor
+// Shard(0) on a "dp_shard" mesh dim, after the "tp" dim when there is one) with
+// dim0_shards. Throws std::invalid_argument naming `key` for a placement a checkpoint
+// cannot hold (Partial, other meshes of several dims).
 TensorLayout layout_of(const at::Tensor& t, const std::string& key);
 
 // "Shard(0)", "Replicate()"; [515, 32].

@@ -133,14 +133,18 @@ void restore_adamw_state(torch::optim::Optimizer& optimizer,
   }
 }
 
+// "TP 2", or with FSDP "FSDP 2 x TP 2".
+std::string layout_name(int64_t shard, int64_t tp) {
+  return (shard > 1 ? "FSDP " + std::to_string(shard) + " x " : std::string()) + "TP " + std::to_string(tp);
+}
+
 }  // namespace
 
-CheckpointManager::CheckpointManager(const JobConfig& config, int64_t rank, int64_t dp_rank,
-                                     std::optional<DeviceMesh> world_mesh, nlohmann::json hf_config, std::ostream* log)
+CheckpointManager::CheckpointManager(const JobConfig& config, int64_t rank, std::optional<DeviceMesh> world_mesh,
+                                     nlohmann::json hf_config, std::ostream* log)
     : config_(config),
       folder_(job_folder(config, config.checkpoint.folder)),
       rank_(rank),
-      dp_rank_(dp_rank),
       world_mesh_(std::move(world_mesh)),
       hf_config_(std::move(hf_config)),
       log_(log) {
@@ -164,6 +168,7 @@ CheckpointIdentity CheckpointManager::identity(int64_t step) const {
   id.world_size = is_initialized() ? get_world_size() : 1;
   id.tensor_parallel_degree = config_.parallelism.tensor_parallel_degree;
   id.data_parallel_degree = config_.parallelism.data_parallel_degree;
+  id.data_parallel_shard_degree = config_.parallelism.data_parallel_shard_degree;
   id.dtype = config_.training.dtype;
   id.model = model_json(config_.model);
   // A Hugging Face model's whole config (kv heads, head_dim, tying, rope scaling are not
@@ -323,21 +328,25 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
     throw std::runtime_error("checkpoint manifest '" + compat::join_path(dir, kManifestName) + "' is for step " +
                              std::to_string(saved.step) + ", but it is in the folder of step " + std::to_string(step));
   }
-  // Global rank = dp_rank * tp + tp_rank (dp outer, TorchTitan's order), saved and now.
-  const int64_t tp = job.tensor_parallel_degree, tp_rank = rank_ % tp, dp_rank = dp_rank_;
+  // Global rank = (replica * shard + shard rank) * tp + tp rank (TorchTitan's order: dp
+  // outer), saved and now. A replica's ranks hold its pieces: piece = rank within it.
+  const int64_t tp = job.tensor_parallel_degree, shard = job.data_parallel_shard_degree;
+  const int64_t piece = rank_ % (shard * tp), dp_rank = rank_ / (shard * tp);
   const int64_t saved_tp = saved.tensor_parallel_degree, saved_dp = saved.data_parallel_degree;
-  if (saved_tp < 1 || saved_dp < 1 || saved.world_size != saved_tp * saved_dp) {
+  const int64_t saved_shard = saved.data_parallel_shard_degree;
+  if (saved_tp < 1 || saved_dp < 1 || saved_shard < 1 || saved.world_size != saved_tp * saved_dp * saved_shard) {
     throw std::runtime_error("checkpoint manifest '" + compat::join_path(dir, kManifestName) + "': world size " +
                              std::to_string(saved.world_size) + " is not its data parallel degree " +
-                             std::to_string(saved_dp) + " x tensor parallel degree " + std::to_string(saved_tp));
+                             std::to_string(saved_dp) + " x shard degree " + std::to_string(saved_shard) +
+                             " x tensor parallel degree " + std::to_string(saved_tp));
   }
-  // This rank's piece of every parameter at this job's TP degree.
-  // (float32 masters in bfloat16 training: what the checkpoint holds)
+  // This rank's piece of every parameter at this job's TP (and FSDP) degree.
+  // (float32 masters in bfloat16 training, FSDP's shards: what the checkpoint holds)
   const auto& named = state.parameters;
   std::vector<ReshardTarget> targets;
   for (const auto& [name, value] : named) {
     const TensorLayout l = layout_of(value, "model." + name);
-    targets.push_back({"model." + name, l, piece_of(l, tp, tp_rank)});
+    targets.push_back({"model." + name, l, piece_of(l, tp, piece)});
   }
   refuse_a_different_model(manifest, job, targets, dir);
   if (saved.data.is_null()) {
@@ -361,16 +370,16 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
     }
   }
   // Data-parallel replicas saved the same state: one replica's files are enough.
-  const bool resharding = saved_tp != tp;
-  auto read = [&](int64_t saved_tp_rank) {
-    const int64_t file_rank = saved_file_rank(saved_dp, saved_tp, dp_rank, saved_tp_rank);
+  const bool resharding = saved_tp != tp || saved_shard != shard;
+  auto read = [&](int64_t saved_piece) {
+    const int64_t file_rank = saved_file_rank(saved_dp, saved_tp, dp_rank, saved_piece, saved_shard);
     try {
       return read_verified_rank_file(dir, manifest, file_rank);
     } catch (const std::runtime_error& e) {
       if (!resharding) throw;
       throw std::runtime_error(std::string(e.what()) + " (rank " + std::to_string(rank_) +
-                               " needs it to reshard the checkpoint from TP " + std::to_string(saved_tp) + " to TP " +
-                               std::to_string(tp) + ")");
+                               " needs it to reshard the checkpoint from " + layout_name(saved_shard, saved_tp) +
+                               " to " + layout_name(shard, tp) + ")");
     }
   };
   LayoutTable layouts;
@@ -387,7 +396,7 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
                                "it with --parallelism.tensor_parallel_degree " +
                                std::to_string(saved_tp));
     }
-    own = read(tp_rank);
+    own = read(piece);
     for (const auto& t : targets) layouts[t.key] = t.layout;
     for (size_t i = 0; i < named.size(); ++i) {
       const std::string key = "optim." + std::to_string(i) + ".";
@@ -405,10 +414,11 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
     targets.push_back({key + "exp_avg_sq", param.layout, param.box});
     targets.push_back({key + "step", step_counter_layout(), Box{}});
   }
-  ReshardPlan plan(layouts, saved_tp, targets, tp_rank % saved_tp);
+  ReshardPlan plan(layouts, saved_tp, targets, piece % (saved_tp * saved_shard), saved_shard);
   for (int64_t r : plan.sources()) {
-    const std::string path = compat::join_path(dir, rank_file_name(saved_file_rank(saved_dp, saved_tp, dp_rank, r)));
-    if (own && r == tp_rank) {
+    const std::string path =
+        compat::join_path(dir, rank_file_name(saved_file_rank(saved_dp, saved_tp, dp_rank, r, saved_shard)));
+    if (own && r == piece) {
       plan.take(r, own->tensors, path);
     } else {
       plan.take(r, read(r).tensors, path);
@@ -424,9 +434,12 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
                              other_verified_steps(folder_, step));
   }
   if (rank_ == 0 && log_ && (resharding || saved.world_size != job.world_size)) {
-    *log_ << "hp-train: resharded the checkpoint of step " << step << " from dp " << saved_dp << " x tp " << saved_tp
-          << " to dp " << job.world_size / tp << " x tp " << tp << " (rank 0 read " << plan.sources().size()
-          << " of its " << saved.world_size << " files)" << std::endl;
+    *log_ << "hp-train: resharded the checkpoint of step " << step << " from dp " << saved_dp;
+    if (saved_shard > 1) *log_ << " x fsdp " << saved_shard;
+    *log_ << " x tp " << saved_tp << " to dp " << job.world_size / (tp * shard);
+    if (shard > 1) *log_ << " x fsdp " << shard;
+    *log_ << " x tp " << tp << " (rank 0 read " << plan.sources().size() << " of its " << saved.world_size << " files)"
+          << std::endl;
   }
 
   at::NoGradGuard no_grad;

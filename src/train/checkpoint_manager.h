@@ -40,10 +40,10 @@ struct TrainedState {
 
 class CheckpointManager {
  public:
-  // `world_mesh`: every rank (none for a one-rank job); `dp_rank`: this rank's replica.
+  // `world_mesh`: every rank (none for a one-rank job).
   // `hf_config`: model.hf_assets_path's config.json (null otherwise), recorded in the
   // checkpoints. Collective: rank 0 draws the run's id and every rank receives it.
-  CheckpointManager(const JobConfig& config, int64_t rank, int64_t dp_rank, std::optional<DeviceMesh> world_mesh,
+  CheckpointManager(const JobConfig& config, int64_t rank, std::optional<DeviceMesh> world_mesh,
                     nlohmann::json hf_config, std::ostream* log);
 
   // checkpoint.folder under job.dump_folder.
@@ -85,7 +85,6 @@ class CheckpointManager {
   JobConfig config_;
   std::string folder_;
   int64_t rank_ = 0;
-  int64_t dp_rank_ = 0;
   std::optional<DeviceMesh> world_mesh_;
   nlohmann::json hf_config_;
   nlohmann::json data_identity_;

@@ -97,6 +97,7 @@ nlohmann::json to_json(const CheckpointIdentity& id) {
                       {"model", id.model},
                       {"config_hash", id.config_hash()}};
   if (!id.data.is_null()) j["data"] = id.data;
+  if (id.data_parallel_shard_degree != 1) j["data_parallel_shard_degree"] = id.data_parallel_shard_degree;
   return j;
 }
 
@@ -107,6 +108,9 @@ CheckpointIdentity identity_from_json(const nlohmann::json& j, const std::string
   id.world_size = field<int64_t>(j, "world_size", where);
   id.tensor_parallel_degree = field<int64_t>(j, "tensor_parallel_degree", where);
   id.data_parallel_degree = field<int64_t>(j, "data_parallel_degree", where);
+  if (j.contains("data_parallel_shard_degree")) {
+    id.data_parallel_shard_degree = field<int64_t>(j, "data_parallel_shard_degree", where);
+  }
   id.dtype = field<std::string>(j, "dtype", where);
   id.model = field<nlohmann::json>(j, "model", where);
   if (!id.model.is_object()) throw std::runtime_error(where + ": field 'model' is not an object");
@@ -130,6 +134,8 @@ std::vector<std::string> resume_mismatches(const CheckpointIdentity& saved, cons
   differ("parallelism.tensor_parallel_degree", std::to_string(saved.tensor_parallel_degree),
          std::to_string(job.tensor_parallel_degree));
   differ("data parallel degree", std::to_string(saved.data_parallel_degree), std::to_string(job.data_parallel_degree));
+  differ("parallelism.data_parallel_shard_degree", std::to_string(saved.data_parallel_shard_degree),
+         std::to_string(job.data_parallel_shard_degree));
   differ("world size (ranks)", std::to_string(saved.world_size), std::to_string(job.world_size));
   const auto model = model_mismatches(saved, job);
   out.insert(out.end(), model.begin(), model.end());

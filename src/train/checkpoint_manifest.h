@@ -33,8 +33,9 @@ struct CheckpointIdentity {
   int64_t world_size = 1;
   int64_t tensor_parallel_degree = 1;
   int64_t data_parallel_degree = 1;
-  std::string dtype;     // training.dtype
-  nlohmann::json model;  // every [model] key, by name
+  int64_t data_parallel_shard_degree = 1;  // FSDP; absent (1) in checkpoints before it
+  std::string dtype;                       // training.dtype
+  nlohmann::json model;                    // every [model] key, by name
   // What defines the training data (data_identity.h); null in checkpoints of an hp-train
   // before it was recorded, whose data cannot be checked.
   nlohmann::json data;

@@ -50,21 +50,24 @@ std::vector<std::string> layout_mismatches(const LayoutTable& saved, const std::
   return out;
 }
 
-int64_t saved_file_rank(int64_t saved_dp, int64_t saved_tp, int64_t dp_rank, int64_t saved_tp_rank) {
-  if (saved_dp < 1 || saved_tp < 1 || dp_rank < 0 || saved_tp_rank < 0 || saved_tp_rank >= saved_tp) {
-    throw std::invalid_argument("saved_file_rank: saved dp " + std::to_string(saved_dp) + " x tp " +
-                                std::to_string(saved_tp) + ", dp rank " + std::to_string(dp_rank) + ", saved tp rank " +
-                                std::to_string(saved_tp_rank));
+int64_t saved_file_rank(int64_t saved_dp, int64_t saved_tp, int64_t dp_rank, int64_t saved_tp_rank,
+                        int64_t saved_shard) {
+  if (saved_dp < 1 || saved_tp < 1 || saved_shard < 1 || dp_rank < 0 || saved_tp_rank < 0 ||
+      saved_tp_rank >= saved_tp * saved_shard) {
+    throw std::invalid_argument("saved_file_rank: saved dp " + std::to_string(saved_dp) + " x shard " +
+                                std::to_string(saved_shard) + " x tp " + std::to_string(saved_tp) + ", dp rank " +
+                                std::to_string(dp_rank) + ", saved piece " + std::to_string(saved_tp_rank));
   }
-  return (dp_rank % saved_dp) * saved_tp + saved_tp_rank;
+  return (dp_rank % saved_dp) * saved_tp * saved_shard + saved_tp_rank;
 }
 
 ReshardPlan::ReshardPlan(LayoutTable saved, int64_t saved_tp, std::vector<ReshardTarget> targets,
-                         int64_t preferred_rank)
-    : saved_(std::move(saved)), saved_tp_(saved_tp) {
-  if (saved_tp_ < 1 || preferred_rank < 0 || preferred_rank >= saved_tp_) {
-    throw std::invalid_argument("ReshardPlan: saved TP degree " + std::to_string(saved_tp_) + ", preferred rank " +
-                                std::to_string(preferred_rank) + ": expected 0 <= rank < degree");
+                         int64_t preferred_rank, int64_t saved_shard)
+    : saved_(std::move(saved)), saved_tp_(saved_tp), saved_pieces_(saved_tp * saved_shard) {
+  if (saved_tp_ < 1 || saved_shard < 1 || preferred_rank < 0 || preferred_rank >= saved_pieces_) {
+    throw std::invalid_argument("ReshardPlan: saved TP degree " + std::to_string(saved_tp_) + " x shard degree " +
+                                std::to_string(saved_shard) + ", preferred rank " + std::to_string(preferred_rank) +
+                                ": expected 0 <= rank < their product");
   }
   const auto mismatches = layout_mismatches(saved_, targets);
   if (!mismatches.empty()) {
@@ -83,13 +86,25 @@ ReshardPlan::ReshardPlan(LayoutTable saved, int64_t saved_tp, std::vector<Reshar
     Part p{std::move(t), {}, {}, 0};
     p.value = at::empty(p.target.box.sizes, at::TensorOptions().dtype(p.target.layout.dtype));
     const TensorLayout& from = saved_.at(p.target.key);
-    if (p.target.box.numel() > 0 && from.shard_dim < 0) {
+    if (p.target.box.numel() > 0 && is_whole(from)) {
       replicated.push_back(parts_.size());
     } else if (p.target.box.numel() > 0) {
+      // Pieces that hold the same part (FSDP's shards of a tensor TP replicates: every TP
+      // rank of a dp_shard rank) are read once, from the first file starting at the
+      // preferred one, which the rank opens anyway when the layout is unchanged.
       Box common;
-      for (int64_t r = 0; r < saved_tp_; ++r) {
-        if (overlap(p.target.box, piece_of(from, saved_tp_, r), &common)) p.from.push_back(r);
+      std::vector<Box> taken;
+      for (int64_t k = 0; k < saved_pieces_; ++k) {
+        const int64_t r = (preferred_rank + k) % saved_pieces_;
+        const Box piece = piece_of(from, saved_tp_, r);
+        if (!overlap(p.target.box, piece, &common)) continue;
+        if (std::any_of(taken.begin(), taken.end(),
+                        [&](const Box& b) { return b.offset == piece.offset && b.sizes == piece.sizes; }))
+          continue;
+        taken.push_back(piece);
+        p.from.push_back(r);
       }
+      std::sort(p.from.begin(), p.from.end());
       sources.insert(p.from.begin(), p.from.end());
     }
     parts_.push_back(std::move(p));
@@ -115,8 +130,10 @@ void ReshardPlan::take(int64_t saved_rank, const std::map<std::string, at::Tenso
       throw std::runtime_error(
           "checkpoint file '" + path + "': tensor " + p.target.key + " is " + shape_string(it->second.sizes().vec()) +
           " " + c10::toString(it->second.scalar_type()) + ", but the manifest's layout (" + describe(from) + ", " +
-          placement_string(from) + " over " + std::to_string(saved_tp_) + " ranks) gives rank " +
-          std::to_string(saved_rank) + " a piece " + shape_string(piece.sizes) + " " + c10::toString(from.dtype));
+          placement_string(from) + " over " + std::to_string(saved_tp_) + " TP ranks" +
+          (from.dim0_shards > 1 ? ", dim 0 over " + std::to_string(from.dim0_shards) + " FSDP ranks" : "") +
+          ") gives rank " + std::to_string(saved_rank) + " a piece " + shape_string(piece.sizes) + " " +
+          c10::toString(from.dtype));
     }
     Box common;
     if (!overlap(p.target.box, piece, &common)) continue;

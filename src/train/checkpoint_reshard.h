@@ -39,14 +39,20 @@ std::vector<std::string> layout_mismatches(const LayoutTable& saved, const std::
 // parallel rank `dp_rank` reads for saved TP rank `saved_tp_rank`. Replicas hold the same
 // state, so it reads replica dp_rank mod saved_dp: its own files when the layout is
 // unchanged, and the reads spread over the saved replicas otherwise.
-int64_t saved_file_rank(int64_t saved_dp, int64_t saved_tp, int64_t dp_rank, int64_t saved_tp_rank);
+// With FSDP (saved_shard > 1), saved_tp_rank is a saved piece (piece_of) in
+// [0, saved_shard x saved_tp) and dp_rank the replica (data_parallel_degree) index.
+int64_t saved_file_rank(int64_t saved_dp, int64_t saved_tp, int64_t dp_rank, int64_t saved_tp_rank,
+                        int64_t saved_shard = 1);
 
 class ReshardPlan {
  public:
   // `saved`: the checkpoint's layouts at TP degree `saved_tp`. A Replicate() tensor is
   // read from one saved rank: `preferred_rank` unless this rank reads another file for a
   // sharded tensor anyway. Throws std::runtime_error listing layout_mismatches.
-  ReshardPlan(LayoutTable saved, int64_t saved_tp, std::vector<ReshardTarget> targets, int64_t preferred_rank);
+  // Saved with FSDP (saved_shard > 1): "saved TP ranks" are the saved pieces of a replica,
+  // 0 .. saved_shard x saved_tp - 1 (piece_of).
+  ReshardPlan(LayoutTable saved, int64_t saved_tp, std::vector<ReshardTarget> targets, int64_t preferred_rank,
+              int64_t saved_shard = 1);
 
   // The saved TP ranks whose files this rank must read, ascending.
   const std::vector<int64_t>& sources() const { return sources_; }
@@ -68,6 +74,7 @@ class ReshardPlan {
   };
   LayoutTable saved_;
   int64_t saved_tp_;
+  int64_t saved_pieces_;  // files per replica: saved_shard x saved_tp
   std::vector<Part> parts_;
   std::vector<int64_t> sources_;
 };

@@ -142,9 +142,16 @@ const std::vector<Field>& fields() {
       HP_FIELD(training, grad_accum_steps, "micro-batches per step (gradients accumulate; batch_size is the total)"),
       HP_FIELD(training, max_skipped_steps,
                "steps with a NaN/inf loss or gradient norm to skip in a row (weights untouched); 0: stop at the first"),
+      HP_FIELD(training, mixed_precision_reduce,
+               "FSDP in bfloat16: float32 | bfloat16, the dtype gradients are reduce-scattered in"),
 
       HP_FIELD(parallelism, tensor_parallel_degree, "tensor-parallel ranks"),
       HP_FIELD(parallelism, data_parallel_degree, "data-parallel replicas; world = data x tensor parallel degree"),
+      HP_FIELD(parallelism, data_parallel_shard_degree,
+               "FSDP ranks per replica (parameters, gradients, AdamW state sharded); world = data x shard x tensor "
+               "parallel degree"),
+      HP_FIELD(parallelism, fsdp_reshard_after_forward,
+               "FSDP: free a block's gathered parameters after its forward (gather again for backward)"),
       HP_FIELD(parallelism, dp_bucket_mb, "MiB per data-parallel gradient all-reduce bucket"),
       HP_FIELD(parallelism, disable_loss_parallel, "gather the logits instead of loss_parallel"),
       HP_FIELD(parallelism, sequence_parallel,
@@ -774,14 +781,31 @@ void validate(const JobConfig& cfg) {
   }
   const int64_t dp = cfg.parallelism.data_parallel_degree;
   require(dp >= 1, "parallelism.data_parallel_degree = " + std::to_string(dp) + " must be >= 1");
+  const int64_t shard = cfg.parallelism.data_parallel_shard_degree;
+  require(shard >= 1, "parallelism.data_parallel_shard_degree = " + std::to_string(shard) + " must be >= 1");
   positive("parallelism.dp_bucket_mb", cfg.parallelism.dp_bucket_mb);
   positive("training.grad_accum_steps", t.grad_accum_steps);
-  if (dp >= 1 && t.grad_accum_steps >= 1 && t.batch_size > 0) {  // whole rows per micro-batch
-    require(t.batch_size % (dp * t.grad_accum_steps) == 0,
-            "training.batch_size = " + std::to_string(t.batch_size) +
-                " must be divisible by parallelism.data_parallel_degree x training.grad_accum_steps = " +
-                std::to_string(dp) + " x " + std::to_string(t.grad_accum_steps) +
-                " (each replica's micro-batch holds whole sequences)");
+  if (dp >= 1 && shard >= 1 && t.grad_accum_steps >= 1 && t.batch_size > 0) {  // whole rows per micro-batch
+    require(t.batch_size % (dp * shard * t.grad_accum_steps) == 0,
+            "training.batch_size = " + std::to_string(t.batch_size) + " must be divisible by parallelism." +
+                (shard > 1 ? "data_parallel_degree x data_parallel_shard_degree x training.grad_accum_steps = " +
+                                 std::to_string(dp) + " x " + std::to_string(shard)
+                           : "data_parallel_degree x training.grad_accum_steps = " + std::to_string(dp)) +
+                " x " + std::to_string(t.grad_accum_steps) +
+                " (each data-parallel rank's micro-batch holds whole sequences)");
+  }
+  require(t.mixed_precision_reduce == "float32" || t.mixed_precision_reduce == "bfloat16",
+          "training.mixed_precision_reduce = " + quote(t.mixed_precision_reduce) + " is not one of float32, bfloat16");
+  if (shard > 1) {
+    // Sharding is for state too large to replicate; replicated vocabulary logits (batch x
+    // seq x vocab per rank, what loss_parallel avoids) contradict it.
+    require(!cfg.parallelism.disable_loss_parallel,
+            "parallelism.data_parallel_shard_degree = " + std::to_string(shard) +
+                " (FSDP) with parallelism.disable_loss_parallel = true: FSDP keeps loss parallel on; unset "
+                "disable_loss_parallel or set data_parallel_shard_degree = 1");
+    require(!(t.mixed_precision_reduce == "bfloat16" && t.device == "cpu"),
+            "training.mixed_precision_reduce = \"bfloat16\" needs training.device = \"cuda\" (NCCL): Gloo cannot "
+            "sum bfloat16; use float32");
   }
   // At TP 1 there is nothing to split the sequence over: accepting it would report a
   // sequence-parallel run that is not one.
@@ -824,6 +848,10 @@ void validate(const JobConfig& cfg) {
   non_empty("metrics.folder", cfg.metrics.folder);
 
   if (!errors.empty()) throw std::invalid_argument("invalid job config: " + join(errors, "; "));
+}
+
+int64_t data_parallel_ranks(const JobConfig& config) {
+  return config.parallelism.data_parallel_degree * config.parallelism.data_parallel_shard_degree;
 }
 
 }  // namespace hyper_parallel::train

@@ -30,6 +30,14 @@ struct ParallelismJobConfig : ParallelismConfig {
   // Data-parallel replicas: the world is a dp x tp mesh (global rank = dp_rank * tp +
   // tp_rank, TorchTitan's order); each replica trains on its rows of the global batch.
   int64_t data_parallel_degree = 1;
+  // Sharded data parallelism (FSDP2 / ZeRO-3, fully_shard.h): parameters, gradients and
+  // AdamW state are split over this many ranks of each replica, whose rows of the batch
+  // they also split; world = data_parallel_degree x data_parallel_shard_degree x
+  // tensor_parallel_degree (replicas of sharded groups: HSDP).
+  int64_t data_parallel_shard_degree = 1;
+  // FSDP: a block's gathered parameters are freed after its forward and gathered again
+  // for its backward; false keeps them from forward to backward (less communication).
+  bool fsdp_reshard_after_forward = true;
   // Norms and residuals on Shard(1) (sequence) activations between the TP regions
   // (llama_tp_plan's sequence_parallel); needs tensor_parallel_degree > 1.
   bool sequence_parallel = false;
@@ -105,6 +113,9 @@ struct TrainingConfig {
   // run at the first one, N > 0 skips them (weights and optimizer state untouched) until
   // more than N come in a row (non_finite_steps.h).
   int64_t max_skipped_steps = 0;
+  // FSDP with training.dtype = bfloat16: the dtype gradients are reduce-scattered in
+  // (TorchTitan's mixed_precision_reduce): float32, or bfloat16 (half the bytes; NCCL only).
+  std::string mixed_precision_reduce = "float32";
 };
 
 // [checkpoint]: periodic save / resume. folder is relative to job.dump_folder.
@@ -145,6 +156,10 @@ struct MetricsConfig {
   std::string folder = "metrics";  // under job.dump_folder
   bool enable_plot = true;         // also write plots of the logged metrics
 };
+
+// Data-parallel ranks: every rank of a replica group holds different rows of the batch.
+struct JobConfig;
+int64_t data_parallel_ranks(const JobConfig& config);
 
 struct JobConfig {
   // [job]

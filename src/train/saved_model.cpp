@@ -94,9 +94,10 @@ SavedModel load_saved_model(const std::string& checkpoint_folder, std::optional<
     targets.push_back({"model." + p.key(), l, piece_of(l, 1, 0)});
     if (!manifest.tensors) layouts[targets.back().key] = l;  // TP 1 without layouts: the files hold whole tensors
   }
-  ReshardPlan plan(layouts, saved_tp, targets, 0);
+  const int64_t saved_shard = manifest.identity.data_parallel_shard_degree;
+  ReshardPlan plan(layouts, saved_tp, targets, 0, saved_shard);
   for (int64_t r : plan.sources()) {
-    const int64_t file_rank = saved_file_rank(saved_dp, saved_tp, 0, r);
+    const int64_t file_rank = saved_file_rank(saved_dp, saved_tp, 0, r, saved_shard);
     plan.take(r, read_verified_rank_file(dir, manifest, file_rank).tensors,
               compat::join_path(dir, rank_file_name(file_rank)));
   }

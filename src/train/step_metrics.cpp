@@ -84,6 +84,16 @@ nlohmann::json metrics_record(const StepResult& r, double tokens_per_s, int64_t 
   rec["collectives"] = collectives;
   rec["collective_s"] = collective_s;
   if (r.val_loss) rec["val_loss"] = *r.val_loss;
+  rec["state_bytes"] = {{"parameters", r.state.parameters},
+                        {"gradients", r.state.gradients},
+                        {"optimizer", r.state.optimizer},
+                        {"model_parameters", r.state.model_parameters}};
+  if (r.sharding) {
+    const ShardingStep& f = *r.sharding;
+    rec["fsdp"] = {{"all_gathers", f.all_gathers},   {"reduce_scatters", f.reduce_scatters},
+                   {"bytes_sent", f.bytes_sent},     {"collective_s", f.collective_seconds},
+                   {"blocked_s", f.blocked_seconds}, {"reduce_dtype", f.reduce_dtype}};
+  }
   return rec;
 }
 

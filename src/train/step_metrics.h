@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace hyper_parallel::train {
 
@@ -27,6 +28,28 @@ inline constexpr const char* kStepPhaseNames[] = {"forward", "loss", "backward",
 inline constexpr size_t kStepPhases = 5;
 enum StepPhaseIndex : size_t { kForward = 0, kLoss = 1, kBackward = 2, kClip = 3, kOptimizer = 4 };
 
+// FSDP's collectives in a step's forward and backward (fully_shard.h): their time from
+// issue to completion, and what of it this rank spent waiting for them (the rest
+// overlapped computation); the dtype gradients were reduce-scattered in.
+struct ShardingStep {
+  int64_t all_gathers = 0;
+  int64_t reduce_scatters = 0;
+  int64_t bytes_sent = 0;
+  double collective_seconds = 0;
+  double blocked_seconds = 0;
+  std::string reduce_dtype;
+};
+
+// What this rank keeps from step to step, in bytes of its live tensors: the weights (the
+// model's, plus the float32 masters or FSDP's shards), their gradients and AdamW's
+// moments; and the whole model's parameter count, for the formulas they are held against.
+struct StateBytes {
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer = 0;
+  int64_t model_parameters = 0;
+};
+
 struct StepResult {
   int64_t step = 0;
   double loss = 0;
@@ -42,6 +65,8 @@ struct StepResult {
   double system_seconds = 0;
   // Wall time of train_step.
   double seconds = 0;
+  std::optional<ShardingStep> sharding;  // FSDP only
+  StateBytes state;                      // after the step
 };
 
 // Marks the boundaries between the phases of a step: each mark closes the phase that

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <iostream>
 #include <sstream>
 
@@ -104,6 +105,18 @@ void sum_over_mesh_(at::Tensor& values, const std::optional<DeviceMesh>& mesh) {
   for (int64_t d = 0; d < mesh->ndim(); ++d) mesh->comm(d).all_reduce_(values, ReduceOp::Sum);
 }
 
+// FSDP's parameter groups: the root (embeddings, final norm, head), then one per block.
+std::vector<FullyShardedParameters::NamedParameters> block_parameter_groups(const Llama& model) {
+  std::vector<FullyShardedParameters::NamedParameters> groups(1 + model->layers->size());
+  for (const auto& p : model->named_parameters()) {
+    const std::string& name = p.key();
+    size_t group = 0;
+    if (name.rfind("layers.", 0) == 0) group = 1 + std::stoul(name.substr(7, name.find('.', 7) - 7));
+    groups.at(group).emplace_back(name, p.value());
+  }
+  return groups;
+}
+
 double scalar_of(const at::Tensor& loss) {
   return (is_dtensor(loss) ? full_tensor(loss) : loss).detach().to(at::kDouble).item<double>();
 }
@@ -138,7 +151,7 @@ double Validator::validate(Llama& model) const {
   }
   if (dp_mesh_) {
     sums = sums.to(dp_mesh_->device());
-    dp_mesh_->comm(0).all_reduce_(sums, ReduceOp::Sum);
+    sum_over_mesh_(sums, dp_mesh_);
     sums = sums.cpu();
   }
   double total = 0;
@@ -176,10 +189,12 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
   const int64_t world = is_initialized() ? get_world_size() : 1;
   rank_ = is_initialized() ? get_rank() : 0;
   const int64_t tp = par.tensor_parallel_degree, dp = par.data_parallel_degree;
-  TORCH_CHECK(world == dp * tp, "hp-train: parallelism.data_parallel_degree x tensor_parallel_degree = ", dp, " x ", tp,
-              " = ", dp * tp, " ranks, but the job has ", world, "; launch ", dp * tp,
-              " ranks (hp-run --nproc-per-node ", dp * tp, ", or --nnodes N with N x nproc-per-node = ", dp * tp,
-              ") or change the degrees");
+  const int64_t shard = par.data_parallel_shard_degree, ranks = dp * shard * tp;
+  TORCH_CHECK(world == ranks, "hp-train: parallelism.data_parallel_degree x ",
+              shard > 1 ? "data_parallel_shard_degree x " : "", "tensor_parallel_degree = ", dp, " x ",
+              shard > 1 ? std::to_string(shard) + " x " : "", tp, " = ", ranks, " ranks, but the job has ", world,
+              "; launch ", ranks, " ranks (hp-run --nproc-per-node ", ranks,
+              ", or --nnodes N with N x nproc-per-node = ", ranks, ") or change the degrees");
   tp_enabled_ = tp > 1;
   loss_parallel_enabled_ = tp_enabled_ && !par.disable_loss_parallel;
   parallelism_scope_.emplace(par);
@@ -201,7 +216,12 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
   }
   // The world as a dp x tp mesh (TorchTitan's order: the TP ranks of a replica are
   // neighbours). Without data parallelism, the 1-D TP mesh alone.
-  if (dp > 1) {
+  // FSDP: replicas x shards x tp (TorchTitan's dp_replicate, dp_shard, tp order).
+  if (shard > 1) {
+    world_mesh_ = init_device_mesh(config_.training.device, {dp, shard, tp}, {"dp_replicate", "dp_shard", "tp"});
+    dp_mesh_ = world_mesh_->slice({"dp_replicate", "dp_shard"});
+    if (tp_enabled_) tp_mesh_ = (*world_mesh_)["tp"];
+  } else if (dp > 1) {
     world_mesh_ = init_device_mesh(config_.training.device, {dp, tp}, {"dp", "tp"});
     dp_mesh_ = (*world_mesh_)["dp"];
     if (tp_enabled_) tp_mesh_ = (*world_mesh_)["tp"];
@@ -209,8 +229,12 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
     tp_mesh_ = init_device_mesh(config_.training.device, {tp}, {"tp"});
     world_mesh_ = tp_mesh_;
   }
-  dp_rank_ = dp_mesh_ ? dp_mesh_->local_rank(0) : 0;
-  checkpoints_ = std::make_unique<CheckpointManager>(config_, rank_, dp_rank_, world_mesh_, std::move(hf_config), log_);
+  const int64_t dp_ranks = data_parallel_ranks(config_);
+  dp_rank_ = 0;
+  if (dp_mesh_) {
+    for (int64_t d = 0; d < dp_mesh_->ndim(); ++d) dp_rank_ = dp_rank_ * dp_mesh_->size(d) + dp_mesh_->local_rank(d);
+  }
+  checkpoints_ = std::make_unique<CheckpointManager>(config_, rank_, world_mesh_, std::move(hf_config), log_);
   // init_weights(seed) gave every rank the same weights: each shards its own copy, with no
   // scatter from TP rank 0 (src_data_rank = nullopt).
   if (tp_enabled_) {
@@ -219,8 +243,19 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
   if (weights_from_checkpoint) materialize_parameters(*model_, device);
   initial_load();
   const auto& t = config_.training;
-  // bfloat16 parameters train through float32 master copies (master_weights.h).
-  if (dtype == at::kBFloat16) master_ = std::make_unique<MasterWeights>(model_->named_parameters());
+  if (shard > 1) {
+    // FSDP: the shards are the float32 masters (bfloat16 is the gathered compute copy).
+    FullyShardOptions fsdp_options;
+    fsdp_options.reshard_after_forward = par.fsdp_reshard_after_forward;
+    if (dtype == at::kBFloat16) {
+      fsdp_options.reduce_dtype = t.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
+    }
+    fsdp_ = std::make_shared<FullyShardedParameters>(block_parameter_groups(model_), *world_mesh_, fsdp_options);
+    model_->set_block_hooks(fsdp_);
+  } else if (dtype == at::kBFloat16) {
+    // bfloat16 parameters train through float32 master copies (master_weights.h).
+    master_ = std::make_unique<MasterWeights>(model_->named_parameters());
+  }
   optimizer_ = std::make_unique<torch::optim::AdamW>(
       trained_parameters(),
       torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(t.weight_decay));
@@ -234,26 +269,28 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
   std::string data_description;
   if (t.data.empty()) {
     // Generated per batch: memory and start-up do not depend on training.steps.
-    auto train_stream = std::make_shared<SyntheticBatchStream>(
-        config_.model.vocab_size, t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed), /*split=*/0, dp_rank_, dp);
+    auto train_stream =
+        std::make_shared<SyntheticBatchStream>(config_.model.vocab_size, t.batch_size, t.seq_len,
+                                               static_cast<uint64_t>(t.seed), /*split=*/0, dp_rank_, dp_ranks);
     data_description = train_stream->describe();
     batches_ = train_stream;
     if (config_.validation.enable) {
       validator_ = std::make_unique<Validator>(
           config_.validation, t,
           std::make_shared<SyntheticBatchStream>(config_.model.vocab_size, t.batch_size, t.seq_len,
-                                                 static_cast<uint64_t>(t.seed), /*split=*/1, dp_rank_, dp),
+                                                 static_cast<uint64_t>(t.seed), /*split=*/1, dp_rank_, dp_ranks),
           train_context_.for_validation());
     }
   } else if (const std::string format = resolve_data_format(t.data, t.data_format); format != "text") {
     token_corpus_ = std::make_shared<const PretokenizedCorpus>(
         PretokenizedCorpusOptions{t.data, format, config_.model.vocab_size, t.eos_id, t.bos_id, t.seq_len + 1});
     data_description = token_corpus_->describe();
-    batches_ = token_corpus_->train_batches(t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed), dp_rank_, dp);
+    batches_ = token_corpus_->train_batches(t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed), dp_rank_, dp_ranks);
     if (config_.validation.enable) {
       validator_ = std::make_unique<Validator>(
           config_.validation, t,
-          token_corpus_->validation_batches(t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed) + 1, dp_rank_, dp),
+          token_corpus_->validation_batches(t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed) + 1, dp_rank_,
+                                            dp_ranks),
           train_context_.for_validation());
     }
   } else {
@@ -263,18 +300,18 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
     data_description = corpus_->describe();
     batches_ = std::make_shared<ReplicaRows>(
         std::make_shared<BatchSampler>(corpus_->train_tokens(), t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed)),
-        dp_rank_, dp);
+        dp_rank_, dp_ranks);
     if (config_.validation.enable) {
       validator_ = std::make_unique<Validator>(
           config_.validation, t,
           std::make_shared<ReplicaRows>(std::make_shared<BatchSampler>(corpus_->validation_tokens(), t.batch_size,
                                                                        t.seq_len, static_cast<uint64_t>(t.seed) + 1),
-                                        dp_rank_, dp),
+                                        dp_rank_, dp_ranks),
           train_context_.for_validation());
     }
   }
   if (validator_ && dp_mesh_) validator_->set_data_parallel_mesh(*dp_mesh_);
-  if (dp_mesh_) {
+  if (dp_mesh_ && !fsdp_) {
     // bfloat16: the sums go straight into the float32 masters' .grad.
     reducer_ = std::make_unique<DataParallelReducer>(model_->named_parameters(), *dp_mesh_,
                                                      par.dp_bucket_mb * (int64_t{1} << 20),
@@ -288,7 +325,9 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
     if (a.kv_heads() != a.n_heads) *log_ << " (" << a.kv_heads() << " key/value)";
     *log_ << ", vocab " << config_.model.vocab_size << (a.tie_word_embeddings ? " (tied embeddings)" : "");
     if (!config_.model.hf_assets_path.empty()) *log_ << " from " << config_.model.hf_assets_path;
-    *log_ << "; DP " << dp << " x TP " << par.tensor_parallel_degree;
+    *log_ << "; DP " << dp;
+    if (fsdp_) *log_ << " x FSDP " << shard;
+    *log_ << " x TP " << par.tensor_parallel_degree;
     if (reducer_) *log_ << " (" << reducer_->bucket_count() << " gradient buckets)";
     if (t.grad_accum_steps > 1) *log_ << ", " << t.grad_accum_steps << " micro-batches per step";
     if (par.sequence_parallel) *log_ << ", sequence parallel";
@@ -307,12 +346,23 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
 }
 
 std::vector<at::Tensor> Trainer::trained_parameters() const {
+  if (fsdp_) {
+    std::vector<at::Tensor> out;
+    for (auto& [name, shard] : named_trained_parameters()) out.push_back(shard);
+    return out;
+  }
   return master_ ? master_->parameters() : model_->parameters();
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Trainer::named_trained_parameters() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  if (master_) {
+  if (fsdp_) {
+    // In the model's parameter order, as without FSDP: AdamW's state is checkpointed by
+    // position, so that a checkpoint resumes with or without FSDP.
+    std::map<std::string, at::Tensor> by_name;
+    for (size_t i = 0; i < fsdp_->shards().size(); ++i) by_name.emplace(fsdp_->names()[i], fsdp_->shards()[i]);
+    for (const auto& p : model_->named_parameters()) out.emplace_back(p.key(), by_name.at(p.key()));
+  } else if (master_) {
     for (size_t i = 0; i < master_->parameters().size(); ++i)
       out.emplace_back(master_->names()[i], master_->parameters()[i]);
   } else {
@@ -406,7 +456,7 @@ double Trainer::forward_backward(const Batch& batch, StepResult& r) {
   // mean would weigh a replica's tokens by how few of them it holds.
   at::Tensor counts = at::full({1}, static_cast<double>(counted_tokens(batch)),
                                at::TensorOptions().dtype(at::kDouble).device(model_->output->weight.device()));
-  if (dp_mesh_) dp_mesh_->comm(0).all_reduce_(counts, ReduceOp::Sum);
+  sum_over_mesh_(counts, dp_mesh_);
   const double global_tokens = counts.cpu().item<double>();
   clock.mark(kLoss);
   // A step whose targets are all ignored has loss 0 and zero gradients (not 0 / 0).
@@ -425,15 +475,17 @@ double Trainer::forward_backward(const Batch& batch, StepResult& r) {
     const bool reduced = reducer_ && m + 1 == micro_batches;
     if (reduced) reducer_->arm();
     loss.backward();
+    // FSDP: the micro-batch's gradients, reduce-scattered, added to the shards' .grad.
+    if (fsdp_) fsdp_->finish_backward();
     // bfloat16: every micro-batch's gradient is summed in float32 on the masters (the
     // reducer adds the last one, with the other replicas').
     if (master_ && !reduced) master_->accumulate_gradients();
     clock.mark(kBackward);
   }
-  if (reducer_) {
-    reducer_->finish();
+  if (dp_mesh_) {
+    if (reducer_) reducer_->finish();
     at::Tensor sum = at::full({1}, local_sum, counts.options());
-    dp_mesh_->comm(0).all_reduce_(sum, ReduceOp::Sum);
+    sum_over_mesh_(sum, dp_mesh_);
     local_sum = sum.cpu().item<double>();
     clock.mark(kBackward);
   }
@@ -443,6 +495,7 @@ double Trainer::forward_backward(const Batch& batch, StepResult& r) {
 StepResult Trainer::train_step(int64_t step) {
   const auto& t = config_.training;
   StepResult r;
+  const FullyShardStats sharding_before = fsdp_ ? fsdp_->stats() : FullyShardStats{};
   r.step = step;
   const StepMeter meter;
   r.lr = learning_rate_at(step, t.steps, t.warmup_steps, t.lr, t.min_lr_ratio);
@@ -454,6 +507,16 @@ StepResult Trainer::train_step(int64_t step) {
   clock.mark(kOptimizer);
   const Batch batch = batches_->batch_at(step - 1);
   r.loss = forward_backward(batch, r);
+  if (fsdp_) {
+    const FullyShardStats now = fsdp_->stats();
+    ShardingStep& f = r.sharding.emplace();
+    f.all_gathers = now.all_gathers - sharding_before.all_gathers;
+    f.reduce_scatters = now.reduce_scatters - sharding_before.reduce_scatters;
+    f.bytes_sent = now.bytes_sent - sharding_before.bytes_sent;
+    f.collective_seconds = now.collective_seconds - sharding_before.collective_seconds;
+    f.blocked_seconds = now.blocked_seconds - sharding_before.blocked_seconds;
+    f.reduce_dtype = t.dtype == "bfloat16" ? t.mixed_precision_reduce : t.dtype;
+  }
   clock.restart();
   r.grad_norm = clip_grad_norm_(trained_parameters(), t.max_norm);
   clock.mark(kClip);
@@ -466,6 +529,7 @@ StepResult Trainer::train_step(int64_t step) {
   }
   clock.mark(kOptimizer);
   step_ = step;
+  r.state = state_bytes();
   meter.finish(r);
   return r;
 }
@@ -495,6 +559,7 @@ std::vector<StepResult> Trainer::train() {
     }
     if (stop.empty() && validator_ && (r.step % config_.validation.freq == 0 || last)) {
       r.val_loss = validator_->validate(model_);
+      if (fsdp_) fsdp_->reshard();  // the root stays gathered after a forward
     }
     if (stop.empty() && config_.checkpoint.enable && (r.step % config_.checkpoint.interval == 0 || last)) {
       save_checkpoint();
@@ -559,6 +624,33 @@ bool Trainer::load_checkpoint() {
   const std::optional<int64_t> step = checkpoints_->load(trained_state());
   if (step) step_ = *step;
   return step.has_value();
+}
+
+StateBytes Trainer::state_bytes() const {
+  // Bytes a tensor's local piece holds now (FSDP's gathered parameters: none between steps).
+  auto held = [](const at::Tensor& t) -> int64_t {
+    if (!t.defined()) return 0;
+    const at::Tensor local = local_or_plain(t);
+    return local.storage().nbytes() == 0 ? 0 : local.numel() * static_cast<int64_t>(local.element_size());
+  };
+  StateBytes s;
+  for (const auto& p : model_->parameters()) {
+    s.parameters += held(p);
+    s.gradients += held(p.grad());
+    s.model_parameters += p.numel();
+  }
+  auto& adamw = optimizer_->state();
+  for (const auto& p : trained_parameters()) {
+    if (master_ || fsdp_) {
+      s.parameters += held(p);
+      s.gradients += held(p.grad());
+    }
+    const auto it = adamw.find(p.unsafeGetTensorImpl());
+    if (it == adamw.end()) continue;
+    const auto& state = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    s.optimizer += held(state.exp_avg()) + held(state.exp_avg_sq());
+  }
+  return s;
 }
 
 TrainedState Trainer::trained_state() const { return {named_trained_parameters(), optimizer_.get(), master_.get()}; }

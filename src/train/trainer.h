@@ -16,6 +16,7 @@
 #include <optional>
 #include <vector>
 
+#include "hyper_parallel/fully_shard.h"
 #include "hyper_parallel/llama.h"
 #include "train/checkpoint_manager.h"
 #include "train/corpus_identity.h"
@@ -51,7 +52,8 @@ class Validator {
   // The mean over config.steps fixed batches of each batch's loss (its token losses over
   // every replica's rows, divided by their count), without gradients.
   double validate(Llama& model) const;
-  // Each replica holds its rows of the validation batches: the loss sums go over dp_mesh.
+  // Each data-parallel rank holds its rows of the validation batches: the loss sums go
+  // over every dim of dp_mesh.
   void set_data_parallel_mesh(const DeviceMesh& dp_mesh);
 
  private:
@@ -84,7 +86,10 @@ class Trainer {
   bool loss_parallel_enabled() const { return loss_parallel_enabled_; }
   const TrainContext& train_context() const { return train_context_; }
   int64_t step() const { return step_; }
+  // Under FSDP its parameters hold values only while gathered (fully_sharded()->gather_all()).
   Llama& model() { return model_; }
+  // parallelism.data_parallel_shard_degree > 1: the sharded parameters; null otherwise.
+  FullyShardedParameters* fully_sharded() const { return fsdp_.get(); }
   const JobConfig& config() const { return config_; }
 
   // The current step's checkpoint, and the latest one (or checkpoint.load_step) read back:
@@ -99,6 +104,8 @@ class Trainer {
   // float32 masters in bfloat16 training; in the model's parameter order.
   std::vector<at::Tensor> trained_parameters() const;
   std::vector<std::pair<std::string, at::Tensor>> named_trained_parameters() const;
+  // This rank's weights, gradients and AdamW state now (step_metrics.h).
+  StateBytes state_bytes() const;
   // What the checkpoint manager saves and loads.
   TrainedState trained_state() const;
   // Takes the dump folder's lock (dump_folder_lock.h) or stops every rank naming its holder.
@@ -127,8 +134,11 @@ class Trainer {
   bool loss_parallel_enabled_ = false;
   std::optional<DeviceMesh> world_mesh_;  // every rank: dp x tp, or the TP mesh alone; none for one rank
   std::optional<DeviceMesh> tp_mesh_;
-  std::optional<DeviceMesh> dp_mesh_;  // the replicas of this rank's shards (dp > 1)
-  int64_t dp_rank_ = 0;
+  // The data-parallel ranks of this rank's TP group (replicas, and FSDP's dp_shard):
+  // dp > 1 or shard > 1; 2-D ("dp_replicate", "dp_shard") with FSDP.
+  std::optional<DeviceMesh> dp_mesh_;
+  int64_t dp_rank_ = 0;                           // among data_parallel_ranks(config_): which rows of the batch
+  std::shared_ptr<FullyShardedParameters> fsdp_;  // shard > 1
   std::unique_ptr<DataParallelReducer> reducer_;  // dp > 1
   std::unique_ptr<CheckpointManager> checkpoints_;
   Llama model_{nullptr};
