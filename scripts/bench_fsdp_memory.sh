@@ -16,10 +16,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 set +e
 extra=()
 if [ "${1:-}" = "--" ]; then shift; extra=("$@"); fi
-bin="$HP_BUILD_DIR/bin"
-for exe in hp-run hp-train; do
-  [ -x "$bin/$exe" ] || { echo "no $bin/$exe: build first (scripts/setup_and_test.sh)" >&2; exit 1; }
-done
+hp_require_binaries hp-run hp-train
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 job=(--config "$HP_ROOT/configs/debug_model.toml" --model.dim 512 --model.n_layers 8 --model.n_heads 8

@@ -30,10 +30,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 python="$(hp_python)"
-bin="$HP_BUILD_DIR/bin"
-for exe in hp-run hp-train hp-export-train; do
-  [ -x "$bin/$exe" ] || { echo "no $bin/$exe: build first (scripts/setup_and_test.sh)" >&2; exit 1; }
-done
+hp_require_binaries hp-run hp-train hp-export-train
 if [ -z "$python" ] || ! "$python" -c 'import torch.distributed.tensor.parallel' 2>/dev/null; then
   echo "SKIP: no Python with torch (set HP_PYTHON, or configure with -DHP_PYTHON=...)" >&2
   exit 77

@@ -23,10 +23,7 @@ while [ $# -gt 0 ]; do
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
-bin="$HP_BUILD_DIR/bin"
-for exe in hp-run hp-train; do
-  [ -x "$bin/$exe" ] || { echo "no $bin/$exe: build first (scripts/setup_and_test.sh)" >&2; exit 1; }
-done
+hp_require_binaries hp-run hp-train
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 job=(--config "$HP_ROOT/configs/debug_model.toml" --model.dim 256 --training.seq_len 256 --training.batch_size 8

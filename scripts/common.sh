@@ -137,6 +137,16 @@ hp_build() {
 # share the machine ("connectFullMesh failed ... Connection closed by peer"). The failed
 # attempt's output stays in the log, and ctest's summary names every test that needed it.
 HP_CTEST_REPEAT=(--repeat until-pass:2)
+# Scripts that run the build's programs: sets $bin to the build's bin folder, or stops
+# naming the first of the given programs that is not built and how to build it.
+hp_require_binaries() {
+  bin="$HP_BUILD_DIR/bin"
+  local exe
+  for exe in "$@"; do
+    [ -x "$bin/$exe" ] || { echo "no $bin/$exe: build first (scripts/setup_and_test.sh)" >&2; exit 1; }
+  done
+}
+
 hp_ctest() {
   local cmake
   cmake="$(hp_cmake)"

@@ -20,10 +20,7 @@ work="${1:-outputs/hf_finetune_recipe}"
 [ $# -gt 0 ] && shift
 [ "${1:-}" = "--" ] && shift
 python="$(hp_python)"
-bin="$HP_BUILD_DIR/bin"
-for exe in hp-run hp-train hp-hf-export; do
-  [ -x "$bin/$exe" ] || { echo "no $bin/$exe: build first (source scripts/common.sh && hp_build)" >&2; exit 1; }
-done
+hp_require_binaries hp-run hp-train hp-hf-export
 if [ -z "$python" ] || ! "$python" -c 'import transformers, tokenizers' 2>/dev/null; then
   echo "SKIP: the venv has no transformers/tokenizers (source scripts/common.sh && hp_install_missing)" >&2
   exit 77

@@ -113,7 +113,10 @@ void expect_same_training(const TrainingRun& a, const TrainingRun& b, double tol
 // 20 steps with z-loss and clipping, 2 micro-batches: losses, gradient norms and step 1's
 // gradients within 1e-10 in float64 and 1e-6 in float32.
 TEST(FullyShard, Shard2Tp2TrainsAsReplicatedDp2Tp2AndAsOneProcess) {
-  for (const auto& [dtype, tolerance] : {std::pair<std::string, double>{"float64", 1e-10}, {"float32", 1e-6}}) {
+  for (const auto& [dtype_name, tolerance_value] :
+       {std::pair<std::string, double>{"float64", 1e-10}, {"float32", 1e-6}}) {
+    const std::string dtype = dtype_name;  // clang before 16 cannot capture structured bindings
+    const double tolerance = tolerance_value;
     auto job = [&](int64_t dp, int64_t shard, int64_t tp) {
       JobConfig c = sharded_job(dp, shard, tp, dtype, 20);
       c.training.grad_accum_steps = 2;
