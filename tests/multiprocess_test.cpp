@@ -120,16 +120,16 @@ TEST(MultiProcess, TwoNodesTrainDp2Tp2AsOneNodeOfFour) {
   compat::remove_all(base);
 }
 
-// FSDP through the launcher: four processes as dp_shard 2 x tp 2 train with the losses of
-// dp 2 x tp 2 (replicated), float64 (the same arithmetic up to summation order), and the
-// metrics say how the sharding collectives went.
+// FSDP through the launcher: four processes as dp_shard 2 x tp 2 train and validate with
+// the losses of dp 2 x tp 2 (replicated), float64 (the same arithmetic up to summation
+// order), and the metrics say how the sharding collectives went.
 TEST(MultiProcess, FsdpShard2Tp2TrainsAsReplicatedDp2Tp2) {
   const std::string base = compat::join_path(compat::temp_directory(), "hp_fsdp_mp_" + std::to_string(::getpid()));
   compat::remove_all(base);
   const std::string job =
       " --model.dim 32 --model.n_layers 2 --model.n_heads 4 --model.vocab_size 515"
       " --model.multiple_of 16 --model.max_seq_len 16 --training.seq_len 16 --training.batch_size 8"
-      " --training.steps 4 --training.dtype float64 --validation.enable false --metrics.enable_plot false"
+      " --training.steps 4 --training.dtype float64 --validation.freq 2 --metrics.enable_plot false"
       " --parallelism.tensor_parallel_degree 2";
   const std::string run = binary_path("hp-run") + " --nproc-per-node 4 " + binary_path("hp-train") + job;
   auto replicated = run_command(run + " --parallelism.data_parallel_degree 2 --job.dump_folder " + base + "/dp");
@@ -141,6 +141,20 @@ TEST(MultiProcess, FsdpShard2Tp2TrainsAsReplicatedDp2Tp2) {
   ASSERT_EQ(a.size(), 4u) << replicated.output;
   ASSERT_EQ(b.size(), 4u) << sharded.output;
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-10 * a[i]) << "step " << i + 1;
+  // Validation (steps 2 and 4) gathers the blocks without a backward and frees them again.
+  const auto validation_losses = [](const std::string& dump) {
+    std::ifstream in(dump + "/metrics/metrics.jsonl");
+    std::vector<double> out;
+    for (std::string line; std::getline(in, line);) {
+      const auto rec = nlohmann::json::parse(line);
+      if (rec.contains("val_loss")) out.push_back(rec.at("val_loss").get<double>());
+    }
+    return out;
+  };
+  const auto va = validation_losses(base + "/dp"), vb = validation_losses(base + "/fsdp");
+  ASSERT_EQ(va.size(), 2u) << replicated.output;
+  ASSERT_EQ(vb.size(), 2u) << sharded.output;
+  for (size_t i = 0; i < va.size(); ++i) EXPECT_NEAR(va[i], vb[i], 1e-10 * va[i]) << "validation " << i + 1;
   std::ifstream in(base + "/fsdp/metrics/metrics.jsonl");
   std::string line;
   std::getline(in, line);
