@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "compat/file_system.h"
+#include "core/pending_collective.h"
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
@@ -338,4 +339,52 @@ TEST(FullyShard, CheckpointsOfShardsResumeAtAnyLayout) {
   }
   EXPECT_TRUE(compat::path_exists(compat::join_path(hf_export_folder(exported, 2), "config.json")));
   compat::remove_all(exported.dump_folder);
+}
+
+// The library's refusals, each triggered: parameters it cannot shard, a parameter used in
+// two backwards without finish_backward, one left out of the loss, and collectives handed
+// buffers of the wrong sizes.
+TEST(FullyShard, MisuseOfTheLibraryIsNamed) {
+  auto expect_refusal = [](const std::function<void()>& f, const std::string& expected) {
+    try {
+      f();
+      ADD_FAILURE() << "expected an error: " << expected;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  run_ranks(2, [&](int64_t) {
+    const DeviceMesh mesh = init_device_mesh("cpu", {2}, {"dp_shard"});
+    using Groups = std::vector<FullyShardedParameters::NamedParameters>;
+    expect_refusal(
+        [&] {
+          FullyShardedParameters f(Groups{{{"frozen", at::ones({4, 3})}}}, mesh);
+        },
+        "parameter 'frozen' does not require a gradient");
+    expect_refusal(
+        [&] {
+          FullyShardedParameters f(Groups{{{"t", at::ones({3, 4}).t().requires_grad_()}}}, mesh);
+        },
+        "parameter 't' must be contiguous");
+    expect_refusal(
+        [&] {
+          FullyShardedParameters f(
+              Groups{{{"a", at::ones({4}).requires_grad_()}, {"b", at::ones({4}, at::kDouble).requires_grad_()}}},
+              mesh);
+        },
+        "parameter 'b' is Double, the others of its group Float");
+    at::Tensor a = at::ones({4, 3}).requires_grad_(), b = at::ones({4, 3}).requires_grad_();
+    FullyShardedParameters f(Groups{{{"a", a}, {"b", b}}}, mesh);
+    f.gather_all();
+    (a * 2).sum().backward();
+    expect_refusal([&] { f.finish_backward(); }, "parameter 'b' got no gradient in this backward");
+    f.gather_all();
+    (a * 2).sum().backward();
+    expect_refusal([&] { (a * 3).sum().backward(); }, "parameter 'a' got two gradients in one backward");
+    const Communicator& comm = mesh.comm(0);
+    expect_refusal([&] { PendingCollective::start_all_gather(comm, at::ones({3}), at::empty({5})); },
+                   "start_all_gather: expected contiguous buffers of one dtype, recv holding 2 x send");
+    expect_refusal([&] { PendingCollective::start_reduce_scatter(comm, at::ones({5}), at::empty({3})); },
+                   "start_reduce_scatter: expected contiguous buffers of one dtype, send holding 2 x recv");
+  });
 }
