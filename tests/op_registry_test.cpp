@@ -13,6 +13,7 @@
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/sharding_strategy.h"
 #include "loss/loss_parallel_dispatch.h"
+#include "ops/pointwise_ops.h"
 
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
@@ -173,9 +174,9 @@ TEST(LayoutCache, ReplacingARuleClearsTheCache) {
   run_ranks(1, [](int64_t) {
     auto mesh = init_device_mesh("cpu", {1});
     at::Tensor a = distribute_tensor(random_tensor({4, 6}, 1), mesh, {Shard(0)});
-    at::exp(a);
+    at::sum(a, {1});
     EXPECT_GT(layout_cache_stats().size, 0);
-    register_distributed_op("exp", find_distributed_op("exp"));
+    register_distributed_op("sum", find_distributed_op("sum"));
     EXPECT_EQ(layout_cache_stats().size, 0);
   });
 }
@@ -188,12 +189,12 @@ TEST(LayoutCache, IsBoundedAndDropsTheLeastRecentlyUsed) {
     clear_layout_cache();
     std::vector<at::Tensor> xs;
     for (int64_t n = 1; n <= 6; ++n) xs.push_back(distribute_tensor(random_tensor({n, 3}, 1), mesh, {Shard(0)}));
-    for (const auto& x : xs) at::exp(x);
+    for (const auto& x : xs) at::sum(x, {1});
     EXPECT_EQ(layout_cache_stats().size, 4);
     const int64_t misses = layout_cache_stats().misses;
-    at::exp(xs[5]);  // recent: kept
+    at::sum(xs[5], {1});  // recent: kept
     EXPECT_EQ(layout_cache_stats().misses, misses);
-    at::exp(xs[0]);  // oldest: dropped
+    at::sum(xs[0], {1});  // oldest: dropped
     EXPECT_EQ(layout_cache_stats().misses, misses + 1);
   });
   set_layout_cache_capacity(saved);
@@ -202,6 +203,125 @@ TEST(LayoutCache, IsBoundedAndDropsTheLeastRecentlyUsed) {
 }
 
 namespace {
+
+// Calls that went through layout inference (each is a cache hit or a miss).
+int64_t inferred_calls() {
+  const auto s = layout_cache_stats();
+  return s.hits + s.misses;
+}
+
+// The cache's counters are the process's: calls are counted on one rank, where no other
+// rank's calls interleave; results are checked at 3 ranks (uneven pieces) as well.
+TEST(CommonLayoutFastPath, OneLayoutSkipsInferenceAndGivesTheFullResult) {
+  for (const int64_t world : {1, 3}) {
+    run_ranks(world, [world](int64_t) {
+      auto mesh = init_device_mesh("cpu", {world});
+      const at::Tensor fa = random_tensor({5, 7}, 1), fb = random_tensor({5, 7}, 2);
+      for (const Placements& p : {Placements{Shard(0)}, Placements{Shard(1)}, Placements{Replicate()}}) {
+        const at::Tensor a = distribute_tensor(fa, mesh, p), b = distribute_tensor(fb, mesh, p);
+        at::Tensor d = b.clone();
+        const int64_t before = inferred_calls();
+        const at::Tensor sum = a + b, scaled = at::add(a, b, 0.5), prod = a * b, quot = a / b, e = a.exp(),
+                         less = a < b, copy = a.clone(), half = a.to(at::kHalf);
+        at::Tensor& same = d.add_(a, 2.0);
+        d.mul_(3.0);
+        if (world == 1) EXPECT_EQ(inferred_calls(), before) << to_string(p) << ": one layout needs no inference";
+        for (const at::Tensor* t :
+             std::initializer_list<const at::Tensor*>{&sum, &scaled, &prod, &quot, &e, &less, &copy, &half, &d}) {
+          EXPECT_EQ(layout_of(*t), layout_of(a)) << to_string(p);
+        }
+        EXPECT_TRUE(same.is_same(d)) << "in place returns self";
+        EXPECT_TRUE(full_tensor(sum).equal(fa + fb));
+        EXPECT_TRUE(full_tensor(scaled).equal(at::add(fa, fb, 0.5)));
+        EXPECT_TRUE(full_tensor(prod).equal(fa * fb));
+        EXPECT_TRUE(full_tensor(quot).equal(fa / fb));
+        EXPECT_TRUE(full_tensor(e).equal(fa.exp()));
+        EXPECT_TRUE(full_tensor(less).equal(fa < fb));
+        EXPECT_TRUE(full_tensor(copy).equal(fa));
+        EXPECT_TRUE(full_tensor(half).equal(fa.to(at::kHalf)));
+        EXPECT_TRUE(full_tensor(d).equal(at::add(fb, fa, 2.0).mul(3.0)));
+      }
+    });
+  }
+}
+
+TEST(CommonLayoutFastPath, EveryOtherCallIsInferredAndStillExact) {
+  for (const int64_t world : {1, 3}) {
+    run_ranks(world, [world](int64_t) {
+      auto mesh = init_device_mesh("cpu", {world});
+      auto nested = init_device_mesh("cpu", {world, 1}, {"a", "b"});
+      const at::Tensor fa = random_tensor({5, 7}, 1), fb = random_tensor({5, 7}, 2), row = random_tensor({7}, 3);
+      const at::Tensor a = distribute_tensor(fa, mesh, {Shard(0)});
+      const at::Tensor replicated = distribute_tensor(fb, mesh, {Replicate()});
+      FromLocalOptions column_major;  // a layout whose global strides are not contiguous
+      column_major.shape = std::vector<int64_t>{5, 7};
+      column_major.stride = std::vector<int64_t>{1, 5};
+      const at::Tensor ta = DTensor::from_local(fa, mesh, {Replicate()}, column_major);
+      const at::Tensor tb = DTensor::from_local(fb, mesh, {Replicate()}, column_major);
+      const at::Tensor partial = DTensor::from_local(at::ones({5, 7}), mesh, {Partial()});
+      const at::Tensor n1 = distribute_tensor(fa, nested, {Shard(0), Shard(0)});
+      const at::Tensor n2 = distribute_tensor(fb, nested, {Shard(0), Shard(0)});
+      const at::Tensor r = distribute_tensor(row, mesh, {Replicate()});
+      at::Tensor written = a.clone(), scaled = partial.clone();
+      struct Case {
+        const char* what;
+        std::function<at::Tensor()> op;
+        at::Tensor expected;
+      };
+      const std::vector<Case> cases = {
+          {"two layouts", [&] { return a + replicated; }, fa + fb},
+          {"a plain operand", [&] { return a + fb; }, fa + fb},
+          {"not contiguous", [&] { return ta + tb; }, fa + fb},
+          {"Partial", [&] { return partial + partial; }, at::full({5, 7}, 2.0 * world)},
+          {"nested shards", [&] { return n1 * n2; }, fa * fb},
+          {"broadcast", [&] { return a * r; }, fa * row},
+          {"in place, two layouts", [&] { return written.add_(replicated); }, fa + fb},
+          {"in place, Partial", [&] { return scaled.mul_(2.0); }, at::full({5, 7}, 2.0 * world)},
+      };
+      for (const auto& c : cases) {
+        const int64_t before = inferred_calls();
+        const at::Tensor out = c.op();
+        if (world == 1) EXPECT_EQ(inferred_calls(), before + 1) << c.what;
+        EXPECT_TRUE(full_tensor(out).equal(c.expected)) << c.what;
+      }
+    });
+  }
+}
+
+// A subclass of a rule that keeps a common layout, which changes results in finalize():
+// it inherits the class, not the promise (RandomOp is such a subclass of SameLayoutOp).
+class NegatingPointwiseOp : public PointwiseOp {
+ public:
+  void finalize(const OpCall&, const ShardingDecision&, const torch::jit::Stack&,
+                torch::jit::Stack& local_results) const override {
+    local_results[0].toTensor().neg_();
+  }
+};
+
+TEST(CommonLayoutFastPath, ASubclassDoesNotInheritThePromise) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2});
+    const at::Tensor fa = random_tensor({4, 6}, 1);
+    const at::Tensor a = distribute_tensor(fa, mesh, {Shard(0)});
+    register_distributed_op("abs", std::make_shared<NegatingPointwiseOp>());
+    const at::Tensor result = full_tensor(a.abs());
+    reload_distributed_ops();
+    EXPECT_TRUE(result.equal(fa.abs().neg())) << "the subclass's finalize() was skipped";
+    EXPECT_TRUE(full_tensor(a.abs()).equal(fa.abs())) << "the built-in rule again";
+  });
+}
+
+TEST(CommonLayoutFastPath, GradientsFlowThroughIt) {
+  run_ranks(2, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {2});
+    const at::Tensor fa = random_tensor({4, 6}, 1, at::kDouble), fb = random_tensor({4, 6}, 2, at::kDouble);
+    const at::Tensor a = distribute_tensor(fa.clone().requires_grad_(), mesh, {Shard(1)});
+    const at::Tensor b = distribute_tensor(fb.clone().requires_grad_(), mesh, {Shard(1)});
+    (a * b + a.exp()).sum().backward();
+    EXPECT_TRUE(full_tensor(a.grad()).equal(fb + fa.exp()));
+    EXPECT_TRUE(full_tensor(b.grad()).equal(fa));
+  });
+}
 
 // A rule that refuses every call, naming itself: shows which rule an op resolved to.
 class RefusingOp : public DistributedOp {

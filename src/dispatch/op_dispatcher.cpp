@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "core/redistribute.h"
+#include "dispatch/common_layout_fast_path.h"
 #include "dispatch/bypass_ops.h"
 #include "dispatch/layout_cache.h"
 #include "dispatch/op_registry.h"
@@ -364,7 +365,9 @@ void OpDispatcher::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* st
   for (const auto& route : res->routes) {
     if (route(op, res->name, stack)) return;
   }
-  // 3. layout inference
+  // 3. DTensors of one layout that the rule keeps: no inference needed
+  if (res->common_layout_fast_path && run_on_common_layout(op, *res, stack)) return;
+  // 4. layout inference
   const size_t nargs = op.schema().arguments().size();
   const OpCall call(op, res->name, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nargs, nargs));
   if (res->rule) {
@@ -378,7 +381,7 @@ void OpDispatcher::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* st
     run_local(call, *res, *decision, stack);
     return;
   }
-  // 4. no rule
+  // 5. no rule
   TORCH_CHECK(implicit_replication, "DTensor: no sharding rule for op '", res->name, "' (", op.schema().operator_name(),
               ") with inputs ", describe_inputs(call),
               ". Register a DistributedOp for it (YAML in HYPER_PARALLEL_OPS_YAML_DIR or a plugin in "

@@ -6,6 +6,7 @@
 #include <memory>
 #include <unordered_map>
 
+#include "dispatch/common_layout_rule.h"
 #include "dispatch/op_registry.h"
 
 namespace hyper_parallel {
@@ -54,12 +55,19 @@ std::shared_ptr<const OpResolution> resolve_uncached(const c10::OperatorHandle& 
     r->written_argument.push_back(find_written_argument(schema, k));
     r->writes = r->writes || r->written_argument.back().has_value();
   }
+  // One return, written (if at all) into self; no out= argument (its layout is out's own).
+  bool has_out = false;
+  for (const auto& a : schema.arguments()) has_out = has_out || a.is_out();
+  r->common_layout_fast_path = r->rule && keeps_a_common_layout(*r->rule) && !r->bypass && r->routes.empty() &&
+                               !r->inplace_view && !has_out && schema.returns().size() == 1 &&
+                               (!r->written_argument[0] || *r->written_argument[0] == 0);
   return r;
 }
 
 }  // namespace
 
-std::shared_ptr<const OpResolution> resolve_op(const c10::OperatorHandle& op) {
+namespace {
+const std::shared_ptr<const OpResolution>& table_entry(const c10::OperatorHandle& op) {
   thread_local ThreadTable table;
   const uint64_t now = generation.load(std::memory_order_acquire);
   if (table.generation != now) {
@@ -70,6 +78,11 @@ std::shared_ptr<const OpResolution> resolve_op(const c10::OperatorHandle& op) {
   if (!slot) slot = resolve_uncached(op);
   return slot;
 }
+}  // namespace
+
+std::shared_ptr<const OpResolution> resolve_op(const c10::OperatorHandle& op) { return table_entry(op); }
+
+bool takes_common_layout_fast_path(const c10::OperatorHandle& op) { return table_entry(op)->common_layout_fast_path; }
 
 void invalidate_op_resolutions() { generation.fetch_add(1, std::memory_order_acq_rel); }
 

@@ -35,11 +35,16 @@ struct OpResolution {
   // Per schema return: the argument it writes into (in-place self, out=), if any.
   std::vector<std::optional<size_t>> written_argument;
   bool writes = false;  // any return writes into an argument
+  // The rule keeps a common layout (KeepsACommonLayout) and nothing
+  // else claims the op: calls on DTensors of one layout may take the fast path.
+  bool common_layout_fast_path = false;
 };
 
 // Resolves on first use. Shared, because a nested dispatch may see a registry change
 // and drop the table while an outer call still uses its entry.
 std::shared_ptr<const OpResolution> resolve_op(const c10::OperatorHandle& op);
+// resolve_op(op)->common_layout_fast_path without copying the entry (unboxed kernels).
+bool takes_common_layout_fast_path(const c10::OperatorHandle& op);
 
 // Every thread re-resolves its operators on next use (call after any registry change).
 void invalidate_op_resolutions();

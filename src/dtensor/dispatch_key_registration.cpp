@@ -69,11 +69,15 @@ void ensure_dtensor_dispatch_registered() {
     static auto* fallback =
         new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
     fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&dtensor_kernel>());
+    // First, so that kernels the initializers register for single ops (the dispatcher's
+    // unboxed fast kernels) are not overridden by the generic one below.
+    run_initializers();
     static auto* by_namespace = new std::map<std::string, std::unique_ptr<torch::Library>>();
     auto& dispatcher = c10::Dispatcher::singleton();
     for (const auto& name : dispatcher.getAllOpNames()) {
       auto handle = dispatcher.findOp(name);
       if (!handle || !needs_explicit_kernel(*handle)) continue;
+      if (handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;  // an initializer's
       const std::string& full = name.name;
       const auto sep = full.find("::");
       if (sep == std::string::npos) continue;
@@ -87,7 +91,6 @@ void ensure_dtensor_dispatch_registered() {
       if (!name.overload_name.empty()) qualified += "." + name.overload_name;
       lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&dtensor_kernel>());
     }
-    run_initializers();
   });
   // Separate from the kernels: if a spec fails to load, every later use reports it
   // again instead of half-registering the kernels twice.

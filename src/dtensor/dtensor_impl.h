@@ -53,9 +53,11 @@ at::Tensor full_value(const at::Tensor& t);
 
 // Installs the dispatch-key kernels (once per process); called on first DTensor creation.
 void ensure_dtensor_dispatch_registered();
-// Features built on the dispatcher (loss_parallel) hook themselves up here instead of
-// being called by name from the generic code: `init` runs once, right after the kernels
-// are installed (or at once if they already are).
+// Features built on the dispatcher (loss_parallel, the unboxed fast kernels) hook
+// themselves up here instead of being called by name from the generic code: `init` runs
+// once, right after the fallback is installed and before the generic kernel is registered
+// for single ops, which it leaves alone where an initializer registered a kernel (or at
+// once, if the kernels are installed already).
 void add_dtensor_dispatch_initializer(void (*init)());
 // Registers an initializer at library load: HP_DTENSOR_DISPATCH_INITIALIZER(fn).
 #define HP_DTENSOR_DISPATCH_INITIALIZER(FN) \

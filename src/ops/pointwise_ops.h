@@ -3,11 +3,13 @@
 // inputs, or replicated, whichever the cost model finds moves the fewest bytes.
 #pragma once
 
+#include "dispatch/common_layout_rule.h"
 #include "hyper_parallel/distributed_op.h"
 
 namespace hyper_parallel {
 
-class PointwiseOp : public DistributedOp {
+// Keeps a common layout: equal shapes broadcast to themselves, each Shard lands where it is.
+class PointwiseOp : public DistributedOp, public KeepsACommonLayout {
  public:
   // How Partial(sum) inputs may pass through unreduced:
   //   None            never: partial inputs are reduced first (gelu, exp, max ...)
@@ -22,6 +24,7 @@ class PointwiseOp : public DistributedOp {
   std::string class_name() const override { return "PointwiseOp"; }
   std::string rule() const override;
   ShardingDecision infer_layout(const OpCall& call) const override;
+  const std::type_info& promised_by() const override { return typeid(PointwiseOp); }
 
   static Linearity parse_linearity(const std::string& s);
 

@@ -3,16 +3,20 @@
 // output is Replicate on that mesh dim, as in PyTorch.
 #pragma once
 
+#include "dispatch/common_layout_rule.h"
 #include "hyper_parallel/distributed_op.h"
 
 namespace hyper_parallel {
 
-class SameLayoutOp : public DistributedOp {
+// Keeps a common layout: without Partial, self's placements are kept either way, and a
+// second tensor argument (fill_'s value) of self's layout is 0-d, so already replicated.
+class SameLayoutOp : public DistributedOp, public KeepsACommonLayout {
  public:
   explicit SameLayoutOp(bool overwrites_values) : overwrites_values_(overwrites_values) {}
   std::string class_name() const override { return "SameLayoutOp"; }
   std::string rule() const override;
   ShardingDecision infer_layout(const OpCall& call) const override;
+  const std::type_info& promised_by() const override { return typeid(SameLayoutOp); }
 
  private:
   bool overwrites_values_;
