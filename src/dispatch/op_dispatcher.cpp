@@ -13,8 +13,8 @@
 #include <unordered_map>
 
 #include "core/redistribute.h"
-#include "dispatch/common_layout_fast_path.h"
 #include "dispatch/bypass_ops.h"
+#include "dispatch/common_layout_fast_path.h"
 #include "dispatch/layout_cache.h"
 #include "dispatch/op_registry.h"
 #include "dispatch/op_resolution.h"
