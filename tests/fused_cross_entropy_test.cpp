@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <limits>
 #include <map>
+#include <vector>
 
 #include "harness/rank_harness.h"
 #include "harness/rounding_bound.h"
@@ -503,6 +505,84 @@ TEST(FusedCrossEntropyKernel, StatisticsAndGradientMatchAtenOnAwkwardRows) {
     EXPECT_TRUE(out[1].narrow(0, 0, cols).eq(0).all().item<bool>());
     EXPECT_TRUE(out.narrow(1, cols, ld - cols).equal(storage.narrow(1, cols, ld - cols))) << "wrote past the rows";
   }
+}
+
+// The bf16 gradient is the float32 gradient of the same values rounded as ATen rounds,
+// bit for bit: plain rows (the kernel's fast rounding) and rows with a smoothing term
+// (ATen's rounding), at large and small and negative incoming gradients, -inf logits.
+TEST(FusedCrossEntropyKernel, Bf16GradientIsTheFloat32GradientRoundedAsAtenRounds) {
+  const int64_t rows = 6, cols = 5003;
+  at::Tensor x = (random_tensor({rows, cols}, 17) * 4).to(at::kBFloat16);
+  x[2].narrow(0, 0, 700).fill_(-std::numeric_limits<double>::infinity());
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor row_max = std::get<0>(xf.max(1)).contiguous();
+  const at::Tensor log_sum =
+      (xf.to(at::kDouble) - row_max.to(at::kDouble).unsqueeze(1)).exp().sum(1).log().to(at::kFloat);
+  const at::Tensor a = torch::tensor({1.0 / 4096, 1.0, 3.5e20, -0.75, 1e-20, 2.0}, at::kFloat);
+  const at::Tensor col = torch::tensor(std::vector<int64_t>{5, -1, 4098, cols - 2, 0, 17});
+  const at::Tensor tc = a.clone();
+  for (bool smoothing : {false, true}) {
+    SCOPED_TRACE(smoothing ? "smoothing term" : "plain rows");
+    const at::Tensor b = torch::full({rows}, smoothing ? 1e-6 : 0.0, at::kFloat);
+    auto backward = [&](const at::Tensor& in) {
+      at::Tensor out = at::empty_like(in);
+      ce_kernel::BackwardArgs g;
+      g.dtype = in.scalar_type();
+      g.x = in.const_data_ptr();
+      g.out = out.data_ptr();
+      g.rows = rows;
+      g.cols = cols;
+      g.ldx = g.ldo = cols;
+      g.row_max = row_max.const_data_ptr();
+      g.log_sum = log_sum.const_data_ptr();
+      g.a = a.const_data_ptr();
+      g.b = b.const_data_ptr();
+      g.t_coef = tc.const_data_ptr();
+      g.target_col = col.const_data_ptr<int64_t>();
+      ce_kernel::backward(g);
+      return out;
+    };
+    const at::Tensor want = backward(xf).to(at::kBFloat16), got = backward(x);
+    const at::Tensor differ = want.view(at::kShort).ne(got.view(at::kShort));
+    EXPECT_EQ(differ.sum().item<int64_t>(), 0) << "first differing: " << differ.nonzero().narrow(0, 0, 1);
+  }
+}
+
+// The kernel's float exp (every exp it takes: the forward's sums and every gradient
+// element) on x <= 0: within 1 ulp of exp in float64 on fresh random arguments over its
+// whole range and at the edges (0, exactly ln 2 multiples, where it flushes to 0: below
+// FLT_MIN's log, -inf), on every vector-length tail. ATen's softmax takes Sleef's 1-ulp exp.
+TEST(FusedCrossEntropyKernel, ItsExpIsWithinOneUlpOnItsWholeDomain) {
+  std::vector<float> x;
+  at::manual_seed(11);
+  for (double lo : {-88.0, -20.0, -1.0}) {
+    const at::Tensor u = at::rand({100000}, at::kDouble) * lo;
+    const double* p = u.data_ptr<double>();
+    for (int64_t i = 0; i < u.numel(); ++i) x.push_back(static_cast<float>(p[i]));
+  }
+  for (int k = -126; k <= 0; ++k) x.push_back(static_cast<float>(k * std::log(2.0)));
+  for (float e : {0.0f, -0.0f, -1e-30f, -87.0f, -87.33f, -87.4f, -87.7f, -88.0f, -100.0f, -1e30f,
+                  -std::numeric_limits<float>::infinity()})
+    x.push_back(e);
+  x.push_back(-0.5f);  // an odd count: the last vector is partial
+  std::vector<float> got(x.size());
+  ce_kernel::exp_values(x.data(), got.data(), static_cast<int64_t>(x.size()));
+  double worst_ulp = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = std::exp(static_cast<double>(x[i]));
+    if (want < std::numeric_limits<float>::min()) {
+      // Below FLT_MIN: 0 or the value (ATen's polynomial exp flushes to 0 there too).
+      EXPECT_LE(got[i], std::numeric_limits<float>::min()) << "exp(" << x[i] << ")";
+      EXPECT_GE(got[i], 0.0f) << "exp(" << x[i] << ")";
+      continue;
+    }
+    const double ulp = std::ldexp(1.0, std::ilogb(static_cast<float>(want)) - 23);
+    const double err = std::abs(got[i] - want) / ulp;
+    worst_ulp = std::max(worst_ulp, err);
+    ASSERT_LE(err, 1.0) << "exp(" << x[i] << ") = " << got[i] << ", float64 " << want;
+  }
+  std::cout << "[ exp ] worst error " << worst_ulp << " ulp over " << x.size() << " arguments ("
+            << ce_kernel::capability_name() << ")" << std::endl;
 }
 
 // A training loop's next step finds the previous step's gradient buffer free again and

@@ -74,6 +74,7 @@ const char* capability_name();
   void backward(const BackwardArgs& args);                      \
   double exp_throughput_probe(float* buf, int64_t n, int reps); \
   double read_probe(const float* buf, int64_t n);               \
+  void exp_values(const float* x, float* out, int64_t n);       \
   }
 HP_CE_DECLARE(DEFAULT)
 #if defined(HP_CE_HAVE_AVX2)
@@ -89,5 +90,7 @@ HP_CE_DECLARE(AVX512)
 double exp_throughput_probe(float* buf, int64_t n, int reps);
 // Sum of buf[0, n) with vectorised loads on ATen's threads: the benchmark's read bandwidth.
 double read_probe(const float* buf, int64_t n);
+// out[i] = exp(x[i]) by the kernel's own float exp, for x <= 0 (tests measure its error).
+void exp_values(const float* x, float* out, int64_t n);
 
 }  // namespace hyper_parallel::ce_kernel
