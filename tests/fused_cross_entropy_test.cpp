@@ -507,44 +507,66 @@ TEST(FusedCrossEntropyKernel, StatisticsAndGradientMatchAtenOnAwkwardRows) {
   }
 }
 
-// The bf16 gradient is the float32 gradient of the same values rounded as ATen rounds,
-// bit for bit: plain rows (the kernel's fast rounding) and rows with a smoothing term
-// (ATen's rounding), at large and small and negative incoming gradients, -inf logits.
-TEST(FusedCrossEntropyKernel, Bf16GradientIsTheFloat32GradientRoundedAsAtenRounds) {
-  const int64_t rows = 6, cols = 5003;
-  at::Tensor x = (random_tensor({rows, cols}, 17) * 4).to(at::kBFloat16);
-  x[2].narrow(0, 0, 700).fill_(-std::numeric_limits<double>::infinity());
-  const at::Tensor xf = x.to(at::kFloat);
-  const at::Tensor row_max = std::get<0>(xf.max(1)).contiguous();
-  const at::Tensor log_sum =
-      (xf.to(at::kDouble) - row_max.to(at::kDouble).unsqueeze(1)).exp().sum(1).log().to(at::kFloat);
-  const at::Tensor a = torch::tensor({1.0 / 4096, 1.0, 3.5e20, -0.75, 1e-20, 2.0}, at::kFloat);
-  const at::Tensor col = torch::tensor(std::vector<int64_t>{5, -1, 4098, cols - 2, 0, 17});
-  const at::Tensor tc = a.clone();
-  for (bool smoothing : {false, true}) {
-    SCOPED_TRACE(smoothing ? "smoothing term" : "plain rows");
-    const at::Tensor b = torch::full({rows}, smoothing ? 1e-6 : 0.0, at::kFloat);
-    auto backward = [&](const at::Tensor& in) {
-      at::Tensor out = at::empty_like(in);
-      ce_kernel::BackwardArgs g;
-      g.dtype = in.scalar_type();
-      g.x = in.const_data_ptr();
-      g.out = out.data_ptr();
-      g.rows = rows;
-      g.cols = cols;
-      g.ldx = g.ldo = cols;
-      g.row_max = row_max.const_data_ptr();
-      g.log_sum = log_sum.const_data_ptr();
-      g.a = a.const_data_ptr();
-      g.b = b.const_data_ptr();
-      g.t_coef = tc.const_data_ptr();
-      g.target_col = col.const_data_ptr<int64_t>();
-      ce_kernel::backward(g);
-      return out;
-    };
-    const at::Tensor want = backward(xf).to(at::kBFloat16), got = backward(x);
-    const at::Tensor differ = want.view(at::kShort).ne(got.view(at::kShort));
-    EXPECT_EQ(differ.sum().item<int64_t>(), 0) << "first differing: " << differ.nonzero().narrow(0, 0, 1);
+// The gradient of a logits matrix larger than the caches (written with streaming stores)
+// is the gradient of its rows computed a few at a time (cached stores), bit for bit, in
+// every dtype; and the bf16 gradient is the float32 gradient of the same values rounded as
+// ATen rounds, bit for bit. Plain rows (the kernel's own bf16 rounding) and rows with a
+// smoothing term (ATen's rounding); large, small and negative incoming gradients; -inf
+// logits; rows 32-byte aligned (cols 4112) and not (cols 4099, and the small matrix).
+TEST(FusedCrossEntropyKernel, LargeAndBf16GradientsAreTheSmallFloat32OnesBitForBit) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{6, 5003}, {1200, 4112}, {1200, 4099}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+    at::Tensor x = (random_tensor({rows, cols}, 17) * 4).to(at::kBFloat16);
+    x[2].narrow(0, 0, 700).fill_(-std::numeric_limits<double>::infinity());
+    const at::Tensor xf = x.to(at::kFloat);
+    const at::Tensor row_max = std::get<0>(xf.max(1)).contiguous();
+    const at::Tensor log_sum =
+        (xf.to(at::kDouble) - row_max.to(at::kDouble).unsqueeze(1)).exp().sum(1).log().to(at::kFloat);
+    at::Tensor a = at::full({rows}, 1.0 / 4096, at::kFloat);
+    a.narrow(0, 0, 6).copy_(torch::tensor({1.0 / 4096, 1.0, 3.5e20, -0.75, 1e-20, 2.0}, at::kFloat));
+    at::Tensor col = at::full({rows}, int64_t{3}, at::kLong);
+    col.narrow(0, 0, 6).copy_(torch::tensor(std::vector<int64_t>{5, -1, 4098, cols - 2, 0, 17}));
+    const at::Tensor tc = a.clone();
+    for (bool smoothing : {false, true}) {
+      SCOPED_TRACE(smoothing ? "smoothing term" : "plain rows");
+      const at::Tensor b = torch::full({rows}, smoothing ? 1e-6 : 0.0, at::kFloat);
+      // Rows [r0, r0 + n) of the gradient of `in`, written into `out`.
+      auto backward = [&](const at::Tensor& in, at::Tensor& out, int64_t r0, int64_t n) {
+        ce_kernel::BackwardArgs g;
+        g.dtype = in.scalar_type();
+        g.x = in[r0].const_data_ptr();
+        g.out = out[r0].data_ptr();
+        g.rows = n;
+        g.cols = cols;
+        g.ldx = g.ldo = cols;
+        g.row_max = row_max.const_data_ptr<float>() + r0;
+        g.log_sum = log_sum.const_data_ptr<float>() + r0;
+        g.a = a.const_data_ptr<float>() + r0;
+        g.b = b.const_data_ptr<float>() + r0;
+        g.t_coef = tc.const_data_ptr<float>() + r0;
+        g.target_col = col.const_data_ptr<int64_t>() + r0;
+        ce_kernel::backward(g);
+      };
+      auto whole = [&](const at::Tensor& in) {
+        at::Tensor out = at::empty_like(in);
+        backward(in, out, 0, rows);
+        return out;
+      };
+      auto by_rows = [&](const at::Tensor& in) {
+        at::Tensor out = at::empty_like(in);
+        for (int64_t r0 = 0; r0 < rows; r0 += 16) backward(in, out, r0, std::min<int64_t>(16, rows - r0));
+        return out;
+      };
+      auto expect_same_bits = [](const at::Tensor& want, const at::Tensor& got, const char* what) {
+        const at::Tensor differ = want.view(at::kByte).ne(got.view(at::kByte));
+        EXPECT_EQ(differ.sum().item<int64_t>(), 0) << what << ", first differing byte: " << differ.nonzero()[0];
+      };
+      const at::Tensor f32 = whole(xf);
+      expect_same_bits(by_rows(xf), f32, "float32 whole vs by rows");
+      expect_same_bits(by_rows(x.to(at::kHalf)), whole(x.to(at::kHalf)), "float16 whole vs by rows");
+      expect_same_bits(by_rows(x), whole(x), "bf16 whole vs by rows");
+      expect_same_bits(f32.to(at::kBFloat16), whole(x), "bf16 vs float32 rounded by ATen");
+    }
   }
 }
 

@@ -63,7 +63,29 @@ struct Io {
       at::vec::convert_from_float<scalar_t>(a, b).store(p);
     }
   }
+#if defined(CPU_CAPABILITY_AVX2)
+  // store2 past the caches (p 32-byte aligned): streaming_stores says when.
+  static void stream2(scalar_t* p, const Vec& a, const Vec& b) {
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      _mm256_stream_ps(p, a);
+      _mm256_stream_ps(p + Vec::size(), b);
+    } else if constexpr (std::is_same_v<scalar_t, double>) {
+      _mm256_stream_pd(p, a);
+      _mm256_stream_pd(p + Vec::size(), b);
+    } else {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(p), at::vec::convert_from_float<scalar_t>(a, b));
+    }
+  }
+#endif
 };
+
+// A gradient larger than the caches is written with streaming (non-temporal) stores: a
+// plain store first reads each line it fills (its owner may hold other bytes of it), a
+// third pass over memory the streaming store skips. Smaller ones stay in the caches for
+// whoever reads them next (the fused linear loss's matmul reads its chunk right away).
+inline bool streaming_stores(const BackwardArgs& args, int64_t element_size) {
+  return args.rows * args.cols * element_size >= (int64_t{8} << 20);
+}
 
 // 2^n for vectors t = x * log2(e) + kExpMagic (exp_of_nonpositive below): the magic
 // constant, 1.5 * 2^23 + 127, makes t's low mantissa bits the integer n + 127, so shifting
@@ -125,25 +147,41 @@ inline V vexp(const V& v) {
 }
 
 #if defined(CPU_CAPABILITY_AVX2)
-// Stores 16 floats of magnitude below 2^100 as bf16, rounded to nearest even as ATen
-// rounds: Veltkamp's split h = t - (t - g), t = g (2^16 + 1), is g rounded to 8
-// significant bits (bf16's), so truncating h's low half is exact. ATen's integer rounding
-// takes 16 instructions per 16 values, this 10 (the bf16 backward's largest cost after the
-// exp). Matches ATen's bits for every normal float (checked on 3 M random floats, a third
-// of them ties); a float32 denormal below 2^-126 keeps bits bf16 has no room for and is
-// truncated, within 2^-133 of ATen's value. The magnitude bound keeps t finite.
-inline void store_bf16_by_splitting(c10::BFloat16* p, const Vectorized<float>& a, const Vectorized<float>& b) {
+// 16 bf16 values as two float vectors, the even-indexed and the odd-indexed ones: each
+// is one instruction on the 32-bit lanes (a bf16 is a float's high half), where widening
+// them in order takes five. For loops whose result does not depend on the order
+// (elementwise, a max, a sum); store_bf16_pairs puts each value back in its place.
+inline void load_bf16_pairs(const c10::BFloat16* p, Vectorized<float>& even, Vectorized<float>& odd) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// Stores the even- and odd-indexed values of 16 (load_bf16_pairs' order), each of
+// magnitude below 2^100, as bf16 rounded to nearest even as ATen rounds: Veltkamp's split
+// h = t - (t - g), t = g (2^16 + 1), is g rounded to 8 significant bits (bf16's), so h's
+// high half is the rounded bf16. 8 instructions per 16 values where ATen's integer rounding
+// and narrowing take 16 (the bf16 backward's largest cost after the exp). ATen's bits for
+// every normal float (checked on 3 M random floats, a third of them ties); a float32
+// denormal below 2^-126 keeps bits bf16 has no room for and is truncated, within 2^-133 of
+// ATen's value. The magnitude bound keeps t finite.
+template <bool kStream>
+inline void store_bf16_pairs(c10::BFloat16* p, const Vectorized<float>& even, const Vectorized<float>& odd) {
   // g and t must be rounded floats: GCC contracts a product into a later subtraction (an
   // FMA) by default, and the split of an unrounded g or t is not g's rounding.
-  __m256 ga = a, gb = b;
-  __asm__("" : "+x"(ga), "+x"(gb));
+  __m256 ge = even, go = odd;
+  __asm__("" : "+x"(ge), "+x"(go));
   const __m256 k = _mm256_set1_ps(65537.0f);
-  __m256 ta = _mm256_mul_ps(ga, k), tb = _mm256_mul_ps(gb, k);
-  __asm__("" : "+x"(ta), "+x"(tb));
-  const __m256 ha = _mm256_sub_ps(ta, _mm256_sub_ps(ta, ga)), hb = _mm256_sub_ps(tb, _mm256_sub_ps(tb, gb));
-  const __m256i ia = _mm256_srli_epi32(_mm256_castps_si256(ha), 16);
-  const __m256i ib = _mm256_srli_epi32(_mm256_castps_si256(hb), 16);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permute4x64_epi64(_mm256_packus_epi32(ia, ib), 0xd8));
+  __m256 te = _mm256_mul_ps(ge, k), to = _mm256_mul_ps(go, k);
+  __asm__("" : "+x"(te), "+x"(to));
+  const __m256 he = _mm256_sub_ps(te, _mm256_sub_ps(te, ge)), ho = _mm256_sub_ps(to, _mm256_sub_ps(to, go));
+  // Each 32-bit lane: the even value's bf16 in its low half, the odd value's in its high.
+  const __m256i lanes =
+      _mm256_blend_epi16(_mm256_srli_epi32(_mm256_castps_si256(he), 16), _mm256_castps_si256(ho), 0xAA);
+  if constexpr (kStream)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), lanes);
+  else
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), lanes);
 }
 #endif
 
@@ -180,6 +218,9 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
   const acc_t q_scale = static_cast<acc_t>(args.q_scale), q_shift = static_cast<acc_t>(args.q_shift);
   const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
   const int64_t C = args.cols;
+  // Without probability targets or a smoothing sum, buf feeds only the max and the sum of
+  // exps, so its order within a block is free (load_bf16_pairs).
+  [[maybe_unused]] const bool any_order = !q_all && !args.smoothing_sum;
   for (int64_t r = r0; r < r1; ++r) {
     const scalar_t* x = x_all + r * args.ldx;
     const acc_t* q = q_all ? q_all + r * args.ldq : nullptr;
@@ -194,7 +235,18 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
       Vec vm(ninf);
       for (int64_t j = 0; j < nv; j += kStep) {
         Vec a, b;
+#if defined(CPU_CAPABILITY_AVX2)
+        if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+          if (any_order)
+            load_bf16_pairs(x + c0 + j, a, b);
+          else
+            IO::load2(x + c0 + j, a, b);
+        } else {
+          IO::load2(x + c0 + j, a, b);
+        }
+#else
         IO::load2(x + c0 + j, a, b);
+#endif
         if (cap > 0) {
           a = vcap * (a / vcap).tanh();
           b = vcap * (b / vcap).tanh();
@@ -313,6 +365,7 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
   const auto* q_all = static_cast<const acc_t*>(args.q);
   const int64_t C = args.cols;
   const int64_t nv = C - C % kStep;
+  [[maybe_unused]] const bool stream = streaming_stores(args, sizeof(scalar_t));
   for (int64_t r = r0; r < r1; ++r) {
     const scalar_t* x = static_cast<const scalar_t*>(args.x) + r * args.ldx;
     scalar_t* out = static_cast<scalar_t*>(args.out) + r * args.ldo;
@@ -351,21 +404,54 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
       if (cap > 0) g = g * (vone - th * th);
       return g;
     };
+    // A plain row (no smoothing, weights' term or soft-cap) gets a loop of its own: a
+    // exp(..) only, without the per-vector tests and with registers to spare.
+    const bool plain_row = b == 0 && c == 0 && !(cap > 0);
+    auto plain_grad = [&](const Vec& xv) { return va * vexp((xv - vmax) - vlog_sum); };
     bool done = false;
 #if defined(CPU_CAPABILITY_AVX2)
+    if (plain_row && stream && reinterpret_cast<uintptr_t>(out) % 32 == 0) {
+      if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+        // Elementwise, and below 2^100 when |a| is: values in pairs (load_bf16_pairs),
+        // rounded by splitting (store_bf16_pairs).
+        if (std::abs(a) < acc_t(1e30)) {
+          for (int64_t j = 0; j < nv; j += kStep) {
+            Vec x0, x1;
+            load_bf16_pairs(x + j, x0, x1);
+            store_bf16_pairs<true>(out + j, plain_grad(x0), plain_grad(x1));
+          }
+          done = true;
+        }
+      }
+      for (int64_t j = 0; j < nv && !done; j += kStep) {
+        Vec x0, x1;
+        IO::load2(x + j, x0, x1);
+        IO::stream2(out + j, plain_grad(x0), plain_grad(x1));
+      }
+      // The streamed lines reach memory before the row's scalar stores below, and before
+      // another thread reads the gradient.
+      _mm_sfence();
+      done = true;
+    }
     if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-      // A plain row's gradient, a exp(..), is below 2^100 when |a| is: store it rounded
-      // by splitting (store_bf16_by_splitting), ATen's rounding at 10 instructions, not 16.
-      if (b == 0 && c == 0 && !(cap > 0) && std::abs(a) < acc_t(1e30)) {
+      if (plain_row && !done && std::abs(a) < acc_t(1e30)) {
         for (int64_t j = 0; j < nv; j += kStep) {
           Vec x0, x1;
-          IO::load2(x + j, x0, x1);
-          store_bf16_by_splitting(out + j, va * vexp((x0 - vmax) - vlog_sum), va * vexp((x1 - vmax) - vlog_sum));
+          load_bf16_pairs(x + j, x0, x1);
+          store_bf16_pairs<false>(out + j, plain_grad(x0), plain_grad(x1));
         }
         done = true;
       }
     }
 #endif
+    if (plain_row && !done) {
+      for (int64_t j = 0; j < nv; j += kStep) {
+        Vec x0, x1;
+        IO::load2(x + j, x0, x1);
+        IO::store2(out + j, plain_grad(x0), plain_grad(x1));
+      }
+      done = true;
+    }
     for (int64_t j = 0; j < nv && !done; j += kStep) {
       Vec x0, x1;
       IO::load2(x + j, x0, x1);
