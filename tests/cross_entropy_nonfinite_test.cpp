@@ -173,24 +173,26 @@ TEST(RunningLogSumExp, MergeKeepsANanFromEitherHalf) {
 }
 
 TEST(FusedCrossEntropyKernel, NonFiniteLogitsGiveAtensLossAndGradientAtEveryDegree) {
-  const int64_t cols = 600;
-  const auto rows = nonfinite_rows(cols);
-  for (auto dtype : {at::kDouble, at::kFloat, at::kBFloat16}) {
-    at::Tensor rx = rows.logits.to(dtype).clone().set_requires_grad(true);
-    const at::Tensor want = F::cross_entropy(rx, rows.target, F::CrossEntropyFuncOptions().reduction(torch::kNone));
-    want.sum().backward();
-    const double tol = dtype == at::kDouble ? 1e-12 : dtype == at::kFloat ? 1e-5 : 2e-2;
-    for (int64_t tp : {1, 2, 3}) {
-      run_ranks(tp, [&](int64_t) {
-        auto mesh = init_device_mesh("cpu", {tp});
-        at::Tensor x = distribute_tensor(rows.logits.to(dtype), mesh, {Shard(1)}).set_requires_grad(true);
-        auto guard = loss_parallel();
-        at::Tensor loss = F::cross_entropy(x, rows.target, F::CrossEntropyFuncOptions().reduction(torch::kNone));
-        to_local(loss).sum().backward();
-        const std::string what = c10::str(dtype, " TP ", tp);
-        expect_same_values(full_tensor(loss), want, tol, rows.names, "loss, " + what);
-        expect_same_values(full_tensor(x.grad()), rx.grad(), tol, rows.names, "gradient, " + what);
-      });
+  // 600 columns: one of the kernel's blocks per row; 5000: several, up to TP 2.
+  for (int64_t cols : {600, 5000}) {
+    const auto rows = nonfinite_rows(cols);
+    for (auto dtype : {at::kDouble, at::kFloat, at::kBFloat16}) {
+      at::Tensor rx = rows.logits.to(dtype).clone().set_requires_grad(true);
+      const at::Tensor want = F::cross_entropy(rx, rows.target, F::CrossEntropyFuncOptions().reduction(torch::kNone));
+      want.sum().backward();
+      const double tol = dtype == at::kDouble ? 1e-12 : dtype == at::kFloat ? 1e-5 : 2e-2;
+      for (int64_t tp : {1, 2, 3}) {
+        run_ranks(tp, [&](int64_t) {
+          auto mesh = init_device_mesh("cpu", {tp});
+          at::Tensor x = distribute_tensor(rows.logits.to(dtype), mesh, {Shard(1)}).set_requires_grad(true);
+          auto guard = loss_parallel();
+          at::Tensor loss = F::cross_entropy(x, rows.target, F::CrossEntropyFuncOptions().reduction(torch::kNone));
+          to_local(loss).sum().backward();
+          const std::string what = c10::str(dtype, " TP ", tp);
+          expect_same_values(full_tensor(loss), want, tol, rows.names, "loss, " + what);
+          expect_same_values(full_tensor(x.grad()), rx.grad(), tol, rows.names, "gradient, " + what);
+        });
+      }
     }
   }
 }

@@ -51,6 +51,11 @@ inline NonFiniteRows nonfinite_rows(int64_t cols) {
       {"-inf but the target", {{-1, -inf}, {t, 1.5}}},
       {"-inf but one past 256", {{-1, -inf}, {past, 1.5}}},
       {"NaN at 100, +inf at " + std::to_string(past), {{100, nan}, {past, inf}}},
+      // Long rows: the CPU kernel's later blocks meet these (a block's max rescales the sum).
+      {"+inf at the last column", {{last, inf}}},
+      {"-inf but the last column", {{-1, -inf}, {last, 1.5}}},
+      {"20 at the last column (a max raised a little)", {{last, 20}}},
+      {"60 at the last column (a max raised far)", {{last, 60}}},
   };
   NonFiniteRows r;
   r.logits = random_tensor({static_cast<int64_t>(spec.size()), cols}, 77) * 3;
