@@ -3,9 +3,9 @@
 // dispatch(op, stack) is a short chain of handlers, tried in order:
 //   1. bypass ops that need no layout rule (detach, item, copy_ ...)
 //   2. context routes (loss_parallel plugs in here while its guard is active)
-//   3. layout inference through the DistributedOp registered for get_op_name(op),
-//      memoised in the LayoutCache
-//   4. otherwise an error naming the op and its input placements (or, with
+//   3. DTensors of one layout under a rule that keeps it: the op runs on the pieces
+//   4. layout inference through the DistributedOp for get_op_name(op), in the LayoutCache
+//   5. otherwise an error naming the op and its input placements (or, with
 //      set_implicit_replication(true), replicate the inputs and run locally)
 #pragma once
 
