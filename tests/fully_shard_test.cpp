@@ -245,6 +245,9 @@ TEST(FullyShard, BadConfigurationsAreRefusedNamingTheNumbers) {
   refused(reduce, 2, "training.mixed_precision_reduce = \"bfloat16\" needs training.device = \"cuda\"");
   JobConfig zero = sharded_job(1, 0, 1, "float32", 1);
   refused(zero, 1, "parallelism.data_parallel_shard_degree = 0 must be >= 1");
+  JobConfig unknown_reduce = sharded_job(1, 2, 1, "float32", 1);
+  unknown_reduce.training.mixed_precision_reduce = "float16";
+  refused(unknown_reduce, 2, "training.mixed_precision_reduce = \"float16\" is not one of float32, bfloat16");
   // The library's own checks.
   run_ranks(2, [&](int64_t) {
     const DeviceMesh mesh = init_device_mesh("cpu", {2}, {"dp"});
@@ -341,9 +344,10 @@ TEST(FullyShard, CheckpointsOfShardsResumeAtAnyLayout) {
   compat::remove_all(exported.dump_folder);
 }
 
-// The library's refusals, each triggered: parameters it cannot shard, a parameter used in
-// two backwards without finish_backward, one left out of the loss, and collectives handed
-// buffers of the wrong sizes.
+// The library's refusals, each triggered: parameters it cannot shard (frozen,
+// non-contiguous, of two dtypes in a group, sharing storage, a DTensor of another mesh),
+// a mesh without "dp_shard", a parameter used in two backwards without finish_backward,
+// one left out of the loss, and collectives handed buffers of the wrong sizes.
 TEST(FullyShard, MisuseOfTheLibraryIsNamed) {
   auto expect_refusal = [](const std::function<void()>& f, const std::string& expected) {
     try {
@@ -373,6 +377,28 @@ TEST(FullyShard, MisuseOfTheLibraryIsNamed) {
               mesh);
         },
         "parameter 'b' is Double, the others of its group Float");
+    expect_refusal(
+        [&] {
+          FullyShardedParameters f(Groups{{{"a", at::ones({4}).requires_grad_()}}},
+                                   init_device_mesh("cpu", {2}, {"dp_replicate"}));
+        },
+        "fully_shard: expected a mesh with a \"dp_shard\" dim");
+    const at::Tensor whole = at::ones({4, 3});
+    expect_refusal(
+        [&] {
+          FullyShardedParameters f(
+              Groups{{{"a", whole.narrow(0, 0, 2).requires_grad_()}, {"b", whole.narrow(0, 2, 2).requires_grad_()}}},
+              mesh);
+        },
+        "parameter 'b' shares its storage with another parameter");
+    // A DTensor of another mesh (here its own 1-D "tp" mesh, where the mesh given has no "tp").
+    const at::Tensor elsewhere =
+        distribute_tensor(at::ones({4, 3}), init_device_mesh("cpu", {2}, {"tp"}), {Shard(0)}).requires_grad_();
+    expect_refusal(
+        [&] {
+          FullyShardedParameters f(Groups{{{"w", elsewhere}}}, mesh);
+        },
+        "parameter 'w' is a DTensor on");
     at::Tensor a = at::ones({4, 3}).requires_grad_(), b = at::ones({4, 3}).requires_grad_();
     FullyShardedParameters f(Groups{{{"a", a}, {"b", b}}}, mesh);
     f.gather_all();
