@@ -308,6 +308,14 @@ TEST(CommonLayoutFastPath, ASubclassDoesNotInheritThePromise) {
     reload_distributed_ops();
     EXPECT_TRUE(result.equal(fa.abs().neg())) << "the subclass's finalize() was skipped";
     EXPECT_TRUE(full_tensor(a.abs()).equal(fa.abs())) << "the built-in rule again";
+    // The same through an unboxed kernel, which memoises its op's fast path: the memo must
+    // not outlive the registry change.
+    EXPECT_TRUE(full_tensor(a + a).equal(fa + fa));
+    register_distributed_op("add", std::make_shared<NegatingPointwiseOp>());
+    const at::Tensor added = full_tensor(a + a);
+    reload_distributed_ops();
+    EXPECT_TRUE(added.equal((fa + fa).neg())) << "the unboxed kernel's memo outlived the registry change";
+    EXPECT_TRUE(full_tensor(a + a).equal(fa + fa)) << "the built-in rule again";
   });
 }
 

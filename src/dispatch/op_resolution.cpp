@@ -86,4 +86,6 @@ bool takes_common_layout_fast_path(const c10::OperatorHandle& op) { return table
 
 void invalidate_op_resolutions() { generation.fetch_add(1, std::memory_order_acq_rel); }
 
+uint64_t op_resolution_generation() { return generation.load(std::memory_order_acquire); }
+
 }  // namespace hyper_parallel

@@ -48,5 +48,7 @@ bool takes_common_layout_fast_path(const c10::OperatorHandle& op);
 
 // Every thread re-resolves its operators on next use (call after any registry change).
 void invalidate_op_resolutions();
+// Bumped by invalidate_op_resolutions(): what a memo of a resolution is checked against.
+uint64_t op_resolution_generation();
 
 }  // namespace hyper_parallel
