@@ -514,7 +514,9 @@ TEST(FusedCrossEntropyKernel, StatisticsAndGradientMatchAtenOnAwkwardRows) {
 // rounding); large, small and negative incoming gradients; -inf logits; rows 32-byte aligned (cols 4112) and not (cols
 // 4099, and the small matrix).
 TEST(FusedCrossEntropyKernel, LargeAndBf16GradientsAreTheSmallFloat32OnesBitForBit) {
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{6, 5003}, {1200, 4112}, {1200, 4099}}) {
+  for (const auto& shape : {std::pair<int64_t, int64_t>{6, 5003}, {1200, 4112}, {1200, 4099}}) {
+    // Named copies, not a structured binding: the lambdas below capture them (clang < 16).
+    const int64_t rows = shape.first, cols = shape.second;
     SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
     at::Tensor x = (random_tensor({rows, cols}, 17) * 4).to(at::kBFloat16);
     x[2].narrow(0, 0, 700).fill_(-std::numeric_limits<double>::infinity());
