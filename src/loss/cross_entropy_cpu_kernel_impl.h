@@ -40,6 +40,18 @@ namespace {
 
 using at::vec::Vectorized;
 
+#if defined(CPU_CAPABILITY_AVX2)
+// 16 bf16 values as two float vectors, the even-indexed and the odd-indexed ones: each
+// is one instruction on the 32-bit lanes (a bf16 is a float's high half), where widening
+// them in order takes five. For loops whose result does not depend on the order
+// (elementwise, a max, a sum); store_bf16_pairs puts each value back in its place.
+inline void load_bf16_pairs(const c10::BFloat16* p, Vectorized<float>& even, Vectorized<float>& odd) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+#endif
+
 // Loads/stores two accumulator vectors' worth of elements (a 16-bit vector converts to
 // exactly two float vectors), so every type steps by the same kStep.
 template <typename scalar_t>
@@ -62,6 +74,18 @@ struct Io {
     } else {
       at::vec::convert_from_float<scalar_t>(a, b).store(p);
     }
+  }
+  // load2 for a caller that needs the values but not their order (a max, a sum):
+  // bf16 on AVX2 loads them as even and odd halves (load_bf16_pairs), cheaper.
+  static void load2_in_any_order(const scalar_t* p, Vec& a, Vec& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
+      load_bf16_pairs(p, a, b);
+    else
+      load2(p, a, b);
+#else
+    load2(p, a, b);
+#endif
   }
 #if defined(CPU_CAPABILITY_AVX2)
   // store2 past the caches (p 32-byte aligned): streaming_stores says when.
@@ -147,16 +171,6 @@ inline V vexp(const V& v) {
 }
 
 #if defined(CPU_CAPABILITY_AVX2)
-// 16 bf16 values as two float vectors, the even-indexed and the odd-indexed ones: each
-// is one instruction on the 32-bit lanes (a bf16 is a float's high half), where widening
-// them in order takes five. For loops whose result does not depend on the order
-// (elementwise, a max, a sum); store_bf16_pairs puts each value back in its place.
-inline void load_bf16_pairs(const c10::BFloat16* p, Vectorized<float>& even, Vectorized<float>& odd) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-  odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
-}
-
 // Stores the even- and odd-indexed values of 16 (load_bf16_pairs' order), each of
 // magnitude below 2^100, as bf16 rounded to nearest even as ATen rounds: Veltkamp's split
 // h = t - (t - g), t = g (2^16 + 1), is g rounded to 8 significant bits (bf16's), so h's
@@ -219,8 +233,8 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
   const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
   const int64_t C = args.cols;
   // Without probability targets or a smoothing sum, buf feeds only the max and the sum of
-  // exps, so its order within a block is free (load_bf16_pairs).
-  [[maybe_unused]] const bool any_order = !q_all && !args.smoothing_sum;
+  // exps, so its order within a block is free (Io::load2_in_any_order).
+  const bool any_order = !q_all && !args.smoothing_sum;
   for (int64_t r = r0; r < r1; ++r) {
     const scalar_t* x = x_all + r * args.ldx;
     const acc_t* q = q_all ? q_all + r * args.ldq : nullptr;
@@ -235,18 +249,10 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
       Vec vm(ninf);
       for (int64_t j = 0; j < nv; j += kStep) {
         Vec a, b;
-#if defined(CPU_CAPABILITY_AVX2)
-        if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-          if (any_order)
-            load_bf16_pairs(x + c0 + j, a, b);
-          else
-            IO::load2(x + c0 + j, a, b);
-        } else {
+        if (any_order)
+          IO::load2_in_any_order(x + c0 + j, a, b);
+        else
           IO::load2(x + c0 + j, a, b);
-        }
-#else
-        IO::load2(x + c0 + j, a, b);
-#endif
         if (cap > 0) {
           a = vcap * (a / vcap).tanh();
           b = vcap * (b / vcap).tanh();
@@ -404,58 +410,51 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
       if (cap > 0) g = g * (vone - th * th);
       return g;
     };
-    // A plain row (no smoothing, weights' term or soft-cap) gets a loop of its own: a
-    // exp(..) only, without the per-vector tests and with registers to spare.
+    // The row's vectors: loaded, their gradient taken, stored, each in one of the ways below.
+    auto vectors = [&](auto load, auto store, auto gradient) {
+      for (int64_t j = 0; j < nv; j += kStep) {
+        Vec x0, x1;
+        load(x + j, x0, x1);
+        store(out + j, gradient(x0, j), gradient(x1, j + VS));
+      }
+    };
+    auto load = [](const scalar_t* p, Vec& v0, Vec& v1) { IO::load2(p, v0, v1); };
+    auto store = [](scalar_t* p, const Vec& v0, const Vec& v1) { IO::store2(p, v0, v1); };
+    // A plain row (no smoothing, weights' term or soft-cap) takes a exp(..) only: no
+    // per-vector tests, and registers to spare.
     const bool plain_row = b == 0 && c == 0 && !(cap > 0);
-    auto plain_grad = [&](const Vec& xv) { return va * vexp((xv - vmax) - vlog_sum); };
-    bool done = false;
+    auto plain_grad = [&](const Vec& xv, int64_t) { return va * vexp((xv - vmax) - vlog_sum); };
+    if (!plain_row) {
+      vectors(load, store, grad);
+    } else {
 #if defined(CPU_CAPABILITY_AVX2)
-    if (plain_row && stream && reinterpret_cast<uintptr_t>(out) % 32 == 0) {
+      const bool streaming = stream && reinterpret_cast<uintptr_t>(out) % 32 == 0;
+      bool pairs = false;
       if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
         // Elementwise, and below 2^100 when |a| is: values in pairs (load_bf16_pairs),
         // rounded by splitting (store_bf16_pairs).
-        if (std::abs(a) < acc_t(1e30)) {
-          for (int64_t j = 0; j < nv; j += kStep) {
-            Vec x0, x1;
-            load_bf16_pairs(x + j, x0, x1);
-            store_bf16_pairs<true>(out + j, plain_grad(x0), plain_grad(x1));
-          }
-          done = true;
-        }
+        pairs = std::abs(a) < acc_t(1e30);
+        auto load_pairs = [](const scalar_t* p, Vec& v0, Vec& v1) { load_bf16_pairs(p, v0, v1); };
+        if (pairs && streaming)
+          vectors(
+              load_pairs, [](scalar_t* p, const Vec& v0, const Vec& v1) { store_bf16_pairs<true>(p, v0, v1); },
+              plain_grad);
+        else if (pairs)
+          vectors(
+              load_pairs, [](scalar_t* p, const Vec& v0, const Vec& v1) { store_bf16_pairs<false>(p, v0, v1); },
+              plain_grad);
       }
-      for (int64_t j = 0; j < nv && !done; j += kStep) {
-        Vec x0, x1;
-        IO::load2(x + j, x0, x1);
-        IO::stream2(out + j, plain_grad(x0), plain_grad(x1));
-      }
+      if (!pairs && streaming)
+        vectors(
+            load, [](scalar_t* p, const Vec& v0, const Vec& v1) { IO::stream2(p, v0, v1); }, plain_grad);
+      else if (!pairs)
+        vectors(load, store, plain_grad);
       // The streamed lines reach memory before the row's scalar stores below, and before
       // another thread reads the gradient.
-      _mm_sfence();
-      done = true;
-    }
-    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-      if (plain_row && !done && std::abs(a) < acc_t(1e30)) {
-        for (int64_t j = 0; j < nv; j += kStep) {
-          Vec x0, x1;
-          load_bf16_pairs(x + j, x0, x1);
-          store_bf16_pairs<false>(out + j, plain_grad(x0), plain_grad(x1));
-        }
-        done = true;
-      }
-    }
+      if (streaming) _mm_sfence();
+#else
+      vectors(load, store, plain_grad);
 #endif
-    if (plain_row && !done) {
-      for (int64_t j = 0; j < nv; j += kStep) {
-        Vec x0, x1;
-        IO::load2(x + j, x0, x1);
-        IO::store2(out + j, plain_grad(x0), plain_grad(x1));
-      }
-      done = true;
-    }
-    for (int64_t j = 0; j < nv && !done; j += kStep) {
-      Vec x0, x1;
-      IO::load2(x + j, x0, x1);
-      IO::store2(out + j, grad(x0, j), grad(x1, j + VS));
     }
     auto scalar_grad = [&](acc_t xv, int64_t j, bool is_target) {
       const acc_t th = cap > 0 ? std::tanh(xv / cap) : acc_t(0);
