@@ -18,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -391,6 +392,47 @@ TEST(Launcher, RankEnvironmentOffsetsRanksByNodeRank) {
   EXPECT_EQ(vars.at("MASTER_PORT"), "777");
 }
 
+TEST(Launcher, ParserReadsThreadsPerRankAsACountOrAuto) {
+  EXPECT_FALSE(hl::parse_arguments({"prog"}).threads_per_rank.has_value());
+  EXPECT_EQ(hl::parse_arguments({"--threads-per-rank", "3", "prog"}).threads_per_rank, 3);
+  EXPECT_EQ(hl::parse_arguments({"--threads_per_rank=auto", "prog"}).threads_per_rank, 0);
+  expect_usage_error({"--threads-per-rank", "0", "p"}, {"--threads-per-rank", "auto", "0"});
+  expect_usage_error({"--threads-per-rank", "two", "p"}, {"--threads-per-rank", "auto", "two"});
+}
+
+// torchrun's rule when nothing is chosen: one intra-op thread per rank when several share
+// the node and OMP_NUM_THREADS is unset (LibTorch's default, one thread per core in every
+// rank, oversubscribes the cores). A choice on the command line wins over the variable.
+TEST(Launcher, IntraOpThreadsPerRankFollowTorchrunUnlessChosen) {
+  hl::LaunchOptions o;
+  o.nproc_per_node = 2;
+  hl::RankThreads t = hl::rank_threads(o, nullptr, 16);
+  EXPECT_EQ(t.omp_num_threads, 1);
+  EXPECT_NE(t.message.find("OMP_NUM_THREADS=1"), std::string::npos) << t.message;
+  EXPECT_NE(t.message.find("--threads-per-rank"), std::string::npos) << t.message;
+
+  t = hl::rank_threads(o, "4", 16);  // the user's variable is left alone, silently
+  EXPECT_FALSE(t.omp_num_threads.has_value());
+  EXPECT_EQ(t.message, "");
+
+  o.nproc_per_node = 1;  // one rank may use every core, as with torchrun
+  t = hl::rank_threads(o, nullptr, 16);
+  EXPECT_FALSE(t.omp_num_threads.has_value());
+  EXPECT_EQ(t.message, "");
+
+  o.nproc_per_node = 3;
+  o.threads_per_rank = 0;  // auto: the usable cores split between the local ranks
+  t = hl::rank_threads(o, nullptr, 16);
+  EXPECT_EQ(t.omp_num_threads, 5);
+  EXPECT_NE(t.message.find("5 intra-op threads"), std::string::npos) << t.message;
+  EXPECT_EQ(hl::rank_threads(o, nullptr, 2).omp_num_threads, 1);  // never 0
+
+  o.threads_per_rank = 7;  // an explicit count wins over the variable, and says so
+  t = hl::rank_threads(o, "4", 16);
+  EXPECT_EQ(t.omp_num_threads, 7);
+  EXPECT_NE(t.message.find("OMP_NUM_THREADS=4"), std::string::npos) << t.message;
+}
+
 TEST(Launcher, WaitStatusesAreDescribedAndMappedToExitCodes) {
   // Real statuses, from children that exit or are killed.
   auto status_of = [](const char* script) {
@@ -452,6 +494,54 @@ TEST(Launcher, ExplicitMasterPortAndAddressArePassedThrough) {
       run_hp({"--master-port=4321", "--master-addr", "127.0.0.1", "sh", "-c", "echo $MASTER_ADDR:$MASTER_PORT"});
   EXPECT_EQ(o.exit_code, 0) << o.err;
   EXPECT_EQ(o.out, "[rank0]: 127.0.0.1:4321\n");
+}
+
+// OMP_NUM_THREADS of hp-run's own environment for one scope.
+class ScopedOmpNumThreads {
+ public:
+  explicit ScopedOmpNumThreads(const char* value) {
+    if (const char* old = std::getenv("OMP_NUM_THREADS")) old_ = old;
+    if (value != nullptr) {
+      ::setenv("OMP_NUM_THREADS", value, 1);
+    } else {
+      ::unsetenv("OMP_NUM_THREADS");
+    }
+  }
+  ~ScopedOmpNumThreads() {
+    if (old_) {
+      ::setenv("OMP_NUM_THREADS", old_->c_str(), 1);
+    } else {
+      ::unsetenv("OMP_NUM_THREADS");
+    }
+  }
+
+ private:
+  std::optional<std::string> old_;
+};
+
+TEST(Launcher, RanksSharingANodeGetOneIntraOpThreadEachAndAreToldOnce) {
+  const char* script = "echo threads=${OMP_NUM_THREADS:-unset}";
+  {
+    ScopedOmpNumThreads unset(nullptr);
+    const Outcome o = run_hp(sh_ranks(2, script));
+    EXPECT_EQ(o.exit_code, 0) << o.err;
+    EXPECT_TRUE(contains(o.out, "[rank0]: threads=1\n")) << o.out;
+    EXPECT_TRUE(contains(o.out, "[rank1]: threads=1\n")) << o.out;
+    const size_t first = o.err.find("OMP_NUM_THREADS=1");
+    EXPECT_NE(first, std::string::npos) << o.err;
+    EXPECT_EQ(o.err.find("OMP_NUM_THREADS=1", first + 1), std::string::npos) << "said more than once: " << o.err;
+
+    const Outcome chosen = run_hp(sh_ranks(2, script, {"--threads-per-rank", "3"}));
+    EXPECT_EQ(chosen.exit_code, 0) << chosen.err;
+    EXPECT_TRUE(contains(chosen.out, "[rank1]: threads=3\n")) << chosen.out;
+
+    const Outcome one = run_hp({"sh", "-c", script});
+    EXPECT_EQ(one.out, "[rank0]: threads=unset\n");
+  }
+  ScopedOmpNumThreads set("2");
+  const Outcome o = run_hp(sh_ranks(2, script));
+  EXPECT_TRUE(contains(o.out, "[rank1]: threads=2\n")) << o.out;
+  EXPECT_EQ(o.err.find("OMP_NUM_THREADS"), std::string::npos) << o.err;
 }
 
 TEST(Launcher, FailingRankStopsTheOthersAndPropagatesItsExitStatus) {

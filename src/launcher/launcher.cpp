@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #ifdef __linux__
+#include <sched.h>
 #include <sys/prctl.h>
 #endif
 
@@ -45,7 +46,7 @@ namespace {
 
 constexpr const char* kKnownOptions =
     "--nproc-per-node, --nnodes, --node-rank, --master-addr, --master-port, "
-    "--timeout-on-failure, --help";
+    "--timeout-on-failure, --threads-per-rank, --help";
 
 // torchrun spells its options with underscores; accept both spellings.
 std::string canonical_option_name(std::string name) {
@@ -125,7 +126,8 @@ LaunchOptions parse_arguments(const std::vector<std::string>& args) {
     const std::string spelled = arg.substr(0, eq);
     const std::string name = canonical_option_name(spelled);
     const bool known = name == "--nproc-per-node" || name == "--nnodes" || name == "--node-rank" ||
-                       name == "--master-addr" || name == "--master-port" || name == "--timeout-on-failure";
+                       name == "--master-addr" || name == "--master-port" || name == "--timeout-on-failure" ||
+                       name == "--threads-per-rank";
     if (!known) {
       throw UsageError("unknown option '" + spelled + "'; expected one of " + kKnownOptions + ", or PROGRAM");
     }
@@ -151,6 +153,16 @@ LaunchOptions parse_arguments(const std::vector<std::string>& args) {
       o.master_addr = value;
     } else if (name == "--master-port") {
       o.master_port = parse_int_option(spelled, value, 1, 65535);
+    } else if (name == "--threads-per-rank") {
+      if (value == "auto") {
+        o.threads_per_rank = 0;
+      } else {
+        try {
+          o.threads_per_rank = parse_int_option(spelled, value, 1, 1 << 16);
+        } catch (const UsageError& e) {
+          throw UsageError(std::string(e.what()) + " or 'auto'");
+        }
+      }
     } else {
       o.timeout_on_failure = parse_seconds_option(spelled, value);
     }
@@ -185,6 +197,10 @@ std::string usage_text() {
          "                            otherwise a free local port is chosen\n"
          "  --timeout-on-failure SEC  grace period between SIGTERM and SIGKILL\n"
          "                            when stopping the ranks (default 5)\n"
+         "  --threads-per-rank N|auto intra-op threads of each rank (OMP_NUM_THREADS);\n"
+         "                            auto: the usable cores / local ranks. Default,\n"
+         "                            as torchrun: 1 when several ranks share the node\n"
+         "                            and OMP_NUM_THREADS is unset\n"
          "  -h, --help                print this help and exit\n"
          "\n"
          "exit status: 0 if all ranks succeed; the failed rank's exit status\n"
@@ -229,6 +245,36 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOp
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(master_port)},
   };
+}
+
+RankThreads rank_threads(const LaunchOptions& o, const char* omp_num_threads, int usable_cores) {
+  RankThreads t;
+  if (o.threads_per_rank) {
+    const bool automatic = *o.threads_per_rank == 0;
+    t.omp_num_threads = automatic ? std::max(1, usable_cores / o.nproc_per_node) : *o.threads_per_rank;
+    const int n = *t.omp_num_threads;
+    t.message = "each of the " + std::to_string(o.nproc_per_node) + " local ranks runs " + std::to_string(n) +
+                (n == 1 ? " intra-op thread" : " intra-op threads") + " (OMP_NUM_THREADS=" + std::to_string(n) +
+                ", --threads-per-rank " +
+                (automatic ? "auto: " + std::to_string(usable_cores) + " usable cores" : std::to_string(n)) + ")";
+    if (omp_num_threads != nullptr)
+      t.message += "; hp-run's OMP_NUM_THREADS=" + std::string(omp_num_threads) + " is not passed on";
+  } else if (omp_num_threads == nullptr && o.nproc_per_node > 1) {
+    t.omp_num_threads = 1;
+    t.message = "OMP_NUM_THREADS is not set: each of the " + std::to_string(o.nproc_per_node) +
+                " local ranks gets OMP_NUM_THREADS=1, as with torchrun, so that they do not oversubscribe the cores "
+                "(choose with --threads-per-rank N|auto or OMP_NUM_THREADS)";
+  }
+  return t;
+}
+
+int usable_cores() {
+#ifdef __linux__
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  const long online = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? static_cast<int>(std::min<long>(online, INT_MAX)) : 1;
 }
 
 std::string signal_name(int sig) {
@@ -526,6 +572,8 @@ class Supervisor {
     set_cloexec(devnull_);
 
     make_error_dir();
+    threads_ = rank_threads(options_, std::getenv("OMP_NUM_THREADS"), usable_cores());
+    if (!threads_.message.empty()) report(threads_.message);
     SignalScope signals;
     start_ranks(port);
     supervise(signals.read_fd());
@@ -561,6 +609,7 @@ class Supervisor {
     // The child's environment: ours minus the variables we set, then ours.
     std::vector<std::pair<std::string, std::string>> vars = rank_environment(options_, r.local_rank, port);
     if (!error_dir_.empty()) vars.emplace_back(kErrorFileVariable, error_file(r));
+    if (threads_.omp_num_threads) vars.emplace_back("OMP_NUM_THREADS", std::to_string(*threads_.omp_num_threads));
     std::vector<std::string> env;
     for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
       const std::string entry(*e);
@@ -884,6 +933,7 @@ class Supervisor {
   std::vector<Rank> ranks_;
   std::string error_dir_;
   int devnull_ = -1;
+  RankThreads threads_;  // what each rank gets as OMP_NUM_THREADS (--threads-per-rank)
   bool stopping_ = false;
   bool killed_ = false;
   Clock::time_point kill_deadline_{};

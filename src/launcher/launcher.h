@@ -11,6 +11,7 @@
 // launcher builds and runs even where the tensor library does not.
 #pragma once
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -30,6 +31,10 @@ struct LaunchOptions {
   // Seconds between SIGTERM and SIGKILL when the ranks are being stopped
   // (after a failure or after hp-run itself was interrupted).
   double timeout_on_failure = 5.0;
+  // --threads-per-rank: each rank's intra-op threads (OMP_NUM_THREADS); 0 means "auto" (the
+  // cores hp-run may use, split between the local ranks). Unset: torchrun's rule
+  // (rank_threads).
+  std::optional<int> threads_per_rank;
   // --help was given; nothing else is validated then.
   bool show_help = false;
   // PROGRAM followed by its arguments, passed through verbatim.
@@ -62,6 +67,22 @@ int pick_free_port();
 // order they are set.
 std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOptions& options, int local_rank,
                                                                   int master_port);
+
+// The intra-op threads each rank is given, and what hp-run says about it (once).
+struct RankThreads {
+  std::optional<int> omp_num_threads;  // unset: the rank inherits hp-run's environment
+  std::string message;                 // "" when there is nothing to say
+};
+
+// --threads-per-rank N or auto when given (auto: max(1, usable_cores / nproc_per_node)),
+// overriding OMP_NUM_THREADS; otherwise torchrun's rule: OMP_NUM_THREADS=1 for each rank when
+// several share the node and the variable is unset (LibTorch would give every rank one
+// thread per core), and nothing when it is set or there is one rank. `omp_num_threads` is
+// hp-run's own OMP_NUM_THREADS (nullptr: unset).
+RankThreads rank_threads(const LaunchOptions& options, const char* omp_num_threads, int usable_cores);
+
+// The cores this process may run on (its CPU affinity), at least 1.
+int usable_cores();
 
 // "SIGKILL" for 9, "signal 77" for numbers it does not know.
 std::string signal_name(int signal_number);
