@@ -23,6 +23,9 @@ HP_VENV="$HP_CACHE/torch-$HP_TORCH_VERSION"
 # ccache: paths relative to the clone, so that every clone on this machine (CI's fresh ones
 # in other folders) hits the same cache despite -g.
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$HP_ROOT}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
+# Both build trees with their precompiled headers take ~4 GB; ccache's default of 5 GB would
+# start evicting the other tree's entries.
+export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-20G}"
 
 # Debian packages. libgloo-dev: the wheel ships ProcessGroupGloo.hpp but not the gloo/
 # headers it includes.
