@@ -1,5 +1,7 @@
 // The Trainer: loss curves agree across TP 1, TP 2 with loss parallel and TP 2 without,
 // and resuming from a checkpoint continues exactly.
+#include <ATen/Parallel.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <iostream>
 
@@ -7,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
@@ -20,6 +23,7 @@
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::run_ranks;
+using ::testing::HasSubstr;
 
 namespace {
 
@@ -219,6 +223,24 @@ TEST(Trainer, ResumingFromACheckpointContinuesExactly) {
   // Rank 0 logged JSON lines for every step it ran.
   auto records = read_metrics(split_dir + "/" + second.metrics.folder + "/metrics.jsonl");
   EXPECT_EQ(records.size(), 10u);
+}
+
+// Ranks sharing a node must not each take every core (hp-run and torchrun set
+// OMP_NUM_THREADS=1 for them): the start-up line and every metrics record say how many
+// intra-op threads each rank runs, so an oversubscribed job shows it.
+TEST(Trainer, StartUpLineAndMetricsNameTheIntraOpThreadsPerRank) {
+  const std::string dir = fresh_dir("threads");
+  JobConfig job = tiny_job(dir, 2, false, 2);
+  std::ostringstream log;
+  run_ranks(2, [&](int64_t rank) {
+    Trainer trainer(job, rank == 0 ? &log : nullptr);
+    trainer.train();
+  });
+  const int threads = at::get_num_threads();
+  EXPECT_THAT(log.str(), HasSubstr("; " + std::to_string(threads) + " intra-op thread")) << log.str();
+  const auto records = read_metrics(dir + "/" + job.metrics.folder + "/metrics.jsonl");
+  ASSERT_EQ(records.size(), 2u);
+  for (const auto& r : records) EXPECT_EQ(r.at("intra_op_threads"), threads) << r.dump();
 }
 
 namespace {

@@ -2,6 +2,8 @@
 
 #include <sys/resource.h>
 
+#include <ATen/Parallel.h>
+
 #include "core/collective_stats.h"
 #include "train/progress.h"
 
@@ -69,7 +71,8 @@ nlohmann::json metrics_record(const StepResult& r, double tokens_per_s, int64_t 
                         {"peak_memory_mb", peak_memory_mib()},
                         {"step_s", r.seconds},
                         {"minor_faults", r.minor_faults},
-                        {"system_s", r.system_seconds}};
+                        {"system_s", r.system_seconds},
+                        {"intra_op_threads", at::get_num_threads()}};
   int64_t collectives = 0;
   double collective_s = 0;
   for (size_t i = 0; i < kStepPhases; ++i) {

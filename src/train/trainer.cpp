@@ -335,6 +335,10 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
           << (config_.training.fused_linear_loss ? ", fused linear loss" : "");
     if (t.z_loss_weight > 0) *log_ << ", z-loss " << t.z_loss_weight;
     if (t.logit_softcap > 0) *log_ << ", logit soft-cap " << t.logit_softcap;
+    // Ranks sharing a node each running one thread per core is the commonest slow-down
+    // (hp-run and torchrun set OMP_NUM_THREADS=1 for them): say what each rank runs.
+    const int threads = at::get_num_threads();
+    *log_ << "; " << threads << (threads == 1 ? " intra-op thread" : " intra-op threads") << " per rank";
     *log_ << std::endl;
   }
   checkpoints_->set_data_identity(
