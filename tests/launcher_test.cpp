@@ -656,6 +656,7 @@ TEST(Launcher, RankIgnoringSigtermIsKilledAfterTimeoutOnFailure) {
 }
 
 TEST(Launcher, AllRanksSucceedingExitsZeroEvenIfTheyFinishAtDifferentTimes) {
+  ScopedOmpNumThreads set("1");  // else hp-run's one line on threads per rank is on stderr
   const Outcome o = run_hp(sh_ranks(3, "sleep 0.$RANK; echo done"));
   EXPECT_EQ(o.exit_code, 0) << o.err;
   EXPECT_EQ(by_rank(o.out).size(), 3u);
@@ -703,6 +704,7 @@ TEST(Launcher, RanksDieWhenLauncherIsKilled) {
 
 TEST(Launcher, LongOutputIsPrefixedLineByLineAndComplete) {
   // Each line is written in two pieces, and the last has no newline at all.
+  ScopedOmpNumThreads set("1");  // stderr holds the ranks' lines alone
   const Outcome o = run_hp(sh_ranks(2,
                                     "i=0; while [ $i -lt 2000 ]; do printf 'r%s-' $RANK; printf '%s\\n' $i; "
                                     "printf 'e%s-%s\\n' $RANK $i >&2; i=$((i+1)); done; printf 'tail-r%s' $RANK"));
