@@ -118,6 +118,11 @@ void check_device(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at::Te
 bool needs_float_wire(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 && pg->getBackendName() == "gloo";
 }
+// bfloat16 travels over Gloo as float16 bits: a gather only copies bytes, and Gloo knows
+// float16 but not bfloat16 (nor int16).
+at::Tensor gather_wire(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at::Tensor& t) {
+  return needs_float_wire(pg, t) ? t.view(at::kHalf) : t;
+}
 // The torch.chunk pieces of `full` along `dim`, each moved to dim 0 and padded at its end to
 // the first (largest) piece's length: c10d's scatters need equal-sized buffers.
 std::vector<at::Tensor> padded_chunks(const at::Tensor& full, int64_t dim, int64_t n) {
@@ -183,12 +188,6 @@ PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
 PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
 
 namespace {
-
-// bfloat16 travels over Gloo as float16 bits: a gather only copies bytes, and Gloo knows
-// float16 but not bfloat16 (nor int16).
-at::Tensor gather_wire(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, const at::Tensor& t) {
-  return needs_float_wire(pg, t) ? t.view(at::kHalf) : t;
-}
 
 // A gather's recv / a reduce-scatter's send (`whole`) holds comm.size() x `part`.
 void check_whole_and_part(const char* what, const Communicator& comm, const at::Tensor& whole, const char* whole_name,
@@ -348,7 +347,8 @@ at::Tensor Communicator::all_gather(const at::Tensor& local, int64_t dim, const 
   TORCH_CHECK(local.size(dim) == sizes[rank_], "all_gather: local piece has ", local.size(dim), " rows along dim ", dim,
               " but rank ", rank_, " was expected to hold ", sizes[rank_]);
   if (needs_float_wire(pg_, local)) {
-    return all_gather(local.to(at::kFloat), dim, sizes).to(at::kBFloat16);
+    // A gather copies bytes: bfloat16 travels as float16 bits (gather_wire), not widened.
+    return all_gather(gather_wire(pg_, local), dim, sizes).view(at::kBFloat16);
   }
   ++tls_counts.all_gather;
   if (size() == 1) return local;
