@@ -10,9 +10,18 @@
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
 #include <cstdio>
 #include <set>
 #include <fstream>
@@ -435,6 +444,163 @@ TEST(HfExport, HpHfExportWritesTheWeightsOfATrainingCheckpointSavedAtDp2Tp2) {
   const auto missing = run_command(binary_path("hp-hf-export") + " '" + scratch("no_run") + "' '" + out + "' 2>&1");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_THAT(missing.output, HasSubstr("no checkpoint in"));
+  // Probe: --max-shard-bytes 5e9 became 5 bytes, --step 1x exported step 1, --step abc
+  // printed only "stoll". The whole argument is the number, or an error naming it.
+  for (const auto& [args, said] : std::vector<std::pair<std::string, std::string>>{
+           {"--max-shard-bytes 5e9", "--max-shard-bytes 5e9: expected a whole number >= 1"},
+           {"--step 1x", "--step 1x: expected a whole number >= 0"},
+           {"--step abc", "--step abc: expected a whole number >= 0"},
+           {"--max-shard-bytes 0", "--max-shard-bytes 0: expected a whole number >= 1"},
+           {"--step 99999999999999999999", "--step 99999999999999999999: expected a whole number"}}) {
+    const std::string refused = scratch("refused");
+    const auto bad = run_command(binary_path("hp-hf-export") + " '" + folder + "' '" + refused + "' " + args + " 2>&1");
+    EXPECT_EQ(bad.exit_code, 1) << args << ": " << bad.output;
+    EXPECT_THAT(bad.output, HasSubstr(said)) << args;
+    EXPECT_FALSE(compat::path_exists(refused)) << args;
+  }
+}
+
+// Probe: hp-hf-export said "saved at dp 1 x tp 2" for a dp 1 x FSDP 2 x TP 2 checkpoint.
+TEST(HfExport, HpHfExportNamesTheShardDegreeOfAnFsdpCheckpoint) {
+  train::JobConfig job = hyper_parallel::testing::tiny_checkpointed_job(scratch("fsdp_run"), /*tp=*/1, /*steps=*/1);
+  job.parallelism.data_parallel_shard_degree = 2;
+  hyper_parallel::testing::train_steps(job, 1, 1, /*save=*/true);
+  const std::string folder = hyper_parallel::testing::checkpoint_path(job, "");
+  const auto r = run_command(binary_path("hp-hf-export") + " '" + folder + "' '" + scratch("fsdp_export") + "' 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("step 1 (saved at dp 1 x fsdp 2 x tp 1, float32)"));
+}
+
+// Probe: `(ulimit -f 49; hp-hf-export ... --step 2)` over step 1's sharded export left
+// shards 1-9 of step 2 beside 10-11, the index and config.json of step 1 and a .tmp, and
+// from_pretrained loaded the mix. An export is staged beside the folder and swapped in
+// whole: a failed one leaves the earlier export as it was, and nothing beside it.
+TEST(HfExport, AnInterruptedExportLeavesTheEarlierOneWholeAndNothingBeside) {
+  const LlamaArgs args = export_args();
+  const std::string parent = scratch("interrupted"), folder = parent + "/hf";
+  compat::remove_all(parent);
+  HfExportOptions sharded;
+  sharded.max_shard_bytes = 2000;  // 16 files
+  export_at(args, 1, folder, sharded);
+  std::ofstream(folder + "/README.md") << "the user's own notes";
+  std::map<std::string, std::string> before;
+  for (const std::string& name : compat::list_directory(folder)) before[name] = file_bytes(folder + "/" + name);
+  // The next export (other weights, other shards) fails at its first file larger than its
+  // first one: the file-size limit of `ulimit -f`, with SIGXFSZ ignored so that the write
+  // fails instead of killing the test. Its sizes come from the same export elsewhere.
+  HfExportOptions next;
+  next.max_shard_bytes = 7000;
+  std::vector<int64_t> sizes;
+  {
+    const std::string dry = scratch("interrupted_dry");
+    Llama other = seeded_model(args, 1, /*seed=*/8);
+    export_hf_checkpoint(*other, model_family("llama"), dry, next);
+    for (const std::string& name : compat::list_directory(dry)) {
+      if (name.rfind("model-", 0) == 0) sizes.push_back(compat::file_size(dry + "/" + name));
+    }
+  }
+  ASSERT_GE(sizes.size(), 3u);
+  ASSERT_GT(*std::max_element(sizes.begin() + 1, sizes.end()), sizes[0]) << "no later file to fail at";
+  struct rlimit old_limit {};
+  ::getrlimit(RLIMIT_FSIZE, &old_limit);
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit limit = old_limit;
+  limit.rlim_cur = static_cast<rlim_t>(sizes[0]);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0) << std::strerror(errno);
+  std::string error;
+  {
+    Llama other = seeded_model(args, 1, /*seed=*/8);
+    try {
+      export_hf_checkpoint(*other, model_family("llama"), folder, next);
+    } catch (const std::runtime_error& e) {
+      error = e.what();
+    }
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  ::signal(SIGXFSZ, old_handler);
+  EXPECT_THAT(error, HasSubstr("File too large"));
+  std::map<std::string, std::string> after;
+  for (const std::string& name : compat::list_directory(folder)) after[name] = file_bytes(folder + "/" + name);
+  EXPECT_TRUE(after == before) << "the earlier export changed";
+  EXPECT_EQ(compat::list_directory(parent), std::vector<std::string>{"hf"}) << "something was left beside it";
+  Llama loaded(args);
+  load_hf_checkpoint(*loaded, llama_hf_adapter(args), folder);
+  Llama original = seeded_model(args, 1);
+  EXPECT_TRUE(at::equal(loaded->tok_embeddings->weight, original->tok_embeddings->weight));
+
+  // A staging folder of an exporter that was killed (its pid gone) is removed by the next
+  // export, which replaces the shards by one file and keeps the user's file.
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string abandoned = parent + "/.hf.hp-staging-" + std::to_string(dead);
+  ASSERT_TRUE(compat::create_directories(abandoned));
+  std::ofstream(abandoned + "/model-00001-of-00002.safetensors.tmp-1-0") << "half a file";
+  export_at(args, 1, folder);
+  EXPECT_EQ(compat::list_directory(folder),
+            (std::vector<std::string>{"README.md", "config.json", "model.safetensors"}));
+  EXPECT_EQ(file_bytes(folder + "/README.md"), "the user's own notes");
+  EXPECT_EQ(compat::list_directory(parent), std::vector<std::string>{"hf"});
+}
+
+// Probe: a NaN in an embedding row no batch uses trained to exit 0 and every checkpoint of
+// the run was refused on resume; hp-hf-export exported the NaN. Loads name the tensor and
+// the first bad element on every rank (it may sit in another rank's shard); exports refuse.
+TEST(HfExport, NonFiniteWeightsAreRefusedAtLoadOnEveryRankAndNotExported) {
+  const LlamaArgs args = export_args();
+  const std::string folder = scratch("non_finite");
+  export_at(args, 1, folder);
+  {  // Both in rank 1's shards at TP 2: rows 12-23 of up_proj, vocabulary rows 7-12 of the head.
+    auto tensors = read_safetensors_file(folder + "/model.safetensors");
+    tensors.at("lm_head.weight")[12][5] = -std::numeric_limits<float>::infinity();
+    tensors.at("model.layers.1.mlp.up_proj.weight")[20][1] = std::nanf("");
+    hf::write_safetensors(folder + "/model.safetensors", tensors, {{"format", "pt"}});
+  }
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](int64_t rank) {
+    Llama model = seeded_model(args, 2);
+    try {
+      load_hf_checkpoint(*model, llama_hf_adapter(args), folder);
+    } catch (const std::runtime_error& e) {
+      errors[rank] = e.what();
+    }
+  });
+  for (const std::string& e : errors) {
+    EXPECT_EQ(e, errors[0]);
+    EXPECT_THAT(e, HasSubstr(folder + "/model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight' holds NaN at "
+                                      "[20, 1] (for layers.1.feed_forward.w3.weight)"));
+  }
+  Llama model = seeded_model(args, 1);
+  at::NoGradGuard no_grad;
+  model->output->weight[12][5] = std::numeric_limits<float>::infinity();
+  try {
+    export_hf_checkpoint(*model, model_family("llama"), scratch("non_finite_export"));
+    ADD_FAILURE() << "exported non-finite weights";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("the weights of 'output.weight' (lm_head.weight) hold inf at [12, 5]"));
+  }
+  EXPECT_FALSE(compat::path_exists(scratch("non_finite_export") + "/model.safetensors"));
+}
+
+// Probe: with both model.safetensors.index.json and model.safetensors, hp-train read the
+// index and transformers the single file; nothing warned.
+TEST(HfExport, AFolderWithBothAnIndexAndASingleFileIsAnErrorNamingBoth) {
+  const LlamaArgs args = export_args();
+  const std::string folder = scratch("both");
+  HfExportOptions sharded;
+  sharded.max_shard_bytes = 2000;
+  export_at(args, 1, folder, sharded);
+  const std::string index = file_bytes(folder + "/model.safetensors.index.json");
+  export_at(args, 1, folder);
+  std::ofstream(folder + "/model.safetensors.index.json") << index;  // as save_pretrained leaves it
+  Llama model(args);
+  try {
+    load_hf_checkpoint(*model, llama_hf_adapter(args), folder);
+    ADD_FAILURE() << "loaded a folder holding both";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(folder + " holds both model.safetensors and model.safetensors.index.json"));
+    EXPECT_THAT(e.what(), HasSubstr("remove the one that is stale"));
+  }
 }
 
 // A fine-tuning run (model.hf_assets_path: GQA 8q/4kv, explicit head_dim, which the [model]

@@ -3,10 +3,12 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -14,7 +16,9 @@
 #include <stdexcept>
 
 #include "compat/file_system.h"
+#include "hyper_parallel/communicator.h"
 #include "hyper_parallel/dtensor.h"
+#include "models/non_finite_values.h"
 #include "models/safetensors.h"
 
 namespace hyper_parallel {
@@ -37,10 +41,19 @@ class CheckpointFiles {
 
   explicit CheckpointFiles(const std::string& folder) {
     const std::string index = compat::join_path(folder, kIndexFile);
+    const std::string single = compat::join_path(folder, kSingleFile);
+    // transformers reads model.safetensors when both are there, and save_pretrained of an
+    // unsharded model leaves an earlier index behind: which one is meant is not ours to guess.
+    if (compat::path_exists(index) && compat::path_exists(single)) {
+      throw std::runtime_error("Hugging Face checkpoint " + folder + " holds both " + kSingleFile + " and " +
+                               kIndexFile +
+                               " (transformers reads the first, an index left by an earlier sharded "
+                               "save would name other files): remove the one that is stale");
+    }
     if (compat::path_exists(index)) {
       read_index(folder, index);
-    } else if (compat::path_exists(compat::join_path(folder, kSingleFile))) {
-      const auto& f = open(compat::join_path(folder, kSingleFile));
+    } else if (compat::path_exists(single)) {
+      const auto& f = open(single);
       for (const auto& [name, e] : f.header().tensors) tensors_[name] = {&f, &e};
     } else {
       throw std::runtime_error("Hugging Face checkpoint " + folder + ": neither " + kSingleFile + " nor " + kIndexFile +
@@ -196,12 +209,21 @@ void load_hf_checkpoint(torch::nn::Module& model, const HfAdapter& adapter, cons
   }
 
   at::NoGradGuard no_grad;
-  for (const Copy& c : copies) {
+  // Per copy, the first non-finite element of this rank's piece (in the file's order).
+  at::Tensor bad = at::full({static_cast<int64_t>(copies.size())}, INT64_MAX, at::kLong);
+  std::vector<DeviceMesh> meshes;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const Copy& c = copies[i];
     at::Tensor local = is_dtensor(c.param) ? to_local(c.param) : c.param;
     const std::vector<int64_t> offset =
         is_dtensor(c.param) ? layout_of(c.param).local_offset() : std::vector<int64_t>(local.dim(), 0);
     const hf::SafetensorsEntry& e = *c.source.entry;
     at::Tensor piece = read_box(c.source.file->data(e), e, offset, local.sizes());
+    const int64_t code = hf::first_non_finite_code(piece, offset, e.shape);
+    if (code >= 0) bad.data_ptr<int64_t>()[i] = code;
+    if (is_dtensor(c.param) && std::find(meshes.begin(), meshes.end(), mesh_of(c.param)) == meshes.end()) {
+      meshes.push_back(mesh_of(c.param));
+    }
     if (c.mapping->rope_head_dim > 0) {
       TORCH_CHECK(offset[0] % c.mapping->rope_head_dim == 0, "load_hf_checkpoint: ", c.mapping->ours,
                   "'s shard starts inside a head (row ", offset[0], ", head_dim ", c.mapping->rope_head_dim, ")");
@@ -209,6 +231,21 @@ void load_hf_checkpoint(torch::nn::Module& model, const HfAdapter& adapter, cons
     }
     local.copy_(piece);
     c.source.file->release(e);
+  }
+  // Every rank learns the first bad element of every piece, so all raise the same error.
+  for (const DeviceMesh& mesh : meshes) {
+    at::Tensor on_device = bad.to(mesh.device());
+    for (int64_t d = 0; d < mesh.ndim(); ++d) mesh.comm(d).all_reduce_(on_device, ReduceOp::Min);
+    bad = on_device.cpu();
+  }
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const int64_t code = bad.data_ptr<int64_t>()[i];
+    if (code == INT64_MAX) continue;
+    const hf::SafetensorsEntry& e = *copies[i].source.entry;
+    throw std::runtime_error("cannot load the Hugging Face checkpoint in " + folder + ": " +
+                             copies[i].source.file->path() + ": tensor '" + copies[i].mapping->hf + "' holds " +
+                             hf::describe_non_finite_code(code, e.shape) + " (for " + copies[i].mapping->ours +
+                             "): weights must be finite; the checkpoint is damaged or was saved from a diverged run");
   }
 }
 

@@ -19,8 +19,10 @@
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/hf_checkpoint.h"
 #include "models/atomic_file.h"
+#include "models/non_finite_values.h"
 #include "models/safetensors.h"
 #include "models/safetensors_writer.h"
+#include "models/staged_folder.h"
 
 namespace hyper_parallel {
 
@@ -158,19 +160,13 @@ std::string shard_name(size_t i, size_t n) {
   return buf;
 }
 
-// Weight files of an earlier export that this one did not write (a stale index or
-// model.safetensors would be read instead of, or mixed with, the new files).
-void remove_stale_weights(const std::string& folder, const std::set<std::string>& written) {
+// What an export writes (or an earlier, non-atomic one left half-written): never carried
+// over from the folder it replaces, where a stale index or model.safetensors would be read
+// instead of, or mixed with, the new files.
+bool is_export_file(const std::string& name) {
   static const std::regex shard(R"(model-\d{5}-of-\d{5}\.safetensors)");
-  for (const auto& name : compat::list_directory(folder)) {
-    const bool weights = name == kSingleFile || name == kIndexFile || std::regex_match(name, shard);
-    if (weights && !written.count(name)) {
-      const std::string path = compat::join_path(folder, name);
-      if (::unlink(path.c_str()) != 0) {
-        throw std::runtime_error("cannot remove the earlier export's " + path + ": " + std::strerror(errno));
-      }
-    }
-  }
+  return name == kSingleFile || name == kIndexFile || std::regex_match(name, shard) ||
+         name.find(".tmp-") != std::string::npos;
 }
 
 }  // namespace
@@ -209,19 +205,25 @@ HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const HfAdap
   }
   const Group group = group_of(params);
 
-  // 2. The writer makes the folder before anyone gathers anything.
+  // 2. The writer stages the new folder beside the old one (staged_folder.h) before anyone
+  // gathers anything: an export is swapped in whole or not at all.
   std::string error;
+  std::optional<hf::StagedFolder> staged;
   if (group.writer) {
-    std::string why;
-    if (!compat::create_directories(folder, &why)) {
-      error = what + "cannot create the folder: " + why;
-    } else if (::access(folder.c_str(), W_OK) != 0) {
-      error = what + "the folder is not writable: " + std::strerror(errno);
+    if (compat::path_exists(folder) && !compat::is_directory(folder)) {
+      error = what + "it is a file, not a folder";
     } else if (!options.source_folder.empty() && !compat::is_directory(options.source_folder)) {
       error = what + "the source folder '" + options.source_folder + "' (tokenizer files) is not a folder";
+    } else {
+      try {
+        staged.emplace(folder);
+      } catch (const std::exception& e) {
+        error = what + e.what();
+      }
     }
   }
   raise_writer_error(group, error);
+  const std::string out = staged ? staged->path() : folder;
 
   at::NoGradGuard no_grad;
   // 3. The checkpoint's tensors in adapter order.
@@ -243,20 +245,27 @@ HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const HfAdap
     std::map<std::string, at::Tensor> tensors;
     for (const Output* o : shards[i]) {
       at::Tensor t = gather(o->param, *o->mapping);
+      // Every rank holds the whole tensor: all raise the same error.
+      const int64_t bad = hf::first_non_finite_code(t);
+      if (bad >= 0) {
+        throw std::runtime_error(what + "the weights of '" + o->mapping->ours + "' (" + o->name + ") hold " +
+                                 hf::describe_non_finite_code(bad, t.sizes()) +
+                                 ": a checkpoint of non-finite weights is not exported (the run had diverged?)");
+      }
       if (group.writer) tensors[o->name] = t.to(dtype).contiguous();  // round to nearest even, as Tensor.to
       weight_map[o->name] = file;
     }
     result.files.push_back(file);
     if (group.writer && error.empty()) {
       try {
-        hf::write_safetensors(compat::join_path(folder, file), tensors, {{"format", "pt"}});
+        hf::write_safetensors(compat::join_path(out, file), tensors, {{"format", "pt"}});
       } catch (const std::exception& e) {
         error = what + e.what();
       }
     }
   }
 
-  // 5. The index, config.json and the source's files; then the earlier export's leftovers.
+  // 5. The index, config.json and the source's files; then the swap.
   if (group.writer && error.empty()) {
     try {
       if (shards.size() > 1) {
@@ -265,7 +274,7 @@ HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const HfAdap
         const nlohmann::json index = {
             {"metadata", {{"total_size", result.total_bytes}, {"total_parameters", parameters}}},
             {"weight_map", weight_map}};
-        write_text(compat::join_path(folder, kIndexFile), index.dump(2) + "\n");
+        write_text(compat::join_path(out, kIndexFile), index.dump(2) + "\n");
         result.files.push_back(kIndexFile);
       }
       nlohmann::json cfg = nlohmann::json::parse(config());
@@ -277,15 +286,15 @@ HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const HfAdap
           if (source.contains(key)) cfg[key] = source.at(key);
         }
       }
-      write_text(compat::join_path(folder, "config.json"), cfg.dump(2) + "\n");
+      write_text(compat::join_path(out, "config.json"), cfg.dump(2) + "\n");
       result.files.push_back("config.json");
       for (const char* name : kSourceFiles) {
         const std::string from = compat::join_path(options.source_folder, name);
         if (options.source_folder.empty() || !compat::path_exists(from)) continue;
-        write_text(compat::join_path(folder, name), read_text(from));
+        write_text(compat::join_path(out, name), read_text(from));
         result.files.push_back(name);
       }
-      remove_stale_weights(folder, std::set<std::string>(result.files.begin(), result.files.end()));
+      staged->commit([](const std::string& name) { return !is_export_file(name); });
     } catch (const std::exception& e) {
       error = what + e.what();
     }

@@ -24,6 +24,7 @@ bool NonFiniteSteps::check(int64_t step, double loss, double grad_norm) {
   const std::string what = describe_non_finite(loss, grad_norm);
   if (what.empty()) {
     consecutive_ = 0;
+    finite_seen_ = true;
     return false;
   }
   ++consecutive_;
@@ -37,7 +38,13 @@ bool NonFiniteSteps::check(int64_t step, double loss, double grad_norm) {
     os << " (" << consecutive_ << " such steps in a row, more than training.max_skipped_steps = " << max_ << ")";
   }
   os << ". Training stopped without applying the step or saving a checkpoint of it (the weights and checkpoints are "
-        "those of before it). Lower --training.lr (or raise --training.warmup_steps), or pass "
+        "those of before it). ";
+  if (!finite_seen_) {
+    // Before any update the learning rate is not the cause: what the run started from is.
+    os << "No step of this run has been finite yet, so the weights it started from may be the cause (non-finite "
+          "or huge values in the initial or resumed checkpoint), or the data; ";
+  }
+  os << "Lower --training.lr (or raise --training.warmup_steps), or pass "
         "--training.max_skipped_steps N to skip up to N such steps in a row";
   throw std::runtime_error(os.str());
 }

@@ -32,6 +32,7 @@ class NonFiniteSteps {
   int64_t max_;
   int64_t skipped_ = 0;
   int64_t consecutive_ = 0;
+  bool finite_seen_ = false;  // a step of this run was finite
 };
 
 // "the loss is NaN and the gradient norm is inf"; "" when both are finite.
