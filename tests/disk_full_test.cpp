@@ -86,11 +86,13 @@ TEST_F(DiskFull, ACheckpointThatDoesNotFitIsACleanErrorNamingTheFile) {
 TEST_F(DiskFull, AMetricsLineThatDoesNotFitIsNeitherTornNorSilent) {
   mount_tmpfs("64k");
   // The job's start-up writes must succeed so that the metrics file is what runs out of
-  // room: the dump folder's lock file exists already (rewritten in place, no new page),
-  // and one page is left free for the start-up's write probes, which the metrics file
-  // takes after them; its lines fill that page within a few steps.
+  // room: the lock files of the dump and metrics folders exist already (rewritten in
+  // place, no new page), and one page is left free for the start-up's write probes, which
+  // the metrics file takes after them; its lines fill that page within a few steps.
   const std::string page(4096, 'x');
   std::ofstream(dir_ + "/.hp-train.lock", std::ios::binary) << std::string(200, ' ');
+  ASSERT_TRUE(compat::create_directories(dir_ + "/metrics"));
+  std::ofstream(dir_ + "/metrics/.hp-train.lock", std::ios::binary) << std::string(200, ' ');
   std::ofstream(dir_ + "/spare", std::ios::binary) << page;
   {  // Fill the disk.
     std::ofstream filler(dir_ + "/filler", std::ios::binary);

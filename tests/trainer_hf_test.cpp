@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <mutex>
 #include <sstream>
 
@@ -76,6 +77,13 @@ JobConfig hf_job(const std::string& hf_dir, const std::string& dump, int64_t tp,
 }
 
 at::Tensor full(const at::Tensor& t) { return (is_dtensor(t) ? full_tensor(t) : t).detach(); }
+
+std::string text_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 }  // namespace
 
@@ -241,4 +249,52 @@ TEST(TrainerHf, LastSaveInHfWritesTheTrainedWeightsAsAHfCheckpointAtTp2) {
   EXPECT_THAT([&] { validate(bad_dtype); },
               ::testing::ThrowsMessage<std::invalid_argument>(
                   HasSubstr("checkpoint.export_dtype = \"float16\" is not one of float32, bfloat16")));
+}
+
+// Probes: after a failed last_save_in_hf a resume said "nothing left to train" and wrote no
+// export; hp-hf-export without --source dropped the bos/eos ids last_save_in_hf keeps; and
+// model.hf_assets_path without initial_load_in_hf trained from random weights while the
+// log said "from <folder>".
+TEST(TrainerHf, AMissingLastExportIsWrittenOnResumeAndHpHfExportWritesTheSameMetadata) {
+  const std::string hf = fresh_dir("last_save_retry");
+  (void)write_hf_folder(hf, /*tied=*/false);
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(hf + "/config.json"));
+  config["bos_token_id"] = 1;
+  config["eos_token_id"] = 2;
+  std::ofstream(hf + "/config.json") << config.dump();
+  std::ofstream(hf + "/tokenizer.json") << R"({"version": "1.0"})";
+  JobConfig job = hf_job(hf, fresh_dir("last_save_retry_run"), 1, 2);
+  job.checkpoint.last_save_in_hf = true;
+  run_ranks(1, [&](int64_t) { (void)Trainer(job).train(); });
+  const std::string out = hf_export_folder(job, 2);
+  const std::string exported_config = text_of(out + "/config.json");
+  compat::remove_all(out);  // as if the run had failed while exporting
+
+  JobConfig resume = job;
+  resume.checkpoint.resume = true;
+  std::ostringstream log;
+  run_ranks(1, [&](int64_t) { EXPECT_TRUE(Trainer(resume, &log).train().empty()); });
+  EXPECT_THAT(log.str(), HasSubstr("step 2 has no Hugging Face export yet"));
+  EXPECT_EQ(text_of(out + "/config.json"), exported_config);
+  EXPECT_TRUE(compat::path_exists(out + "/tokenizer.json"));
+
+  // hp-hf-export without --source (in last_save_in_hf's export_dtype): the same config.json,
+  // token ids included, from the config the checkpoint recorded.
+  const std::string tool_out = fresh_dir("last_save_tool");
+  const auto r = hyper_parallel::testing::run_command(hyper_parallel::testing::binary_path("hp-hf-export") + " '" +
+                                                      compat::join_path(job.dump_folder, job.checkpoint.folder) +
+                                                      "' '" + tool_out + "' --dtype float32 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("token ids from the config.json the checkpoint recorded"));
+  EXPECT_EQ(text_of(tool_out + "/config.json"), exported_config);
+
+  JobConfig shaped = hf_job(hf, fresh_dir("shaped_only"), 1, 1);
+  shaped.checkpoint.initial_load_in_hf = false;
+  shaped.checkpoint.enable = false;
+  std::ostringstream shaped_log;
+  run_ranks(1, [&](int64_t) { Trainer t(shaped, &shaped_log); });
+  EXPECT_THAT(shaped_log.str(), HasSubstr("shaped as " + hf +
+                                          " (its config.json; its weights are read only with "
+                                          "--checkpoint.initial_load_in_hf)"));
+  EXPECT_THAT(shaped_log.str(), ::testing::Not(HasSubstr(" from " + hf)));
 }

@@ -182,6 +182,30 @@ TEST(NonFiniteSteps, TheCountInARowStartsOverAfterAFiniteStep) {
   EXPECT_THROW(strict.check(2, nan, 3.0), std::runtime_error);
 }
 
+// Probe: a NaN in a used weight stopped at step 1 advising only "Lower --training.lr".
+// Before any finite step the learning rate has changed nothing: the message says so.
+TEST(NonFiniteSteps, ANonFiniteFirstStepPointsAtTheWeightsItStartedFrom) {
+  const double nan = std::nan("");
+  const std::string weights =
+      "No step of this run has been finite yet, so the weights it started from may be the cause";
+  NonFiniteSteps first(0);
+  try {
+    first.check(1, nan, nan);
+    ADD_FAILURE() << "went on";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(weights), std::string::npos) << e.what();
+  }
+  NonFiniteSteps later(0);
+  EXPECT_FALSE(later.check(1, 2.0, 1.0));
+  try {
+    later.check(2, nan, 1.0);
+    ADD_FAILURE() << "went on";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()).find(weights), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Lower --training.lr"), std::string::npos) << e.what();
+  }
+}
+
 // Probe: resuming from a checkpoint of NaN weights was accepted.
 TEST(NonFiniteSteps, ResumingFromACheckpointWithNonFiniteWeightsIsRefused) {
   JobConfig job = small_job(fresh_dir("nanckpt"), 1, 4);
@@ -247,6 +271,53 @@ TEST(DumpFolderLock, ASecondJobIsRefusedNamingTheHolderAndTouchesNothing) {
   // Once the holder is gone its temporary files are provably orphans and are removed.
   run_ranks(1, [&](int64_t) { Trainer third(resumed(job, 2)); });
   EXPECT_FALSE(compat::path_exists(checkpoint_path(job, "step-2/rank-0.pt.tmp-" + std::to_string(::getpid()))));
+}
+
+// Probe: job B (--job.dump_folder B --checkpoint.folder A/checkpoints) deleted job A's
+// in-flight temporary file and wrote its own run into A's checkpoints; with --metrics.folder
+// at A's metrics, A's metrics.jsonl held B's steps. Every folder a job writes is locked,
+// wherever it lives and under whatever name (a symlink leads to the same lock), and a job
+// refused for any of them touches none.
+TEST(DumpFolderLock, EveryFolderAJobWritesIsLockedUnderAnyName) {
+  const std::string a = fresh_dir("lock_a"), b = fresh_dir("lock_b"), link = fresh_dir("lock_link");
+  JobConfig job_a = small_job(a, 1, 2);
+  job_a.checkpoint.folder = fresh_dir("lock_a_checkpoints");  // absolute: outside A's dump folder
+  job_a.metrics.folder = "metrics";
+  run_ranks(1, [&](int64_t) {
+    Trainer first(job_a);
+    const std::string checkpoints = job_a.checkpoint.folder, metrics = a + "/metrics";
+    ASSERT_TRUE(compat::create_directories(checkpoints + "/step-2"));
+    const std::string in_flight = checkpoints + "/step-2/rank-0.pt.tmp-" + std::to_string(::getpid());
+    std::ofstream(in_flight) << "half a checkpoint";
+    ASSERT_EQ(::symlink(checkpoints.c_str(), link.c_str()), 0);
+    const std::string holder = "is in use by another job (pid " + std::to_string(::getpid()) + " on host ";
+
+    JobConfig by_checkpoints = small_job(b, 1, 2);
+    by_checkpoints.checkpoint.folder = checkpoints;
+    expect_refused(rank_errors(1, [&](int64_t) { Trainer t(by_checkpoints); }),
+                   {"checkpoint.folder '" + checkpoints + "' " + holder, "--checkpoint.folder"});
+    JobConfig by_link = small_job(b, 1, 2);
+    by_link.checkpoint.folder = link;
+    expect_refused(rank_errors(1, [&](int64_t) { Trainer t(by_link); }), {"checkpoint.folder '" + link + "' ", holder});
+    JobConfig by_metrics = small_job(b, 1, 2);
+    by_metrics.metrics.folder = metrics;
+    expect_refused(rank_errors(1, [&](int64_t) { Trainer t(by_metrics); }),
+                   {"metrics.folder '" + metrics + "' " + holder, "--metrics.folder"});
+    JobConfig inside = small_job(checkpoints, 1, 2);  // A's checkpoint folder as B's dump folder
+    expect_refused(rank_errors(1, [&](int64_t) { Trainer t(inside); }),
+                   {"job.dump_folder '" + checkpoints + "' ", holder});
+
+    EXPECT_TRUE(compat::path_exists(in_flight)) << "a refused job deleted the running job's temporary file";
+    EXPECT_FALSE(compat::path_exists(metrics + "/metrics.jsonl")) << "a refused job wrote into A's metrics";
+    EXPECT_FALSE(compat::path_exists(checkpoints + "/latest")) << "a refused job wrote into A's checkpoints";
+  });
+  // One folder named twice by the same job (checkpoint.folder = metrics.folder = the dump
+  // folder, once through the symlink) is locked once, not refused as another job's.
+  JobConfig same = small_job(fresh_dir("lock_same"), 1, 2);
+  same.checkpoint.folder = same.dump_folder;
+  same.metrics.folder = same.dump_folder;
+  run_ranks(1, [&](int64_t) { Trainer(same).train(); });
+  ::unlink(link.c_str());
 }
 
 // Real processes: the first job (hp-run, 2 ranks) is paused in the middle of its save
@@ -342,6 +413,19 @@ TEST(DataIdentity, AChangedTextCorpusIsNamedBySizeAndContent) {
   run_ranks(1, [&](int64_t) { Trainer(job).train(); });
   write_corpus("dog");  // same size, other words: another word -> id table
   expect_refused(rank_errors(1, [&](int64_t) { Trainer t(resumed(job, 4)); }), {"training.data (content CRC-32C)"});
+  // Probe: a moved but byte-identical corpus was refused with two JSON records and no word
+  // that only the path differed. The same bytes elsewhere are the same data, said once.
+  write_corpus("cat");
+  const std::string moved = compat::join_path(dir, "moved.txt");
+  ASSERT_EQ(std::rename(corpus.c_str(), moved.c_str()), 0);
+  JobConfig elsewhere = resumed(job, 3);
+  elsewhere.training.data = moved;
+  std::ostringstream log;
+  run_ranks(1, [&](int64_t) { EXPECT_EQ(Trainer(elsewhere, &log).step(), 2); });
+  EXPECT_NE(log.str().find("training.data moved from \"" + corpus + "\" to \"" + moved + "\": the same bytes"),
+            std::string::npos)
+      << log.str();
+  ASSERT_EQ(std::rename(moved.c_str(), corpus.c_str()), 0);
   JobConfig synthetic = resumed(job, 4);
   synthetic.training.data = "";
   expect_refused(rank_errors(1, [&](int64_t) { Trainer t(synthetic); }),

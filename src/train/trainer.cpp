@@ -262,7 +262,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
   non_finite_ = NonFiniteSteps(t.max_skipped_steps);
   // Before anything is read or written in the dump folder: one job per folder, and
   // folders that cannot take the job's files found now, not at the first save.
-  lock_dump_folder();
+  lock_job_folders();
   check_storage();
 
   // Every TP rank of a replica builds the same rows: the replica's share of the global batch.
@@ -324,7 +324,13 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
     const LlamaArgs& a = model_->args();
     if (a.kv_heads() != a.n_heads) *log_ << " (" << a.kv_heads() << " key/value)";
     *log_ << ", vocab " << config_.model.vocab_size << (a.tie_word_embeddings ? " (tied embeddings)" : "");
-    if (!config_.model.hf_assets_path.empty()) *log_ << " from " << config_.model.hf_assets_path;
+    if (!config_.model.hf_assets_path.empty()) {
+      // The sizes come from the folder's config.json; the weights only with initial_load_in_hf.
+      *log_ << (config_.checkpoint.initial_load_in_hf ? " from " : " shaped as ") << config_.model.hf_assets_path;
+      if (!config_.checkpoint.initial_load_in_hf) {
+        *log_ << " (its config.json; its weights are read only with --checkpoint.initial_load_in_hf)";
+      }
+    }
     *log_ << "; DP " << dp;
     if (fsdp_) *log_ << " x FSDP " << shard;
     *log_ << " x TP " << par.tensor_parallel_degree;
@@ -396,27 +402,56 @@ void Trainer::initial_load() {
   if (rank_ == 0 && log_) *log_ << "hp-train: weights loaded from the Hugging Face checkpoint in " << path << std::endl;
 }
 
-void Trainer::lock_dump_folder() {
-  run_then_agree("locking the dump folder", world_mesh_, [&] {
-    if (rank_ == 0) dump_folder_lock_ = std::make_unique<DumpFolderLock>(config_.dump_folder);
+void Trainer::export_missing_last_save() {
+  if (!config_.checkpoint.enable || !config_.checkpoint.last_save_in_hf || step_ != config_.training.steps) return;
+  // Rank 0's view decides for every rank (save_in_hf is collective).
+  at::Tensor missing = at::zeros({1}, at::kLong);
+  if (rank_ == 0) {
+    const std::string config = compat::join_path(hf_export_folder(config_, step_), "config.json");
+    missing.fill_(compat::path_exists(config) ? 0 : 1);
+  }
+  if (world_mesh_) {
+    missing = missing.to(world_mesh_->device());
+    for (int64_t d = 0; d < world_mesh_->ndim(); ++d) world_mesh_->comm(d).broadcast_(missing, 0);
+    missing = missing.cpu();
+  }
+  if (missing.item<int64_t>() == 0) return;
+  say("hp-train: step " + std::to_string(step_) + " has no Hugging Face export yet (checkpoint.last_save_in_hf; " +
+      "the run that saved it stopped before the export was whole): writing it now");
+  checkpoints_->save_in_hf(step_);
+}
+
+void Trainer::lock_job_folders() {
+  // Every folder the job writes (the HF export goes under the dump folder); rank 0 writes
+  // metrics, every rank its checkpoint file.
+  std::vector<std::pair<std::string, std::string>> folders{{"job.dump_folder", config_.dump_folder}};
+  if (config_.checkpoint.enable) folders.emplace_back("checkpoint.folder", checkpoints_->folder());
+  folders.emplace_back("metrics.folder", metrics_folder());
+  run_then_agree("locking the job's folders", world_mesh_, [&] {
+    if (rank_ == 0) folder_locks_ = lock_folders(folders);
   });
   // Several machines (hp-run --nnodes): each other machine's local rank 0 also locks the
-  // folder unless it sees rank 0's lock there (one shared file system).
+  // folders it does not see rank 0's lock in (node-local folders).
   const char* local_rank = std::getenv("LOCAL_RANK");
   const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
   const int64_t world = is_initialized() ? get_world_size() : 1;
   if (!local_rank || !local_world || std::atoll(local_world) >= world) return;
-  const std::string key = "hp_train/dump_folder_lock";
+  const std::string key = "hp_train/folder_lock_records";
   auto& store = *current_world().store;
-  run_then_agree("locking the dump folder", world_mesh_, [&] {
+  run_then_agree("locking the job's folders", world_mesh_, [&] {
     if (rank_ == 0) {
-      const std::string& record = dump_folder_lock_->record();
-      store.set(key, std::vector<uint8_t>(record.begin(), record.end()));
+      std::string records;  // one record per line; lock records hold no newline
+      for (const auto& lock : folder_locks_) records += lock->record() + "\n";
+      store.set(key, std::vector<uint8_t>(records.begin(), records.end()));
     } else if (std::string(local_rank) == "0") {
       const std::vector<uint8_t> held = store.get(key);
-      if (read_dump_folder_lock_record(config_.dump_folder) != std::string(held.begin(), held.end())) {
-        dump_folder_lock_ = std::make_unique<DumpFolderLock>(config_.dump_folder);
+      const std::string records(held.begin(), held.end());
+      std::vector<std::pair<std::string, std::string>> unseen;
+      for (const auto& folder : folders) {
+        const std::string record = read_dump_folder_lock_record(folder.second);
+        if (record.empty() || records.find(record + "\n") == std::string::npos) unseen.push_back(folder);
       }
+      folder_locks_ = lock_folders(unseen);
     }
   });
 }
@@ -588,6 +623,7 @@ std::vector<StepResult> Trainer::train() {
     results.push_back(r);
   }
   if (progress_) progress_->finish();
+  if (results.empty()) export_missing_last_save();
   plot_metrics();
   return results;
 }

@@ -108,8 +108,12 @@ class Trainer {
   StateBytes state_bytes() const;
   // What the checkpoint manager saves and loads.
   TrainedState trained_state() const;
-  // Takes the dump folder's lock (dump_folder_lock.h) or stops every rank naming its holder.
-  void lock_dump_folder();
+  // Locks every folder the job writes (dump_folder_lock.h) or stops every rank naming the
+  // folder and its holder.
+  void lock_job_folders();
+  // A resume that finds the last step trained but its checkpoint.last_save_in_hf export
+  // missing (the earlier run failed while writing it) writes the export.
+  void export_missing_last_save();
   // The folders the job writes are writable, and the checkpoint folder has room for a
   // checkpoint (a warning otherwise); storage_checks.h.
   void check_storage();
@@ -126,8 +130,8 @@ class Trainer {
 
   JobConfig config_;
   // Declared first: released last, after everything the job writes is closed.
-  std::unique_ptr<DumpFolderLock> dump_folder_lock_;   // rank 0 (and node leaders); null elsewhere
-  std::optional<ParallelismScope> parallelism_scope_;  // set in the constructor, restored at the end
+  std::vector<std::unique_ptr<DumpFolderLock>> folder_locks_;  // rank 0 (and node leaders); empty elsewhere
+  std::optional<ParallelismScope> parallelism_scope_;          // set in the constructor, restored at the end
   std::ostream* log_;
   int64_t rank_ = 0;
   bool tp_enabled_ = false;
