@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -24,6 +25,7 @@
 #include "harness/train_steps.h"
 #include "train/corpus_identity.h"
 #include "train/flat_token_file.h"
+#include "train/mapped_file.h"
 #include "train/megatron_indexed_dataset.h"
 #include "train/pretokenized_corpus.h"
 #include "train/token_documents.h"
@@ -576,5 +578,77 @@ TEST(PretokenizedTraining, TextCorpusRefusesSeparatorIds) {
   const std::string msg = error_of([&] { Trainer trainer(c); });  // one process, no group needed
   EXPECT_NE(msg.find("apply to pre-tokenized corpora only"), std::string::npos) << msg;
   compat::remove_all(c.dump_folder);
+  compat::remove_all(dir);
+}
+
+// Probe: an id >= vocab at token 5 was caught only at step 12 of 80 (when its window was
+// drawn), never in a 2-step run or in validation windows no step drew, and an id above
+// the sidecar's vocabulary but below the model's trained silently. Every id is checked
+// once at start, against the tighter vocabulary.
+TEST(PretokenizedCorpus, EveryIdIsCheckedAtStartAgainstTheModelsAndTheSidecarsVocabulary) {
+  const std::string dir = temp_dir("every_id");
+  const std::string late = compat::join_path(dir, "late"), side = compat::join_path(dir, "side");
+  Docs docs = random_docs(400, 300, 11);
+  docs.back().push_back(299);
+  docs.back().push_back(512);  // in the validation part, the stream's last tenth
+  python_write(late, docs, "bin", "uint16", {{"vocab_size", 300}});
+  std::string msg = error_of([&] { PretokenizedCorpus({.path = late + ".bin", .vocab_size = 400}); });
+  EXPECT_NE(msg.find(late + ".bin"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("is id 512, outside [0, 300) (the tokenizer's vocab_size = 300 in " + late + ".json)"),
+            std::string::npos)
+      << msg;
+  // Below the model's vocabulary, above the tokenizer's: the sidecar's limit catches it.
+  Docs within = random_docs(50, 300, 12);
+  within[3].push_back(350);
+  python_write(side, within, "megatron", "int32", {{"vocab_size", 300}, {"eos_id", 0}});
+  msg = error_of([&] { PretokenizedCorpus({.path = side, .vocab_size = 400}); });
+  EXPECT_NE(msg.find("is id 350, outside [0, 300) (the tokenizer's vocab_size = 300"), std::string::npos) << msg;
+  // Without a sidecar, the model's vocabulary.
+  std::remove((side + ".json").c_str());
+  msg = error_of([&] { PretokenizedCorpus({.path = side, .vocab_size = 351, .eos_id = 0}); });
+  EXPECT_TRUE(msg.empty()) << msg;
+  msg = error_of([&] { PretokenizedCorpus({.path = side, .vocab_size = 350, .eos_id = 0}); });
+  EXPECT_NE(msg.find("is id 350, outside"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[0, 350)"), std::string::npos) << msg;
+  compat::remove_all(dir);
+}
+
+// Probe: a missing flat .bin was reported as "dtype unknown"; an .idx without its .bin
+// asked for eos_id first.
+TEST(PretokenizedCorpus, AMissingFileIsNamedBeforeAnythingElse) {
+  const std::string dir = temp_dir("missing");
+  const std::string flat = compat::join_path(dir, "gone.bin"), mega = compat::join_path(dir, "m");
+  std::string msg = error_of([&] { resolve_data_format(flat, "auto"); });
+  EXPECT_NE(msg.find("training.data '" + flat + "' does not exist"), std::string::npos) << msg;
+  python_write(mega, random_docs(20, 50, 3), "megatron", "uint16");
+  std::remove((mega + ".bin").c_str());
+  msg = error_of([&] { PretokenizedCorpus({.path = mega + ".idx", .vocab_size = 50}); });
+  EXPECT_NE(msg.find(mega + ".bin does not exist"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("eos_id"), std::string::npos) << msg;
+  compat::remove_all(dir);
+}
+
+// Probe: `truncate -s 4096 live.bin` under a running job killed a rank with a bare
+// SIGBUS. A read of a mapped file's lost pages now names the file and exits with 1.
+TEST(MappedFileDeathTest, AFileTruncatedWhileMappedIsNamedNotABareSigbus) {
+  const std::string dir = temp_dir("sigbus");
+  const std::string path = compat::join_path(dir, "live.bin");
+  write_bytes(path, std::string(1 << 16, '\7'));
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        MappedFile file(path);
+        ::truncate(path.c_str(), 4096);
+        volatile unsigned char sink = file.data()[(1 << 16) - 1];
+        (void)sink;
+      },
+      ::testing::ExitedWithCode(1), "live.bin' shrank while this process was reading it");
+  // A SIGBUS outside every mapping still is one.
+  EXPECT_EXIT(
+      {
+        MappedFile file(path);
+        ::raise(SIGBUS);
+      },
+      ::testing::KilledBySignal(SIGBUS), "");
   compat::remove_all(dir);
 }

@@ -53,7 +53,35 @@ nlohmann::json data_identity(const TrainingConfig& t, const std::optional<Corpus
   return j;
 }
 
-std::vector<std::string> data_mismatches(const nlohmann::json& saved, const nlohmann::json& job) {
+namespace {
+
+// The record of the corpus with every path taken out: what the bytes are, not where.
+nlohmann::json without_paths(const nlohmann::json& data) {
+  nlohmann::json out = data;
+  auto corpus = out.find("corpus");
+  if (corpus == out.end()) return out;
+  if (corpus->is_string() && *corpus != "synthetic") {
+    *corpus = "(a text file)";  // its size and CRC-32C are fields of their own
+  } else if (corpus->is_object() && corpus->contains("files")) {
+    for (auto& file : corpus->at("files")) file.erase("path");
+  }
+  return out;
+}
+
+std::string paths_of(const nlohmann::json& data) {
+  const auto corpus = data.find("corpus");
+  if (corpus == data.end()) return "(none)";
+  if (!corpus->is_object()) return corpus->dump();
+  std::string out;
+  for (const auto& file : corpus->value("files", nlohmann::json::array())) {
+    out += (out.empty() ? "" : ", ") + file.value("path", std::string("?"));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> data_mismatches(const nlohmann::json& saved_record, const nlohmann::json& job_record) {
   static const std::vector<std::pair<const char*, const char*>> keys = {{"corpus", "training.data"},
                                                                         {"bytes", "training.data (size in bytes)"},
                                                                         {"crc32c", "training.data (content CRC-32C)"},
@@ -61,16 +89,42 @@ std::vector<std::string> data_mismatches(const nlohmann::json& saved, const nloh
                                                                         {"seed", "training.seed"},
                                                                         {"batch_size", "training.batch_size"},
                                                                         {"seq_len", "training.seq_len"}};
+  // Where the corpus lives is not what it is (data_moved says so instead).
+  const nlohmann::json saved = without_paths(saved_record), job = without_paths(job_record);
   auto text = [](const nlohmann::json& j, const char* key) {
     const auto it = j.find(key);
     return it == j.end() ? std::string("(none)") : it->dump();
   };
   std::vector<std::string> out;
   for (const auto& [key, name] : keys) {
-    const std::string a = text(saved, key), b = text(job, key);
-    if (a != b) out.push_back(std::string(name) + ": checkpoint " + a + ", this job " + b);
+    if (text(saved, key) == text(job, key)) continue;
+    // What differs is shown as recorded, paths included.
+    const std::string a = text(saved_record, key), b = text(job_record, key);
+    const auto sa = saved_record.find(key), sb = job_record.find(key);
+    if (sa != saved_record.end() && sb != job_record.end() && sa->is_object() && sb->is_object()) {
+      // A pre-tokenized corpus: the fields that differ, not the whole records.
+      for (const auto& [field, value] : sa->items()) {
+        const std::string theirs = sb->contains(field) ? sb->at(field).dump() : "(none)";
+        if (value.dump() != theirs) {
+          out.push_back(std::string(name) + " (" + field + "): checkpoint " + value.dump() + ", this job " + theirs);
+        }
+      }
+      for (const auto& [field, value] : sb->items()) {
+        if (!sa->contains(field))
+          out.push_back(std::string(name) + " (" + field + "): checkpoint (none), this job " + value.dump());
+      }
+    } else {
+      out.push_back(std::string(name) + ": checkpoint " + a + ", this job " + b);
+    }
   }
   return out;
+}
+
+std::optional<std::string> data_moved(const nlohmann::json& saved, const nlohmann::json& job) {
+  const std::string from = paths_of(saved), to = paths_of(job);
+  if (from == to || without_paths(saved) != without_paths(job)) return std::nullopt;
+  return "training.data moved from " + from + " to " + to +
+         ": the same bytes (every file's size and CRC-32C), so the checkpoint's data";
 }
 
 }  // namespace hyper_parallel::train

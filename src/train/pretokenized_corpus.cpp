@@ -24,6 +24,7 @@ std::string resolve_data_format(const std::string& path, const std::string& requ
     return "megatron";
   }
   if (!path.ends_with(".bin")) return "text";
+  TORCH_CHECK(compat::path_exists(path), "training.data '", path, "' does not exist");
   const auto sidecar = read_corpus_sidecar(path);
   TORCH_CHECK(sidecar && !sidecar->dtype.empty(), "training.data '", path,
               "' is a flat token file, but its dtype is unknown (no ", sidecar_path_for(path),
@@ -56,6 +57,11 @@ PretokenizedCorpus::PretokenizedCorpus(const PretokenizedCorpusOptions& options)
                 " is not below model.vocab_size = ", options.vocab_size);
   }
   if (megatron) {
+    // The files first: a missing one, not the EOS id, is then what is wrong.
+    for (const char* suffix : {".bin", ".idx"}) {
+      TORCH_CHECK(compat::path_exists(prefix_ + suffix), what, ": ", prefix_, suffix,
+                  " does not exist (a Megatron dataset is PREFIX.bin and PREFIX.idx side by side)");
+    }
     TORCH_CHECK(separators_.eos_id >= 0, what,
                 " records document boundaries, but no end-of-document id is known: set training.eos_id "
                 "(the tokenizer's EOS) so that windows crossing documents see a separator");
@@ -74,6 +80,13 @@ PretokenizedCorpus::PretokenizedCorpus(const PretokenizedCorpusOptions& options)
     TORCH_CHECK(!megatron || sidecar_->documents < 0 || sidecar_->documents == tokens_->documents(), "corpus sidecar '",
                 sidecar_->path, "' says ", sidecar_->documents, " documents, but ", what, " holds ",
                 tokens_->documents());
+  }
+  // Every id once, train and validation alike, against the tighter of the two vocabularies.
+  if (sidecar_ && sidecar_->vocab_size > 0 && sidecar_->vocab_size < options.vocab_size) {
+    tokens_->check_every_id(sidecar_->vocab_size, "the tokenizer's vocab_size = " +
+                                                      std::to_string(sidecar_->vocab_size) + " in " + sidecar_->path);
+  } else {
+    tokens_->check_every_id(options.vocab_size, "model.vocab_size = " + std::to_string(options.vocab_size));
   }
   const int64_t n = tokens_->size();
   const int64_t n_val = n / 10;

@@ -52,6 +52,10 @@ class TokenDocuments {
 
   // Tokens [begin, begin + n) of the stream as int64 into out.
   void read(int64_t begin, int64_t n, int64_t* out) const;
+  // Every id of the documents at once, against [0, limit): a bad id anywhere (in the
+  // validation part, in windows no step draws) stops the job at start, naming the file, the
+  // token and `limit_name` ("model.vocab_size = 32000"). Reads the whole file once.
+  void check_every_id(int64_t limit, const std::string& limit_name) const;
 
  private:
   // Copies file tokens [begin, begin + n) into out, checking each id.
