@@ -5,13 +5,16 @@
                        --output out/corpus [--format bin|megatron]
 
 Writes OUT.bin (and OUT.idx for --format megatron) plus OUT.json, the sidecar hp-train
-checks (dtype, vocabulary size, EOS/BOS ids, tokenizer identity, counts):
+checks (dtype, vocabulary size, EOS/BOS ids, tokenizer identity, counts). Each file is
+written as FILE.tmp and renamed into place once all of them are complete; a failed run
+removes its temporaries and leaves any earlier corpus at OUT as it was.
   * bin: nanoGPT's flat file of little-endian ids (uint16 for vocabularies up to 65536,
     else uint32). Boundaries are not recorded, so every document ends with EOS in the
     file (and starts with BOS when one is used).
   * megatron: Megatron-LM's indexed dataset (.bin + .idx, layout in
     src/train/megatron_indexed_dataset.h), one sequence per document, uint16 below 65500
     ids else int32 as Megatron chooses; EOS appended as Megatron's --append-eod does.
+--dtype takes only the dtypes hp-train reads in that format (HP_TRAIN_DTYPES).
 
 Documents: one per JSONL line (its --jsonl-key field, "text" by default); in a text
 file, one per paragraph (blank-line separated; --document line or file to change).
@@ -38,6 +41,10 @@ ARRAY_CODES = {"uint8": "B", "int8": "b", "int16": "h", "uint16": "H", "int32": 
 DTYPE_BYTES = {"uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8}
 DTYPE_MAX = {"uint8": 255, "int8": 127, "int16": 32767, "uint16": 65535, "int32": 2**31 - 1,
              "uint32": 2**32 - 1, "int64": 2**63 - 1}
+# The token dtypes hp-train reads: a flat .bin as bin_u16 / bin_u32 only
+# (src/train/pretokenized_corpus.cpp), a Megatron dataset in any of Megatron's integer
+# codes (src/train/megatron_indexed_dataset.cpp). Anything else it refuses.
+HP_TRAIN_DTYPES = {"bin": ("uint16", "uint32"), "megatron": ("uint8", "int8", "int16", "uint16", "int32", "int64")}
 
 
 def _ids_bytes(ids, dtype):
@@ -49,34 +56,76 @@ def _ids_bytes(ids, dtype):
     return a.tobytes()
 
 
-def _replace_when_done(path):
-    return path + ".tmp"
+class Temporaries:
+    """Files written as PATH.tmp and renamed onto PATH only once every one is complete, so
+    a reader never sees a half-written file, nor a new .bin beside an old .idx or sidecar."""
+
+    def __init__(self):
+        self.files = []  # (open file on PATH.tmp, PATH)
+
+    def open(self, path, mode="wb"):
+        f = open(path + ".tmp", mode)
+        self.files.append((f, path))
+        return f
+
+    def commit(self):
+        for f, _ in self.files:
+            if not f.closed:
+                f.flush()
+                os.fsync(f.fileno())  # complete on disk before the rename publishes it
+                f.close()
+        while self.files:
+            f, path = self.files[0]
+            os.replace(f.name, path)
+            self.files.pop(0)
+
+    def abort(self):
+        """Closes and removes every temporary not yet renamed (on any failure)."""
+        for f, _ in self.files:
+            f.close()
+            try:
+                os.remove(f.name)
+            except FileNotFoundError:
+                pass
+        self.files = []
 
 
 class FlatWriter:
-    """nanoGPT's layout: ids back to back, no header."""
+    """nanoGPT's layout: ids back to back, no header. `temporaries` lets the caller rename
+    the .bin together with its sidecar; finish() renames it alone."""
 
-    def __init__(self, prefix, dtype):
+    def __init__(self, prefix, dtype, temporaries=None):
+        if dtype not in HP_TRAIN_DTYPES["bin"]:
+            raise ValueError(f"hp-train reads no flat {dtype} file")
         self.bin_path = prefix + ".bin"
         self.dtype = dtype
         self.tokens = 0
         self.documents = 0
-        self.out = open(_replace_when_done(self.bin_path), "wb")
+        self.temporaries = temporaries if temporaries is not None else Temporaries()
+        self.out = self.temporaries.open(self.bin_path)
 
     def add_document(self, ids):
         self.out.write(_ids_bytes(ids, self.dtype))
         self.tokens += len(ids)
         self.documents += 1
 
-    def finish(self):
+    def close(self):
+        """Completes the temporaries (renamed by temporaries.commit())."""
         self.out.close()
-        os.replace(_replace_when_done(self.bin_path), self.bin_path)
+
+    def finish(self):
+        try:
+            self.close()
+            self.temporaries.commit()
+        except BaseException:
+            self.temporaries.abort()
+            raise
 
 
 class MegatronWriter:
     """Megatron's IndexedDatasetBuilder layout, one sequence per document."""
 
-    def __init__(self, prefix, dtype):
+    def __init__(self, prefix, dtype, temporaries=None):
         if dtype not in MEGATRON_DTYPE_CODES:
             raise ValueError(f"Megatron has no dtype code for {dtype}")
         self.bin_path = prefix + ".bin"
@@ -85,7 +134,8 @@ class MegatronWriter:
         self.lengths = array.array("q")
         self.document_indices = array.array("q", [0])
         self.tokens = 0
-        self.out = open(_replace_when_done(self.bin_path), "wb")
+        self.temporaries = temporaries if temporaries is not None else Temporaries()
+        self.out = self.temporaries.open(self.bin_path)
 
     @property
     def documents(self):
@@ -104,24 +154,32 @@ class MegatronWriter:
         self.add_sequence(ids)
         self.end_document()
 
-    def finish(self):
+    def close(self):
+        """Completes the temporaries, .idx included (renamed by temporaries.commit())."""
         self.out.close()
         item = DTYPE_BYTES[self.dtype]
         pointers, offset = array.array("q"), 0
         for n in self.lengths:
             pointers.append(offset)
             offset += n * item
-        with open(_replace_when_done(self.idx_path), "wb") as f:
-            f.write(MEGATRON_MAGIC)
-            f.write(struct.pack("<Q", 1))
-            f.write(struct.pack("<B", MEGATRON_DTYPE_CODES[self.dtype]))
-            f.write(struct.pack("<Q", len(self.lengths)))
-            f.write(struct.pack("<Q", len(self.document_indices)))
-            f.write(_ids_bytes(self.lengths, "int32"))
-            f.write(_ids_bytes(pointers, "int64"))
-            f.write(_ids_bytes(self.document_indices, "int64"))
-        os.replace(_replace_when_done(self.bin_path), self.bin_path)
-        os.replace(_replace_when_done(self.idx_path), self.idx_path)
+        f = self.temporaries.open(self.idx_path)
+        f.write(MEGATRON_MAGIC)
+        f.write(struct.pack("<Q", 1))
+        f.write(struct.pack("<B", MEGATRON_DTYPE_CODES[self.dtype]))
+        f.write(struct.pack("<Q", len(self.lengths)))
+        f.write(struct.pack("<Q", len(self.document_indices)))
+        f.write(_ids_bytes(self.lengths, "int32"))
+        f.write(_ids_bytes(pointers, "int64"))
+        f.write(_ids_bytes(self.document_indices, "int64"))
+        f.close()
+
+    def finish(self):
+        try:
+            self.close()
+            self.temporaries.commit()
+        except BaseException:
+            self.temporaries.abort()
+            raise
 
 
 def flat_dtype(vocab_size):
@@ -132,7 +190,9 @@ def megatron_dtype(vocab_size):
     return "uint16" if vocab_size < 65500 else "int32"  # Megatron's DType.optimal_dtype
 
 
-def write_sidecar(prefix, fmt, writer, vocab_size, eos_id, bos_id, tokenizer_name="", tokenizer_sha256=""):
+def write_sidecar(prefix, fmt, writer, vocab_size, eos_id, bos_id, tokenizer_name="", tokenizer_sha256="",
+                  temporaries=None):
+    """Writes PREFIX.json: renamed into place at once, or by `temporaries`' commit()."""
     sidecar = {
         "format": fmt,
         "dtype": writer.dtype,
@@ -144,9 +204,16 @@ def write_sidecar(prefix, fmt, writer, vocab_size, eos_id, bos_id, tokenizer_nam
         "documents": writer.documents,
         "tokens": writer.tokens,
     }
-    with open(prefix + ".json", "w") as f:
+    staged = temporaries if temporaries is not None else Temporaries()
+    try:
+        f = staged.open(prefix + ".json", "w")
         json.dump(sidecar, f, indent=2)
         f.write("\n")
+        if temporaries is None:
+            staged.commit()
+    except BaseException:
+        staged.abort()
+        raise
     return sidecar
 
 
@@ -259,7 +326,10 @@ def main():
     p.add_argument("--input", required=True, nargs="+", help=".jsonl / .json (one record per line) or text files")
     p.add_argument("--output", required=True, help="output prefix: writes PREFIX.bin (+ .idx) and PREFIX.json")
     p.add_argument("--format", choices=["bin", "megatron"], default="bin")
-    p.add_argument("--dtype", choices=["auto", "uint16", "uint32", "int32"], default="auto")
+    readable_anywhere = [d for d in ARRAY_CODES if any(d in v for v in HP_TRAIN_DTYPES.values())]
+    p.add_argument("--dtype", choices=["auto"] + readable_anywhere, default="auto",
+                   help="what hp-train reads: bin uint16 or uint32; megatron uint8, int8, int16, uint16, int32 or "
+                   "int64 (default: uint16 for small vocabularies, else uint32 for bin, int32 for megatron)")
     p.add_argument("--jsonl-key", default="text")
     p.add_argument("--document", choices=["paragraph", "line", "file"], default="paragraph",
                    help="what a document is in a text file")
@@ -269,6 +339,11 @@ def main():
                    "bos_token when it sets add_bos_token)")
     p.add_argument("--batch", type=int, default=1000, help="documents per encode_batch call")
     args = p.parse_args()
+    # Refused before the tokenizer is loaded: a corpus hp-train cannot read is no use.
+    readable = HP_TRAIN_DTYPES[args.format]
+    if args.dtype != "auto" and args.dtype not in readable:
+        p.error(f"argument --dtype: hp-train reads --format {args.format} only as "
+                f"{', '.join(readable[:-1])} or {readable[-1]}, not {args.dtype}")
 
     tok = HFTokenizer(args.tokenizer)
     eos = tok.special_id(args.eos_token, "eos_token", ["<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>"], "EOS")
@@ -284,23 +359,50 @@ def main():
         flat_dtype(tok.vocab_size) if args.format == "bin" else megatron_dtype(tok.vocab_size))
     if tok.vocab_size - 1 > DTYPE_MAX[dtype]:
         sys.exit(f"tokenize_corpus: --dtype {dtype} cannot hold ids up to {tok.vocab_size - 1}")
-    if args.format == "megatron" and dtype not in MEGATRON_DTYPE_CODES:
-        sys.exit(f"tokenize_corpus: Megatron datasets cannot store {dtype}; use uint16 or int32")
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    writer = FlatWriter(args.output, dtype) if args.format == "bin" else MegatronWriter(args.output, dtype)
-    for texts in batches(documents(args.input, args.jsonl_key, args.document), args.batch):
-        for ids in tok.encode_batch(texts):
-            ids = list(ids)
-            if bos is not None and (not ids or ids[0] != bos):
-                ids.insert(0, bos)
-            if not ids or ids[-1] != eos:
-                ids.append(eos)
-            writer.add_document(ids)
-    writer.finish()
-    sidecar = write_sidecar(args.output, args.format, writer, tok.vocab_size, eos, bos, tok.name, tok.sha256())
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    created_dirs = []  # innermost first, removed again on failure
+    d = out_dir
+    while not os.path.exists(d):
+        created_dirs.append(d)
+        d = os.path.dirname(d)
+    staged = Temporaries()
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        writer = (FlatWriter if args.format == "bin" else MegatronWriter)(args.output, dtype, staged)
+        text_tokens = 0  # ids from the documents' text, before BOS / EOS are added
+        for texts in batches(documents(args.input, args.jsonl_key, args.document), args.batch):
+            for ids in tok.encode_batch(texts):
+                ids = list(ids)
+                text_tokens += len(ids)
+                if bos is not None and (not ids or ids[0] != bos):
+                    ids.insert(0, bos)
+                if not ids or ids[-1] != eos:
+                    ids.append(eos)
+                writer.add_document(ids)
+        if text_tokens == 0:
+            # Separators alone (or an empty file) are no corpus: refuse rather than write one.
+            n = writer.documents
+            what = "no documents" if n == 0 else f"{n} document{'s' if n > 1 else ''}, none with a token"
+            sys.exit(f"tokenize_corpus: no text to tokenize in {', '.join(args.input)} ({what}); nothing written")
+        writer.close()
+        sidecar = write_sidecar(args.output, args.format, writer, tok.vocab_size, eos, bos, tok.name, tok.sha256(),
+                                staged)
+        staged.commit()
+    except BaseException:
+        staged.abort()
+        for d in created_dirs:
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
+        raise
     print(f"tokenize_corpus: {sidecar['documents']} documents, {sidecar['tokens']} tokens ({dtype}) -> "
           f"{args.output}.bin{' + .idx' if args.format == 'megatron' else ''} + {args.output}.json")
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("tokenize_corpus: interrupted; its temporaries are removed", file=sys.stderr)
+        sys.exit(130)

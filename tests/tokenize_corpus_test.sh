@@ -2,8 +2,9 @@
 # scripts/tokenize_corpus.py end to end: a WordLevel tokenizer trained offline on a few
 # lines (HF `tokenizers`), JSONL and text turned into a flat .bin and a Megatron
 # .bin/.idx; the ids must be the tokenizer's own encoding of each document followed by
-# EOS, the .idx fields Megatron's layout, the sidecar right; then hp-train trains 4 steps
-# on each (auto-detected format, dtype and EOS from the sidecar).
+# EOS, the .idx fields Megatron's layout, the sidecar right; dtypes hp-train cannot read,
+# inputs without text and failed runs write nothing; then hp-train trains 4 steps on each
+# (auto-detected format, dtype and EOS from the sidecar).
 # Usage: tokenize_corpus_test.sh PYTHON BIN_DIR SOURCE_DIR. Exit 77 (skip) without tokenizers.
 set -euo pipefail
 python="$1" bin="$2" src="$3"
@@ -72,6 +73,83 @@ for fmt in ("bin", "megatron"):
     assert len(side["tokenizer_sha256"]) == 64
 print(f"tokenize_corpus: {len(docs)} documents, {len(flat)} tokens as expected in both formats")
 EOF
+
+tokenize() { "$python" "$src/scripts/tokenize_corpus.py" --tokenizer "$work/tok" "$@"; }
+
+# A --dtype hp-train cannot read in that format is refused before anything is written,
+# naming the dtypes it does read (pretokenized_corpus.cpp, megatron_indexed_dataset.cpp).
+for refused in "bin int32 uint16 uint32" "bin uint8 uint16 uint32" \
+               "megatron uint32 uint8 int8 int16 uint16 int32 int64"; do
+  set -- $refused
+  fmt="$1" dtype="$2"
+  shift 2
+  rc=0
+  tokenize --input "$work/docs.jsonl" --output "$work/refused/corpus" --format "$fmt" --dtype "$dtype" \
+    2> "$work/err" || rc=$?
+  if [ "$rc" -eq 0 ] || [ -e "$work/refused" ]; then
+    echo "--format $fmt --dtype $dtype: exit $rc, wrote" $(find "$work/refused" 2>/dev/null) "(hp-train refuses it)"
+    exit 1
+  fi
+  for readable in "$@"; do
+    grep -qw -- "$readable" "$work/err" || { cat "$work/err"; echo "$fmt $dtype: the error names no $readable"; exit 1; }
+  done
+done
+
+# Input with no text (none at all, or only text that tokenizes to nothing) is an error
+# naming the input, and writes nothing: a corpus of separators alone trains on nothing.
+: > "$work/empty.txt"
+printf '\n  \n\n' > "$work/blank.txt"
+printf '{"text": ""}\n{"text": "  \\n "}\n' > "$work/no_text.jsonl"
+for empty in "empty.txt" "blank.txt" "empty.txt --document file" "no_text.jsonl"; do
+  set -- $empty
+  input="$work/$1"
+  shift
+  for fmt in bin megatron; do
+    rc=0
+    tokenize --input "$input" "$@" --output "$work/empty/$fmt/corpus" --format "$fmt" 2> "$work/err" || rc=$?
+    if [ "$rc" -eq 0 ] || [ -e "$work/empty" ] || ! grep -qF "$input" "$work/err"; then
+      echo "$empty ($fmt): exit $rc, wrote" $(find "$work/empty" 2>/dev/null) "and said:"
+      cat "$work/err"
+      exit 1
+    fi
+  done
+done
+
+# A failed run (an error in an input, a missing input, an interrupt once every file is
+# staged) leaves no temporaries, and the corpus an earlier run wrote at its prefix intact.
+printf '{"text": "the cat"}\n{"txt": "the dog"}\n' > "$work/bad.jsonl"
+interrupted_at_sidecar() {  # the script, with json.dump raising KeyboardInterrupt
+  "$python" - "$src/scripts/tokenize_corpus.py" --tokenizer "$work/tok" "$@" <<'EOF'
+import json, runpy, sys
+def interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+json.dump = interrupt
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+EOF
+}
+fail() {
+  case "$1" in
+    bad-input) tokenize --batch 1 --input "$work/docs.jsonl" "$work/bad.jsonl" "${@:2}" ;;
+    missing-input) tokenize --batch 1 --input "$work/docs.jsonl" "$work/missing.txt" "${@:2}" ;;
+    interrupted) interrupted_at_sidecar --input "$work/docs.txt" "${@:2}" ;;
+  esac
+}
+for fmt in bin megatron; do
+  mkdir -p "$work/again/$fmt"
+  cp "$work/$fmt"/corpus.* "$work/again/$fmt/"
+  for failing in bad-input missing-input interrupted; do
+    rc=0
+    fail "$failing" --output "$work/again/$fmt/corpus" --format "$fmt" 2> "$work/err" || rc=$?
+    left="$(cd "$work/again/$fmt" && ls)"
+    [ "$rc" -ne 0 ] || { echo "$failing ($fmt) did not fail"; exit 1; }
+    [ "$left" = "$(cd "$work/$fmt" && ls)" ] || { echo "$failing ($fmt) left" $left; cat "$work/err"; exit 1; }
+    for f in "$work/$fmt"/corpus.*; do
+      cmp -s "$f" "$work/again/$fmt/${f##*/}" || { echo "$failing ($fmt) changed ${f##*/}"; cat "$work/err"; exit 1; }
+    done
+  done
+done
+echo "tokenize_corpus: unreadable dtypes, inputs without text and failed runs write nothing"
 
 if [ ! -x "$bin/hp-train" ]; then
   echo "hp-train is not built in $bin"
