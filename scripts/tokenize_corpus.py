@@ -90,7 +90,19 @@ class Temporaries:
         self.files = []
 
 
-class FlatWriter:
+class _StagedWriter:
+    """finish(): close() completes the writer's temporaries, which are then renamed together."""
+
+    def finish(self):
+        try:
+            self.close()
+            self.temporaries.commit()
+        except BaseException:
+            self.temporaries.abort()
+            raise
+
+
+class FlatWriter(_StagedWriter):
     """nanoGPT's layout: ids back to back, no header. `temporaries` lets the caller rename
     the .bin together with its sidecar; finish() renames it alone."""
 
@@ -113,16 +125,8 @@ class FlatWriter:
         """Completes the temporaries (renamed by temporaries.commit())."""
         self.out.close()
 
-    def finish(self):
-        try:
-            self.close()
-            self.temporaries.commit()
-        except BaseException:
-            self.temporaries.abort()
-            raise
 
-
-class MegatronWriter:
+class MegatronWriter(_StagedWriter):
     """Megatron's IndexedDatasetBuilder layout, one sequence per document."""
 
     def __init__(self, prefix, dtype, temporaries=None):
@@ -172,14 +176,6 @@ class MegatronWriter:
         f.write(_ids_bytes(pointers, "int64"))
         f.write(_ids_bytes(self.document_indices, "int64"))
         f.close()
-
-    def finish(self):
-        try:
-            self.close()
-            self.temporaries.commit()
-        except BaseException:
-            self.temporaries.abort()
-            raise
 
 
 def flat_dtype(vocab_size):
