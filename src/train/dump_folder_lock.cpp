@@ -66,7 +66,8 @@ DumpFolderLock::DumpFolderLock(const std::string& folder, const std::string& key
   const std::string path = dump_folder_lock_path(folder);
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)
-    throw std::runtime_error("cannot open the lock file of " + key + " '" + path + "': " + std::strerror(errno));
+    throw std::runtime_error(key + ": cannot write a file in '" + folder + "': its lock file " + path + ": " +
+                             std::strerror(errno) + " (checked at start, before training)");
   int rc;
   do {
     rc = ::flock(fd_, LOCK_EX | LOCK_NB);
