@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 
 #include "harness/build_paths.h"
 #include "harness/rank_harness.h"
@@ -299,21 +300,28 @@ class NegatingPointwiseOp : public PointwiseOp {
 };
 
 TEST(CommonLayoutFastPath, ASubclassDoesNotInheritThePromise) {
-  run_ranks(2, [](int64_t) {
+  run_ranks(2, [](int64_t rank) {
     auto mesh = init_device_mesh("cpu", {2});
+    // The registry is the process's, shared by the rank threads: one changes it while the
+    // other waits (two reloading at once each found the other's ops "declared twice").
+    auto change_registry = [&](const std::function<void()>& change) {
+      mesh.comm(0).barrier();
+      if (rank == 0) change();
+      mesh.comm(0).barrier();
+    };
     const at::Tensor fa = random_tensor({4, 6}, 1);
     const at::Tensor a = distribute_tensor(fa, mesh, {Shard(0)});
-    register_distributed_op("abs", std::make_shared<NegatingPointwiseOp>());
+    change_registry([] { register_distributed_op("abs", std::make_shared<NegatingPointwiseOp>()); });
     const at::Tensor result = full_tensor(a.abs());
-    reload_distributed_ops();
+    change_registry([] { reload_distributed_ops(); });
     EXPECT_TRUE(result.equal(fa.abs().neg())) << "the subclass's finalize() was skipped";
     EXPECT_TRUE(full_tensor(a.abs()).equal(fa.abs())) << "the built-in rule again";
     // The same through an unboxed kernel, which memoises its op's fast path: the memo must
     // not outlive the registry change.
     EXPECT_TRUE(full_tensor(a + a).equal(fa + fa));
-    register_distributed_op("add", std::make_shared<NegatingPointwiseOp>());
+    change_registry([] { register_distributed_op("add", std::make_shared<NegatingPointwiseOp>()); });
     const at::Tensor added = full_tensor(a + a);
-    reload_distributed_ops();
+    change_registry([] { reload_distributed_ops(); });
     EXPECT_TRUE(added.equal((fa + fa).neg())) << "the unboxed kernel's memo outlived the registry change";
     EXPECT_TRUE(full_tensor(a + a).equal(fa + fa)) << "the built-in rule again";
   });
