@@ -156,12 +156,19 @@ void TokenDocuments::check_every_id(int64_t limit, const std::string& limit_name
       const int64_t n = std::min(kBlock, tokens - begin);
       const unsigned char* p = base + begin * static_cast<int64_t>(sizeof(T));
       T lo = std::numeric_limits<T>::max(), hi = std::numeric_limits<T>::lowest();
-      for (int64_t i = 0; i < n; ++i) {
+      auto take = [&](int64_t i) {
         T v;
         std::memcpy(&v, p + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
         lo = v < lo ? v : lo;
         hi = v > hi ? v : hi;
+      };
+      // Runs of a fixed length: GCC's -O2 vectorises only loops without a remainder (3x).
+      constexpr int64_t kRun = 64;
+      int64_t i = 0;
+      for (; i + kRun <= n; i += kRun) {
+        for (int64_t j = 0; j < kRun; ++j) take(i + j);
       }
+      for (; i < n; ++i) take(i);
       if (static_cast<int64_t>(lo) >= 0 && static_cast<int64_t>(hi) < limit) continue;
       for (int64_t i = 0; i < n; ++i) {
         const int64_t v = load<T>(p + i * static_cast<int64_t>(sizeof(T)));
