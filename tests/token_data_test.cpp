@@ -656,3 +656,20 @@ TEST(MappedFileDeathTest, AFileTruncatedWhileMappedIsNamedNotABareSigbus) {
       ::testing::Not(::testing::HasSubstr("shrank")));
   compat::remove_all(dir);
 }
+
+// Probe: a uint32 corpus read with training.data_format = bin_u16 and no sidecar trained on
+// the ids interleaved with zeros. The zero high halves give it away.
+TEST(PretokenizedCorpus, AUint32CorpusReadAsUint16IsRefused) {
+  const std::string dir = temp_dir("u32_as_u16");
+  const std::string wide = compat::join_path(dir, "wide"), narrow = compat::join_path(dir, "narrow");
+  python_write(wide, random_docs(200, 400, 5), "bin", "uint32");
+  python_write(narrow, random_docs(200, 400, 5), "bin", "uint16");
+  const std::string msg =
+      error_of([&] { PretokenizedCorpus({.path = wide + ".bin", .format = "bin_u16", .vocab_size = 400}); });
+  EXPECT_NE(msg.find("holds a zero at every odd position"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("training.data_format = bin_u32"), std::string::npos) << msg;
+  EXPECT_EQ(error_of([&] { PretokenizedCorpus({.path = narrow + ".bin", .format = "bin_u16", .vocab_size = 400}); }),
+            "");
+  EXPECT_EQ(error_of([&] { PretokenizedCorpus({.path = wide + ".bin", .format = "bin_u32", .vocab_size = 400}); }), "");
+  compat::remove_all(dir);
+}

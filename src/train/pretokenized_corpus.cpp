@@ -3,7 +3,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <sstream>
+#include <vector>
 
 #include "compat/file_system.h"
 #include "train/flat_token_file.h"
@@ -33,6 +35,30 @@ std::string resolve_data_format(const std::string& path, const std::string& requ
               "': dtype \"", sidecar->dtype, "\" is not a flat token file's (uint16 or uint32)");
   return sidecar->dtype == "uint16" ? "bin_u16" : "bin_u32";
 }
+
+namespace {
+
+// A uint32 corpus read as uint16 is every id followed by its high half, 0 below 65536: the
+// ids interleaved with zeros, which trains without a complaint. A zero at every odd
+// position of the first 64 Ki tokens (and not at every even one) gives it away.
+void refuse_uint32_read_as_uint16(const TokenDocuments& tokens) {
+  const int64_t n = std::min<int64_t>(tokens.file_tokens(), 1 << 16) & ~int64_t{1};
+  if (n < 256) return;  // too few to tell
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  tokens.read(0, n, ids.data());
+  bool odd_zero = true, even_zero = true;
+  for (int64_t i = 0; i < n; i += 2) {
+    even_zero = even_zero && ids[i] == 0;
+    odd_zero = odd_zero && ids[i + 1] == 0;
+  }
+  TORCH_CHECK(!odd_zero || even_zero, "token file '", tokens.path(),
+              "' read as uint16 (training.data_format = bin_u16) ", "holds a zero at every odd position of its first ",
+              n,
+              " tokens: it looks like a uint32 corpus, each id followed by its zero high half. Set "
+              "training.data_format = bin_u32, or write a sidecar naming its dtype (scripts/tokenize_corpus.py does)");
+}
+
+}  // namespace
 
 PretokenizedCorpus::PretokenizedCorpus(const PretokenizedCorpusOptions& options) : options_(options) {
   format_ = resolve_data_format(options.path, options.format);
@@ -72,6 +98,7 @@ PretokenizedCorpus::PretokenizedCorpus(const PretokenizedCorpusOptions& options)
   } else {
     tokens_ = open_flat_token_file(prefix_, format_ == "bin_u16" ? TokenDtype::kUInt16 : TokenDtype::kUInt32,
                                    options.vocab_size);
+    if (format_ == "bin_u16") refuse_uint32_read_as_uint16(*tokens_);
   }
   if (sidecar_) {
     TORCH_CHECK(sidecar_->tokens < 0 || sidecar_->tokens == tokens_->file_tokens(), "corpus sidecar '", sidecar_->path,
