@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <memory>
 #include <set>
@@ -212,25 +213,33 @@ void load_hf_checkpoint(torch::nn::Module& model, const HfAdapter& adapter, cons
   // Per copy, the first non-finite element of this rank's piece (in the file's order).
   at::Tensor bad = at::full({static_cast<int64_t>(copies.size())}, INT64_MAX, at::kLong);
   std::vector<DeviceMesh> meshes;
-  for (size_t i = 0; i < copies.size(); ++i) {
-    const Copy& c = copies[i];
-    at::Tensor local = is_dtensor(c.param) ? to_local(c.param) : c.param;
-    const std::vector<int64_t> offset =
-        is_dtensor(c.param) ? layout_of(c.param).local_offset() : std::vector<int64_t>(local.dim(), 0);
-    const hf::SafetensorsEntry& e = *c.source.entry;
-    at::Tensor piece = read_box(c.source.file->data(e), e, offset, local.sizes());
-    const int64_t code = hf::first_non_finite_code(piece, offset, e.shape);
-    if (code >= 0) bad.data_ptr<int64_t>()[i] = code;
+  for (const Copy& c : copies) {
     if (is_dtensor(c.param) && std::find(meshes.begin(), meshes.end(), mesh_of(c.param)) == meshes.end()) {
       meshes.push_back(mesh_of(c.param));
     }
-    if (c.mapping->rope_head_dim > 0) {
-      TORCH_CHECK(offset[0] % c.mapping->rope_head_dim == 0, "load_hf_checkpoint: ", c.mapping->ours,
-                  "'s shard starts inside a head (row ", offset[0], ", head_dim ", c.mapping->rope_head_dim, ")");
-      piece = rope_rows_from_hf(piece, c.mapping->rope_head_dim);
+  }
+  // An error of this rank's copies waits for the collective below, which every rank joins.
+  std::exception_ptr copy_error;
+  for (size_t i = 0; i < copies.size() && !copy_error; ++i) {
+    try {
+      const Copy& c = copies[i];
+      at::Tensor local = is_dtensor(c.param) ? to_local(c.param) : c.param;
+      const std::vector<int64_t> offset =
+          is_dtensor(c.param) ? layout_of(c.param).local_offset() : std::vector<int64_t>(local.dim(), 0);
+      const hf::SafetensorsEntry& e = *c.source.entry;
+      at::Tensor piece = read_box(c.source.file->data(e), e, offset, local.sizes());
+      const int64_t code = hf::first_non_finite_code(piece, offset, e.shape);
+      if (code >= 0) bad.data_ptr<int64_t>()[i] = code;
+      if (c.mapping->rope_head_dim > 0) {
+        TORCH_CHECK(offset[0] % c.mapping->rope_head_dim == 0, "load_hf_checkpoint: ", c.mapping->ours,
+                    "'s shard starts inside a head (row ", offset[0], ", head_dim ", c.mapping->rope_head_dim, ")");
+        piece = rope_rows_from_hf(piece, c.mapping->rope_head_dim);
+      }
+      local.copy_(piece);
+      c.source.file->release(e);
+    } catch (...) {
+      copy_error = std::current_exception();
     }
-    local.copy_(piece);
-    c.source.file->release(e);
   }
   // Every rank learns the first bad element of every piece, so all raise the same error.
   for (const DeviceMesh& mesh : meshes) {
@@ -238,6 +247,7 @@ void load_hf_checkpoint(torch::nn::Module& model, const HfAdapter& adapter, cons
     for (int64_t d = 0; d < mesh.ndim(); ++d) mesh.comm(d).all_reduce_(on_device, ReduceOp::Min);
     bad = on_device.cpu();
   }
+  if (copy_error) std::rethrow_exception(copy_error);
   for (size_t i = 0; i < copies.size(); ++i) {
     const int64_t code = bad.data_ptr<int64_t>()[i];
     if (code == INT64_MAX) continue;
