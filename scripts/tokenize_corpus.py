@@ -30,6 +30,7 @@ import array
 import hashlib
 import json
 import os
+import signal
 import struct
 import sys
 
@@ -396,9 +397,22 @@ def main():
           f"{args.output}.bin{' + .idx' if args.format == 'megatron' else ''} + {args.output}.json")
 
 
+class Terminated(BaseException):
+    """SIGTERM (a scheduler stopping the job), raised where the run is, so that its
+    temporaries are removed as for any other failure."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         main()
     except KeyboardInterrupt:
         print("tokenize_corpus: interrupted; its temporaries are removed", file=sys.stderr)
         sys.exit(130)
+    except Terminated:
+        print("tokenize_corpus: terminated (SIGTERM); its temporaries are removed", file=sys.stderr)
+        sys.exit(143)

@@ -115,7 +115,7 @@ for empty in "empty.txt" "blank.txt" "empty.txt --document file" "no_text.jsonl"
   done
 done
 
-# A failed run (an error in an input, a missing input, an interrupt once every file is
+# A failed run (an error in an input, a missing input, Ctrl-C or SIGTERM once every file is
 # staged) leaves no temporaries, and the corpus an earlier run wrote at its prefix intact.
 printf '{"text": "the cat"}\n{"txt": "the dog"}\n' > "$work/bad.jsonl"
 interrupted_at_sidecar() {  # the script, with json.dump raising KeyboardInterrupt
@@ -128,17 +128,28 @@ sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 EOF
 }
+terminated_at_sidecar() {  # the script, sent SIGTERM (as a scheduler stops a job) at the same point
+  "$python" - "$src/scripts/tokenize_corpus.py" --tokenizer "$work/tok" "$@" <<'EOF'
+import json, os, runpy, signal, sys
+def terminate(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+json.dump = terminate
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+EOF
+}
 fail() {
   case "$1" in
     bad-input) tokenize --batch 1 --input "$work/docs.jsonl" "$work/bad.jsonl" "${@:2}" ;;
     missing-input) tokenize --batch 1 --input "$work/docs.jsonl" "$work/missing.txt" "${@:2}" ;;
     interrupted) interrupted_at_sidecar --input "$work/docs.txt" "${@:2}" ;;
+    terminated) terminated_at_sidecar --input "$work/docs.txt" "${@:2}" ;;
   esac
 }
 for fmt in bin megatron; do
   mkdir -p "$work/again/$fmt"
   cp "$work/$fmt"/corpus.* "$work/again/$fmt/"
-  for failing in bad-input missing-input interrupted; do
+  for failing in bad-input missing-input interrupted terminated; do
     rc=0
     fail "$failing" --output "$work/again/$fmt/corpus" --format "$fmt" 2> "$work/err" || rc=$?
     left="$(cd "$work/again/$fmt" && ls)"
