@@ -47,9 +47,11 @@ void write_file_atomically(const std::string& path, const std::function<void(std
     ::unlink(temp.c_str());
     fail(path, "writing " + temp + " failed", err);
   }
-  // The rename itself is durable once the folder is synced.
-  std::string dir = compat::parent_path(path);
-  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  sync_folder(compat::parent_path(path));  // the rename itself durable
+}
+
+void sync_folder(const std::string& folder) {
+  const int fd = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd >= 0) {
     ::fsync(fd);
     ::close(fd);

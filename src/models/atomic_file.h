@@ -15,4 +15,8 @@ namespace hyper_parallel::hf {
 // `path` and the OS reason ("No space left on device", "Not a directory") on any failure.
 void write_file_atomically(const std::string& path, const std::function<void(std::FILE*)>& fill);
 
+// fsync of `folder` ("" is the current one): makes the renames in it durable, not only the
+// data renamed. Best effort (a folder that cannot be opened is left as it is).
+void sync_folder(const std::string& folder);
+
 }  // namespace hyper_parallel::hf

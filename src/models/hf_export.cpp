@@ -3,9 +3,7 @@
 #include <ATen/ops/empty.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>

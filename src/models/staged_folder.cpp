@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "compat/file_system.h"
+#include "models/atomic_file.h"
 
 namespace hyper_parallel::hf {
 
@@ -50,14 +51,6 @@ void remove_abandoned_staging(const std::string& parent, const std::string& targ
     const long pid = std::strtol(name.c_str() + prefix.size(), &end, 10);
     if (end == name.c_str() + prefix.size() || *end != '\0' || pid <= 0) continue;
     if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) compat::remove_all(compat::join_path(parent, name));
-  }
-}
-
-void sync_folder(const std::string& folder) {
-  const int fd = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
   }
 }
 
