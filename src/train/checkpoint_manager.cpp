@@ -369,7 +369,7 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
             << " on other data: " << list << std::endl;
     }
   } else if (const auto moved = data_moved(saved.data, data_identity_); moved && rank_ == 0 && log_) {
-    *log_ << "hp-train: " << *moved << " is read from the new place" << std::endl;
+    *log_ << "hp-train: " << *moved << std::endl;
   }
   // Data-parallel replicas saved the same state: one replica's files are enough.
   const bool resharding = saved_tp != tp || saved_shard != shard;

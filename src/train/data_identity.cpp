@@ -124,7 +124,7 @@ std::optional<std::string> data_moved(const nlohmann::json& saved, const nlohman
   const std::string from = paths_of(saved), to = paths_of(job);
   if (from == to || without_paths(saved) != without_paths(job)) return std::nullopt;
   return "training.data moved from " + from + " to " + to +
-         ": the same bytes (every file's size and CRC-32C), so the checkpoint's data";
+         ": the same bytes (every file's size and CRC-32C), so the checkpoint's data is read from the new place";
 }
 
 }  // namespace hyper_parallel::train

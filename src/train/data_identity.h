@@ -34,7 +34,8 @@ nlohmann::json data_identity(const TrainingConfig& training, const std::optional
 // "<key>: checkpoint <a>, this job <b>" with the job config key (training.seed ...).
 // Paths are not compared: a corpus moved or copied elsewhere is the same data.
 std::vector<std::string> data_mismatches(const nlohmann::json& saved, const nlohmann::json& job);
-// When the records differ only in the corpus's paths: a line that says from where to where.
+// When the records differ only in the corpus's paths: the sentence that says from where to
+// where, and that the checkpoint's data is read there.
 std::optional<std::string> data_moved(const nlohmann::json& saved, const nlohmann::json& job);
 
 }  // namespace hyper_parallel::train
