@@ -325,6 +325,19 @@ TEST(HfExport, AFolderThatCannotBeWrittenIsTheSameClearErrorOnEveryRank) {
   });
   EXPECT_EQ(messages[0], messages[1]);
   EXPECT_THAT(messages[0], HasSubstr("export_hf_checkpoint to '" + blocker + "/out': cannot create the folder"));
+  // The target itself a file: refused before anything is staged beside it.
+  run_ranks(2, [&](int64_t rank) {
+    Llama model = seeded_model(export_args(), 2);
+    try {
+      export_hf_checkpoint(*model, model_family("llama"), blocker);
+      ADD_FAILURE() << "expected an error";
+    } catch (const std::runtime_error& e) {
+      messages[rank] = e.what();
+    }
+  });
+  EXPECT_EQ(messages[0], messages[1]);
+  EXPECT_THAT(messages[0], HasSubstr("export_hf_checkpoint to '" + blocker + "': it is a file, not a folder"));
+  EXPECT_EQ(file_bytes(blocker), "x");
   Llama model = seeded_model(export_args(), 1);
   HfExportOptions options;
   options.dtype = at::kLong;
