@@ -1,0 +1,87 @@
+// Vocabulary-parallel losses on plain local tensors: each member of a process group holds
+// the torch.chunk piece of the classes that DTensor's Shard of the class dim gives it (the
+// Megatron / TorchTitan style, and what the Python package's ops and its loss_parallel on
+// PyTorch's DTensor call). The kernels are loss_parallel's (docs/design.md has the math):
+//   cross-entropy   one all-gather forward (which also settles the input checks on every
+//                   member), no collective backward; backward needs only what forward returns
+//   log_softmax     two all-reduces forward, one backward (correct for any consumer)
+//   nll_loss        one all-reduce forward, none backward
+// Functions come in forward/backward pairs with explicit saved values, so that a caller
+// (torch.library's autograd, a compiler) owns the graph.
+#pragma once
+
+#include <ATen/core/Reduction.h>
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <vector>
+
+#include "hyper_parallel/communicator.h"
+#include "hyper_parallel/loss_parallel.h"  // LossParallelLayoutError, LossParallelUnsupportedError
+
+namespace hyper_parallel {
+
+// This member's classes: torch.chunk piece comm->rank() of `total` classes.
+struct VocabPiece {
+  int64_t offset = 0;
+  int64_t local = 0;
+  int64_t total = 0;
+};
+
+// The piece a member holding `local_classes` classes has. vocab_size >= 0: checked against
+// torch.chunk (the caller runs it where a refusal reaches every member). vocab_size < 0:
+// learnt from every member's count in one all-gather, then checked the same way on every
+// member. A null comm is one process.
+VocabPiece vocab_piece(const Communicator* comm, int64_t local_classes, int64_t vocab_size);
+
+struct VocabCrossEntropyOptions {
+  int64_t ignore_index = -100;
+  int64_t reduction = at::Reduction::Mean;  // at::Reduction: None, Mean or Sum
+  double label_smoothing = 0.0;
+  double z_loss_weight = 0.0;  // + z * lse^2 per counted row (LossParallelOptions)
+  double logit_softcap = 0.0;  // > 0: logits -> cap * tanh(logits / cap)
+};
+
+// What the cross-entropy's backward needs besides its inputs ([rows], compute type).
+struct VocabCrossEntropySaved {
+  at::Tensor row_max, log_sum;  // lse = row_max + log_sum, kept apart (fused_cross_entropy.h)
+  at::Tensor row_weight;        // probability targets: sum_c w_c q'_c; index targets: recomputed
+};
+
+// Cross-entropy of `local_logits` (this member's classes along `class_dim`). target: class
+// indices of the logits' shape without the class dim, the same on every member, or
+// probabilities of the local logits' shape (this member's classes). weight: [vocab] or
+// none. Returns the loss in the logits' dtype ([rows shape] for None, a scalar otherwise).
+// Bad input is the same error on every member (LossParallelLayoutError, c10::IndexError ...).
+at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, int64_t class_dim,
+                                                const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                                                const Communicator* comm, int64_t vocab_size,
+                                                const VocabCrossEntropyOptions& options, VocabCrossEntropySaved* saved);
+// d loss / d local_logits for the incoming gradient `grad_loss`. No collective.
+at::Tensor vocab_parallel_cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor& local_logits,
+                                                 int64_t class_dim, const at::Tensor& target,
+                                                 const std::optional<at::Tensor>& weight,
+                                                 const VocabCrossEntropySaved& saved, const Communicator* comm,
+                                                 int64_t vocab_size, const VocabCrossEntropyOptions& options);
+
+// log_softmax over all classes; the result has local's shape, in `out_dtype` (local's
+// dtype when unset).
+at::Tensor vocab_parallel_log_softmax(const at::Tensor& local, int64_t class_dim, const Communicator* comm,
+                                      int64_t vocab_size, std::optional<at::ScalarType> out_dtype = std::nullopt);
+at::Tensor vocab_parallel_log_softmax_backward(const at::Tensor& grad, const at::Tensor& output, int64_t class_dim,
+                                               const Communicator* comm, int64_t vocab_size,
+                                               at::ScalarType input_dtype);
+
+// nll_loss on log-probabilities: {output, total_weight}, as ATen's nll_loss_forward.
+std::vector<at::Tensor> vocab_parallel_nll_loss_forward(const at::Tensor& local_logp, int64_t class_dim,
+                                                        const at::Tensor& target,
+                                                        const std::optional<at::Tensor>& weight, int64_t reduction,
+                                                        int64_t ignore_index, const Communicator* comm,
+                                                        int64_t vocab_size);
+at::Tensor vocab_parallel_nll_loss_backward(const at::Tensor& grad_output, const at::Tensor& local_logp,
+                                            int64_t class_dim, const at::Tensor& target,
+                                            const std::optional<at::Tensor>& weight, int64_t reduction,
+                                            int64_t ignore_index, const at::Tensor& total_weight,
+                                            const Communicator* comm, int64_t vocab_size);
+
+}  // namespace hyper_parallel

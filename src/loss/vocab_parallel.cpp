@@ -1,0 +1,246 @@
+// vocab_parallel.h: loss_parallel's kernels on plain local pieces and a communicator.
+#include "hyper_parallel/vocab_parallel.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <string>
+
+#include "loss/class_sharding.h"
+#include "loss/cross_entropy_kernels.h"
+#include "loss/fused_cross_entropy.h"
+#include "loss/input_agreement.h"
+#include "loss/logits_device.h"
+
+namespace hyper_parallel {
+
+namespace {
+
+std::string piece_mismatch(const Communicator* comm, int64_t local, int64_t total) {
+  const int64_t n = comm ? comm->size() : 1, r = comm ? comm->rank() : 0;
+  const ChunkRange want = chunk_range(total, n, r);
+  return "expected member " + std::to_string(r) + " of " + std::to_string(n) + " to hold classes [" +
+         std::to_string(want.offset) + ", " + std::to_string(want.offset + want.length) + ") of the vocabulary of " +
+         std::to_string(total) + " (its torch.chunk piece, as DTensor's Shard gives it), got " + std::to_string(local) +
+         " classes";
+}
+
+ClassShard class_shard(const Communicator* comm, const VocabPiece& p) {
+  ClassShard s;
+  s.comm = comm;
+  s.offset = p.offset;
+  s.local = p.local;
+  s.total = p.total;
+  return s;
+}
+
+int64_t wrap_class_dim(const at::Tensor& t, int64_t class_dim, const char* op) {
+  TORCH_CHECK_VALUE(t.dim() >= 1, op, ": expected logits with a class dim, got a 0-dim tensor");
+  return c10::maybe_wrap_dim(class_dim, t.dim());
+}
+
+}  // namespace
+
+VocabPiece vocab_piece(const Communicator* comm, int64_t local_classes, int64_t vocab_size) {
+  const int64_t n = comm ? comm->size() : 1, r = comm ? comm->rank() : 0;
+  int64_t total = vocab_size;
+  if (total < 0) {
+    if (n == 1) {
+      total = local_classes;
+    } else {
+      const at::Tensor mine = at::full({1}, local_classes, at::TensorOptions().dtype(at::kLong));
+      const at::Tensor all = comm->all_gather(mine, 0, std::vector<int64_t>(n, 1));
+      total = all.sum().item<int64_t>();
+      std::string counts;
+      for (int64_t i = 0; i < n; ++i) counts += (i ? ", " : "") + std::to_string(all[i].item<int64_t>());
+      // Every member checks every member's count: the same verdict everywhere.
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t got = all[i].item<int64_t>();
+        if (chunk_range(total, n, i).length != got) {
+          throw LossParallelLayoutError("vocab_parallel: the members' class counts (" + counts +
+                                        ") are not the torch.chunk pieces of " + std::to_string(total) +
+                                        " classes: member " + std::to_string(i) + " holds " + std::to_string(got) +
+                                        ", expected " + std::to_string(chunk_range(total, n, i).length));
+        }
+      }
+    }
+  }
+  const ChunkRange want = chunk_range(total, n, r);
+  if (want.length != local_classes)
+    throw LossParallelLayoutError("vocab_parallel: " + piece_mismatch(comm, local_classes, total));
+  return {want.offset, want.length, total};
+}
+
+at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, int64_t class_dim_in,
+                                                const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                                                const Communicator* comm, int64_t vocab_size,
+                                                const VocabCrossEntropyOptions& options,
+                                                VocabCrossEntropySaved* saved) {
+  const std::string op = "vocab_parallel_cross_entropy";
+  const int64_t class_dim = wrap_class_dim(local_logits, class_dim_in, op.c_str());
+  // An unknown vocabulary costs one all-gather of the counts before anything else.
+  VocabPiece piece;
+  if (vocab_size < 0) piece = vocab_piece(comm, local_logits.size(class_dim), -1);
+  const at::ScalarType ct = compute_type(local_logits.scalar_type());
+  FusedCrossEntropy ce;
+  ce.x_rows = to_rows(local_logits, class_dim);
+  ce.reduction = options.reduction;
+  ce.ignore_index = options.ignore_index;
+  ce.label_smoothing = options.label_smoothing;
+  ce.z_loss_weight = options.z_loss_weight;
+  ce.logit_softcap = options.logit_softcap;
+  ce.soft = target.is_floating_point();
+  std::vector<int64_t> loss_shape = local_logits.sizes().vec();
+  loss_shape.erase(loss_shape.begin() + class_dim);
+  // Every check runs inside the agreement: a refusal on one member is the same error on all.
+  const InputAgreement agreement(op, target, [&] {
+    if (vocab_size >= 0) piece = vocab_piece(comm, local_logits.size(class_dim), vocab_size);
+    TORCH_CHECK_VALUE(options.reduction >= at::Reduction::None && options.reduction <= at::Reduction::Sum, op,
+                      ": reduction must be at::Reduction None, Mean or Sum, got ", options.reduction);
+    TORCH_CHECK_VALUE(options.label_smoothing >= 0.0 && options.label_smoothing <= 1.0, op,
+                      ": label_smoothing must be in [0, 1], got ", options.label_smoothing);
+    TORCH_CHECK_VALUE(options.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: off), got ",
+                      options.logit_softcap);
+    TORCH_CHECK_VALUE(local_logits.is_floating_point(), op, ": expected floating-point logits, got ",
+                      local_logits.scalar_type());
+    check_on_logits_device(local_logits.device(), target.device(), ce.soft ? "probability target" : "target", op);
+    if (weight && weight->defined()) {
+      check_on_logits_device(local_logits.device(), weight->device(), "class weight", op);
+      TORCH_CHECK_VALUE(weight->dim() == 1 && weight->size(0) == piece.total, op,
+                        ": expected a class weight of shape [", piece.total, "], got ", weight->sizes());
+      ce.weight = weight->to(ct);
+    }
+    if (ce.soft) {
+      TORCH_CHECK_VALUE(target.sizes() == local_logits.sizes(), op,
+                        ": probability targets must have the local logits' shape ", local_logits.sizes(),
+                        " (this member's classes), got ", target.sizes());
+      if (options.ignore_index >= 0) {
+        throw LossParallelUnsupportedError(op + ": ignore_index (" + std::to_string(options.ignore_index) +
+                                           ") is only for class-index targets, not probability targets "
+                                           "(as PyTorch's cross_entropy)");
+      }
+      ce.target = to_rows(target, class_dim);
+    } else {
+      TORCH_CHECK_VALUE(target.scalar_type() == at::kLong || target.scalar_type() == at::kByte, op,
+                        ": expected target dtype to be Long or Byte, but got ", target.scalar_type());
+      TORCH_CHECK_VALUE(target.sizes() == c10::IntArrayRef(loss_shape), op, ": expected a target of shape ",
+                        c10::IntArrayRef(loss_shape), " for local logits of shape ", local_logits.sizes(),
+                        " (class dim ", class_dim, "), got ", target.sizes());
+      check_targets(target, piece.total, options.ignore_index);
+      ce.target = target.reshape({-1}).to(at::kLong);
+    }
+  });
+  if (agreement.refused()) {
+    // This member still joins the forward's all-gather, which settles the refusal everywhere.
+    ce.soft = false;
+    ce.weight = c10::nullopt;
+    ce.target = at::full({ce.x_rows.size(0)}, options.ignore_index, ce.x_rows.options().dtype(at::kLong));
+    piece.local = ce.x_rows.size(1);
+  }
+  const ClassShard shard = class_shard(comm, piece);
+  at::Tensor loss = fused_cross_entropy_forward(ce, shard, &agreement).to(local_logits.scalar_type());
+  if (options.reduction == at::Reduction::None) loss = loss.reshape(loss_shape);
+  if (saved) {
+    saved->row_max = ce.row_max;
+    saved->log_sum = ce.log_sum;
+    saved->row_weight = ce.soft ? ce.row_weight : at::Tensor();
+  }
+  return loss;
+}
+
+at::Tensor vocab_parallel_cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor& local_logits,
+                                                 int64_t class_dim_in, const at::Tensor& target,
+                                                 const std::optional<at::Tensor>& weight,
+                                                 const VocabCrossEntropySaved& saved, const Communicator* comm,
+                                                 int64_t vocab_size, const VocabCrossEntropyOptions& options) {
+  const int64_t class_dim = wrap_class_dim(local_logits, class_dim_in, "vocab_parallel_cross_entropy backward");
+  TORCH_CHECK_VALUE(vocab_size >= 0,
+                    "vocab_parallel_cross_entropy backward: expected the vocabulary size forward used");
+  // No collective: the piece follows from the size, which forward checked.
+  const int64_t n = comm ? comm->size() : 1, r = comm ? comm->rank() : 0;
+  const ChunkRange range = chunk_range(vocab_size, n, r);
+  const ClassShard shard = class_shard(comm, {range.offset, range.length, vocab_size});
+  const at::ScalarType ct = compute_type(local_logits.scalar_type());
+  FusedCrossEntropy ce;
+  ce.x_rows = to_rows(local_logits, class_dim);
+  ce.reduction = options.reduction;
+  ce.ignore_index = options.ignore_index;
+  ce.label_smoothing = options.label_smoothing;
+  ce.z_loss_weight = options.z_loss_weight;
+  ce.logit_softcap = options.logit_softcap;
+  ce.soft = target.is_floating_point();
+  ce.target = ce.soft ? to_rows(target, class_dim) : target.reshape({-1}).to(at::kLong);
+  if (weight && weight->defined()) ce.weight = weight->to(ct);
+  const int64_t rows = ce.x_rows.size(0);
+  const auto opts = local_logits.options().dtype(ct);
+  fused_cross_entropy_prepare(ce, rows, shard, opts);
+  // What fused_cross_entropy_combine set, rebuilt from forward's saved values.
+  ce.row_max = saved.row_max;
+  ce.log_sum = saved.log_sum;
+  ce.lse = saved.row_max + saved.log_sum;
+  if (ce.soft) {
+    ce.row_weight = saved.row_weight;
+    ce.ce_denominator = at::scalar_tensor(static_cast<double>(rows), opts);
+    ce.z_denominator = ce.ce_denominator;
+  } else {
+    ce.ce_denominator = ce.row_weight.sum();
+    ce.z_denominator = ce.valid.sum();
+  }
+  const at::Tensor grad_rows = fused_cross_entropy_backward(ce, grad_loss, shard);
+  return from_rows(grad_rows, local_logits.sizes(), class_dim);
+}
+
+namespace {
+ClassShard shard_for(const Communicator* comm, const at::Tensor& local, int64_t class_dim, int64_t vocab_size) {
+  return class_shard(comm, vocab_piece(comm, local.size(class_dim), vocab_size));
+}
+}  // namespace
+
+at::Tensor vocab_parallel_log_softmax(const at::Tensor& local, int64_t class_dim_in, const Communicator* comm,
+                                      int64_t vocab_size, std::optional<at::ScalarType> out_dtype) {
+  const int64_t class_dim = wrap_class_dim(local, class_dim_in, "vocab_parallel_log_softmax");
+  const ClassShard shard = shard_for(comm, local, class_dim, vocab_size);
+  const at::Tensor rows = distributed_log_softmax(to_rows(local, class_dim), shard);
+  return from_rows(rows.to(out_dtype.value_or(local.scalar_type())), local.sizes(), class_dim);
+}
+
+at::Tensor vocab_parallel_log_softmax_backward(const at::Tensor& grad, const at::Tensor& output, int64_t class_dim_in,
+                                               const Communicator* comm, int64_t vocab_size,
+                                               at::ScalarType input_dtype) {
+  const int64_t class_dim = wrap_class_dim(output, class_dim_in, "vocab_parallel_log_softmax backward");
+  const ClassShard shard = shard_for(comm, output, class_dim, vocab_size);
+  const at::Tensor rows = distributed_log_softmax_backward(to_rows(grad, class_dim), to_rows(output, class_dim), shard);
+  return from_rows(rows.to(input_dtype), output.sizes(), class_dim);
+}
+
+std::vector<at::Tensor> vocab_parallel_nll_loss_forward(const at::Tensor& local_logp, int64_t class_dim_in,
+                                                        const at::Tensor& target,
+                                                        const std::optional<at::Tensor>& weight, int64_t reduction,
+                                                        int64_t ignore_index, const Communicator* comm,
+                                                        int64_t vocab_size) {
+  const int64_t class_dim = wrap_class_dim(local_logp, class_dim_in, "vocab_parallel_nll_loss");
+  const ClassShard shard = shard_for(comm, local_logp, class_dim, vocab_size);
+  c10::optional<at::Tensor> w;
+  if (weight && weight->defined()) w = *weight;
+  auto result =
+      distributed_nll_forward(to_rows(local_logp, class_dim), target.reshape({-1}), w, reduction, ignore_index, shard);
+  at::Tensor out = reduction == at::Reduction::None ? result.first.reshape(target.sizes()) : result.first;
+  return {out, result.second};
+}
+
+at::Tensor vocab_parallel_nll_loss_backward(const at::Tensor& grad_output, const at::Tensor& local_logp,
+                                            int64_t class_dim_in, const at::Tensor& target,
+                                            const std::optional<at::Tensor>& weight, int64_t reduction,
+                                            int64_t ignore_index, const at::Tensor& total_weight,
+                                            const Communicator* comm, int64_t vocab_size) {
+  const int64_t class_dim = wrap_class_dim(local_logp, class_dim_in, "vocab_parallel_nll_loss backward");
+  const ClassShard shard = shard_for(comm, local_logp, class_dim, vocab_size);
+  c10::optional<at::Tensor> w;
+  if (weight && weight->defined()) w = *weight;
+  const int64_t rows = to_rows(local_logp, class_dim).size(0);
+  const at::Tensor g = nll_backward_rows(grad_output, rows, target.reshape({-1}), w, reduction, ignore_index,
+                                         total_weight, local_logp.scalar_type(), shard);
+  return from_rows(g, local_logp.sizes(), class_dim);
+}
+
+}  // namespace hyper_parallel
