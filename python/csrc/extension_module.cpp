@@ -1,0 +1,180 @@
+// hyper_parallel._C: the C++ library's vocabulary-parallel kernels (hyper_parallel/vocab_parallel.h)
+// for the Python package, over the process groups of torch.distributed. Only bindings live
+// here: every kernel is the library's, the same the C++ loss_parallel runs.
+#include <c10/util/Exception.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "hyper_parallel/communicator.h"
+#include "hyper_parallel/loss_parallel.h"
+#include "hyper_parallel/parallelism_config.h"
+#include "hyper_parallel/vocab_parallel.h"
+#include "bench/memory_probe.h"
+
+namespace py = pybind11;
+namespace hp = hyper_parallel;
+
+namespace {
+
+// One communicator per process group, found by the name torch.distributed registered it
+// under (the form a torch.library schema can carry). "" is one process (no group).
+const hp::Communicator* communicator(const std::string& group_name) {
+  if (group_name.empty()) return nullptr;
+  static std::mutex mutex;
+  static auto* cache = new std::map<std::string, std::shared_ptr<hp::Communicator>>();
+  c10::intrusive_ptr<c10d::ProcessGroup> pg = c10d::resolve_process_group(group_name);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& entry = (*cache)[group_name];
+  // A group destroyed and another registered under its name: a new communicator.
+  if (!entry || entry->process_group().get() != pg.get()) {
+    std::vector<int64_t> ranks(pg->getSize());
+    std::iota(ranks.begin(), ranks.end(), 0);
+    entry = std::make_shared<hp::Communicator>(pg, ranks);
+  }
+  return entry.get();
+}
+
+std::optional<at::Tensor> defined_or_none(const std::optional<at::Tensor>& t) {
+  return t && t->defined() ? t : std::nullopt;
+}
+
+hp::VocabCrossEntropyOptions ce_options(int64_t ignore_index, int64_t reduction, double label_smoothing,
+                                        double z_loss_weight, double logit_softcap) {
+  hp::VocabCrossEntropyOptions o;
+  o.ignore_index = ignore_index;
+  o.reduction = reduction;
+  o.label_smoothing = label_smoothing;
+  o.z_loss_weight = z_loss_weight;
+  o.logit_softcap = logit_softcap;
+  return o;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "HyperParallel's C++ kernels (the hyper_parallel package calls these; use its Python API)";
+
+  // The library's errors, as the Python classes the spec names (their bases: ValueError and
+  // NotImplementedError); c10's typed errors as the Python types PyTorch raises for them.
+  py::register_local_exception<hp::LossParallelLayoutError>(m, "LossParallelLayoutError", PyExc_ValueError);
+  py::register_local_exception<hp::LossParallelUnsupportedError>(m, "LossParallelUnsupportedError",
+                                                                 PyExc_NotImplementedError);
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const c10::IndexError& e) {
+      PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+    } catch (const c10::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    } catch (const c10::TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+    } catch (const c10::NotImplementedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    }
+  });
+
+  m.def(
+      "cross_entropy_forward",
+      [](const at::Tensor& logits, int64_t class_dim, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+         const std::string& group, int64_t vocab_size, int64_t ignore_index, int64_t reduction, double label_smoothing,
+         double z_loss_weight, double logit_softcap) {
+        py::gil_scoped_release no_gil;
+        hp::VocabCrossEntropySaved saved;
+        at::Tensor loss = hp::vocab_parallel_cross_entropy_forward(
+            logits, class_dim, target, defined_or_none(weight), communicator(group), vocab_size,
+            ce_options(ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap), &saved);
+        // Probability targets only have a row weight to keep; an empty one stands for none.
+        at::Tensor row_weight = saved.row_weight.defined() ? saved.row_weight : saved.row_max.new_empty({0});
+        return std::make_tuple(loss, saved.row_max, saved.log_sum, row_weight);
+      },
+      "loss, row_max, log_sum, row_weight: the loss and what its backward needs");
+  m.def("cross_entropy_backward",
+        [](const at::Tensor& grad, const at::Tensor& logits, int64_t class_dim, const at::Tensor& target,
+           const std::optional<at::Tensor>& weight, const at::Tensor& row_max, const at::Tensor& log_sum,
+           const at::Tensor& row_weight, const std::string& group, int64_t vocab_size, int64_t ignore_index,
+           int64_t reduction, double label_smoothing, double z_loss_weight, double logit_softcap) {
+          py::gil_scoped_release no_gil;
+          hp::VocabCrossEntropySaved saved{row_max, log_sum, row_weight.numel() ? row_weight : at::Tensor()};
+          return hp::vocab_parallel_cross_entropy_backward(
+              grad, logits, class_dim, target, defined_or_none(weight), saved, communicator(group), vocab_size,
+              ce_options(ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap));
+        });
+  m.def(
+      "vocab_size",
+      [](int64_t local_classes, const std::string& group) {
+        py::gil_scoped_release no_gil;
+        return hp::vocab_piece(communicator(group), local_classes, -1).total;
+      },
+      "The vocabulary the members' torch.chunk pieces make up (one all-gather)");
+  m.def("log_softmax", [](const at::Tensor& local, int64_t class_dim, const std::string& group, int64_t vocab_size,
+                          std::optional<at::ScalarType> dtype) {
+    py::gil_scoped_release no_gil;
+    return hp::vocab_parallel_log_softmax(local, class_dim, communicator(group), vocab_size, dtype);
+  });
+  m.def("log_softmax_backward", [](const at::Tensor& grad, const at::Tensor& output, int64_t class_dim,
+                                   const std::string& group, int64_t vocab_size, at::ScalarType input_dtype) {
+    py::gil_scoped_release no_gil;
+    return hp::vocab_parallel_log_softmax_backward(grad, output, class_dim, communicator(group), vocab_size,
+                                                   input_dtype);
+  });
+  m.def("nll_loss_forward",
+        [](const at::Tensor& logp, int64_t class_dim, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+           int64_t reduction, int64_t ignore_index, const std::string& group, int64_t vocab_size) {
+          py::gil_scoped_release no_gil;
+          auto r = hp::vocab_parallel_nll_loss_forward(logp, class_dim, target, defined_or_none(weight), reduction,
+                                                       ignore_index, communicator(group), vocab_size);
+          return std::make_tuple(r[0], r[1]);
+        });
+  m.def("nll_loss_backward",
+        [](const at::Tensor& grad, const at::Tensor& logp, int64_t class_dim, const at::Tensor& target,
+           const std::optional<at::Tensor>& weight, int64_t reduction, int64_t ignore_index,
+           const at::Tensor& total_weight, const std::string& group, int64_t vocab_size) {
+          py::gil_scoped_release no_gil;
+          return hp::vocab_parallel_nll_loss_backward(grad, logp, class_dim, target, defined_or_none(weight), reduction,
+                                                      ignore_index, total_weight, communicator(group), vocab_size);
+        });
+
+  // The process-wide configuration the C++ side reads (parallelism_config.h has the precedence).
+  m.def("parallelism_config", [] {
+    const hp::ParallelismConfig c = hp::parallelism_config();
+    return std::make_tuple(c.disable_loss_parallel, c.loss_parallel_strict_mesh,
+                           c.loss_parallel_fallback_on_layout_error);
+  });
+  m.def("set_parallelism_config", [](bool disable, bool strict_mesh, bool fallback) {
+    hp::ParallelismConfig c = hp::parallelism_config();
+    c.disable_loss_parallel = disable;
+    c.loss_parallel_strict_mesh = strict_mesh;
+    c.loss_parallel_fallback_on_layout_error = fallback;
+    hp::set_parallelism_config(c);
+  });
+
+  // Collectives our kernels issued on the calling thread (tests assert the budgets).
+  m.def("collective_counts", [] {
+    const hp::CollectiveCounts c = hp::collective_counts();
+    return py::dict(py::arg("all_reduce") = c.all_reduce, py::arg("all_gather") = c.all_gather,
+                    py::arg("reduce_scatter") = c.reduce_scatter, py::arg("broadcast") = c.broadcast,
+                    py::arg("all_to_all") = c.all_to_all, py::arg("barrier") = c.barrier,
+                    py::arg("scatter") = c.scatter);
+  });
+  m.def("reset_collective_counts", [] { hp::reset_collective_counts(); });
+
+  // Peak CPU memory through LibTorch's allocator (src/bench/memory_probe.h: the probe hp-bench
+  // uses), for the benchmark; tensors allocated before install() are not counted.
+  m.def("memory_probe_install", &hp_memory_probe_install);
+  m.def("memory_probe_current_bytes", &hp_memory_probe_current_bytes);
+  m.def("memory_probe_peak_bytes", &hp_memory_probe_peak_bytes);
+  m.def("memory_probe_reset_peak", &hp_memory_probe_reset_peak);
+}

@@ -1,0 +1,37 @@
+"""hyper_parallel: HyperParallel C++'s vocabulary-parallel losses for PyTorch.
+
+- ``loss_parallel()``: a drop-in for ``torch.distributed.tensor.parallel.loss_parallel`` on
+  PyTorch's DTensor, exact for every option of ``F.cross_entropy`` (docs/python.md).
+- ``vocab_parallel_cross_entropy`` and friends: the same kernels on plain local tensors and a
+  process group, as ``torch.library`` ops that ``torch.compile`` traces.
+"""
+
+from .config import ParallelismConfig, parallelism_config, set_parallelism_config
+from .errors import LossParallelLayoutError, LossParallelUnsupportedError
+from .loss_parallel import (
+    LossParallelOptions,
+    is_loss_parallel_active,
+    loss_parallel,
+    loss_parallel_op_names,
+    register_loss_parallel_op_names,
+)
+from .ops import vocab_parallel_cross_entropy, vocab_parallel_log_softmax, vocab_parallel_nll_loss
+from .train_context import TrainContext, get_train_context
+
+__all__ = [
+    "LossParallelLayoutError",
+    "LossParallelOptions",
+    "LossParallelUnsupportedError",
+    "ParallelismConfig",
+    "TrainContext",
+    "get_train_context",
+    "is_loss_parallel_active",
+    "loss_parallel",
+    "loss_parallel_op_names",
+    "parallelism_config",
+    "register_loss_parallel_op_names",
+    "set_parallelism_config",
+    "vocab_parallel_cross_entropy",
+    "vocab_parallel_log_softmax",
+    "vocab_parallel_nll_loss",
+]

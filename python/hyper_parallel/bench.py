@@ -1,0 +1,174 @@
+"""Side-by-side benchmark of the Python front end, every figure from one run:
+
+    torchrun --nproc-per-node 2 -m hyper_parallel.bench --tokens 4096 --vocab 32000 --dtype float32
+
+Per rank, cross-entropy forward + backward on [tokens, vocab] logits sharded along the
+vocabulary (median of --iters after a warm-up), and the peak memory the step allocated
+beyond its inputs (LibTorch's CPU allocator, counted by the library's memory probe; on a GPU
+torch.cuda's statistics):
+
+  ours (loss_parallel)   hyper_parallel.loss_parallel() + F.cross_entropy on the DTensor
+  ours (functional)      hyper_parallel.vocab_parallel_cross_entropy on the local piece
+  PyTorch loss_parallel  torch.distributed.tensor.parallel.loss_parallel, the same DTensor
+  compiled gather        the logits all-gathered, then torch.compile'd F.cross_entropy
+
+and the Python call overhead: one call of each of ours on a [1, 8-per-rank] input, where the
+kernel's own work is negligible. Ratios are against PyTorch's loss_parallel in the same run.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor.parallel import loss_parallel as torch_loss_parallel
+
+import hyper_parallel as hp
+from hyper_parallel import _C
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m hyper_parallel.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (default 1, as torchrun)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    cuda = a.device == "cuda"
+    if not dist.is_initialized():
+        if "RANK" in os.environ:
+            dist.init_process_group("nccl" if cuda else "gloo")
+        else:
+            import tempfile
+            dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        _C.memory_probe_install()
+    mesh = init_device_mesh(a.device, (world,))
+    dtype = _DTYPES[a.dtype]
+    g = torch.Generator().manual_seed(7)
+    full = (torch.randn(a.tokens, a.vocab, generator=g) * 2).to(dtype)
+    target = torch.randint(a.vocab, (a.tokens,), generator=g).to(device)
+    sharded = distribute_tensor(full.to(device), mesh, [Shard(1)])
+    local = sharded.to_local()
+    group = mesh.get_group(0)
+    del full
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    def memory():
+        return torch.cuda.memory_allocated(device) if cuda else _C.memory_probe_current_bytes()
+
+    def reset_peak():
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        else:
+            _C.memory_probe_reset_peak()
+
+    def peak():
+        return torch.cuda.max_memory_allocated(device) if cuda else _C.memory_probe_peak_bytes()
+
+    def measure(step, iters):
+        times, extra, loss = [], 0, None
+        for i in range(iters + 1):  # the first call warms up (and compiles)
+            dist.barrier()
+            sync()
+            before = memory()
+            reset_peak()
+            t0 = time.perf_counter()
+            loss = step()
+            sync()
+            if i > 0:
+                times.append(time.perf_counter() - t0)
+            extra = peak() - before
+        return statistics.median(times), extra, loss
+
+    def ours_context():
+        x = sharded.detach().requires_grad_()
+        with hp.loss_parallel():
+            loss = F.cross_entropy(x, target)
+        loss.backward()
+        return loss.to_local().item()
+
+    def ours_functional():
+        x = local.detach().requires_grad_()
+        loss = hp.vocab_parallel_cross_entropy(x, target, group, vocab_size=a.vocab)
+        loss.backward()
+        return loss.item()
+
+    def pytorch():
+        x = sharded.detach().requires_grad_()
+        with torch_loss_parallel():
+            loss = F.cross_entropy(x, target)
+            loss.backward()
+        return loss.to_local().item()
+
+    compiled_ce = torch.compile(F.cross_entropy)
+
+    def compiled_gather():
+        x = sharded.detach().requires_grad_()
+        loss = compiled_ce(x.full_tensor(), target)
+        loss.backward()
+        return loss.item()
+
+    rows = [("ours (loss_parallel)", measure(ours_context, a.iters)),
+            ("ours (functional)", measure(ours_functional, a.iters)),
+            ("PyTorch loss_parallel", measure(pytorch, a.iters)),
+            ("compiled gather", measure(compiled_gather, a.iters))]
+
+    # Python call overhead: the same calls on an input too small for the kernels to matter.
+    tiny_full = torch.randn(1, 8 * world, dtype=dtype, device=device)
+    tiny_target = torch.zeros(1, dtype=torch.long, device=device)
+    tiny = distribute_tensor(tiny_full, mesh, [Shard(1)])
+
+    def tiny_context():
+        x = tiny.detach().requires_grad_()
+        with hp.loss_parallel():
+            loss = F.cross_entropy(x, tiny_target)
+        loss.backward()
+
+    def tiny_functional():
+        x = tiny.to_local().detach().requires_grad_()
+        hp.vocab_parallel_cross_entropy(x, tiny_target, group, vocab_size=8 * world).backward()
+
+    def tiny_pytorch():
+        x = tiny.detach().requires_grad_()
+        with torch_loss_parallel():
+            F.cross_entropy(x, tiny_target).backward()
+
+    overhead = [(name, measure(fn, 50)[0]) for name, fn in (("ours (loss_parallel)", tiny_context),
+                                                             ("ours (functional)", tiny_functional),
+                                                             ("PyTorch loss_parallel", tiny_pytorch))]
+    if rank == 0:
+        base_t, base_m = rows[2][1][0], rows[2][1][1]
+        print(f"cross-entropy forward + backward, {a.tokens} x {a.vocab} {a.dtype}, {world} ranks "
+              f"({'Gloo' if not cuda else 'NCCL'}, {a.threads} thread(s) per rank), per rank, median of {a.iters}; "
+              f"torch {torch.__version__}")
+        print(f"{'':24}{'ms':>10}{'peak MiB':>11}{'x time':>9}{'x memory':>10}{'loss':>14}")
+        for name, (t, m, loss) in rows:
+            print(f"{name:24}{t * 1e3:10.2f}{m / 2**20:11.1f}{t / base_t:9.2f}{m / base_m if base_m else 0:10.2f}"
+                  f"{loss:14.6f}")
+        print("call overhead (fwd + bwd on a [1, %d] input):" % (8 * world))
+        for name, t in overhead:
+            print(f"  {name:22}{t * 1e6:10.1f} us")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,436 @@
+"""loss_parallel() on PyTorch's own DTensor: a drop-in for
+``torch.distributed.tensor.parallel.loss_parallel`` that runs the C++ library's kernels.
+
+Inside the context, ``F.cross_entropy`` / ``nn.CrossEntropyLoss``, ``F.nll_loss`` and
+``log_softmax`` on DTensor logits sharded along the class dim run on the local shards over
+the process group of the mesh dim that shards them: cross-entropy in one all-gather forward
+and no collective backward, exact under ignore_index, class weights, every reduction, label
+smoothing and probability targets. The loss is a replicated DTensor.
+
+The hook: a ``TorchFunctionMode``, entered with the outermost context. It sees
+``F.cross_entropy`` whole, before it decomposes into ATen ops (the level where PyTorch's own
+loss_parallel hooks DTensor's op handlers, and so never sees label smoothing or probability
+targets as one loss). The active state is a ``contextvars.ContextVar``: local to the thread
+and to the context, re-entrant (an inner context with no options, or the same ones, nests).
+Backward needs no context: the gradients are the ops' own autograd formulas.
+"""
+
+import contextlib
+import inspect
+import threading
+import warnings
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import DeviceMesh, DTensor, Replicate, Shard
+from torch.overrides import TorchFunctionMode
+
+from . import ops
+from .config import parallelism_config
+from .errors import LossParallelLayoutError, LossParallelUnsupportedError
+
+
+@dataclass(frozen=True)
+class LossParallelOptions:
+    mesh: Optional[DeviceMesh] = None
+    strict: Optional[bool] = None  # None: ParallelismConfig.loss_parallel_strict_mesh
+    z_loss_weight: float = 0.0
+    logit_softcap: float = 0.0
+    gradient_in_forward: bool = False
+
+    def effective_strict(self) -> bool:
+        return parallelism_config().loss_parallel_strict_mesh if self.strict is None else self.strict
+
+
+@dataclass(frozen=True)
+class _Active:
+    depth: int
+    options: LossParallelOptions
+
+
+_active: ContextVar[Optional[_Active]] = ContextVar("hyper_parallel.loss_parallel", default=None)
+
+_BUILT_IN_NAMES = frozenset({"cross_entropy", "log_softmax", "nll_loss"})
+_extra_names_lock = threading.Lock()
+_extra_names: frozenset = frozenset()
+
+
+def is_loss_parallel_active() -> bool:
+    """Whether the calling thread, in its current contextvars context, is inside loss_parallel()."""
+    return _active.get() is not None
+
+
+def loss_parallel_op_names() -> frozenset:
+    """The function names routed to loss_parallel's kernels inside the context."""
+    return _BUILT_IN_NAMES | _extra_names
+
+
+def register_loss_parallel_op_names(*names: str) -> None:
+    """Adds names (tests, extensions). Inside the context a function of such a name on
+    class-sharded DTensor logits raises LossParallelUnsupportedError naming it, never a
+    silently different result."""
+    global _extra_names
+    for n in names:
+        if not isinstance(n, str) or not n:
+            raise TypeError(f"register_loss_parallel_op_names: expected non-empty strings, got {n!r}")
+    with _extra_names_lock:
+        _extra_names = _extra_names | frozenset(names)
+
+
+_warned: set = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, UserWarning, stacklevel=4)
+
+
+@contextlib.contextmanager
+def loss_parallel(
+    mesh: Optional[DeviceMesh] = None,
+    strict: Optional[bool] = None,
+    *,
+    z_loss_weight: float = 0.0,
+    logit_softcap: float = 0.0,
+    gradient_in_forward: bool = False,
+) -> Iterator[None]:
+    """Enters loss_parallel for this thread and contextvars context.
+
+    mesh: the tensor-parallel mesh; the logits must live on it (or on a mesh whose dim that
+    shards the classes is it). None: inferred from the logits.
+    strict: True: logits on a mesh of more than one dim are a LossParallelLayoutError; False:
+    their other mesh dims are gathered (a warning). None: ParallelismConfig (default True).
+    z_loss_weight, logit_softcap: cross-entropy only (see ops.vocab_parallel_cross_entropy);
+    log_softmax / nll_loss under them raise LossParallelUnsupportedError.
+    gradient_in_forward: accepted for the C++ API's sake; from Python it raises
+    LossParallelUnsupportedError (the loss keeps a logits-sized gradient buffer instead).
+    """
+    if gradient_in_forward:
+        raise LossParallelUnsupportedError(
+            "loss_parallel(gradient_in_forward=True) is not offered from Python: the ops keep "
+            "torch.library's functional contract (no input written); use the C++ API for it")
+    if logit_softcap < 0:
+        raise ValueError(f"loss_parallel: logit_softcap must be >= 0 (0: off), got {logit_softcap}")
+    if mesh is not None and not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"loss_parallel: mesh must be a DeviceMesh or None, got {type(mesh).__name__}")
+    if parallelism_config().disable_loss_parallel:
+        _warn_once("disabled", "loss_parallel(): ParallelismConfig.disable_loss_parallel is set, so this "
+                               "context activates nothing (the model should produce replicated logits)")
+        yield
+        return
+    options = LossParallelOptions(mesh, strict, float(z_loss_weight), float(logit_softcap), gradient_in_forward)
+    outer = _active.get()
+    if outer is not None and options != LossParallelOptions() and options != outer.options:
+        raise LossParallelLayoutError(
+            f"loss_parallel: a nested context's options ({options}) contradict the enclosing one's "
+            f"({outer.options}); nest with no options or the same ones")
+    token = _active.set(_Active(1 if outer is None else outer.depth + 1,
+                                options if outer is None else outer.options))
+    mode = _LossParallelMode() if outer is None else None
+    if mode is not None:
+        mode.__enter__()
+    try:
+        yield
+    finally:
+        if mode is not None:
+            mode.__exit__(None, None, None)
+        _active.reset(token)
+
+
+# --- layouts ------------------------------------------------------------------------------
+
+
+@dataclass
+class _ClassSharding:
+    logits: DTensor  # possibly re-laid-out (strict=False on a mesh of more than one dim)
+    class_dim: int
+    mesh_dim: int
+    group_name: str
+    vocab_size: int
+    offset: int  # first class held here
+    local: int  # classes held here
+
+
+def _expected(class_dim: int) -> str:
+    return (f"a DTensor sharded along its class dim: placements [Shard({class_dim})] on a 1-D "
+            f"tensor-parallel mesh")
+
+
+def _describe(t: DTensor) -> str:
+    return f"{list(t.placements)} on {t.device_mesh}"
+
+
+def _shards_dim(p, dim: int, ndim: int) -> bool:
+    # Shard exactly: a _StridedShard (FSDP over TP) holds other pieces than torch.chunk's.
+    return type(p) is Shard and p.dim % ndim == dim
+
+
+def _is_class_sharded(t: Any, class_dim: int) -> bool:
+    return isinstance(t, DTensor) and 0 <= class_dim < t.ndim and any(
+        _shards_dim(p, class_dim, t.ndim) for p in t.placements)
+
+
+def _group_ranks(mesh: DeviceMesh, mesh_dim: int) -> List[int]:
+    return dist.get_process_group_ranks(mesh.get_group(mesh_dim))
+
+
+def _resolve(t: Any, class_dim: int, op: str, options: LossParallelOptions) -> _ClassSharding:
+    if not isinstance(t, DTensor):
+        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the input to be {_expected(class_dim)}, "
+                                      f"got a plain tensor of shape {list(t.shape)}")
+    mesh = t.device_mesh
+    if any(p.is_partial() for p in t.placements):
+        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the input to be {_expected(class_dim)}, "
+                                      f"got {_describe(t)} (reduce the Partial first)")
+    dims = [i for i, p in enumerate(t.placements) if _shards_dim(p, class_dim, t.ndim)]
+    if not dims:
+        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the input to be {_expected(class_dim)}, "
+                                      f"got {_describe(t)}: the class dim {class_dim} is not sharded")
+    if len(dims) > 1:
+        raise LossParallelUnsupportedError(f"{op} under loss_parallel: the class dim is sharded by {len(dims)} "
+                                           f"mesh dims ({_describe(t)}); expected exactly one")
+    m = dims[0]
+    if options.mesh is not None:
+        whole = options.mesh == mesh
+        that_dim = options.mesh.ndim == 1 and options.mesh.mesh.flatten().tolist() == _group_ranks(mesh, m)
+        if not whole and not that_dim:
+            raise LossParallelLayoutError(f"{op} under loss_parallel(mesh = {options.mesh}): expected the input on "
+                                          f"that mesh, got {_describe(t)}")
+    if mesh.ndim != 1:
+        if options.effective_strict():
+            raise LossParallelLayoutError(f"{op} under loss_parallel (strict): expected {_expected(class_dim)}, got "
+                                          f"{_describe(t)}. Use the 1-D sub-mesh (mesh[\"tp\"]) or strict=False")
+        want = [Replicate()] * mesh.ndim
+        want[m] = Shard(class_dim)
+        if list(t.placements) != want:
+            _warn_once("gather", f"loss_parallel (strict=False): gathering the logits' non-class mesh dims "
+                                 f"({_describe(t)} -> {want})")
+            t = t.redistribute(mesh, want)
+    n = mesh.size(m)
+    r = mesh.get_local_rank(m)
+    vocab = t.shape[class_dim]
+    chunk = -(-vocab // n)
+    offset = min(r * chunk, vocab)
+    return _ClassSharding(t, class_dim, m, mesh.get_group(m).group_name, vocab, offset,
+                          max(0, min(chunk, vocab - offset)))
+
+
+def _replicated_local(t: Any, what: str, op: str, mesh: DeviceMesh) -> torch.Tensor:
+    if not isinstance(t, DTensor):
+        return t
+    if t.device_mesh != mesh:
+        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the {what} on the logits' mesh {mesh} "
+                                      f"(or a plain tensor), got one on {t.device_mesh}")
+    if not all(p.is_replicate() for p in t.placements):
+        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the {what} to be replicated (a plain "
+                                      f"tensor or a DTensor with [Replicate()]), got {list(t.placements)}")
+    return t.to_local()
+
+
+def _probability_target_local(target: Any, cs: _ClassSharding, op: str) -> torch.Tensor:
+    logits = cs.logits
+    if isinstance(target, DTensor):
+        if target.device_mesh != logits.device_mesh:
+            raise LossParallelLayoutError(f"{op} under loss_parallel: expected the probability target on the "
+                                          f"logits' mesh {logits.device_mesh}, got one on {target.device_mesh}")
+        if list(target.placements) == list(logits.placements):
+            return target.to_local()
+        if all(p.is_replicate() for p in target.placements):
+            return target.to_local().narrow(cs.class_dim, cs.offset, cs.local)
+        raise LossParallelLayoutError(f"{op} under loss_parallel: expected probability targets replicated or laid "
+                                      f"out like the logits ({list(logits.placements)}), got "
+                                      f"{list(target.placements)}")
+    if tuple(target.shape) != tuple(logits.shape):
+        raise ValueError(f"{op}: probability targets must have the logits' shape {list(logits.shape)}, got "
+                         f"{list(target.shape)}")
+    return target.narrow(cs.class_dim, cs.offset, cs.local)
+
+
+def _check_no_target_grad(target: Any, weight: Any, op: str) -> None:
+    if (isinstance(target, torch.Tensor) and target.requires_grad) or (
+            isinstance(weight, torch.Tensor) and weight.requires_grad):
+        raise LossParallelUnsupportedError(f"{op} under loss_parallel: gradients with respect to the target or "
+                                           f"the class weights are not supported")
+
+
+def _replicated_result(local: torch.Tensor, mesh: DeviceMesh) -> DTensor:
+    return DTensor.from_local(local, mesh, [Replicate()] * mesh.ndim, run_check=False)
+
+
+def _legacy_reduction(size_average, reduce, reduction: str) -> str:
+    if size_average is not None or reduce is not None:
+        return torch.nn._reduction.legacy_get_string(size_average, reduce)
+    return reduction
+
+
+def _resolve_or_fallback(t: Any, class_dim: int, op: str, options: LossParallelOptions) -> Optional[_ClassSharding]:
+    """The sharding, or None where loss_parallel_fallback_on_layout_error has the op computed
+    on all-gathered inputs instead (_gathered)."""
+    try:
+        return _resolve(t, class_dim, op, options)
+    except (LossParallelLayoutError, LossParallelUnsupportedError) as e:
+        if not options.effective_strict() and parallelism_config().loss_parallel_fallback_on_layout_error:
+            _warn_once("fallback:" + op, f"{op} under loss_parallel: {e}; all-gathering the logits instead "
+                                         f"(loss_parallel_fallback_on_layout_error is set)")
+            return None
+        raise
+
+
+def _gathered(func, mesh: DeviceMesh, args, kwargs) -> DTensor:
+    """func on every DTensor argument gathered whole (differentiably), as one process computes
+    it; the result replicated on `mesh`."""
+    def whole(v):
+        if isinstance(v, DTensor):
+            return v.redistribute(v.device_mesh, [Replicate()] * v.device_mesh.ndim).to_local()
+        return v
+    out = func(*[whole(a) for a in args], **{k: whole(v) for k, v in kwargs.items()})
+    return _replicated_result(out, mesh)
+
+
+# --- the handlers -----------------------------------------------------------------------------
+
+
+_CROSS_ENTROPY = inspect.signature(F.cross_entropy)
+_NLL_LOSS = inspect.signature(F.nll_loss)
+
+
+def _cross_entropy(options: LossParallelOptions, args, kwargs):
+    a = _CROSS_ENTROPY.bind(*args, **kwargs).arguments
+    logits, target, weight = a["input"], a["target"], a.get("weight")
+    op = "cross_entropy"
+    class_dim = 1 if logits.ndim >= 2 else 0
+    if not _is_class_sharded(logits, class_dim) and not options.effective_strict():
+        _warn_once("unsharded", f"loss_parallel (strict=False): logits are not sharded along the class dim "
+                                f"({_describe(logits) if isinstance(logits, DTensor) else 'plain tensor'}); "
+                                f"computing cross_entropy the ordinary way")
+        return NotImplemented
+    cs = _resolve_or_fallback(logits, class_dim, op, options)
+    if cs is None:
+        return _gathered(F.cross_entropy, logits.device_mesh, args, kwargs)
+    _check_no_target_grad(target, weight, op)
+    mesh = cs.logits.device_mesh
+    reduction = _legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
+    if target.is_floating_point():
+        target_local = _probability_target_local(target, cs, op)
+    else:
+        target_local = _replicated_local(target, "target", op, mesh)
+    weight_local = None if weight is None else _replicated_local(weight, "class weight", op, mesh)
+    loss, *_ = ops._cross_entropy(
+        cs.logits.to_local(), target_local, weight_local, cs.group_name, cs.vocab_size, class_dim,
+        int(a.get("ignore_index", -100)), ops.reduction_code(reduction, op), float(a.get("label_smoothing", 0.0)),
+        options.z_loss_weight, options.logit_softcap)
+    return _replicated_result(loss, mesh)
+
+
+def _reject_cross_entropy_only_options(options: LossParallelOptions, op: str) -> None:
+    if options.z_loss_weight != 0 or options.logit_softcap != 0:
+        raise LossParallelUnsupportedError(
+            f"{op} under loss_parallel(z_loss_weight={options.z_loss_weight}, logit_softcap={options.logit_softcap})"
+            f": those options apply to cross_entropy only; {op} would silently ignore them")
+
+
+def _log_softmax_args(func, args, kwargs) -> Tuple[Any, Optional[int], Optional[torch.dtype]]:
+    # F.log_softmax(input, dim=None, _stacklevel=3, dtype=None); torch.log_softmax(input, dim, dtype=None)
+    # and Tensor.log_softmax(dim, dtype=None).
+    if func is F.log_softmax:
+        a = inspect.signature(F.log_softmax).bind(*args, **kwargs).arguments
+        return a["input"], a.get("dim"), a.get("dtype")
+    rest = list(args[1:])
+    dim = kwargs.get("dim", rest[0] if rest else None)
+    dtype = kwargs.get("dtype", rest[1] if len(rest) > 1 else None)
+    return args[0], dim, dtype
+
+
+def _log_softmax(options: LossParallelOptions, args, kwargs, func=None):
+    logits, dim, dtype = _log_softmax_args(func, args, kwargs)
+    if not isinstance(logits, DTensor) or dim is None or not isinstance(dim, int):
+        return NotImplemented
+    dim = dim % max(logits.ndim, 1)
+    if not _is_class_sharded(logits, dim):
+        return NotImplemented
+    op = "log_softmax"
+    _reject_cross_entropy_only_options(options, op)
+    cs = _resolve_or_fallback(logits, dim, op, options)
+    if cs is None:
+        return _gathered(func, logits.device_mesh, args, kwargs)
+    t = cs.logits
+    local = t.to_local()
+    if dtype is not None:
+        local = local.to(dtype)
+    out = ops._log_softmax(local, dim, cs.group_name, cs.vocab_size)
+    return DTensor.from_local(out, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+
+
+def _nll_loss(options: LossParallelOptions, args, kwargs):
+    a = _NLL_LOSS.bind(*args, **kwargs).arguments
+    logp, target, weight = a["input"], a["target"], a.get("weight")
+    class_dim = 1 if getattr(logp, "ndim", 0) >= 2 else 0
+    if not _is_class_sharded(logp, class_dim):
+        return NotImplemented
+    op = "nll_loss"
+    _reject_cross_entropy_only_options(options, op)
+    cs = _resolve_or_fallback(logp, class_dim, op, options)
+    if cs is None:
+        return _gathered(F.nll_loss, logp.device_mesh, args, kwargs)
+    _check_no_target_grad(target, weight, op)
+    mesh = cs.logits.device_mesh
+    if target.is_floating_point():
+        raise LossParallelUnsupportedError("nll_loss under loss_parallel: expected class-index targets (as "
+                                           "F.nll_loss), got floating-point ones")
+    reduction = _legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
+    target_local = _replicated_local(target, "target", op, mesh)
+    weight_local = None if weight is None else _replicated_local(weight, "class weight", op, mesh)
+    out, _ = ops._nll_loss(cs.logits.to_local(), target_local, weight_local, class_dim,
+                           ops.reduction_code(reduction, op), int(a.get("ignore_index", -100)), cs.group_name,
+                           cs.vocab_size)
+    return _replicated_result(out, mesh)
+
+
+_HANDLERS = {
+    F.cross_entropy: _cross_entropy,
+    F.nll_loss: _nll_loss,
+}
+_LOG_SOFTMAX_FUNCS = (F.log_softmax, torch.log_softmax, torch.Tensor.log_softmax, torch.special.log_softmax)
+
+
+def _first_class_sharded(args, kwargs) -> Optional[DTensor]:
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, DTensor) and any(type(p) is Shard for p in v.placements):
+            return v
+    return None
+
+
+class _LossParallelMode(TorchFunctionMode):
+    """Routes the loss functions on class-sharded DTensors to the kernels while a context is active."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        state = _active.get()
+        if state is not None:
+            if func in _LOG_SOFTMAX_FUNCS:
+                result = _log_softmax(state.options, args, kwargs, func)
+            elif func in _HANDLERS:
+                result = _HANDLERS[func](state.options, args, kwargs)
+            else:
+                result = NotImplemented
+                name = getattr(func, "__name__", "")
+                if name in _extra_names and _first_class_sharded(args, kwargs) is not None:
+                    raise LossParallelUnsupportedError(
+                        f"loss_parallel: '{name}' is in the loss_parallel op names but has no loss_parallel kernel")
+            if result is not NotImplemented:
+                return result
+        return func(*args, **kwargs)
+
+
+__all__ = [
+    "LossParallelOptions",
+    "is_loss_parallel_active",
+    "loss_parallel",
+    "loss_parallel_op_names",
+    "register_loss_parallel_op_names",
+]

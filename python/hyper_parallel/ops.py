@@ -1,0 +1,319 @@
+"""Vocabulary-parallel losses as torch.library ops on plain local tensors.
+
+Each rank of a process group holds the ``torch.chunk`` piece of the classes that DTensor's
+``Shard`` of the class dim gives it (uneven pieces allowed). The ops have fake kernels and
+autograd formulas, so ``torch.compile(fullgraph=True)`` traces them as single nodes; the
+process group travels as its name (``group.group_name``), as PyTorch's functional
+collectives pass it. Every kernel is the C++ library's.
+
+Collectives: cross-entropy one all-gather forward (which also carries the input checks, so
+bad input is the same error on every rank), none backward; log_softmax two all-reduces
+forward, one backward; nll_loss one all-reduce forward, none backward. A ``vocab_size`` of
+None costs one small all-gather more (the pieces' sizes).
+"""
+
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ._extension import _C
+
+_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _rows(t: Tensor, class_dim: int) -> int:
+    n = 1
+    for i, s in enumerate(t.shape):
+        if i != class_dim % t.dim():
+            n *= s
+    return n
+
+
+# --- cross-entropy ------------------------------------------------------------------------
+
+
+@torch.library.custom_op("hyper_parallel::cross_entropy", mutates_args=())
+def _cross_entropy(
+    logits: Tensor,
+    target: Tensor,
+    weight: Optional[Tensor],
+    group_name: str,
+    vocab_size: int,
+    class_dim: int,
+    ignore_index: int,
+    reduction: int,
+    label_smoothing: float,
+    z_loss_weight: float,
+    logit_softcap: float,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    if vocab_size < 0:
+        vocab_size = _C.vocab_size(logits.shape[class_dim], group_name)
+    loss, row_max, log_sum, row_weight = _C.cross_entropy_forward(
+        logits, class_dim, target, weight, group_name, vocab_size, ignore_index, reduction,
+        label_smoothing, z_loss_weight, logit_softcap,
+    )
+    return loss, row_max, log_sum, row_weight, torch.tensor(vocab_size, dtype=torch.int64)
+
+
+def _check_devices(op: str, logits: Tensor, **others: Optional[Tensor]) -> None:
+    # The kernels' own check, also in the fake kernel: the dispatcher sends a call with any
+    # meta tensor among its inputs to the fake kernel, which must refuse it as the real one does.
+    for what, t in others.items():
+        if t is not None and t.device != logits.device:
+            what = what.replace("_", " ")
+            raise RuntimeError(f"{op}: expected all tensors on the same device, but the {what} is on {t.device} "
+                               f"and the logits on {logits.device} (move the {what} with .to({logits.device}))")
+
+
+@_cross_entropy.register_fake
+def _(logits, target, weight, group_name, vocab_size, class_dim, ignore_index, reduction,
+      label_smoothing, z_loss_weight, logit_softcap):
+    _check_devices("vocab_parallel_cross_entropy", logits, target=target, class_weight=weight)
+    ct = _compute_dtype(logits.dtype)
+    rows = _rows(logits, class_dim)
+    shape = [s for i, s in enumerate(logits.shape) if i != class_dim % logits.dim()]
+    loss = logits.new_empty(shape if reduction == 0 else [])
+    stat = logits.new_empty([rows], dtype=ct)
+    row_weight = logits.new_empty([rows if target.is_floating_point() else 0], dtype=ct)
+    return loss, stat, stat.clone(), row_weight, torch.empty([], dtype=torch.int64)
+
+
+@torch.library.custom_op("hyper_parallel::cross_entropy_backward", mutates_args=())
+def _cross_entropy_backward(
+    grad: Tensor,
+    logits: Tensor,
+    target: Tensor,
+    weight: Optional[Tensor],
+    row_max: Tensor,
+    log_sum: Tensor,
+    row_weight: Tensor,
+    vocab_size: Tensor,
+    group_name: str,
+    class_dim: int,
+    ignore_index: int,
+    reduction: int,
+    label_smoothing: float,
+    z_loss_weight: float,
+    logit_softcap: float,
+) -> Tensor:
+    return _C.cross_entropy_backward(
+        grad, logits, class_dim, target, weight, row_max, log_sum, row_weight, group_name,
+        int(vocab_size), ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap,
+    )
+
+
+@_cross_entropy_backward.register_fake
+def _(grad, logits, *args):
+    return torch.empty_like(logits)
+
+
+def _cross_entropy_setup(ctx, inputs, output):
+    logits, target, weight, group_name, _, class_dim, ignore_index, reduction, smoothing, z, cap = inputs
+    _, row_max, log_sum, row_weight, vocab = output
+    ctx.save_for_backward(logits, target, weight, row_max, log_sum, row_weight, vocab)
+    ctx.args = (group_name, class_dim, ignore_index, reduction, smoothing, z, cap)
+
+
+def _cross_entropy_grad(ctx, grad_loss, *unused):
+    logits, target, weight, row_max, log_sum, row_weight, vocab = ctx.saved_tensors
+    grad = None
+    if ctx.needs_input_grad[0]:
+        grad = _cross_entropy_backward(grad_loss, logits, target, weight, row_max, log_sum, row_weight, vocab,
+                                       *ctx.args)
+    return (grad,) + (None,) * 10
+
+
+_cross_entropy.register_autograd(_cross_entropy_grad, setup_context=_cross_entropy_setup)
+
+
+# --- log_softmax and nll_loss ---------------------------------------------------------------
+
+
+@torch.library.custom_op("hyper_parallel::log_softmax", mutates_args=())
+def _log_softmax(local: Tensor, class_dim: int, group_name: str, vocab_size: int) -> Tensor:
+    return _C.log_softmax(local, class_dim, group_name, vocab_size, None)
+
+
+@_log_softmax.register_fake
+def _(local, class_dim, group_name, vocab_size):
+    return torch.empty_like(local)
+
+
+@torch.library.custom_op("hyper_parallel::log_softmax_backward", mutates_args=())
+def _log_softmax_backward(grad: Tensor, output: Tensor, class_dim: int, group_name: str, vocab_size: int) -> Tensor:
+    return _C.log_softmax_backward(grad, output, class_dim, group_name, vocab_size, output.dtype)
+
+
+@_log_softmax_backward.register_fake
+def _(grad, output, class_dim, group_name, vocab_size):
+    return torch.empty_like(output)
+
+
+def _log_softmax_setup(ctx, inputs, output):
+    _, class_dim, group_name, vocab_size = inputs
+    ctx.save_for_backward(output)
+    ctx.args = (class_dim, group_name, vocab_size)
+
+
+def _log_softmax_grad(ctx, grad):
+    (output,) = ctx.saved_tensors
+    return _log_softmax_backward(grad, output, *ctx.args), None, None, None
+
+
+_log_softmax.register_autograd(_log_softmax_grad, setup_context=_log_softmax_setup)
+
+
+@torch.library.custom_op("hyper_parallel::nll_loss", mutates_args=())
+def _nll_loss(
+    logp: Tensor,
+    target: Tensor,
+    weight: Optional[Tensor],
+    class_dim: int,
+    reduction: int,
+    ignore_index: int,
+    group_name: str,
+    vocab_size: int,
+) -> Tuple[Tensor, Tensor]:
+    return _C.nll_loss_forward(logp, class_dim, target, weight, reduction, ignore_index, group_name, vocab_size)
+
+
+@_nll_loss.register_fake
+def _(logp, target, weight, class_dim, reduction, ignore_index, group_name, vocab_size):
+    _check_devices("vocab_parallel_nll_loss", logp, target=target, class_weight=weight)
+    out = logp.new_empty(target.shape if reduction == 0 else [])
+    return out, logp.new_empty([])
+
+
+@torch.library.custom_op("hyper_parallel::nll_loss_backward", mutates_args=())
+def _nll_loss_backward(
+    grad: Tensor,
+    logp: Tensor,
+    target: Tensor,
+    weight: Optional[Tensor],
+    total_weight: Tensor,
+    class_dim: int,
+    reduction: int,
+    ignore_index: int,
+    group_name: str,
+    vocab_size: int,
+) -> Tensor:
+    return _C.nll_loss_backward(grad, logp, class_dim, target, weight, reduction, ignore_index, total_weight,
+                                group_name, vocab_size)
+
+
+@_nll_loss_backward.register_fake
+def _(grad, logp, *args):
+    return torch.empty_like(logp)
+
+
+def _nll_loss_setup(ctx, inputs, output):
+    logp, target, weight, class_dim, reduction, ignore_index, group_name, vocab_size = inputs
+    ctx.save_for_backward(logp, target, weight, output[1])
+    ctx.args = (class_dim, reduction, ignore_index, group_name, vocab_size)
+
+
+def _nll_loss_grad(ctx, grad, _unused):
+    logp, target, weight, total_weight = ctx.saved_tensors
+    return (_nll_loss_backward(grad, logp, target, weight, total_weight, *ctx.args),) + (None,) * 7
+
+
+_nll_loss.register_autograd(_nll_loss_grad, setup_context=_nll_loss_setup)
+
+
+# --- the public functions -------------------------------------------------------------------
+
+
+GroupLike = Union[None, str, "dist.ProcessGroup"]
+
+
+def group_name_of(group: GroupLike) -> str:
+    """The name an op carries for ``group``: "" for one process (no group at all)."""
+    if isinstance(group, str):
+        return group
+    if group is None:
+        if not dist.is_available() or not dist.is_initialized():
+            return ""
+        group = dist.group.WORLD
+    return group.group_name
+
+
+def reduction_code(reduction: str, op: str) -> int:
+    try:
+        return _REDUCTIONS[reduction]
+    except (KeyError, TypeError):
+        raise ValueError(f"{op}: reduction must be one of 'none', 'mean', 'sum', got {reduction!r}") from None
+
+
+def vocab_parallel_cross_entropy(
+    local_logits: Tensor,
+    target: Tensor,
+    group: GroupLike = None,
+    *,
+    vocab_size: Optional[int] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    weight: Optional[Tensor] = None,
+    z_loss_weight: float = 0.0,
+    logit_softcap: float = 0.0,
+    return_lse: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Cross-entropy of logits whose last dim holds this rank's piece of the vocabulary.
+
+    ``local_logits``: ``[..., V_local]``, the ``torch.chunk`` piece of ``group``'s rank (what
+    ``Shard(-1)`` gives it). ``target``: class indices of shape ``[...]``, the same on every
+    rank, or probabilities of the local logits' shape (this rank's classes). ``weight``:
+    ``[V]`` class weights. ``group``: a process group, its name, or None (the default group,
+    or one process when torch.distributed is not initialised). ``vocab_size``: V; None asks
+    the group (one more small collective). Returns the loss as ``F.cross_entropy`` on the
+    full logits would, and with ``return_lse`` also the log-sum-exp per row (``[...]``, float32
+    for 16-bit logits, not differentiable).
+
+    ``z_loss_weight`` adds ``z * lse**2`` per counted row (its mean over counted rows with
+    'mean'); ``logit_softcap`` > 0 replaces each logit x by ``cap * tanh(x / cap)`` first.
+    """
+    if local_logits.dim() < 1:
+        raise ValueError("vocab_parallel_cross_entropy: expected logits with a class dim, got a 0-dim tensor")
+    loss, row_max, log_sum, _, _ = _cross_entropy(
+        local_logits, target, weight, group_name_of(group), -1 if vocab_size is None else int(vocab_size),
+        local_logits.dim() - 1, int(ignore_index), reduction_code(reduction, "vocab_parallel_cross_entropy"),
+        float(label_smoothing), float(z_loss_weight), float(logit_softcap),
+    )
+    if not return_lse:
+        return loss
+    return loss, (row_max + log_sum).reshape(local_logits.shape[:-1])
+
+
+def vocab_parallel_log_softmax(local_logits: Tensor, group: GroupLike = None, *, vocab_size: Optional[int] = None,
+                               dim: int = -1) -> Tensor:
+    """log_softmax over the whole vocabulary of class-sharded logits; the result is sharded alike.
+
+    Its backward is right for any use of the result (a gather, a weighted sum, KL ...).
+    """
+    name = group_name_of(group)
+    dim = dim % local_logits.dim()
+    if vocab_size is None:
+        vocab_size = _C.vocab_size(local_logits.shape[dim], name)
+    return _log_softmax(local_logits, dim, name, int(vocab_size))
+
+
+def vocab_parallel_nll_loss(local_logp: Tensor, target: Tensor, group: GroupLike = None, *,
+                            vocab_size: Optional[int] = None, weight: Optional[Tensor] = None,
+                            ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """nll_loss of class-sharded log-probabilities (class dim last), as F.nll_loss on the whole."""
+    name = group_name_of(group)
+    class_dim = local_logp.dim() - 1
+    if vocab_size is None:
+        vocab_size = _C.vocab_size(local_logp.shape[class_dim], name)
+    out, _ = _nll_loss(local_logp, target, weight, class_dim, reduction_code(reduction, "vocab_parallel_nll_loss"),
+                       int(ignore_index), name, int(vocab_size))
+    return out
+
+
+__all__ = ["vocab_parallel_cross_entropy", "vocab_parallel_log_softmax", "vocab_parallel_nll_loss"]
