@@ -35,6 +35,7 @@ HP_PACKAGES=(
   libtomlplusplus-dev nlohmann-json3-dev gnuplot-nox
   clang lld  # the sanitizer + libFuzzer build (hp_build_sanitized)
   clang-format  # the format check (scripts/check_format.sh)
+  python3-dev  # Python.h for the hyper_parallel extension module (python/)
 )
 
 hp_sudo() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -58,6 +59,7 @@ hp_install_missing() {
 HP_VENV_REQUIREMENTS=(
   "torch==$HP_TORCH_VERSION" numpy "cmake==$HP_CMAKE_VERSION"
   transformers==5.24.0 safetensors==0.8.0 tokenizers==0.23.3 sentencepiece==0.2.3
+  pytest==9.2.0  # the Python package's tests (tests/python)
 )
 
 # The venv is complete once its marker holds the current requirements; an interrupted
