@@ -18,7 +18,8 @@
 
 #include <optional>
 
-#include "hyper_parallel/loss_parallel.h"  // LossParallelLayoutError, LossParallelUnsupportedError
+#include "hyper_parallel/loss_parallel.h"   // LossParallelLayoutError, LossParallelUnsupportedError
+#include "hyper_parallel/vocab_parallel.h"  // Communicator, VocabCrossEntropySaved
 
 namespace hyper_parallel {
 
@@ -46,5 +47,22 @@ struct FusedLinearCrossEntropyOptions {
 // or c10::Error naming what was expected, the same on every rank.
 at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
                                       const FusedLinearCrossEntropyOptions& options = {});
+
+// The same on plain local pieces and a communicator, as forward/backward with explicit saved
+// values (vocab_parallel.h's style; the Python package's op calls these): hidden [tokens, dim]
+// and target [tokens] the same on every member, local_weight this member's torch.chunk rows
+// of the [V, dim] head. vocab_size < 0: learnt from the members (one all-gather more).
+// Forward returns the loss in hidden's dtype; its checks are the same error on every member.
+at::Tensor vocab_parallel_linear_cross_entropy_forward(const at::Tensor& hidden, const at::Tensor& local_weight,
+                                                       const at::Tensor& target, const Communicator* comm,
+                                                       int64_t vocab_size,
+                                                       const FusedLinearCrossEntropyOptions& options,
+                                                       VocabCrossEntropySaved* saved);
+// {d loss / d hidden (summed over the members: one all-reduce), d loss / d local_weight};
+// either undefined when not asked for.
+std::vector<at::Tensor> vocab_parallel_linear_cross_entropy_backward(
+    const at::Tensor& grad_loss, const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target,
+    const VocabCrossEntropySaved& saved, const Communicator* comm, int64_t vocab_size,
+    const FusedLinearCrossEntropyOptions& options, bool hidden_grad, bool weight_grad);
 
 }  // namespace hyper_parallel

@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "hyper_parallel/communicator.h"
+#include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/loss_parallel.h"
 #include "hyper_parallel/parallelism_config.h"
 #include "hyper_parallel/vocab_parallel.h"
@@ -53,6 +54,19 @@ std::optional<at::Tensor> defined_or_none(const std::optional<at::Tensor>& t) {
 hp::VocabCrossEntropyOptions ce_options(int64_t ignore_index, int64_t reduction, double label_smoothing,
                                         double z_loss_weight, double logit_softcap) {
   hp::VocabCrossEntropyOptions o;
+  o.ignore_index = ignore_index;
+  o.reduction = reduction;
+  o.label_smoothing = label_smoothing;
+  o.z_loss_weight = z_loss_weight;
+  o.logit_softcap = logit_softcap;
+  return o;
+}
+
+hp::FusedLinearCrossEntropyOptions linear_options(const std::optional<at::Tensor>& weight, int64_t ignore_index,
+                                                  int64_t reduction, double label_smoothing, double z_loss_weight,
+                                                  double logit_softcap) {
+  hp::FusedLinearCrossEntropyOptions o;
+  if (weight && weight->defined()) o.class_weight = *weight;
   o.ignore_index = ignore_index;
   o.reduction = reduction;
   o.label_smoothing = label_smoothing;
@@ -112,6 +126,32 @@ PYBIND11_MODULE(_C, m) {
           return hp::vocab_parallel_cross_entropy_backward(
               grad, logits, class_dim, target, defined_or_none(weight), saved, communicator(group), vocab_size,
               ce_options(ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap));
+        });
+  m.def(
+      "linear_cross_entropy_forward",
+      [](const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target,
+         const std::optional<at::Tensor>& weight, const std::string& group, int64_t vocab_size, int64_t ignore_index,
+         int64_t reduction, double label_smoothing, double z_loss_weight, double logit_softcap) {
+        py::gil_scoped_release no_gil;
+        hp::VocabCrossEntropySaved saved;
+        const at::Tensor loss = hp::vocab_parallel_linear_cross_entropy_forward(
+            hidden, local_weight, target, communicator(group), vocab_size,
+            linear_options(weight, ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap), &saved);
+        return std::make_tuple(loss, saved.row_max, saved.log_sum);
+      },
+      "loss, row_max, log_sum: the loss and what its backward needs");
+  m.def("linear_cross_entropy_backward",
+        [](const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target,
+           const std::optional<at::Tensor>& weight, const at::Tensor& row_max, const at::Tensor& log_sum,
+           const std::string& group, int64_t vocab_size, int64_t ignore_index, int64_t reduction,
+           double label_smoothing, double z_loss_weight, double logit_softcap, bool hidden_grad, bool weight_grad) {
+          py::gil_scoped_release no_gil;
+          hp::VocabCrossEntropySaved saved{row_max, log_sum, at::Tensor()};
+          auto g = hp::vocab_parallel_linear_cross_entropy_backward(
+              grad, hidden, local_weight, target, saved, communicator(group), vocab_size,
+              linear_options(weight, ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap),
+              hidden_grad, weight_grad);
+          return std::make_tuple(g[0], g[1]);
         });
   m.def(
       "vocab_size",

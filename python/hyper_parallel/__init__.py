@@ -15,7 +15,8 @@ from .loss_parallel import (
     loss_parallel_op_names,
     register_loss_parallel_op_names,
 )
-from .ops import vocab_parallel_cross_entropy, vocab_parallel_log_softmax, vocab_parallel_nll_loss
+from .ops import (fused_linear_cross_entropy, vocab_parallel_cross_entropy, vocab_parallel_log_softmax,
+                  vocab_parallel_nll_loss)
 from .train_context import TrainContext, get_train_context
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "LossParallelUnsupportedError",
     "ParallelismConfig",
     "TrainContext",
+    "fused_linear_cross_entropy",
     "get_train_context",
     "is_loss_parallel_active",
     "loss_parallel",

@@ -226,6 +226,85 @@ def _nll_loss_grad(ctx, grad, _unused):
 _nll_loss.register_autograd(_nll_loss_grad, setup_context=_nll_loss_setup)
 
 
+# --- fused linear + cross-entropy (the logits never exist) ---------------------------------
+
+
+@torch.library.custom_op("hyper_parallel::linear_cross_entropy", mutates_args=())
+def _linear_cross_entropy(
+    hidden: Tensor,
+    local_weight: Tensor,
+    target: Tensor,
+    weight: Optional[Tensor],
+    group_name: str,
+    vocab_size: int,
+    ignore_index: int,
+    reduction: int,
+    label_smoothing: float,
+    z_loss_weight: float,
+    logit_softcap: float,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    if vocab_size < 0:
+        vocab_size = _C.vocab_size(local_weight.shape[0], group_name)
+    loss, row_max, log_sum = _C.linear_cross_entropy_forward(
+        hidden, local_weight, target, weight, group_name, vocab_size, ignore_index, reduction, label_smoothing,
+        z_loss_weight, logit_softcap)
+    return loss, row_max, log_sum, torch.tensor(vocab_size, dtype=torch.int64)
+
+
+@_linear_cross_entropy.register_fake
+def _(hidden, local_weight, target, weight, group_name, vocab_size, ignore_index, reduction, label_smoothing,
+      z_loss_weight, logit_softcap):
+    _check_devices("fused_linear_cross_entropy", hidden, weight_rows=local_weight, target=target, class_weight=weight)
+    rows = hidden.shape[0]
+    stat = hidden.new_empty([rows], dtype=_compute_dtype(hidden.dtype))
+    return (hidden.new_empty([rows] if reduction == 0 else []), stat, stat.clone(),
+            torch.empty([], dtype=torch.int64))
+
+
+@torch.library.custom_op("hyper_parallel::linear_cross_entropy_backward", mutates_args=())
+def _linear_cross_entropy_backward(
+    grad: Tensor,
+    hidden: Tensor,
+    local_weight: Tensor,
+    target: Tensor,
+    weight: Optional[Tensor],
+    row_max: Tensor,
+    log_sum: Tensor,
+    vocab_size: Tensor,
+    group_name: str,
+    ignore_index: int,
+    reduction: int,
+    label_smoothing: float,
+    z_loss_weight: float,
+    logit_softcap: float,
+) -> Tuple[Tensor, Tensor]:
+    return _C.linear_cross_entropy_backward(
+        grad, hidden, local_weight, target, weight, row_max, log_sum, group_name, int(vocab_size), ignore_index,
+        reduction, label_smoothing, z_loss_weight, logit_softcap, True, True)
+
+
+@_linear_cross_entropy_backward.register_fake
+def _(grad, hidden, local_weight, *args):
+    return torch.empty_like(hidden), torch.empty_like(local_weight)
+
+
+def _linear_cross_entropy_setup(ctx, inputs, output):
+    hidden, local_weight, target, weight, group_name, _, ignore_index, reduction, smoothing, z, cap = inputs
+    _, row_max, log_sum, vocab = output
+    ctx.save_for_backward(hidden, local_weight, target, weight, row_max, log_sum, vocab)
+    ctx.args = (group_name, ignore_index, reduction, smoothing, z, cap)
+
+
+def _linear_cross_entropy_grad(ctx, grad_loss, *unused):
+    hidden, local_weight, target, weight, row_max, log_sum, vocab = ctx.saved_tensors
+    grad_h, grad_w = _linear_cross_entropy_backward(grad_loss, hidden, local_weight, target, weight, row_max,
+                                                    log_sum, vocab, *ctx.args)
+    return (grad_h if ctx.needs_input_grad[0] else None, grad_w if ctx.needs_input_grad[1] else None) + (None,) * 9
+
+
+_linear_cross_entropy.register_autograd(_linear_cross_entropy_grad, setup_context=_linear_cross_entropy_setup)
+
+
 # --- the public functions -------------------------------------------------------------------
 
 
@@ -316,4 +395,38 @@ def vocab_parallel_nll_loss(local_logp: Tensor, target: Tensor, group: GroupLike
     return out
 
 
-__all__ = ["vocab_parallel_cross_entropy", "vocab_parallel_log_softmax", "vocab_parallel_nll_loss"]
+def fused_linear_cross_entropy(
+    hidden: Tensor,
+    local_weight: Tensor,
+    target: Tensor,
+    group: GroupLike = None,
+    *,
+    vocab_size: Optional[int] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    weight: Optional[Tensor] = None,
+    z_loss_weight: float = 0.0,
+    logit_softcap: float = 0.0,
+) -> Tensor:
+    """Cross-entropy of ``hidden @ W.T`` without the logits ever existing.
+
+    ``hidden``: ``[..., dim]``, the same on every rank; ``local_weight``: this rank's
+    ``torch.chunk`` rows of the ``[V, dim]`` output head (a ColwiseParallel head's local
+    weight); ``target``: ``[...]`` class indices. The logits are formed one block at a time in
+    forward (statistics only) and again in backward; hidden's gradient is summed over the group
+    (one all-reduce), the weight's is this rank's rows. Options as vocab_parallel_cross_entropy.
+    """
+    if hidden.dim() < 1:
+        raise ValueError("fused_linear_cross_entropy: expected hidden [..., dim], got a 0-dim tensor")
+    lead = hidden.shape[:-1]
+    loss, _, _, _ = _linear_cross_entropy(
+        hidden.reshape(-1, hidden.shape[-1]), local_weight, target.reshape(-1), weight, group_name_of(group),
+        -1 if vocab_size is None else int(vocab_size), int(ignore_index),
+        reduction_code(reduction, "fused_linear_cross_entropy"), float(label_smoothing), float(z_loss_weight),
+        float(logit_softcap))
+    return loss.reshape(lead) if reduction == "none" else loss
+
+
+__all__ = ["fused_linear_cross_entropy", "vocab_parallel_cross_entropy", "vocab_parallel_log_softmax",
+           "vocab_parallel_nll_loss"]

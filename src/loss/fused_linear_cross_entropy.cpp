@@ -2,6 +2,7 @@
 // and the fused cross-entropy (fused_cross_entropy.h) one logits block at a time, with a
 // custom autograd node that recomputes the blocks in backward.
 #include "hyper_parallel/fused_linear_loss.h"
+#include "hyper_parallel/vocab_parallel.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -20,6 +21,7 @@
 #include "loss/cross_entropy_kernels.h"
 #include "loss/fused_cross_entropy.h"
 #include "loss/gradient_buffer.h"
+#include "loss/input_agreement.h"
 
 namespace hyper_parallel {
 
@@ -163,106 +165,54 @@ Inputs validate(const at::Tensor& hidden, const at::Tensor& weight, const at::Te
   return in;
 }
 
-// Everything backward needs: the inputs' local pieces, the per-token statistics, and the
-// block sizes; no logits.
-struct FusedLinearCrossEntropyBackward : Node {
-  FusedCrossEntropy ce;
+// Plain local pieces (vocab_parallel.h's style): hidden [T, D] and target [T] the same on
+// every rank, weight [V_l, D] this rank's torch.chunk rows of the [V, D] head. Checks only:
+// `in` gets the shard from `piece`.
+Inputs local_inputs(const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target,
+                    const FusedLinearCrossEntropyOptions& o, const Communicator* comm, const VocabPiece& piece) {
+  const std::string op = "vocab_parallel_linear_cross_entropy";
   Inputs in;
-  Blocks blocks{1, 1};
-  // Saved so that an in-place change of hidden or weight before backward raises.
-  torch::autograd::SavedVariable saved_hidden, saved_weight;
-
-  variable_list apply(variable_list&& grads) override {
-    saved_hidden.unpack();
-    saved_weight.unpack();
-    const bool want_h = task_should_compute_output(0), want_w = task_should_compute_output(1);
-    if (!grads[0].defined() || (!want_h && !want_w)) return {at::Tensor(), at::Tensor()};
-    const at::Tensor& h = in.h;
-    const at::Tensor& w = in.w;
-    const at::ScalarType dt = h.scalar_type(), ct = compute_type(dt);
-    const bool low = ct != dt;
-    const FusedCrossEntropyCoefficients co = fused_cross_entropy_coefficients(ce, full_value(grads[0]), in.shard);
-    const int64_t T = h.size(0), D = h.size(1), Vl = w.size(0);
-    // Accumulators in the compute type: bf16/fp16 gradients are summed over blocks in fp32.
-    at::Tensor gh = want_h ? at::zeros({T, D}, h.options().dtype(ct)) : at::Tensor();
-    at::Tensor gw = want_w ? at::empty({Vl, D}, w.options()) : at::Tensor();
-    at::Tensor gw_block =
-        want_w && low ? at::empty({std::min(blocks.vocab, Vl), D}, w.options().dtype(ct)) : at::Tensor();
-    // float16 products of one block can overflow where the whole sum does not (the
-    // gradient's terms cancel over all classes, not over one block's): they are formed in
-    // float. bfloat16 has float's range.
-    const bool wide_products = dt == at::kHalf;
-    // bfloat16 products of one block, before they are added to the fp32 accumulators.
-    at::Tensor gh_product = want_h && low && !wide_products ? at::empty({blocks.tokens, D}, h.options()) : at::Tensor();
-    at::Tensor gw_product = want_w && low && !wide_products ? at::empty({blocks.vocab, D}, w.options()) : at::Tensor();
-    const at::Tensor tile = block_buffer(blocks, h);
-    for_blocks(Vl, blocks.vocab, [&](int64_t c0, int64_t nc) {
-      if (nc == 0) return;
-      const at::Tensor wb = w.narrow(0, c0, nc);
-      const at::Tensor wb_wide = wide_products ? wb.to(ct) : at::Tensor();
-      at::Tensor acc = want_w ? (low ? gw_block.narrow(0, 0, nc) : gw.narrow(0, c0, nc)) : at::Tensor();
-      if (acc.defined()) acc.zero_();
-      for_blocks(T, blocks.tokens, [&](int64_t r0, int64_t n) {
-        const at::Tensor hc = h.narrow(0, r0, n);
-        at::Tensor d = view_of(tile, n, nc);
-        at::mm_out(d, hc, wb.t());  // the block's logits, then d loss / d logits over them
-        fused_cross_entropy_block_gradient(ce, co, d, d, r0, c0, in.shard);
-        const at::Tensor d_wide = wide_products ? d.to(ct) : at::Tensor();
-        if (want_h) {
-          at::Tensor rows = gh.narrow(0, r0, n);
-          if (wide_products) {
-            rows.addmm_(d_wide, wb_wide);
-          } else if (low) {
-            at::Tensor product = view_of(gh_product, n, D);
-            rows.add_(at::mm_out(product, d, wb));
-          } else {
-            rows.addmm_(d, wb);
-          }
-        }
-        if (want_w) {
-          if (wide_products) {
-            acc.addmm_(d_wide.t(), hc.to(ct));
-          } else if (low) {
-            at::Tensor product = view_of(gw_product, nc, D);
-            acc.add_(at::mm_out(product, d.t(), hc));
-          } else {
-            acc.addmm_(d.t(), hc);
-          }
-        }
-      });
-      if (want_w && low) gw.narrow(0, c0, nc).copy_(acc);
-    });
-    at::Tensor grad_h, grad_w;
-    if (want_h) {
-      // Each rank has its vocabulary shard's part of d loss / d hidden: the sum over TP is
-      // the gradient, as the unfused ColwiseParallel head's Partial -> Replicate gives.
-      if (in.shard.comm) in.shard.comm->all_reduce_(gh, ReduceOp::Sum);
-      gh = gh.to(dt);
-      grad_h = in.hidden_layout ? make_dtensor(gh, *in.hidden_layout) : gh;
-    }
-    if (want_w) grad_w = in.weight_layout ? make_dtensor(gw, *in.weight_layout) : gw;
-    return {grad_h, grad_w};
+  in.h = hidden;
+  in.w = local_weight;
+  in.shard = ClassShard{comm, piece.offset, piece.local, piece.total};
+  TORCH_CHECK_VALUE(local_weight.dim() == 2 && hidden.dim() == 2 && hidden.size(1) == local_weight.size(1), op,
+                    ": expected hidden [tokens, dim] and this rank's weight rows [V_local, dim], got ", hidden.sizes(),
+                    " and ", local_weight.sizes());
+  TORCH_CHECK_VALUE(at::isFloatingType(hidden.scalar_type()) && hidden.scalar_type() == local_weight.scalar_type(), op,
+                    ": expected hidden and weight of one floating dtype, got ", hidden.scalar_type(), " and ",
+                    local_weight.scalar_type());
+  TORCH_CHECK(hidden.device() == local_weight.device() && target.device() == hidden.device(), op,
+              ": expected hidden, weight and target on one device, got ", hidden.device(), ", ", local_weight.device(),
+              " and ", target.device());
+  if (target.is_floating_point()) {
+    throw LossParallelUnsupportedError(op +
+                                       ": probability targets are not supported (they are [tokens, V], what "
+                                       "this loss exists to avoid); give class indices [tokens]");
   }
-  std::string name() const override { return "hyper_parallel::FusedLinearCrossEntropyBackward"; }
-  void release_variables() override {
-    saved_hidden.reset_data();
-    saved_weight.reset_data();
-    ce = FusedCrossEntropy{};
-    in = Inputs{};
+  TORCH_CHECK_VALUE(target.dim() == 1 && target.size(0) == hidden.size(0), op, ": expected a target [", hidden.size(0),
+                    "] (one class per token of hidden), got ", target.sizes());
+  in.target = target.to(at::kLong);
+  check_targets(in.target, piece.total, o.ignore_index);
+  TORCH_CHECK_VALUE(o.reduction >= at::Reduction::None && o.reduction <= at::Reduction::Sum, op,
+                    ": reduction must be at::Reduction::None, Mean or Sum, got ", o.reduction);
+  TORCH_CHECK_VALUE(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, op,
+                    ": label_smoothing must be in [0, 1], got ", o.label_smoothing);
+  TORCH_CHECK_VALUE(o.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: off), got ", o.logit_softcap);
+  TORCH_CHECK_VALUE(o.chunk_tokens >= 0 && o.vocab_block >= 0, op,
+                    ": chunk_tokens and vocab_block must be >= 0 (0: automatic)");
+  if (o.class_weight && o.class_weight->defined()) {
+    const at::Tensor& cw = *o.class_weight;
+    TORCH_CHECK_VALUE(cw.dim() == 1 && cw.size(0) == piece.total, op, ": expected a class weight of shape [",
+                      piece.total, "], got ", cw.sizes());
+    TORCH_CHECK(cw.device() == hidden.device(), op, ": the class weight is on ", cw.device(), ", hidden on ",
+                hidden.device());
+    in.class_weight = cw.to(compute_type(hidden.scalar_type()));
   }
-};
+  return in;
+}
 
-}  // namespace
-
-at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
-                                      const FusedLinearCrossEntropyOptions& options) {
-  Inputs in = validate(hidden, weight, target, options);
-  const at::Tensor& h = in.h;
-  const at::Tensor& w = in.w;
-  const at::ScalarType dt = h.scalar_type(), ct = compute_type(dt);
-  const int64_t T = h.size(0), Vl = w.size(0);
-  const Blocks blocks = block_sizes(options, T, Vl, dt);
-
+// The fused cross-entropy's settings and inputs for `in` (its per-row bookkeeping not done yet).
+FusedCrossEntropy cross_entropy_of(const Inputs& in, const FusedLinearCrossEntropyOptions& options) {
   FusedCrossEntropy ce;
   ce.target = in.target;
   ce.weight = in.class_weight;
@@ -271,12 +221,20 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
   ce.label_smoothing = options.label_smoothing;
   ce.z_loss_weight = options.z_loss_weight;
   ce.logit_softcap = options.logit_softcap;
-  fused_cross_entropy_prepare(ce, T, in.shard, h.options().dtype(ct));
+  return ce;
+}
 
-  // Per-token statistics of this rank's classes, block by block; the logits of one block
-  // at a time exist.
-  at::Tensor stats = at::empty({ce_kernel::kStats, T}, h.options().dtype(ct));
-  {
+// Forward: the per-token statistics of this rank's classes, one logits block at a time, then
+// the one all-gather (carrying `agreement`'s record when given) and the loss, compute type.
+at::Tensor linear_forward(FusedCrossEntropy& ce, const Inputs& in, const Blocks& blocks,
+                          const InputAgreement* agreement) {
+  const at::Tensor& h = in.h;
+  const at::Tensor& w = in.w;
+  const at::ScalarType ct = compute_type(h.scalar_type());
+  const int64_t T = h.size(0), Vl = w.size(0);
+  fused_cross_entropy_prepare(ce, T, in.shard, h.options().dtype(ct));
+  at::Tensor stats = at::zeros({ce_kernel::kStats, T}, h.options().dtype(ct));
+  if (!agreement || !agreement->refused()) {
     at::NoGradGuard no_grad;
     const at::Tensor tile = block_buffer(blocks, h);
     for_blocks(T, blocks.tokens, [&](int64_t r0, int64_t n) {
@@ -295,7 +253,115 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
     });
   }
   // The forward's one collective (an all-gather of 5 x tokens values), and the loss.
-  at::Tensor loss = fused_cross_entropy_combine(ce, stats, in.shard).to(dt);
+  return fused_cross_entropy_combine(ce, stats, in.shard, agreement);
+}
+
+// The gradients of hidden (summed over the ranks: one all-reduce) and of this rank's weight
+// rows, local pieces, for the incoming loss gradient `grad_loss` (a plain tensor).
+std::pair<at::Tensor, at::Tensor> linear_backward(const FusedCrossEntropy& ce, const Inputs& in, const Blocks& blocks,
+                                                  const at::Tensor& grad_loss, bool want_h, bool want_w) {
+  const at::Tensor& h = in.h;
+  const at::Tensor& w = in.w;
+  const at::ScalarType dt = h.scalar_type(), ct = compute_type(dt);
+  const bool low = ct != dt;
+  const FusedCrossEntropyCoefficients co = fused_cross_entropy_coefficients(ce, grad_loss, in.shard);
+  const int64_t T = h.size(0), D = h.size(1), Vl = w.size(0);
+  // Accumulators in the compute type: bf16/fp16 gradients are summed over blocks in fp32.
+  at::Tensor gh = want_h ? at::zeros({T, D}, h.options().dtype(ct)) : at::Tensor();
+  at::Tensor gw = want_w ? at::empty({Vl, D}, w.options()) : at::Tensor();
+  at::Tensor gw_block =
+      want_w && low ? at::empty({std::min(blocks.vocab, Vl), D}, w.options().dtype(ct)) : at::Tensor();
+  // float16 products of one block can overflow where the whole sum does not (the
+  // gradient's terms cancel over all classes, not over one block's): they are formed in
+  // float. bfloat16 has float's range.
+  const bool wide_products = dt == at::kHalf;
+  // bfloat16 products of one block, before they are added to the fp32 accumulators.
+  at::Tensor gh_product = want_h && low && !wide_products ? at::empty({blocks.tokens, D}, h.options()) : at::Tensor();
+  at::Tensor gw_product = want_w && low && !wide_products ? at::empty({blocks.vocab, D}, w.options()) : at::Tensor();
+  const at::Tensor tile = block_buffer(blocks, h);
+  for_blocks(Vl, blocks.vocab, [&](int64_t c0, int64_t nc) {
+    if (nc == 0) return;
+    const at::Tensor wb = w.narrow(0, c0, nc);
+    const at::Tensor wb_wide = wide_products ? wb.to(ct) : at::Tensor();
+    at::Tensor acc = want_w ? (low ? gw_block.narrow(0, 0, nc) : gw.narrow(0, c0, nc)) : at::Tensor();
+    if (acc.defined()) acc.zero_();
+    for_blocks(T, blocks.tokens, [&](int64_t r0, int64_t n) {
+      const at::Tensor hc = h.narrow(0, r0, n);
+      at::Tensor d = view_of(tile, n, nc);
+      at::mm_out(d, hc, wb.t());  // the block's logits, then d loss / d logits over them
+      fused_cross_entropy_block_gradient(ce, co, d, d, r0, c0, in.shard);
+      const at::Tensor d_wide = wide_products ? d.to(ct) : at::Tensor();
+      if (want_h) {
+        at::Tensor rows = gh.narrow(0, r0, n);
+        if (wide_products) {
+          rows.addmm_(d_wide, wb_wide);
+        } else if (low) {
+          at::Tensor product = view_of(gh_product, n, D);
+          rows.add_(at::mm_out(product, d, wb));
+        } else {
+          rows.addmm_(d, wb);
+        }
+      }
+      if (want_w) {
+        if (wide_products) {
+          acc.addmm_(d_wide.t(), hc.to(ct));
+        } else if (low) {
+          at::Tensor product = view_of(gw_product, nc, D);
+          acc.add_(at::mm_out(product, d.t(), hc));
+        } else {
+          acc.addmm_(d.t(), hc);
+        }
+      }
+    });
+    if (want_w && low) gw.narrow(0, c0, nc).copy_(acc);
+  });
+  if (want_h) {
+    // Each rank has its vocabulary shard's part of d loss / d hidden: the sum over TP is
+    // the gradient, as the unfused ColwiseParallel head's Partial -> Replicate gives.
+    if (in.shard.comm) in.shard.comm->all_reduce_(gh, ReduceOp::Sum);
+    gh = gh.to(dt);
+  }
+  return {gh, gw};
+}
+
+// Everything backward needs: the inputs' local pieces, the per-token statistics, and the
+// block sizes; no logits.
+struct FusedLinearCrossEntropyBackward : Node {
+  FusedCrossEntropy ce;
+  Inputs in;
+  Blocks blocks{1, 1};
+  // Saved so that an in-place change of hidden or weight before backward raises.
+  torch::autograd::SavedVariable saved_hidden, saved_weight;
+
+  variable_list apply(variable_list&& grads) override {
+    saved_hidden.unpack();
+    saved_weight.unpack();
+    const bool want_h = task_should_compute_output(0), want_w = task_should_compute_output(1);
+    if (!grads[0].defined() || (!want_h && !want_w)) return {at::Tensor(), at::Tensor()};
+    auto [gh, gw] = linear_backward(ce, in, blocks, full_value(grads[0]), want_h, want_w);
+    at::Tensor grad_h, grad_w;
+    if (want_h) grad_h = in.hidden_layout ? make_dtensor(gh, *in.hidden_layout) : gh;
+    if (want_w) grad_w = in.weight_layout ? make_dtensor(gw, *in.weight_layout) : gw;
+    return {grad_h, grad_w};
+  }
+  std::string name() const override { return "hyper_parallel::FusedLinearCrossEntropyBackward"; }
+  void release_variables() override {
+    saved_hidden.reset_data();
+    saved_weight.reset_data();
+    ce = FusedCrossEntropy{};
+    in = Inputs{};
+  }
+};
+
+}  // namespace
+
+at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
+                                      const FusedLinearCrossEntropyOptions& options) {
+  Inputs in = validate(hidden, weight, target, options);
+  const at::ScalarType dt = in.h.scalar_type();
+  const Blocks blocks = block_sizes(options, in.h.size(0), in.w.size(0), dt);
+  FusedCrossEntropy ce = cross_entropy_of(in, options);
+  at::Tensor loss = linear_forward(ce, in, blocks, nullptr).to(dt);
   if (in.weight_layout) {
     const DeviceMesh& mesh = in.weight_layout->mesh();
     std::vector<int64_t> shape = loss.sizes().vec();
@@ -314,6 +380,72 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
     torch::autograd::create_gradient_edge(loss, std::move(owner));
   }
   return loss;
+}
+
+at::Tensor vocab_parallel_linear_cross_entropy_forward(const at::Tensor& hidden, const at::Tensor& local_weight,
+                                                       const at::Tensor& target, const Communicator* comm,
+                                                       int64_t vocab_size,
+                                                       const FusedLinearCrossEntropyOptions& options,
+                                                       VocabCrossEntropySaved* saved) {
+  VocabPiece piece;
+  if (vocab_size < 0) piece = vocab_piece(comm, local_weight.size(0), -1);
+  Inputs in;
+  // Every check inside the agreement: one rank's refusal is the same error on every rank.
+  const InputAgreement agreement("vocab_parallel_linear_cross_entropy", target, [&] {
+    if (vocab_size >= 0) piece = vocab_piece(comm, local_weight.size(0), vocab_size);
+    in = local_inputs(hidden, local_weight, target, options, comm, piece);
+  });
+  if (agreement.refused()) {
+    // Placeholders that touch nothing; the all-gather settles the refusal everywhere.
+    in = Inputs{};
+    in.h = hidden.dim() == 2 ? hidden : at::zeros({0, 0}, hidden.options());
+    in.w = local_weight.dim() == 2 ? local_weight : at::zeros({0, in.h.size(1)}, hidden.options());
+    in.target = at::full({in.h.size(0)}, options.ignore_index, hidden.options().dtype(at::kLong));
+    in.shard = ClassShard{comm, 0, in.w.size(0), std::max<int64_t>(piece.total, in.w.size(0))};
+  }
+  const at::ScalarType dt = in.h.scalar_type();
+  const Blocks blocks = block_sizes(options, in.h.size(0), in.w.size(0), dt);
+  FusedCrossEntropy ce = cross_entropy_of(in, options);
+  at::Tensor loss;
+  {
+    at::NoGradGuard no_grad;  // the caller owns the graph
+    loss = linear_forward(ce, in, blocks, &agreement).to(dt);
+  }
+  if (saved) {
+    saved->row_max = ce.row_max;
+    saved->log_sum = ce.log_sum;
+    saved->row_weight = at::Tensor();
+  }
+  return loss;
+}
+
+std::vector<at::Tensor> vocab_parallel_linear_cross_entropy_backward(
+    const at::Tensor& grad_loss, const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target,
+    const VocabCrossEntropySaved& saved, const Communicator* comm, int64_t vocab_size,
+    const FusedLinearCrossEntropyOptions& options, bool hidden_grad, bool weight_grad) {
+  TORCH_CHECK_VALUE(vocab_size >= 0,
+                    "vocab_parallel_linear_cross_entropy backward: expected the vocabulary size forward used");
+  const int64_t n = comm ? comm->size() : 1, r = comm ? comm->rank() : 0;
+  const ChunkRange range = chunk_range(vocab_size, n, r);
+  Inputs in;
+  in.h = hidden;
+  in.w = local_weight;
+  in.target = target.to(at::kLong);
+  in.shard = ClassShard{comm, range.offset, range.length, vocab_size};
+  const at::ScalarType dt = hidden.scalar_type(), ct = compute_type(dt);
+  if (options.class_weight && options.class_weight->defined()) in.class_weight = options.class_weight->to(ct);
+  const Blocks blocks = block_sizes(options, hidden.size(0), local_weight.size(0), dt);
+  FusedCrossEntropy ce = cross_entropy_of(in, options);
+  fused_cross_entropy_prepare(ce, hidden.size(0), in.shard, hidden.options().dtype(ct));
+  // What fused_cross_entropy_combine set, from forward's saved values (index targets only).
+  ce.row_max = saved.row_max;
+  ce.log_sum = saved.log_sum;
+  ce.lse = saved.row_max + saved.log_sum;
+  ce.ce_denominator = ce.row_weight.sum();
+  ce.z_denominator = ce.valid.sum();
+  at::NoGradGuard no_grad;
+  auto [gh, gw] = linear_backward(ce, in, blocks, grad_loss, hidden_grad, weight_grad);
+  return {gh, gw};
 }
 
 }  // namespace hyper_parallel

@@ -100,6 +100,50 @@ def test_functional_log_softmax_and_nll_loss_match_one_process():
     run_ranks(3, functional_log_softmax_and_nll)
 
 
+def fused_linear_exactness(rank, world):
+    gen = torch.Generator().manual_seed(13)
+    group = dist.group.WORLD
+    for reduction in ("none", "mean", "sum"):
+        for smoothing, weighted, z, cap in [(0.1, True, 0.0, 0.0), (0.0, False, 1e-3, 0.0), (0.0, False, 0.0, 5.0)]:
+            hidden = torch.randn(2, 5, 8, dtype=torch.float64, generator=gen)
+            head = torch.randn(VOCAB, 8, dtype=torch.float64, generator=gen)
+            target = torch.randint(0, VOCAB, (2, 5), generator=gen)
+            target[1, 1::2] = -100
+            weight = torch.rand(VOCAB, dtype=torch.float64, generator=gen) + 0.5 if weighted else None
+            seed = torch.randn((2, 5) if reduction == "none" else (), dtype=torch.float64, generator=gen)
+            ref_h, ref_w = hidden.clone().requires_grad_(), head.clone().requires_grad_()
+            logits = ref_h @ ref_w.t()
+            if z or cap:
+                assert not weighted and not smoothing
+                ref = _z_softcap_reference(logits, target, z, cap, -100, reduction)
+            else:
+                ref = F.cross_entropy(logits.flatten(0, 1), target.flatten(), weight=weight, label_smoothing=smoothing,
+                                      reduction=reduction)
+                ref = ref.reshape(2, 5) if reduction == "none" else ref
+            (ref * seed).sum().backward()
+            h = hidden.clone().requires_grad_()
+            w = torch.chunk(head, world, 0)[rank].clone().requires_grad_()
+            _C.reset_collective_counts()
+            loss = hp.fused_linear_cross_entropy(h, w, target, group, vocab_size=VOCAB, reduction=reduction,
+                                                 label_smoothing=smoothing, weight=weight, z_loss_weight=z,
+                                                 logit_softcap=cap)
+            forward = _C.collective_counts()
+            _C.reset_collective_counts()
+            (loss * seed).sum().backward()
+            backward = _C.collective_counts()
+            what = f"rank {rank}/{world} {reduction} smoothing={smoothing} z={z} cap={cap}"
+            assert_close(loss, ref, 1e-12, what + " loss")
+            assert_close(h.grad, ref_h.grad, 1e-12, what + " hidden grad")
+            assert_close(w.grad, torch.chunk(ref_w.grad, world, 0)[rank], 1e-12, what + " weight grad")
+            assert forward["all_gather"] == 1 and sum(forward.values()) == 1, (what, forward)
+            assert backward["all_reduce"] == 1 and sum(backward.values()) == 1, (what, backward)
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_fused_linear_cross_entropy_matches_one_process(world):
+    run_ranks(world, fused_linear_exactness)
+
+
 class _Head(torch.nn.Module):
     def __init__(self, weight_piece):
         super().__init__()
@@ -107,8 +151,10 @@ class _Head(torch.nn.Module):
         self.head = torch.nn.Parameter(weight_piece.clone())
 
     def forward(self, h, target, group_name):
-        logits = torch.tanh(self.proj(h)) @ self.head.t()
-        return hp.vocab_parallel_cross_entropy(logits, target, group_name, vocab_size=VOCAB, label_smoothing=0.1)
+        x = torch.tanh(self.proj(h))
+        return (hp.vocab_parallel_cross_entropy(x @ self.head.t(), target, group_name, vocab_size=VOCAB,
+                                                label_smoothing=0.1)
+                + hp.fused_linear_cross_entropy(x, self.head, target, group_name, vocab_size=VOCAB))
 
 
 def compiled_equals_eager(rank, world):
