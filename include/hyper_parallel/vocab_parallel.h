@@ -40,12 +40,17 @@ struct VocabCrossEntropyOptions {
   double label_smoothing = 0.0;
   double z_loss_weight = 0.0;  // + z * lse^2 per counted row (LossParallelOptions)
   double logit_softcap = 0.0;  // > 0: logits -> cap * tanh(logits / cap)
+  // Forward writes d loss / d logits (for a unit incoming gradient) over local_logits, when
+  // their rows have a unit class stride (else it runs as without): no logits-sized gradient
+  // buffer, backward only scales it. The caller makes sure nothing else needs the values.
+  bool gradient_in_forward = false;
 };
 
 // What the cross-entropy's backward needs besides its inputs ([rows], compute type).
 struct VocabCrossEntropySaved {
   at::Tensor row_max, log_sum;  // lse = row_max + log_sum, kept apart (fused_cross_entropy.h)
   at::Tensor row_weight;        // probability targets: sum_c w_c q'_c; index targets: recomputed
+  at::Tensor grad_rows;         // gradient_in_forward: the gradient written over the logits' rows
 };
 
 // Cross-entropy of `local_logits` (this member's classes along `class_dim`). target: class
@@ -57,7 +62,8 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
                                                 const at::Tensor& target, const std::optional<at::Tensor>& weight,
                                                 const Communicator* comm, int64_t vocab_size,
                                                 const VocabCrossEntropyOptions& options, VocabCrossEntropySaved* saved);
-// d loss / d local_logits for the incoming gradient `grad_loss`. No collective.
+// d loss / d local_logits for the incoming gradient `grad_loss`. No collective. After a
+// forward that wrote the gradient (saved.grad_rows), that storage scaled in place.
 at::Tensor vocab_parallel_cross_entropy_backward(const at::Tensor& grad_loss, const at::Tensor& local_logits,
                                                  int64_t class_dim, const at::Tensor& target,
                                                  const std::optional<at::Tensor>& weight,

@@ -105,28 +105,34 @@ PYBIND11_MODULE(_C, m) {
       "cross_entropy_forward",
       [](const at::Tensor& logits, int64_t class_dim, const at::Tensor& target, const std::optional<at::Tensor>& weight,
          const std::string& group, int64_t vocab_size, int64_t ignore_index, int64_t reduction, double label_smoothing,
-         double z_loss_weight, double logit_softcap) {
+         double z_loss_weight, double logit_softcap, bool gradient_in_forward) {
         py::gil_scoped_release no_gil;
         hp::VocabCrossEntropySaved saved;
-        at::Tensor loss = hp::vocab_parallel_cross_entropy_forward(
-            logits, class_dim, target, defined_or_none(weight), communicator(group), vocab_size,
-            ce_options(ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap), &saved);
+        hp::VocabCrossEntropyOptions o =
+            ce_options(ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap);
+        o.gradient_in_forward = gradient_in_forward;
+        at::Tensor loss = hp::vocab_parallel_cross_entropy_forward(logits, class_dim, target, defined_or_none(weight),
+                                                                   communicator(group), vocab_size, o, &saved);
         // Probability targets only have a row weight to keep; an empty one stands for none.
         at::Tensor row_weight = saved.row_weight.defined() ? saved.row_weight : saved.row_max.new_empty({0});
-        return std::make_tuple(loss, saved.row_max, saved.log_sum, row_weight);
+        // The gradient written over the logits (gradient_in_forward), or an empty tensor.
+        at::Tensor grad_rows = saved.grad_rows.defined() ? saved.grad_rows : saved.row_max.new_empty({0});
+        return std::make_tuple(loss, saved.row_max, saved.log_sum, row_weight, grad_rows);
       },
-      "loss, row_max, log_sum, row_weight: the loss and what its backward needs");
-  m.def("cross_entropy_backward",
-        [](const at::Tensor& grad, const at::Tensor& logits, int64_t class_dim, const at::Tensor& target,
-           const std::optional<at::Tensor>& weight, const at::Tensor& row_max, const at::Tensor& log_sum,
-           const at::Tensor& row_weight, const std::string& group, int64_t vocab_size, int64_t ignore_index,
-           int64_t reduction, double label_smoothing, double z_loss_weight, double logit_softcap) {
-          py::gil_scoped_release no_gil;
-          hp::VocabCrossEntropySaved saved{row_max, log_sum, row_weight.numel() ? row_weight : at::Tensor()};
-          return hp::vocab_parallel_cross_entropy_backward(
-              grad, logits, class_dim, target, defined_or_none(weight), saved, communicator(group), vocab_size,
-              ce_options(ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap));
-        });
+      "loss, row_max, log_sum, row_weight, grad_rows: the loss and what its backward needs");
+  m.def(
+      "cross_entropy_backward",
+      [](const at::Tensor& grad, const at::Tensor& logits, int64_t class_dim, const at::Tensor& target,
+         const std::optional<at::Tensor>& weight, const at::Tensor& row_max, const at::Tensor& log_sum,
+         const at::Tensor& row_weight, const at::Tensor& grad_rows, const std::string& group, int64_t vocab_size,
+         int64_t ignore_index, int64_t reduction, double label_smoothing, double z_loss_weight, double logit_softcap) {
+        py::gil_scoped_release no_gil;
+        hp::VocabCrossEntropySaved saved{row_max, log_sum, row_weight.numel() ? row_weight : at::Tensor(),
+                                         grad_rows.numel() ? grad_rows : at::Tensor()};
+        return hp::vocab_parallel_cross_entropy_backward(
+            grad, logits, class_dim, target, defined_or_none(weight), saved, communicator(group), vocab_size,
+            ce_options(ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap));
+      });
   m.def(
       "linear_cross_entropy_forward",
       [](const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target,
@@ -146,7 +152,7 @@ PYBIND11_MODULE(_C, m) {
            const std::string& group, int64_t vocab_size, int64_t ignore_index, int64_t reduction,
            double label_smoothing, double z_loss_weight, double logit_softcap, bool hidden_grad, bool weight_grad) {
           py::gil_scoped_release no_gil;
-          hp::VocabCrossEntropySaved saved{row_max, log_sum, at::Tensor()};
+          hp::VocabCrossEntropySaved saved{row_max, log_sum, at::Tensor(), at::Tensor()};
           auto g = hp::vocab_parallel_linear_cross_entropy_backward(
               grad, hidden, local_weight, target, saved, communicator(group), vocab_size,
               linear_options(weight, ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap),

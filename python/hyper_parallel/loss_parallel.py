@@ -30,6 +30,7 @@ from torch.distributed.tensor import DeviceMesh, DTensor, Replicate, Shard
 from torch.overrides import TorchFunctionMode
 
 from . import ops
+from ._extension import _C
 from .config import parallelism_config
 from .errors import LossParallelLayoutError, LossParallelUnsupportedError
 
@@ -107,13 +108,12 @@ def loss_parallel(
     their other mesh dims are gathered (a warning). None: ParallelismConfig (default True).
     z_loss_weight, logit_softcap: cross-entropy only (see ops.vocab_parallel_cross_entropy);
     log_softmax / nll_loss under them raise LossParallelUnsupportedError.
-    gradient_in_forward: accepted for the C++ API's sake; from Python it raises
-    LossParallelUnsupportedError (the loss keeps a logits-sized gradient buffer instead).
+    gradient_in_forward: cross_entropy writes d loss / d logits over the logits' local piece
+    during forward (no logits-sized gradient buffer; backward only scales it) when the logits
+    are not a leaf and their local rows have a unit class stride; reading the logits afterwards
+    gives the gradient, and any other autograd user that saved them raises. Eager only (an
+    autograd.Function that writes its input), one backward per loss.
     """
-    if gradient_in_forward:
-        raise LossParallelUnsupportedError(
-            "loss_parallel(gradient_in_forward=True) is not offered from Python: the ops keep "
-            "torch.library's functional contract (no input written); use the C++ API for it")
     if logit_softcap < 0:
         raise ValueError(f"loss_parallel: logit_softcap must be >= 0 (0: off), got {logit_softcap}")
     if mesh is not None and not isinstance(mesh, DeviceMesh):
@@ -320,11 +320,62 @@ def _cross_entropy(options: LossParallelOptions, args, kwargs):
     else:
         target_local = _replicated_local(target, "target", op, mesh)
     weight_local = None if weight is None else _replicated_local(weight, "class weight", op, mesh)
-    loss, *_ = ops._cross_entropy(
-        cs.logits.to_local(), target_local, weight_local, cs.group_name, cs.vocab_size, class_dim,
-        int(a.get("ignore_index", -100)), ops.reduction_code(reduction, op), float(a.get("label_smoothing", 0.0)),
-        options.z_loss_weight, options.logit_softcap)
+    args = (cs.group_name, cs.vocab_size, class_dim, int(a.get("ignore_index", -100)),
+            ops.reduction_code(reduction, op), float(a.get("label_smoothing", 0.0)), options.z_loss_weight,
+            options.logit_softcap)
+    local = cs.logits.to_local()
+    if options.gradient_in_forward and torch.is_grad_enabled() and cs.logits.grad_fn is not None:
+        # Not for leaves: their values are the caller's, and their .grad would alias them.
+        loss = _CrossEntropyGradientInForward.apply(local, target_local, weight_local, *args)
+        # The DTensor has a version counter of its own, which autograd checks for its saved users.
+        torch.autograd.graph.increment_version(cs.logits)
+    else:
+        loss, *_ = ops._cross_entropy(local, target_local, weight_local, *args)
     return _replicated_result(loss, mesh)
+
+
+class _CrossEntropyGradientInForward(torch.autograd.Function):
+    """cross_entropy that writes its gradient over the logits' local piece in forward."""
+
+    @staticmethod
+    def forward(ctx, local, target, weight, group_name, vocab_size, class_dim, ignore_index, reduction, smoothing,
+                z, cap):
+        loss, row_max, log_sum, row_weight, grad_rows = _C.cross_entropy_forward(
+            local, class_dim, target, weight, group_name, vocab_size, ignore_index, reduction, smoothing, z, cap,
+            True)
+        ctx.args = (class_dim, group_name, vocab_size, ignore_index, reduction, smoothing, z, cap)
+        ctx.written = grad_rows.numel() > 0
+        if ctx.written:
+            # The logits now hold the gradient: any other saved user of them must raise.
+            torch.autograd.graph.increment_version(local)
+            ctx.local, ctx.grad_rows, ctx.version = local, grad_rows, local._version
+        else:  # not written (rows without a unit class stride, or no classes here): as without it
+            ctx.save_for_backward(local, target, weight, row_max, log_sum, row_weight)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        class_dim, group_name, vocab_size, ignore_index, reduction, smoothing, z, cap = ctx.args
+        if ctx.written:
+            if ctx.grad_rows is None:
+                raise RuntimeError("cross_entropy with gradient_in_forward: a second backward through this loss; "
+                                   "the first scaled the gradient written over the logits in place. Turn "
+                                   "gradient_in_forward off to backward more than once")
+            if ctx.local._version != ctx.version:
+                raise RuntimeError("cross_entropy with gradient_in_forward: the gradient written over the logits was "
+                                   "modified in place after the forward wrote it; turn gradient_in_forward off to "
+                                   "use the logits' storage otherwise")
+            local, grad_rows = ctx.local, ctx.grad_rows
+            ctx.local = ctx.grad_rows = None
+            grad = _C.cross_entropy_backward(grad_loss, local, class_dim, ops._EMPTY.long(), None, ops._EMPTY,
+                                             ops._EMPTY, ops._EMPTY, grad_rows, group_name, vocab_size, ignore_index,
+                                             reduction, smoothing, z, cap)
+        else:
+            local, target, weight, row_max, log_sum, row_weight = ctx.saved_tensors
+            grad = _C.cross_entropy_backward(grad_loss, local, class_dim, target, weight, row_max, log_sum, row_weight,
+                                             ops._EMPTY, group_name, vocab_size, ignore_index, reduction, smoothing, z,
+                                             cap)
+        return (grad,) + (None,) * 10
 
 
 def _reject_cross_entropy_only_options(options: LossParallelOptions, op: str) -> None:

@@ -21,6 +21,7 @@ from torch import Tensor
 from ._extension import _C
 
 _REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+_EMPTY = torch.empty(0)  # "none" for the kernels' optional tensors
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -54,9 +55,9 @@ def _cross_entropy(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     if vocab_size < 0:
         vocab_size = _C.vocab_size(logits.shape[class_dim], group_name)
-    loss, row_max, log_sum, row_weight = _C.cross_entropy_forward(
+    loss, row_max, log_sum, row_weight, _ = _C.cross_entropy_forward(
         logits, class_dim, target, weight, group_name, vocab_size, ignore_index, reduction,
-        label_smoothing, z_loss_weight, logit_softcap,
+        label_smoothing, z_loss_weight, logit_softcap, False,
     )
     return loss, row_max, log_sum, row_weight, torch.tensor(vocab_size, dtype=torch.int64)
 
@@ -103,7 +104,7 @@ def _cross_entropy_backward(
     logit_softcap: float,
 ) -> Tensor:
     return _C.cross_entropy_backward(
-        grad, logits, class_dim, target, weight, row_max, log_sum, row_weight, group_name,
+        grad, logits, class_dim, target, weight, row_max, log_sum, row_weight, _EMPTY, group_name,
         int(vocab_size), ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap,
     )
 

@@ -90,6 +90,9 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
   ce.z_loss_weight = options.z_loss_weight;
   ce.logit_softcap = options.logit_softcap;
   ce.soft = target.is_floating_point();
+  ce.gradient_in_forward = options.gradient_in_forward && ce.x_rows.is_alias_of(local_logits) &&
+                           (ce.x_rows.size(1) <= 1 || ce.x_rows.stride(1) == 1) &&
+                           local_logits.is_non_overlapping_and_dense();
   std::vector<int64_t> loss_shape = local_logits.sizes().vec();
   loss_shape.erase(loss_shape.begin() + class_dim);
   // Every check runs inside the agreement: a refusal on one member is the same error on all.
@@ -135,6 +138,7 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
     ce.soft = false;
     ce.weight = c10::nullopt;
     ce.target = at::full({ce.x_rows.size(0)}, options.ignore_index, ce.x_rows.options().dtype(at::kLong));
+    ce.gradient_in_forward = false;
     piece.local = ce.x_rows.size(1);
   }
   const ClassShard shard = class_shard(comm, piece);
@@ -144,6 +148,7 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
     saved->row_max = ce.row_max;
     saved->log_sum = ce.log_sum;
     saved->row_weight = ce.soft ? ce.row_weight : at::Tensor();
+    saved->grad_rows = ce.grad_rows;
   }
   return loss;
 }
@@ -161,6 +166,14 @@ at::Tensor vocab_parallel_cross_entropy_backward(const at::Tensor& grad_loss, co
   const ChunkRange range = chunk_range(vocab_size, n, r);
   const ClassShard shard = class_shard(comm, {range.offset, range.length, vocab_size});
   const at::ScalarType ct = compute_type(local_logits.scalar_type());
+  if (saved.grad_rows.defined()) {
+    // Forward wrote the gradient for a unit incoming gradient: scale it where it is.
+    FusedCrossEntropy written;
+    written.x_rows = saved.grad_rows;
+    written.grad_rows = saved.grad_rows;
+    written.reduction = options.reduction;
+    return from_rows(fused_cross_entropy_backward(written, grad_loss, shard), local_logits.sizes(), class_dim);
+  }
   FusedCrossEntropy ce;
   ce.x_rows = to_rows(local_logits, class_dim);
   ce.reduction = options.reduction;

@@ -208,3 +208,44 @@ class _no_warning:
 
 def test_a_two_dim_mesh_is_refused_when_strict_and_gathered_when_not():
     run_ranks(4, two_dim_mesh)
+
+
+def gradient_in_forward(rank, world):
+    mesh = init_device_mesh("cpu", (world,))
+    gen = torch.Generator().manual_seed(9)
+    for reduction, smoothing, weighted in [("mean", 0.0, False), ("sum", 0.1, True), ("none", 0.0, True)]:
+        logits, target, weight, _ = _make_inputs(gen, (8, CLASSES), 3, weighted, False)
+        ref_x = logits.clone().requires_grad_()
+        ref = F.cross_entropy(ref_x, target, weight=weight, ignore_index=3, reduction=reduction,
+                              label_smoothing=smoothing)
+        seed = _grad_seed(gen, reduction, ref.shape)
+        (ref * seed).sum().backward()
+        leaf = distribute_tensor(logits, mesh, [Shard(1)]).requires_grad_()
+        x = leaf * 1.0  # logits a model produced: not a leaf
+        with hp.loss_parallel(gradient_in_forward=True):
+            loss = F.cross_entropy(x, target, weight=weight, ignore_index=3, reduction=reduction,
+                                   label_smoothing=smoothing)
+        (loss * distribute_tensor(seed, mesh, [Replicate()])).sum().backward()
+        what = f"gradient_in_forward {reduction} smoothing={smoothing} weighted={weighted}"
+        assert_close(loss.full_tensor(), ref, TOL, what + " loss")
+        assert_close(leaf.grad.full_tensor(), ref_x.grad, TOL, what + " grad")
+    # Another user that saved the logits raises instead of reading the gradient written over them.
+    leaf = distribute_tensor(torch.randn(4, CLASSES, dtype=torch.float64), mesh, [Shard(1)]).requires_grad_()
+    x = leaf * 1.0
+    other = (x * x).sum()
+    with hp.loss_parallel(gradient_in_forward=True):
+        loss = F.cross_entropy(x, torch.zeros(4, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (loss + other).backward()
+    # One backward per loss.
+    x = leaf * 1.0
+    with hp.loss_parallel(gradient_in_forward=True):
+        loss = F.cross_entropy(x, torch.zeros(4, dtype=torch.long))
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gradient_in_forward_gives_the_same_gradient_without_a_buffer(world):
+    run_ranks(world, gradient_in_forward)
