@@ -8,9 +8,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
 
-#include <map>
 #include <memory>
-#include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -29,22 +27,15 @@ namespace hp = hyper_parallel;
 
 namespace {
 
-// One communicator per process group, found by the name torch.distributed registered it
-// under (the form a torch.library schema can carry). "" is one process (no group).
-const hp::Communicator* communicator(const std::string& group_name) {
+// The communicator of the process group torch.distributed registered under `group_name` (the
+// form a torch.library schema can carry), made per call: nothing here keeps a group alive past
+// destroy_process_group(). "" is one process (no group).
+std::unique_ptr<hp::Communicator> communicator(const std::string& group_name) {
   if (group_name.empty()) return nullptr;
-  static std::mutex mutex;
-  static auto* cache = new std::map<std::string, std::shared_ptr<hp::Communicator>>();
   c10::intrusive_ptr<c10d::ProcessGroup> pg = c10d::resolve_process_group(group_name);
-  std::lock_guard<std::mutex> lock(mutex);
-  auto& entry = (*cache)[group_name];
-  // A group destroyed and another registered under its name: a new communicator.
-  if (!entry || entry->process_group().get() != pg.get()) {
-    std::vector<int64_t> ranks(pg->getSize());
-    std::iota(ranks.begin(), ranks.end(), 0);
-    entry = std::make_shared<hp::Communicator>(pg, ranks);
-  }
-  return entry.get();
+  std::vector<int64_t> ranks(pg->getSize());
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return std::make_unique<hp::Communicator>(std::move(pg), std::move(ranks));
 }
 
 std::optional<at::Tensor> defined_or_none(const std::optional<at::Tensor>& t) {
@@ -112,7 +103,7 @@ PYBIND11_MODULE(_C, m) {
             ce_options(ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap);
         o.gradient_in_forward = gradient_in_forward;
         at::Tensor loss = hp::vocab_parallel_cross_entropy_forward(logits, class_dim, target, defined_or_none(weight),
-                                                                   communicator(group), vocab_size, o, &saved);
+                                                                   communicator(group).get(), vocab_size, o, &saved);
         // Probability targets only have a row weight to keep; an empty one stands for none.
         at::Tensor row_weight = saved.row_weight.defined() ? saved.row_weight : saved.row_max.new_empty({0});
         // The gradient written over the logits (gradient_in_forward), or an empty tensor.
@@ -130,7 +121,7 @@ PYBIND11_MODULE(_C, m) {
         hp::VocabCrossEntropySaved saved{row_max, log_sum, row_weight.numel() ? row_weight : at::Tensor(),
                                          grad_rows.numel() ? grad_rows : at::Tensor()};
         return hp::vocab_parallel_cross_entropy_backward(
-            grad, logits, class_dim, target, defined_or_none(weight), saved, communicator(group), vocab_size,
+            grad, logits, class_dim, target, defined_or_none(weight), saved, communicator(group).get(), vocab_size,
             ce_options(ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap));
       });
   m.def(
@@ -141,7 +132,7 @@ PYBIND11_MODULE(_C, m) {
         py::gil_scoped_release no_gil;
         hp::VocabCrossEntropySaved saved;
         const at::Tensor loss = hp::vocab_parallel_linear_cross_entropy_forward(
-            hidden, local_weight, target, communicator(group), vocab_size,
+            hidden, local_weight, target, communicator(group).get(), vocab_size,
             linear_options(weight, ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap), &saved);
         return std::make_tuple(loss, saved.row_max, saved.log_sum);
       },
@@ -154,7 +145,7 @@ PYBIND11_MODULE(_C, m) {
           py::gil_scoped_release no_gil;
           hp::VocabCrossEntropySaved saved{row_max, log_sum, at::Tensor(), at::Tensor()};
           auto g = hp::vocab_parallel_linear_cross_entropy_backward(
-              grad, hidden, local_weight, target, saved, communicator(group), vocab_size,
+              grad, hidden, local_weight, target, saved, communicator(group).get(), vocab_size,
               linear_options(weight, ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap),
               hidden_grad, weight_grad);
           return std::make_tuple(g[0], g[1]);
@@ -163,18 +154,18 @@ PYBIND11_MODULE(_C, m) {
       "vocab_size",
       [](int64_t local_classes, const std::string& group) {
         py::gil_scoped_release no_gil;
-        return hp::vocab_piece(communicator(group), local_classes, -1).total;
+        return hp::vocab_piece(communicator(group).get(), local_classes, -1).total;
       },
       "The vocabulary the members' torch.chunk pieces make up (one all-gather)");
   m.def("log_softmax", [](const at::Tensor& local, int64_t class_dim, const std::string& group, int64_t vocab_size,
                           std::optional<at::ScalarType> dtype) {
     py::gil_scoped_release no_gil;
-    return hp::vocab_parallel_log_softmax(local, class_dim, communicator(group), vocab_size, dtype);
+    return hp::vocab_parallel_log_softmax(local, class_dim, communicator(group).get(), vocab_size, dtype);
   });
   m.def("log_softmax_backward", [](const at::Tensor& grad, const at::Tensor& output, int64_t class_dim,
                                    const std::string& group, int64_t vocab_size, at::ScalarType input_dtype) {
     py::gil_scoped_release no_gil;
-    return hp::vocab_parallel_log_softmax_backward(grad, output, class_dim, communicator(group), vocab_size,
+    return hp::vocab_parallel_log_softmax_backward(grad, output, class_dim, communicator(group).get(), vocab_size,
                                                    input_dtype);
   });
   m.def("nll_loss_forward",
@@ -182,17 +173,17 @@ PYBIND11_MODULE(_C, m) {
            int64_t reduction, int64_t ignore_index, const std::string& group, int64_t vocab_size) {
           py::gil_scoped_release no_gil;
           auto r = hp::vocab_parallel_nll_loss_forward(logp, class_dim, target, defined_or_none(weight), reduction,
-                                                       ignore_index, communicator(group), vocab_size);
+                                                       ignore_index, communicator(group).get(), vocab_size);
           return std::make_tuple(r[0], r[1]);
         });
-  m.def("nll_loss_backward",
-        [](const at::Tensor& grad, const at::Tensor& logp, int64_t class_dim, const at::Tensor& target,
-           const std::optional<at::Tensor>& weight, int64_t reduction, int64_t ignore_index,
-           const at::Tensor& total_weight, const std::string& group, int64_t vocab_size) {
-          py::gil_scoped_release no_gil;
-          return hp::vocab_parallel_nll_loss_backward(grad, logp, class_dim, target, defined_or_none(weight), reduction,
-                                                      ignore_index, total_weight, communicator(group), vocab_size);
-        });
+  m.def("nll_loss_backward", [](const at::Tensor& grad, const at::Tensor& logp, int64_t class_dim,
+                                const at::Tensor& target, const std::optional<at::Tensor>& weight, int64_t reduction,
+                                int64_t ignore_index, const at::Tensor& total_weight, const std::string& group,
+                                int64_t vocab_size) {
+    py::gil_scoped_release no_gil;
+    return hp::vocab_parallel_nll_loss_backward(grad, logp, class_dim, target, defined_or_none(weight), reduction,
+                                                ignore_index, total_weight, communicator(group).get(), vocab_size);
+  });
 
   // The process-wide configuration the C++ side reads (parallelism_config.h has the precedence).
   m.def("parallelism_config", [] {
