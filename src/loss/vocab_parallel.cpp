@@ -39,6 +39,20 @@ int64_t wrap_class_dim(const at::Tensor& t, int64_t class_dim, const char* op) {
   return c10::maybe_wrap_dim(class_dim, t.dim());
 }
 
+// The fused cross-entropy over local_logits' rows with `options` (its inputs not set yet).
+FusedCrossEntropy settings_of(const at::Tensor& local_logits, int64_t class_dim, const at::Tensor& target,
+                              const VocabCrossEntropyOptions& options) {
+  FusedCrossEntropy ce;
+  ce.x_rows = to_rows(local_logits, class_dim);
+  ce.reduction = options.reduction;
+  ce.ignore_index = options.ignore_index;
+  ce.label_smoothing = options.label_smoothing;
+  ce.z_loss_weight = options.z_loss_weight;
+  ce.logit_softcap = options.logit_softcap;
+  ce.soft = target.is_floating_point();
+  return ce;
+}
+
 }  // namespace
 
 VocabPiece vocab_piece(const Communicator* comm, int64_t local_classes, int64_t vocab_size) {
@@ -82,14 +96,7 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
   VocabPiece piece;
   if (vocab_size < 0) piece = vocab_piece(comm, local_logits.size(class_dim), -1);
   const at::ScalarType ct = compute_type(local_logits.scalar_type());
-  FusedCrossEntropy ce;
-  ce.x_rows = to_rows(local_logits, class_dim);
-  ce.reduction = options.reduction;
-  ce.ignore_index = options.ignore_index;
-  ce.label_smoothing = options.label_smoothing;
-  ce.z_loss_weight = options.z_loss_weight;
-  ce.logit_softcap = options.logit_softcap;
-  ce.soft = target.is_floating_point();
+  FusedCrossEntropy ce = settings_of(local_logits, class_dim, target, options);
   ce.gradient_in_forward = options.gradient_in_forward && ce.x_rows.is_alias_of(local_logits) &&
                            (ce.x_rows.size(1) <= 1 || ce.x_rows.stride(1) == 1) &&
                            local_logits.is_non_overlapping_and_dense();
@@ -174,14 +181,7 @@ at::Tensor vocab_parallel_cross_entropy_backward(const at::Tensor& grad_loss, co
     written.reduction = options.reduction;
     return from_rows(fused_cross_entropy_backward(written, grad_loss, shard), local_logits.sizes(), class_dim);
   }
-  FusedCrossEntropy ce;
-  ce.x_rows = to_rows(local_logits, class_dim);
-  ce.reduction = options.reduction;
-  ce.ignore_index = options.ignore_index;
-  ce.label_smoothing = options.label_smoothing;
-  ce.z_loss_weight = options.z_loss_weight;
-  ce.logit_softcap = options.logit_softcap;
-  ce.soft = target.is_floating_point();
+  FusedCrossEntropy ce = settings_of(local_logits, class_dim, target, options);
   ce.target = ce.soft ? to_rows(target, class_dim) : target.reshape({-1}).to(at::kLong);
   if (weight && weight->defined()) ce.weight = weight->to(ct);
   const int64_t rows = ce.x_rows.size(0);
