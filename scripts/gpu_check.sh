@@ -70,3 +70,10 @@ for dtype in bfloat16 float16 float32; do
 done
 # Few rows, many classes: the kernels split each row over several blocks.
 "$build/bin/hp-run" --nproc-per-node 1 "$build/bin/hp-bench" --device cuda --tokens 256 --vocab 128256 --dtype bfloat16 2>&1 | sed "s/^\\[rank0\\]: //"
+# The Python package on the GPU: ours through PyTorch's DTensor and the functional op against
+# PyTorch's loss_parallel and a compiled gather (TP 1, NCCL), with the python3 torch it built against.
+echo "== Python package (hyper_parallel.bench, TP 1, one GPU)"
+for dtype in bfloat16 float32; do
+  PYTHONPATH="$build/python" python3 -m torch.distributed.run --nproc-per-node 1 -m hyper_parallel.bench \
+    --device cuda --tokens 8192 --vocab 128256 --dtype "$dtype" 2>&1 | grep -v "^W[0-9]"
+done
