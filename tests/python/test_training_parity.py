@@ -50,8 +50,8 @@ def train(rank, world):
         losses[name] = []
         for step in range(STEPS):
             tokens = batches[step % len(batches)]
-            logits = model(tokens[:, :-1])
-            with context():
+            with context():  # forward and backward inside, as TorchTitan's train step
+                logits = model(tokens[:, :-1])
                 loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
                 loss.backward()
             opt.step()
