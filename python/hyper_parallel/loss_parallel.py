@@ -442,11 +442,17 @@ def _nll_loss(options: LossParallelOptions, args, kwargs):
     return _replicated_result(out, mesh)
 
 
-_HANDLERS = {
-    F.cross_entropy: _cross_entropy,
-    F.nll_loss: _nll_loss,
+def _log_softmax_route(options: LossParallelOptions, args, kwargs, func):
+    return _log_softmax(options, args, kwargs, func)
+
+
+# The functions the mode routes, and their handlers: one dict lookup per torch call decides.
+_ROUTES = {
+    F.cross_entropy: lambda options, args, kwargs, func: _cross_entropy(options, args, kwargs),
+    F.nll_loss: lambda options, args, kwargs, func: _nll_loss(options, args, kwargs),
+    **{f: _log_softmax_route for f in (F.log_softmax, torch.log_softmax, torch.Tensor.log_softmax,
+                                       torch.special.log_softmax)},
 }
-_LOG_SOFTMAX_FUNCS = (F.log_softmax, torch.log_softmax, torch.Tensor.log_softmax, torch.special.log_softmax)
 
 
 def _first_class_sharded(args, kwargs) -> Optional[DTensor]:
@@ -457,22 +463,23 @@ def _first_class_sharded(args, kwargs) -> Optional[DTensor]:
 
 
 class _LossParallelMode(TorchFunctionMode):
-    """Routes the loss functions on class-sharded DTensors to the kernels while a context is active."""
+    """Routes the loss functions on class-sharded DTensors to the kernels while a context is
+    active. It sees every torch call inside the context (the model's forward too, under a
+    train context), so a call it does not route costs one dict lookup."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        route = _ROUTES.get(func)
+        if route is None:
+            if _extra_names and getattr(func, "__name__", "") in _extra_names and _active.get() is not None \
+                    and _first_class_sharded(args, kwargs) is not None:
+                raise LossParallelUnsupportedError(
+                    f"loss_parallel: '{func.__name__}' is in the loss_parallel op names but has no loss_parallel "
+                    f"kernel")
+            return func(*args, **kwargs)
         state = _active.get()
         if state is not None:
-            if func in _LOG_SOFTMAX_FUNCS:
-                result = _log_softmax(state.options, args, kwargs, func)
-            elif func in _HANDLERS:
-                result = _HANDLERS[func](state.options, args, kwargs)
-            else:
-                result = NotImplemented
-                name = getattr(func, "__name__", "")
-                if name in _extra_names and _first_class_sharded(args, kwargs) is not None:
-                    raise LossParallelUnsupportedError(
-                        f"loss_parallel: '{name}' is in the loss_parallel op names but has no loss_parallel kernel")
+            result = route(state.options, args, kwargs, func)
             if result is not NotImplemented:
                 return result
         return func(*args, **kwargs)
