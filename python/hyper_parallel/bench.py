@@ -12,8 +12,9 @@ torch.cuda's statistics):
   PyTorch loss_parallel  torch.distributed.tensor.parallel.loss_parallel, the same DTensor
   compiled gather        the logits all-gathered, then torch.compile'd F.cross_entropy
 
-and the call overhead: forward + backward of each on a [1, 8] input over a one-rank mesh,
-where neither the kernels nor a transfer take time. Ratios are against PyTorch's loss_parallel in the same run.
+the call overhead: forward + backward of each on a [1, 8] input over a one-rank mesh,
+where neither the kernels nor a transfer take time; and what each context adds to an op it
+does not route (ours sees every torch call inside it). Ratios are against PyTorch's loss_parallel in the same run.
 """
 
 import argparse
@@ -159,6 +160,21 @@ def main(argv=None):
     overhead = [(name, measure(fn, 50)[0]) for name, fn in (("ours (loss_parallel)", tiny_context),
                                                              ("ours (functional)", tiny_functional),
                                                              ("PyTorch loss_parallel", tiny_pytorch))]
+    # What each context costs an op it does not route (the model's forward under a train context).
+    def unrelated_op_us(context, n=20000):
+        a, b = torch.randn(8, 8), torch.randn(8, 8)
+        with context():
+            for _ in range(200):
+                a + b
+            t0 = time.perf_counter()
+            for _ in range(n):
+                a + b
+            return (time.perf_counter() - t0) / n * 1e6
+
+    import contextlib
+    unrelated = [(name, min(unrelated_op_us(c) for _ in range(3))) for name, c in
+                 (("no context", contextlib.nullcontext), ("inside ours", hp.loss_parallel),
+                  ("inside PyTorch's", torch_loss_parallel))]
     if rank == 0:
         base_t, base_m = rows[2][1][0], rows[2][1][1]
         print(f"cross-entropy forward + backward, {a.tokens} x {a.vocab} {a.dtype}, {world} ranks "
@@ -171,6 +187,9 @@ def main(argv=None):
         print("call overhead (fwd + bwd on a [1, 8] input, a one-rank mesh):")
         for name, t in overhead:
             print(f"  {name:22}{t * 1e6:10.1f} us")
+        print("an op the context does not route (a + b on [8, 8], CPU):")
+        for name, t in unrelated:
+            print(f"  {name:22}{t:10.2f} us")
     dist.barrier()
     dist.destroy_process_group()
 
