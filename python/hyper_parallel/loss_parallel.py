@@ -251,13 +251,6 @@ def _probability_target_local(target: Any, cs: _ClassSharding, op: str) -> torch
     return target.narrow(cs.class_dim, cs.offset, cs.local)
 
 
-def _check_no_target_grad(target: Any, weight: Any, op: str) -> None:
-    if (isinstance(target, torch.Tensor) and target.requires_grad) or (
-            isinstance(weight, torch.Tensor) and weight.requires_grad):
-        raise LossParallelUnsupportedError(f"{op} under loss_parallel: gradients with respect to the target or "
-                                           f"the class weights are not supported")
-
-
 def _replicated_result(local: torch.Tensor, mesh: DeviceMesh) -> DTensor:
     return DTensor.from_local(local, mesh, [Replicate()] * mesh.ndim, run_check=False)
 
@@ -312,7 +305,6 @@ def _cross_entropy(options: LossParallelOptions, args, kwargs):
     cs = _resolve_or_fallback(logits, class_dim, op, options)
     if cs is None:
         return _gathered(F.cross_entropy, logits.device_mesh, args, kwargs)
-    _check_no_target_grad(target, weight, op)
     mesh = cs.logits.device_mesh
     reduction = _legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
     if target.is_floating_point():
@@ -428,7 +420,6 @@ def _nll_loss(options: LossParallelOptions, args, kwargs):
     cs = _resolve_or_fallback(logp, class_dim, op, options)
     if cs is None:
         return _gathered(F.nll_loss, logp.device_mesh, args, kwargs)
-    _check_no_target_grad(target, weight, op)
     mesh = cs.logits.device_mesh
     if target.is_floating_point():
         raise LossParallelUnsupportedError("nll_loss under loss_parallel: expected class-index targets (as "
@@ -442,15 +433,11 @@ def _nll_loss(options: LossParallelOptions, args, kwargs):
     return _replicated_result(out, mesh)
 
 
-def _log_softmax_route(options: LossParallelOptions, args, kwargs, func):
-    return _log_softmax(options, args, kwargs, func)
-
-
 # The functions the mode routes, and their handlers: one dict lookup per torch call decides.
 _ROUTES = {
     F.cross_entropy: lambda options, args, kwargs, func: _cross_entropy(options, args, kwargs),
     F.nll_loss: lambda options, args, kwargs, func: _nll_loss(options, args, kwargs),
-    **{f: _log_softmax_route for f in (F.log_softmax, torch.log_softmax, torch.Tensor.log_softmax,
+    **{f: _log_softmax for f in (F.log_softmax, torch.log_softmax, torch.Tensor.log_softmax,
                                        torch.special.log_softmax)},
 }
 

@@ -90,6 +90,35 @@ std::string describe(const at::Tensor& t) {
   return "a plain tensor of shape " + c10::str(t.sizes());
 }
 
+// What validate() and local_inputs() both refuse: probability targets, and gradients the loss
+// does not give (of the target or the class weights).
+void check_index_target_without_grads(const at::Tensor& target, const FusedLinearCrossEntropyOptions& o,
+                                      const std::string& op) {
+  if (target.is_floating_point()) {
+    throw LossParallelUnsupportedError(op +
+                                       ": probability targets are not supported (they are [tokens, V], "
+                                       "what this loss exists to avoid); give class indices [tokens]");
+  }
+  if (target.requires_grad() || (o.class_weight && o.class_weight->defined() && o.class_weight->requires_grad())) {
+    throw LossParallelUnsupportedError(op +
+                                       ": gradients with respect to the target or the class weights are not "
+                                       "supported");
+  }
+}
+
+// The options' ranges, for both kinds of input.
+void check_options(const FusedLinearCrossEntropyOptions& o, const std::string& op) {
+  TORCH_CHECK_VALUE(
+      o.reduction == at::Reduction::None || o.reduction == at::Reduction::Mean || o.reduction == at::Reduction::Sum, op,
+      ": reduction must be at::Reduction::None, Mean or Sum, got ", o.reduction);
+  TORCH_CHECK_VALUE(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, op,
+                    ": label_smoothing must be in [0, 1], got ", o.label_smoothing);
+  TORCH_CHECK_VALUE(o.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: off), got ", o.logit_softcap);
+  TORCH_CHECK_VALUE(o.chunk_tokens >= 0 && o.vocab_block >= 0, op,
+                    ": chunk_tokens and vocab_block must be >= 0 (0: automatic), got ", o.chunk_tokens, " and ",
+                    o.vocab_block);
+}
+
 Inputs validate(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
                 const FusedLinearCrossEntropyOptions& o) {
   const std::string op = kOp;
@@ -131,31 +160,13 @@ Inputs validate(const at::Tensor& hidden, const at::Tensor& weight, const at::Te
               ": expected hidden and weight of one floating dtype, got ", hidden.scalar_type(), " and ",
               weight.scalar_type());
   TORCH_CHECK(in.h.device() == in.w.device(), op, ": hidden is on ", in.h.device(), ", the weight on ", in.w.device());
-  if (target.is_floating_point()) {
-    throw LossParallelUnsupportedError(op +
-                                       ": probability targets are not supported (they are [tokens, V], "
-                                       "what this loss exists to avoid); give class indices [tokens]");
-  }
-  if (target.requires_grad() || (o.class_weight && o.class_weight->defined() && o.class_weight->requires_grad())) {
-    throw LossParallelUnsupportedError(op +
-                                       ": gradients with respect to the target or the class weights are not "
-                                       "supported");
-  }
+  check_index_target_without_grads(target, o, op);
   in.target = replicated_value(target, "target", op);
   TORCH_CHECK(in.target.dim() == 1 && in.target.size(0) == hidden.size(0), op, ": expected a target [", hidden.size(0),
               "] (one class per token of hidden), got ", describe(target));
   in.target = in.target.to(in.h.device(), at::kLong);
   check_targets(in.target, in.shard.total, o.ignore_index);
-  TORCH_CHECK(
-      o.reduction == at::Reduction::None || o.reduction == at::Reduction::Mean || o.reduction == at::Reduction::Sum, op,
-      ": reduction must be at::Reduction::None, Mean or Sum, got ", o.reduction);
-  TORCH_CHECK(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, op, ": label_smoothing must be in [0, 1], got ",
-              o.label_smoothing);
-  TORCH_CHECK(o.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: off), got ", o.logit_softcap);
-  TORCH_CHECK(o.chunk_tokens >= 0 && o.vocab_block >= 0, op,
-              ": chunk_tokens and vocab_block must be >= 0 "
-              "(0: automatic), got ",
-              o.chunk_tokens, " and ", o.vocab_block);
+  check_options(o, op);
   if (o.class_weight && o.class_weight->defined()) {
     at::Tensor cw = replicated_value(*o.class_weight, "class weight", op);
     TORCH_CHECK(cw.dim() == 1 && cw.size(0) == in.shard.total, op, ": expected a class weight of shape [",
@@ -184,22 +195,12 @@ Inputs local_inputs(const at::Tensor& hidden, const at::Tensor& local_weight, co
   TORCH_CHECK(hidden.device() == local_weight.device() && target.device() == hidden.device(), op,
               ": expected hidden, weight and target on one device, got ", hidden.device(), ", ", local_weight.device(),
               " and ", target.device());
-  if (target.is_floating_point()) {
-    throw LossParallelUnsupportedError(op +
-                                       ": probability targets are not supported (they are [tokens, V], what "
-                                       "this loss exists to avoid); give class indices [tokens]");
-  }
+  check_index_target_without_grads(target, o, op);
   TORCH_CHECK_VALUE(target.dim() == 1 && target.size(0) == hidden.size(0), op, ": expected a target [", hidden.size(0),
                     "] (one class per token of hidden), got ", target.sizes());
   in.target = target.to(at::kLong);
   check_targets(in.target, piece.total, o.ignore_index);
-  TORCH_CHECK_VALUE(o.reduction >= at::Reduction::None && o.reduction <= at::Reduction::Sum, op,
-                    ": reduction must be at::Reduction::None, Mean or Sum, got ", o.reduction);
-  TORCH_CHECK_VALUE(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, op,
-                    ": label_smoothing must be in [0, 1], got ", o.label_smoothing);
-  TORCH_CHECK_VALUE(o.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: off), got ", o.logit_softcap);
-  TORCH_CHECK_VALUE(o.chunk_tokens >= 0 && o.vocab_block >= 0, op,
-                    ": chunk_tokens and vocab_block must be >= 0 (0: automatic)");
+  check_options(o, op);
   if (o.class_weight && o.class_weight->defined()) {
     const at::Tensor& cw = *o.class_weight;
     TORCH_CHECK_VALUE(cw.dim() == 1 && cw.size(0) == piece.total, op, ": expected a class weight of shape [",

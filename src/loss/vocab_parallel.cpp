@@ -39,6 +39,16 @@ int64_t wrap_class_dim(const at::Tensor& t, int64_t class_dim, const char* op) {
   return c10::maybe_wrap_dim(class_dim, t.dim());
 }
 
+// The losses give no gradient to a target or a class weight: asking for one is refused, not dropped.
+void check_no_target_or_weight_grad(const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                                    const std::string& op) {
+  if (target.requires_grad() || (weight && weight->defined() && weight->requires_grad())) {
+    throw LossParallelUnsupportedError(op +
+                                       ": gradients with respect to the target or the class weights are not "
+                                       "supported");
+  }
+}
+
 // The fused cross-entropy over local_logits' rows with `options` (its inputs not set yet).
 FusedCrossEntropy settings_of(const at::Tensor& local_logits, int64_t class_dim, const at::Tensor& target,
                               const VocabCrossEntropyOptions& options) {
@@ -113,6 +123,7 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
                       options.logit_softcap);
     TORCH_CHECK_VALUE(local_logits.is_floating_point(), op, ": expected floating-point logits, got ",
                       local_logits.scalar_type());
+    check_no_target_or_weight_grad(target, weight, op);
     check_on_logits_device(local_logits.device(), target.device(), ce.soft ? "probability target" : "target", op);
     if (weight && weight->defined()) {
       check_on_logits_device(local_logits.device(), weight->device(), "class weight", op);
@@ -232,6 +243,7 @@ std::vector<at::Tensor> vocab_parallel_nll_loss_forward(const at::Tensor& local_
                                                         int64_t ignore_index, const Communicator* comm,
                                                         int64_t vocab_size) {
   const int64_t class_dim = wrap_class_dim(local_logp, class_dim_in, "vocab_parallel_nll_loss");
+  check_no_target_or_weight_grad(target, weight, "vocab_parallel_nll_loss");
   const ClassShard shard = shard_for(comm, local_logp, class_dim, vocab_size);
   c10::optional<at::Tensor> w;
   if (weight && weight->defined()) w = *weight;

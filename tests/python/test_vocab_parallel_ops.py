@@ -217,3 +217,35 @@ def accuracy_below_float64(rank, world):
 
 def test_float32_and_bfloat16_at_least_as_accurate_as_pytorch():
     run_ranks(2, accuracy_below_float64)
+
+
+def test_gradients_of_targets_or_class_weights_are_refused_not_dropped():
+    """The ops give no gradient to a probability target or a class weight: asking for one is an
+    error, never a silently missing gradient. One process (no group)."""
+    gen = torch.Generator().manual_seed(31)
+    x = torch.randn(4, VOCAB, dtype=torch.float64, generator=gen, requires_grad=True)
+    target = torch.randint(0, VOCAB, (4,), generator=gen)
+    weight = (torch.rand(VOCAB, dtype=torch.float64, generator=gen) + 0.5).requires_grad_()
+    soft = torch.softmax(torch.randn(4, VOCAB, dtype=torch.float64, generator=gen), 1).requires_grad_()
+    hidden = torch.randn(4, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+    head = torch.randn(VOCAB, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+    refused = "gradients with respect to the target or the class weights are not supported"
+    for call in (lambda: hp.vocab_parallel_cross_entropy(x, target, weight=weight),
+                 lambda: hp.vocab_parallel_cross_entropy(x, soft),
+                 lambda: hp.vocab_parallel_nll_loss(torch.log_softmax(x, 1), target, weight=weight),
+                 lambda: hp.fused_linear_cross_entropy(hidden, head, target, weight=weight)):
+        with pytest.raises(hp.LossParallelUnsupportedError, match=refused):
+            call()
+
+
+def test_the_fused_linear_ops_bad_input_is_named():
+    hidden = torch.randn(4, 8, dtype=torch.float64)
+    head = torch.randn(VOCAB, 8, dtype=torch.float64)
+    with pytest.raises(hp.LossParallelUnsupportedError, match="probability targets are not supported"):
+        hp.fused_linear_cross_entropy(hidden, head, torch.softmax(torch.randn(4, VOCAB, dtype=torch.float64), 1))
+    with pytest.raises(ValueError, match=r"expected hidden \[tokens, dim\] and this rank's weight rows"):
+        hp.fused_linear_cross_entropy(hidden[:, :3], head, torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"label_smoothing must be in \[0, 1\]"):
+        hp.fused_linear_cross_entropy(hidden, head, torch.zeros(4, dtype=torch.long), label_smoothing=1.5)
+    with pytest.raises(IndexError, match=f"Target {VOCAB} is out of bounds"):
+        hp.fused_linear_cross_entropy(hidden, head, torch.full((4,), VOCAB, dtype=torch.long))
