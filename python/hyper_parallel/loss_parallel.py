@@ -318,9 +318,7 @@ def _cross_entropy(options: LossParallelOptions, args, kwargs):
     local = cs.logits.to_local()
     if options.gradient_in_forward and torch.is_grad_enabled() and cs.logits.grad_fn is not None:
         # Not for leaves: their values are the caller's, and their .grad would alias them.
-        loss = _CrossEntropyGradientInForward.apply(local, target_local, weight_local, *args)
-        # The DTensor has a version counter of its own, which autograd checks for its saved users.
-        torch.autograd.graph.increment_version(cs.logits)
+        loss = _CrossEntropyGradientInForward.apply(local, target_local, weight_local, *args, [cs.logits])
     else:
         loss, *_ = ops._cross_entropy(local, target_local, weight_local, *args)
     return _replicated_result(loss, mesh)
@@ -331,7 +329,10 @@ class _CrossEntropyGradientInForward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, local, target, weight, group_name, vocab_size, class_dim, ignore_index, reduction, smoothing,
-                z, cap):
+                z, cap, owner):
+        # owner: [the DTensor whose local piece `local` is]. A DTensor has a version counter of
+        # its own, which autograd checks for its saved users and which in-place DTensor ops bump
+        # (not the local piece's): both are bumped here and both checked in backward.
         loss, row_max, log_sum, row_weight, grad_rows = _C.cross_entropy_forward(
             local, class_dim, target, weight, group_name, vocab_size, ignore_index, reduction, smoothing, z, cap,
             True)
@@ -339,8 +340,11 @@ class _CrossEntropyGradientInForward(torch.autograd.Function):
         ctx.written = grad_rows.numel() > 0
         if ctx.written:
             # The logits now hold the gradient: any other saved user of them must raise.
-            torch.autograd.graph.increment_version(local)
-            ctx.local, ctx.grad_rows, ctx.version = local, grad_rows, local._version
+            (dtensor,) = owner
+            for t in (local, dtensor):
+                torch.autograd.graph.increment_version(t)
+            ctx.local, ctx.dtensor, ctx.grad_rows = local, dtensor, grad_rows
+            ctx.versions = (local._version, dtensor._version)
         else:  # not written (rows without a unit class stride, or no classes here): as without it
             ctx.save_for_backward(local, target, weight, row_max, log_sum, row_weight)
         return loss
@@ -353,12 +357,12 @@ class _CrossEntropyGradientInForward(torch.autograd.Function):
                 raise RuntimeError("cross_entropy with gradient_in_forward: a second backward through this loss; "
                                    "the first scaled the gradient written over the logits in place. Turn "
                                    "gradient_in_forward off to backward more than once")
-            if ctx.local._version != ctx.version:
+            if (ctx.local._version, ctx.dtensor._version) != ctx.versions:
                 raise RuntimeError("cross_entropy with gradient_in_forward: the gradient written over the logits was "
                                    "modified in place after the forward wrote it; turn gradient_in_forward off to "
                                    "use the logits' storage otherwise")
             local, grad_rows = ctx.local, ctx.grad_rows
-            ctx.local = ctx.grad_rows = None
+            ctx.local = ctx.dtensor = ctx.grad_rows = None
             grad = _C.cross_entropy_backward(grad_loss, local, class_dim, ops._EMPTY.long(), None, ops._EMPTY,
                                              ops._EMPTY, ops._EMPTY, grad_rows, group_name, vocab_size, ignore_index,
                                              reduction, smoothing, z, cap)
@@ -367,7 +371,7 @@ class _CrossEntropyGradientInForward(torch.autograd.Function):
             grad = _C.cross_entropy_backward(grad_loss, local, class_dim, target, weight, row_max, log_sum, row_weight,
                                              ops._EMPTY, group_name, vocab_size, ignore_index, reduction, smoothing, z,
                                              cap)
-        return (grad,) + (None,) * 10
+        return (grad,) + (None,) * 11
 
 
 def _reject_cross_entropy_only_options(options: LossParallelOptions, op: str) -> None:

@@ -236,6 +236,13 @@ def gradient_in_forward(rank, world):
         loss = F.cross_entropy(x, torch.zeros(4, dtype=torch.long))
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         (loss + other).backward()
+    # The gradient written over the logits, changed before backward: refused, not scaled.
+    x = leaf * 1.0
+    with hp.loss_parallel(gradient_in_forward=True):
+        loss = F.cross_entropy(x, torch.zeros(4, dtype=torch.long))
+    x.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified in place after the forward wrote it"):
+        loss.backward()
     # One backward per loss.
     x = leaf * 1.0
     with hp.loss_parallel(gradient_in_forward=True):

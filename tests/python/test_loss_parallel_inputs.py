@@ -186,3 +186,19 @@ def test_fallback_on_layout_error_gathers_with_a_warning(mesh):
         torch.testing.assert_close(loss.full_tensor(), F.cross_entropy(logits, target))
     finally:
         hp.set_parallelism_config(hp.ParallelismConfig())
+
+
+def test_bad_arguments_are_named_where_they_are_given():
+    with pytest.raises(ValueError, match="logit_softcap must be >= 0"):
+        with hp.loss_parallel(logit_softcap=-1.0):
+            pass
+    with pytest.raises(TypeError, match="mesh must be a DeviceMesh or None"):
+        with hp.loss_parallel(mesh="tp"):
+            pass
+    with pytest.raises(TypeError, match="expected non-empty strings"):
+        hp.register_loss_parallel_op_names("")
+    with pytest.raises(TypeError, match="expected a ParallelismConfig"):
+        hp.set_parallelism_config({"disable_loss_parallel": True})
+    with pytest.raises(ValueError, match="reduction must be one of 'none', 'mean', 'sum', got 'avg'"):
+        hp.vocab_parallel_cross_entropy(torch.randn(2, CLASSES), torch.zeros(2, dtype=torch.long), reduction="avg")
+    assert not hp.is_loss_parallel_active()
