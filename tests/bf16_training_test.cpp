@@ -18,6 +18,8 @@
 #include "train/master_weights.h"
 #include "train/trainer.h"
 
+namespace bf16_training_test {
+
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::train_steps;
@@ -161,3 +163,5 @@ TEST(Bf16Training, MicroBatchGradientsAccumulateInFloat32) {
   master.accumulate_gradients();
   EXPECT_EQ(master.parameters()[0].grad().item<float>(), 1.0f + small);
 }
+
+}  // namespace bf16_training_test

@@ -12,6 +12,8 @@
 #include "train/checkpoint_layout.h"
 #include "train/checkpoint_reshard.h"
 
+namespace checkpoint_reshard_test {
+
 using namespace hyper_parallel::train;
 
 namespace {
@@ -205,3 +207,5 @@ TEST(CheckpointReshard, DataParallelRanksReadOneSavedReplicaTheirOwnWhenUnchange
   EXPECT_EQ(saved_file_rank(1, 4, 5, 2), 2);  // saved without dp: the one replica
   EXPECT_NE(error_of([] { saved_file_rank(2, 2, 0, 2); }), "");
 }
+
+}  // namespace checkpoint_reshard_test

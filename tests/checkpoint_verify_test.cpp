@@ -22,6 +22,8 @@
 #include "train/checkpoint_manifest.h"
 #include "train/trainer.h"
 
+namespace checkpoint_verify_test {
+
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::binary_path;
@@ -276,3 +278,5 @@ TEST(CheckpointVerify, AManifestNumberThatIsNotAnInt64IsNamed) {
   }
   compat::remove_all(dir);
 }
+
+}  // namespace checkpoint_verify_test

@@ -18,6 +18,8 @@
 #include "hyper_parallel/hyper_parallel.h"
 #include "loss/running_logsumexp.h"
 
+namespace cross_entropy_nonfinite_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::expect_same_values;
 using hyper_parallel::testing::nonfinite_rows;
@@ -196,3 +198,5 @@ TEST(FusedCrossEntropyKernel, NonFiniteLogitsGiveAtensLossAndGradientAtEveryDegr
     }
   }
 }
+
+}  // namespace cross_entropy_nonfinite_test

@@ -18,6 +18,8 @@
 #include "train/job_config.h"
 #include "train/trainer.h"
 
+namespace cuda_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_cuda_ranks;
@@ -326,3 +328,5 @@ TEST(CudaTraining, Bf16Dp2Tp2SequenceParallelFollowsFloat32OnTheCpu) {
   std::cout << "cuda bf16 dp 2 x tp 2 + sp vs cpu fp32: largest relative loss difference " << worst << std::endl;
   EXPECT_LT(worst, 2e-3);
 }
+
+}  // namespace cuda_test

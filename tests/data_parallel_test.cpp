@@ -21,6 +21,8 @@
 #include "train/job_config.h"
 #include "train/trainer.h"
 
+namespace data_parallel_test {
+
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::random_tensor;
@@ -402,3 +404,5 @@ TEST(DataParallel, ACheckpointOfDp2Tp2ResumesAtDp1Tp4AndDp4Tp1) {
   }
   compat::remove_all(saved.dump_folder);
 }
+
+}  // namespace data_parallel_test

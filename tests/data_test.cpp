@@ -24,6 +24,8 @@
 #include "train/data.h"
 #include "train/token_id_file.h"
 
+namespace data_test {
+
 using namespace hyper_parallel::train;
 namespace compat = hyper_parallel::compat;
 
@@ -560,3 +562,5 @@ TEST(SyntheticStream, IsAsLearnableAsTheCorpus) {
   }
   EXPECT_GT(top / static_cast<double>(pairs), 0.4);
 }
+
+}  // namespace data_test

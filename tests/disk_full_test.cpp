@@ -16,6 +16,8 @@
 #include "harness/rank_harness.h"
 #include "train/token_id_file.h"
 
+namespace disk_full_test {
+
 using hyper_parallel::testing::binary_path;
 using hyper_parallel::testing::run_command;
 namespace compat = hyper_parallel::compat;
@@ -130,3 +132,5 @@ TEST_F(DiskFull, TokenIdsThatDoNotFitAreAnErrorNamingTheCorpusAndTheFolder) {
   }
   EXPECT_TRUE(compat::list_directory(dir_).empty());
 }
+
+}  // namespace disk_full_test

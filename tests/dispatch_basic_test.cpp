@@ -6,6 +6,8 @@
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 
+namespace dispatch_basic_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
@@ -126,3 +128,5 @@ TEST(DTensorBasics, AnOpWithoutARuleNamesTheOpAndItsPlacements) {
     EXPECT_TRUE(to_local(flipped).equal(at::flip(a, {0})));
   });
 }
+
+}  // namespace dispatch_basic_test

@@ -7,6 +7,8 @@
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 
+namespace dtensor_autograd_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
@@ -101,3 +103,5 @@ TEST(DTensorAutograd, PointwiseOpsOnDTensorsBackpropagateLikeOneProcess) {
     EXPECT_TRUE(at::allclose(full_tensor(db.grad()), b1.grad()));
   });
 }
+
+}  // namespace dtensor_autograd_test

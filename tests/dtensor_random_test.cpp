@@ -6,6 +6,8 @@
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 
+namespace dtensor_random_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::run_ranks;
 
@@ -95,3 +97,5 @@ TEST(RandomDTensor, RandomOpsWithTensorParametersAreRefused) {
     }
   });
 }
+
+}  // namespace dtensor_random_test

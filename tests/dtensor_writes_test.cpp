@@ -7,6 +7,8 @@
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 
+namespace dtensor_writes_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::run_ranks;
 
@@ -73,3 +75,5 @@ TEST(DTensorWrites, AnOutArgumentOfAnotherShapeIsAnError) {
     }
   });
 }
+
+}  // namespace dtensor_writes_test

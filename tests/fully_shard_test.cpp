@@ -22,6 +22,8 @@
 #include "train/saved_model.h"
 #include "train/trainer.h"
 
+namespace fully_shard_test {
+
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::run_ranks;
@@ -414,3 +416,5 @@ TEST(FullyShard, MisuseOfTheLibraryIsNamed) {
                    "start_reduce_scatter: expected contiguous buffers of one dtype, send holding 2 x recv");
   });
 }
+
+}  // namespace fully_shard_test

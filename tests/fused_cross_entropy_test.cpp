@@ -20,6 +20,8 @@
 #include "loss/cross_entropy_cpu_kernel.h"
 #include "loss/gradient_buffer.h"
 
+namespace fused_cross_entropy_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::RoundingRecord;
@@ -649,3 +651,5 @@ TEST(FusedCrossEntropy, TrainingStepsReuseTheGradientBuffer) {
     EXPECT_EQ(step(2), first);
   });
 }
+
+}  // namespace fused_cross_entropy_test

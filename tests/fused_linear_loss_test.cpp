@@ -15,6 +15,8 @@
 #include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/hyper_parallel.h"
 
+namespace fused_linear_loss_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::RoundingRecord;
@@ -333,3 +335,5 @@ TEST(FusedLinearCrossEntropy, BadInputRaisesTheSameClearErrorOnEveryRank) {
     for (int64_t r = 1; r < tp; ++r) EXPECT_EQ(messages[r][i], messages[0][i]) << "rank " << r;
   }
 }
+
+}  // namespace fused_linear_loss_test

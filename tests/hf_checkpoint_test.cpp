@@ -23,6 +23,8 @@
 #include "models/safetensors_writer.h"
 #include "train/job_config.h"
 
+namespace hf_checkpoint_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::run_ranks;
 using ::testing::HasSubstr;
@@ -397,3 +399,5 @@ TEST(ModelRegistry, UnknownFamilyIsAnErrorListingTheKnownOnes) {
     EXPECT_THAT(e.what(), HasSubstr("model.name = \"qwen2\": unknown model family 'qwen2'; known: llama, qwen3"));
   }
 }
+
+}  // namespace hf_checkpoint_test

@@ -43,6 +43,8 @@
 #include "train/checkpoint_manifest.h"
 #include "train/saved_model.h"
 
+namespace hf_export_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::binary_path;
 using hyper_parallel::testing::hf_models;
@@ -637,3 +639,5 @@ TEST(HfExport, HpHfExportWritesAFineTunedModelFromItsRecordedConfig) {
   auto exported = module->named_parameters();
   for (const auto& p : saved.model->named_parameters()) EXPECT_TRUE(at::equal(exported[p.key()], p.value())) << p.key();
 }
+
+}  // namespace hf_export_test

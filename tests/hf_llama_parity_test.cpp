@@ -9,6 +9,8 @@
 
 #include "harness/hf_parity.h"
 
+namespace hf_llama_parity_test {
+
 using hyper_parallel::testing::check_hf_parity;
 
 namespace {
@@ -22,3 +24,5 @@ TEST(HfLlamaParity, Float64LogitsLossAndGradientsMatchTransformersWithin1e10AtTP
 TEST(HfLlamaParity, Float32LogitsLossAndGradientsMatchTransformersWithin1e5AtTP1To4) {
   check_hf_parity("llama", "make_llama_models.py", kCases, at::kFloat, 1e-5);
 }
+
+}  // namespace hf_llama_parity_test

@@ -19,6 +19,8 @@
 #include "train/job_config.h"
 #include "train/trainer.h"
 
+namespace hf_qwen3_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::check_hf_parity;
 using hyper_parallel::testing::hf_models;
@@ -143,3 +145,5 @@ TEST(ModelRegistry, Qwen3IsListedAndModelNameSelectsIt) {
   EXPECT_EQ(params["layers.0.attention.k_norm.weight"].sizes().vec(), std::vector<int64_t>{8});
   EXPECT_EQ(model_family("qwen3").hf_adapter(*module).size(), params.size());
 }
+
+}  // namespace hf_qwen3_test

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+namespace job_config_test {
+
 using namespace hyper_parallel::train;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -675,3 +677,5 @@ TEST(JobConfig, ValidateReportsEveryViolationAtOnce) {
   EXPECT_THAT(msg, HasSubstr("training.dtype"));
   EXPECT_THAT(msg, HasSubstr("validation.freq"));
 }
+
+}  // namespace job_config_test

@@ -10,6 +10,8 @@
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
 
+namespace llama_sp_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::run_ranks;
 namespace F = torch::nn::functional;
@@ -185,3 +187,5 @@ TEST(SequenceParallelStyle, ModulesWithSubModulesAreAClearError) {
     }
   });
 }
+
+}  // namespace llama_sp_test

@@ -7,6 +7,8 @@
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
 
+namespace llama_tp_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::run_ranks;
 namespace F = torch::nn::functional;
@@ -101,3 +103,5 @@ TEST(ParallelizeModule, UnsupportedModulesAndUnmatchedPatternsAreErrors) {
                  c10::Error);
   });
 }
+
+}  // namespace llama_tp_test

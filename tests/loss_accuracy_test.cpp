@@ -27,6 +27,8 @@
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 
+namespace loss_accuracy_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
@@ -306,3 +308,5 @@ void run_sweep(const std::vector<Case>& cases) {
 }  // namespace
 
 TEST(LossAccuracy, EveryLossPathIsWithinTwiceAtensErrorInItsDtypeAtEveryLogitScale) { run_sweep(make_cases()); }
+
+}  // namespace loss_accuracy_test

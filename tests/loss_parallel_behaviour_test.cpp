@@ -11,6 +11,8 @@
 #include "hyper_parallel/hyper_parallel.h"
 #include "loss/loss_parallel_dispatch.h"
 
+namespace loss_parallel_behaviour_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
@@ -476,3 +478,5 @@ TEST(LossParallelNames, TableCoversTheDecompositionAndIsExtendable) {
   names = loss_parallel_op_names();
   EXPECT_NE(std::find(names.begin(), names.end(), "nll_loss_forward"), names.end());
 }
+
+}  // namespace loss_parallel_behaviour_test

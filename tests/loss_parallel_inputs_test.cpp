@@ -15,6 +15,8 @@
 #include "loss/logits_device.h"
 #include "loss/loss_parallel_dispatch.h"
 
+namespace loss_parallel_inputs_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
@@ -289,3 +291,5 @@ TEST(LossParallelDevices, TheMismatchNamesBothDevices) {
                c10::Error);
   EXPECT_NO_THROW(check_on_logits_device(c10::Device("cuda:1"), c10::Device("cuda:1"), "target", "cross_entropy"));
 }
+
+}  // namespace loss_parallel_inputs_test

@@ -10,6 +10,8 @@
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 
+namespace loss_parallel_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
@@ -213,3 +215,5 @@ TEST(LossParallelExact, LanguageModelShapedInputs) {
     }
   }
 }
+
+}  // namespace loss_parallel_test

@@ -12,6 +12,8 @@
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
 
+namespace multiprocess_test {
+
 using hyper_parallel::testing::binary_path;
 using hyper_parallel::testing::run_command;
 namespace compat = hyper_parallel::compat;
@@ -164,3 +166,5 @@ TEST(MultiProcess, FsdpShard2Tp2TrainsAsReplicatedDp2Tp2) {
   EXPECT_EQ(fsdp.at("reduce_dtype").get<std::string>(), "float64");
   compat::remove_all(base);
 }
+
+}  // namespace multiprocess_test

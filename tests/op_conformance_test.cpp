@@ -29,6 +29,8 @@
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 
+namespace op_conformance_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::run_ranks;
 
@@ -893,3 +895,5 @@ TEST(OpConformance, EveryCaseOnAMeshOf2MatchesOneProcessOrRefusesOnEveryRank) { 
 TEST(OpConformance, EveryCaseOnAMeshOf3MatchesOneProcessOrRefusesOnEveryRank) { run_conformance_on({3}); }
 TEST(OpConformance, EveryEvenCaseOnA2x2MeshMatchesOneProcessOrRefusesOnEveryRank) { run_conformance_on({2, 2}, 0, 2); }
 TEST(OpConformance, EveryOddCaseOnA2x2MeshMatchesOneProcessOrRefusesOnEveryRank) { run_conformance_on({2, 2}, 1, 2); }
+
+}  // namespace op_conformance_test

@@ -16,6 +16,8 @@
 #include "loss/loss_parallel_dispatch.h"
 #include "ops/pointwise_ops.h"
 
+namespace op_registry_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
@@ -474,3 +476,5 @@ TEST(ShardingStrategy, PointwiseFollowsTheOperandThatIsCheaperToKeep) {
     EXPECT_TRUE(at::allclose(full_tensor(r), row + big));
   });
 }
+
+}  // namespace op_registry_test

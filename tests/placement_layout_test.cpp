@@ -6,6 +6,8 @@
 #include "core/collective_stats.h"
 #include "hyper_parallel/hyper_parallel.h"
 
+namespace placement_layout_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::run_ranks;
 
@@ -145,3 +147,5 @@ TEST(Communicator, UnevenAllGatherAndReduceScatter) {
     EXPECT_EQ(collective_counts().all_reduce, 1);
   });
 }
+
+}  // namespace placement_layout_test

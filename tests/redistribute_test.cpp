@@ -8,6 +8,8 @@
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 
+namespace redistribute_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::run_ranks;
 
@@ -298,3 +300,5 @@ TEST(DTensorFromLocal, RunCheckReportsAPieceOfTheWrongShape) {
     EXPECT_THROW(DTensor::from_local(at::zeros({3, 2}), mesh, {Shard(0)}, with_shape), c10::Error);
   });
 }
+
+}  // namespace redistribute_test

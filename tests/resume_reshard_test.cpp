@@ -21,6 +21,8 @@
 #include "train/checkpoint_manifest.h"
 #include "train/trainer.h"
 
+namespace resume_reshard_test {
+
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::checkpoint_path;
@@ -331,3 +333,5 @@ TEST(ResumeReshard, ADataParallelCheckpointIsReadFromOneReplica) {
   }
   compat::remove_all(saved.dump_folder);
 }
+
+}  // namespace resume_reshard_test

@@ -12,6 +12,8 @@
 #include "harness/rank_harness.h"
 #include "hyper_parallel/distributed.h"
 
+namespace settings_test {
+
 using hyper_parallel::default_collective_timeout;
 using hyper_parallel::testing::binary_path;
 using hyper_parallel::testing::run_command;
@@ -92,3 +94,5 @@ TEST(Settings, BadLauncherVariablesAreNamedByHpTrain) {
   }
   run_command("rm -rf /tmp/hp_settings_" + std::to_string(::getpid()));
 }
+
+}  // namespace settings_test

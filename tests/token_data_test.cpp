@@ -34,6 +34,8 @@
 #include "train/token_windows.h"
 #include "train/window_permutation.h"
 
+namespace token_data_test {
+
 using namespace hyper_parallel::train;
 namespace compat = hyper_parallel::compat;
 using hyper_parallel::testing::train_steps;
@@ -673,3 +675,5 @@ TEST(PretokenizedCorpus, AUint32CorpusReadAsUint16IsRefused) {
   EXPECT_EQ(error_of([&] { PretokenizedCorpus({.path = wide + ".bin", .format = "bin_u32", .vocab_size = 400}); }), "");
   compat::remove_all(dir);
 }
+
+}  // namespace token_data_test

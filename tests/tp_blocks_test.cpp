@@ -8,6 +8,8 @@
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 
+namespace tp_blocks_test {
+
 using namespace hyper_parallel;
 using hyper_parallel::testing::run_ranks;
 
@@ -207,3 +209,5 @@ TEST(ParallelStyles, ColwiseOutputAlreadyInItsLayoutIsNotRedistributed) {
     EXPECT_TRUE(torch::allclose(full_tensor(lin->weight.grad()), ref_w.grad(), 1e-12, 1e-14));
   });
 }
+
+}  // namespace tp_blocks_test

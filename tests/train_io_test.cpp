@@ -20,7 +20,7 @@
 #include "train/metrics.h"
 #include "train/progress.h"
 
-namespace hyper_parallel::train {
+namespace hyper_parallel::train::train_io_test {
 namespace {
 
 // A fresh directory per test, removed afterwards.
@@ -538,4 +538,4 @@ TEST(TrainProgress, PeakMemoryTracksResidentHighWaterMark) {
 }
 
 }  // namespace
-}  // namespace hyper_parallel::train
+}  // namespace hyper_parallel::train::train_io_test

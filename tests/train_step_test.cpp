@@ -18,6 +18,8 @@
 #include "train/optim_utils.h"
 #include "train/trainer.h"
 
+namespace train_step_test {
+
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::run_ranks;
@@ -190,3 +192,5 @@ TEST(TrainStep, EveryCollectiveIsCountedInItsPhase) {
     EXPECT_EQ(r.phases[2].collectives, 5) << "backward";
   });
 }
+
+}  // namespace train_step_test

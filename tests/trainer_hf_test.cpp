@@ -25,6 +25,8 @@
 #include "train/job_config.h"
 #include "train/trainer.h"
 
+namespace trainer_hf_test {
+
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::run_ranks;
@@ -298,3 +300,5 @@ TEST(TrainerHf, AMissingLastExportIsWrittenOnResumeAndHpHfExportWritesTheSameMet
                                           "--checkpoint.initial_load_in_hf)"));
   EXPECT_THAT(shaped_log.str(), ::testing::Not(HasSubstr(" from " + hf)));
 }
+
+}  // namespace trainer_hf_test

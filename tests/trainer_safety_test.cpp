@@ -28,6 +28,8 @@
 #include "train/storage_checks.h"
 #include "train/trainer.h"
 
+namespace trainer_safety_test {
+
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::binary_path;
@@ -510,3 +512,5 @@ TEST(ResumeMessages, ACollectiveTimeoutNamesTheOperationTheMeshAndTheSetting) {
     EXPECT_NE(error.find(needle), std::string::npos) << "expected '" << needle << "' in: " << error;
   }
 }
+
+}  // namespace trainer_safety_test

@@ -20,6 +20,8 @@
 #include "train/optim_utils.h"
 #include "train/trainer.h"
 
+namespace trainer_test {
+
 using namespace hyper_parallel;
 using namespace hyper_parallel::train;
 using hyper_parallel::testing::run_ranks;
@@ -344,3 +346,5 @@ TEST(ClipGradNorm, GradientsOnSeveralMeshesGiveTheFullNormWithoutDeadlock) {
         },
         std::chrono::seconds(10));
 }
+
+}  // namespace trainer_test

@@ -11,6 +11,8 @@
 #include "harness/rank_harness.h"
 #include "hyper_parallel/device_mesh.h"
 
+namespace vocab_parallel_test {
+
 namespace hp = hyper_parallel;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
@@ -113,3 +115,5 @@ TEST(VocabParallel, APieceThatIsNotTorchChunksIsTheSameErrorOnEveryRank) {
     }
   });
 }
+
+}  // namespace vocab_parallel_test

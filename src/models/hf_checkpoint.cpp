@@ -26,9 +26,6 @@ namespace hyper_parallel {
 
 namespace {
 
-constexpr const char* kSingleFile = "model.safetensors";
-constexpr const char* kIndexFile = "model.safetensors.index.json";
-
 std::string shape_string(c10::IntArrayRef s) { return c10::str(s); }
 
 // The checkpoint's tensors and the mapped file holding each (by the index's weight_map
@@ -41,13 +38,13 @@ class CheckpointFiles {
   };
 
   explicit CheckpointFiles(const std::string& folder) {
-    const std::string index = compat::join_path(folder, kIndexFile);
-    const std::string single = compat::join_path(folder, kSingleFile);
+    const std::string index = compat::join_path(folder, hf::kIndexFile);
+    const std::string single = compat::join_path(folder, hf::kSingleFile);
     // transformers reads model.safetensors when both are there, and save_pretrained of an
     // unsharded model leaves an earlier index behind: which one is meant is not ours to guess.
     if (compat::path_exists(index) && compat::path_exists(single)) {
-      throw std::runtime_error("Hugging Face checkpoint " + folder + " holds both " + kSingleFile + " and " +
-                               kIndexFile +
+      throw std::runtime_error("Hugging Face checkpoint " + folder + " holds both " + hf::kSingleFile + " and " +
+                               hf::kIndexFile +
                                " (transformers reads the first, an index left by an earlier sharded "
                                "save would name other files): remove the one that is stale");
     }
@@ -57,8 +54,8 @@ class CheckpointFiles {
       const auto& f = open(single);
       for (const auto& [name, e] : f.header().tensors) tensors_[name] = {&f, &e};
     } else {
-      throw std::runtime_error("Hugging Face checkpoint " + folder + ": neither " + kSingleFile + " nor " + kIndexFile +
-                               " is there");
+      throw std::runtime_error("Hugging Face checkpoint " + folder + ": neither " + hf::kSingleFile + " nor " +
+                               hf::kIndexFile + " is there");
     }
   }
   const std::map<std::string, Located>& tensors() const { return tensors_; }

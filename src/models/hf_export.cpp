@@ -26,8 +26,6 @@ namespace hyper_parallel {
 
 namespace {
 
-constexpr const char* kSingleFile = "model.safetensors";
-constexpr const char* kIndexFile = "model.safetensors.index.json";
 // What transformers' save_pretrained and tokenizers write next to the weights.
 constexpr const char* kSourceFiles[] = {"tokenizer.json",  "tokenizer_config.json",  "special_tokens_map.json",
                                         "tokenizer.model", "generation_config.json", "chat_template.jinja"};
@@ -163,7 +161,7 @@ std::string shard_name(size_t i, size_t n) {
 // instead of, or mixed with, the new files.
 bool is_export_file(const std::string& name) {
   static const std::regex shard(R"(model-\d{5}-of-\d{5}\.safetensors)");
-  return name == kSingleFile || name == kIndexFile || std::regex_match(name, shard) ||
+  return name == hf::kSingleFile || name == hf::kIndexFile || std::regex_match(name, shard) ||
          name.find(".tmp-") != std::string::npos;
 }
 
@@ -239,7 +237,7 @@ HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const HfAdap
   const auto shards = split_into_shards(outputs, options.max_shard_bytes);
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string file = shards.size() == 1 ? kSingleFile : shard_name(i, shards.size());
+    const std::string file = shards.size() == 1 ? hf::kSingleFile : shard_name(i, shards.size());
     std::map<std::string, at::Tensor> tensors;
     for (const Output* o : shards[i]) {
       at::Tensor t = gather(o->param, *o->mapping);
@@ -272,8 +270,8 @@ HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const HfAdap
         const nlohmann::json index = {
             {"metadata", {{"total_size", result.total_bytes}, {"total_parameters", parameters}}},
             {"weight_map", weight_map}};
-        write_text(compat::join_path(out, kIndexFile), index.dump(2) + "\n");
-        result.files.push_back(kIndexFile);
+        write_text(compat::join_path(out, hf::kIndexFile), index.dump(2) + "\n");
+        result.files.push_back(hf::kIndexFile);
       }
       nlohmann::json cfg = nlohmann::json::parse(config());
       cfg["dtype"] = dtype_name;  // transformers 5's name for torch_dtype

@@ -17,6 +17,10 @@
 
 namespace hyper_parallel::hf {
 
+// A Hugging Face checkpoint folder holds one of these: a single file, or shards and this index.
+inline constexpr const char* kSingleFile = "model.safetensors";
+inline constexpr const char* kIndexFile = "model.safetensors.index.json";
+
 struct SafetensorsEntry {
   std::string dtype_name;  // as written ("BF16")
   c10::ScalarType dtype;

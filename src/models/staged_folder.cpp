@@ -19,7 +19,7 @@ namespace hyper_parallel::hf {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& what, const std::string& path, int err) {
+[[noreturn]] void fail_on_folder(const std::string& what, const std::string& path, int err) {
   throw std::runtime_error("cannot " + what + " '" + path + "': " + std::strerror(err));
 }
 
@@ -66,7 +66,7 @@ StagedFolder::StagedFolder(const std::string& target) : target_(without_trailing
   remove_abandoned_staging(parent, target_);
   staging_ = compat::join_path(parent, staging_prefix(target_) + std::to_string(::getpid()));
   compat::remove_all(staging_);  // this process's own, from an earlier call that threw in commit
-  if (::mkdir(staging_.c_str(), 0755) != 0) fail("create the staging folder", staging_, errno);
+  if (::mkdir(staging_.c_str(), 0755) != 0) fail_on_folder("create the staging folder", staging_, errno);
 }
 
 StagedFolder::~StagedFolder() {
@@ -76,7 +76,8 @@ StagedFolder::~StagedFolder() {
 void StagedFolder::commit(const std::function<bool(const std::string& name)>& carry_over) {
   const std::string parent = compat::parent_path(target_);
   if (!compat::path_exists(target_)) {
-    if (std::rename(staging_.c_str(), target_.c_str()) != 0) fail("move the staging folder to", target_, errno);
+    if (std::rename(staging_.c_str(), target_.c_str()) != 0)
+      fail_on_folder("move the staging folder to", target_, errno);
     committed_ = true;
     sync_folder(parent);
     return;
@@ -91,23 +92,23 @@ void StagedFolder::commit(const std::function<bool(const std::string& name)>& ca
     if (compat::path_exists(to) || !carry_over(name)) continue;
     const std::string from = compat::join_path(target_, name);
     if (!compat::is_directory(from) && ::link(from.c_str(), to.c_str()) == 0) continue;
-    if (std::rename(from.c_str(), to.c_str()) != 0) fail("move into the new folder", from, errno);
+    if (std::rename(from.c_str(), to.c_str()) != 0) fail_on_folder("move into the new folder", from, errno);
   }
   sync_folder(staging_);
   if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, target_.c_str(), RENAME_EXCHANGE) == 0) {
     committed_ = true;  // staging_ now holds the old folder
   } else if (errno == EINVAL || errno == ENOSYS) {
     const std::string old = staging_ + "-old";
-    if (std::rename(target_.c_str(), old.c_str()) != 0) fail("move aside the earlier folder", target_, errno);
+    if (std::rename(target_.c_str(), old.c_str()) != 0) fail_on_folder("move aside the earlier folder", target_, errno);
     if (std::rename(staging_.c_str(), target_.c_str()) != 0) {
       const int err = errno;
       std::rename(old.c_str(), target_.c_str());
-      fail("move the staging folder to", target_, err);
+      fail_on_folder("move the staging folder to", target_, err);
     }
     committed_ = true;
     staging_ = old;
   } else {
-    fail("swap in the staging folder for", target_, errno);
+    fail_on_folder("swap in the staging folder for", target_, errno);
   }
   sync_folder(parent);
   compat::remove_all(staging_);

@@ -308,7 +308,7 @@ struct SyntheticBatchStream::Language {
 
 SyntheticBatchStream::SyntheticBatchStream(int64_t vocab_size, int64_t batch_size, int64_t seq_len, uint64_t seed,
                                            uint64_t split, int64_t dp_rank, int64_t dp_size)
-    : vocab_size_(vocab_size), batch_size_(batch_size), seq_len_(seq_len), seed_(seed), split_(split) {
+    : vocab_size_(vocab_size), seq_len_(seq_len), seed_(seed), split_(split) {
   TORCH_CHECK(vocab_size >= 64, "synthetic corpus: vocab_size must be >= 64, got ", vocab_size);
   TORCH_CHECK(batch_size > 0 && seq_len > 0, "synthetic corpus: batch_size and seq_len must be > 0, got ", batch_size,
               " and ", seq_len);

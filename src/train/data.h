@@ -108,7 +108,7 @@ class SyntheticBatchStream : public BatchSource {
  private:
   struct Language;
   std::unique_ptr<Language> language_;
-  int64_t vocab_size_, batch_size_, seq_len_;
+  int64_t vocab_size_, seq_len_;
   uint64_t seed_, split_;
   int64_t first_row_, rows_;
 };
