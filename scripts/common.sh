@@ -162,7 +162,10 @@ hp_ctest() {
 # The suite and the fuzz targets built with clang, ASan + UBSan (and libFuzzer coverage), in
 # a build directory of their own. -O1: sanitizer builds spend their time compiling, and the
 # suite runs fast enough at -O1. The parity tests need Python's torch, which an ASan
-# library cannot be loaded into; they run in the main build.
+# library cannot be loaded into; they run in the main build. No precompiled headers: a clang
+# .pch is named by its absolute path in every compile line that loads it, so ccache would
+# serve none of this tree to a clone in another folder (CI's); the unity build
+# (cmake/unity_build.cmake) already loads LibTorch's headers once per group of files.
 hp_build_sanitized() {
   local jobs cmake prefix
   jobs="$(nproc 2>/dev/null || echo 2)"
@@ -171,7 +174,7 @@ hp_build_sanitized() {
   echo "==> configuring the sanitizer build (clang, ASan + UBSan, libFuzzer) in $HP_SAN_BUILD_DIR"
   "$cmake" -S "$HP_ROOT" -B "$HP_SAN_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
-    -DHP_SANITIZE=address,undefined -DHP_FUZZ=ON -DHP_PYTHON= \
+    -DHP_SANITIZE=address,undefined -DHP_FUZZ=ON -DHP_PYTHON= -DHP_NO_PCH=ON \
     -DCMAKE_PREFIX_PATH="$prefix" ${HP_CMAKE_ARGS:-} >/dev/null
   echo "==> building the sanitizer build ($jobs jobs)"
   "$cmake" --build "$HP_SAN_BUILD_DIR" -j "$jobs"
