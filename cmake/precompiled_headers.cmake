@@ -3,9 +3,10 @@
 # each of its files loads instead (docs/development.md, "Compile time").
 #
 # ccache serves files built with a .gch only with sloppiness pch_defines,time_macros
-# (CMakeLists.txt sets it on the launcher). The .gch is keyed by its content: a clone in
-# another folder gets the same .gch from ccache (its header list names no path of ours),
-# so the files that load it hit too.
+# (CMakeLists.txt sets it on the launcher). The files that load a .gch are keyed by its
+# bytes, which hold the clone's paths: a fresh clone hits only when its .gch itself comes
+# from ccache, which is so when another fresh build tree made it (docs/development.md,
+# "Compile time"). The sanitizer build goes without (HP_NO_PCH, scripts/common.sh).
 
 # What almost every LibTorch file of ours parses: ATen's operators, c10 and the standard
 # library. torch/nn is not in it: few library files use it, and a larger .gch costs every
