@@ -130,6 +130,15 @@ at::Tensor distributed_log_softmax_backward(const at::Tensor& grad_rows, const a
   return g - out_rows.to(ct).exp() * sum.unsqueeze(1);
 }
 
+void check_no_target_or_weight_grad(const at::Tensor& target, const c10::optional<at::Tensor>& weight,
+                                    const std::string& op) {
+  if (target.requires_grad() || (weight && weight->defined() && weight->requires_grad())) {
+    throw LossParallelUnsupportedError(op +
+                                       ": gradients with respect to the target or the class weights are not "
+                                       "supported");
+  }
+}
+
 void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore_index) {
   at::Tensor bad = target.ne(ignore_index).logical_and(target.lt(0).logical_or(target.ge(num_classes)));
   if (bad.any().item<bool>()) {

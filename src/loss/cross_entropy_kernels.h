@@ -11,6 +11,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <string>
+
 #include "hyper_parallel/communicator.h"
 #include "loss/class_sharding.h"
 
@@ -40,6 +42,10 @@ at::Tensor distributed_log_softmax_backward(const at::Tensor& grad_rows, const a
 
 // Throws c10::IndexError (as ATen does) for a target outside [0, C) other than ignore_index.
 void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore_index);
+// The losses give no gradient to a target or a class weight: asking for one is refused
+// (LossParallelUnsupportedError naming `op`), not dropped.
+void check_no_target_or_weight_grad(const at::Tensor& target, const c10::optional<at::Tensor>& weight,
+                                    const std::string& op);
 
 // K2: nll_loss_forward on log-prob rows. Returns (output, total_weight) as ATen's.
 std::pair<at::Tensor, at::Tensor> distributed_nll_forward(const at::Tensor& logp_rows, const at::Tensor& target,

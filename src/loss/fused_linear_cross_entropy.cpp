@@ -99,11 +99,7 @@ void check_index_target_without_grads(const at::Tensor& target, const FusedLinea
                                        ": probability targets are not supported (they are [tokens, V], "
                                        "what this loss exists to avoid); give class indices [tokens]");
   }
-  if (target.requires_grad() || (o.class_weight && o.class_weight->defined() && o.class_weight->requires_grad())) {
-    throw LossParallelUnsupportedError(op +
-                                       ": gradients with respect to the target or the class weights are not "
-                                       "supported");
-  }
+  check_no_target_or_weight_grad(target, o.class_weight, op);
 }
 
 // The options' ranges, for both kinds of input.

@@ -39,16 +39,6 @@ int64_t wrap_class_dim(const at::Tensor& t, int64_t class_dim, const char* op) {
   return c10::maybe_wrap_dim(class_dim, t.dim());
 }
 
-// The losses give no gradient to a target or a class weight: asking for one is refused, not dropped.
-void check_no_target_or_weight_grad(const at::Tensor& target, const std::optional<at::Tensor>& weight,
-                                    const std::string& op) {
-  if (target.requires_grad() || (weight && weight->defined() && weight->requires_grad())) {
-    throw LossParallelUnsupportedError(op +
-                                       ": gradients with respect to the target or the class weights are not "
-                                       "supported");
-  }
-}
-
 // The fused cross-entropy over local_logits' rows with `options` (its inputs not set yet).
 FusedCrossEntropy settings_of(const at::Tensor& local_logits, int64_t class_dim, const at::Tensor& target,
                               const VocabCrossEntropyOptions& options) {
