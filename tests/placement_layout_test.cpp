@@ -107,6 +107,27 @@ TEST(Communicator, AllGatherAlongAnInnerDimIsContiguous) {
   });
 }
 
+// Equal pieces arrive straight in their blocks of the result (strided views of it, along an
+// inner dim): every dim, float64 and bfloat16 bits, the result contiguous.
+TEST(Communicator, EvenAllGatherFillsTheResultInPlaceAlongEveryDim) {
+  run_ranks(2, [](int64_t rank) {
+    auto mesh = init_device_mesh("cpu", {2});
+    at::Tensor bits = at::arange(-32768, 32768, at::kInt).to(at::kShort).view({16, 64, 64});
+    for (at::Tensor full : {at::randn({4, 6, 8}, at::kDouble), bits.view(at::kBFloat16)}) {
+      // The same values on both ranks: a broadcast of rank 0's draw.
+      if (full.scalar_type() == at::kDouble) mesh.comm(0).broadcast_(full, 0);
+      for (int64_t dim = 0; dim < full.dim(); ++dim) {
+        const int64_t half = full.size(dim) / 2;
+        at::Tensor gathered = mesh.comm(0).all_gather(full.narrow(dim, rank * half, half), dim, {half, half});
+        const bool exact =
+            full.scalar_type() == at::kDouble ? gathered.equal(full) : gathered.view(at::kShort).equal(bits);
+        EXPECT_TRUE(exact) << full.scalar_type() << " along dim " << dim;
+        EXPECT_TRUE(gathered.is_contiguous()) << gathered.strides();
+      }
+    }
+  });
+}
+
 // Gathering bfloat16 over Gloo (which has no bfloat16): the bits travel as they are (as
 // float16), every value arriving exactly (NaN payloads, infinities, denormals), and half
 // the bytes of a float32 round trip go over the wire (the logits' gather path was 1.9x

@@ -72,6 +72,10 @@ bool has_native_reduce_scatter(const ProcessGroupPtr& pg, c10::DeviceType device
   return pg->getBackendName() != "gloo" || device == c10::DeviceType::CPU;
 }
 
+bool all_gather_takes_strided_outputs(const ProcessGroupPtr& pg, c10::DeviceType device) {
+  return pg->getBackendName() == "gloo" && device == c10::DeviceType::CPU;
+}
+
 StorePtr make_tcp_store(const std::string& host, uint16_t port, int rank, int world_size,
                         std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions opts;

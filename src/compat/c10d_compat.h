@@ -32,6 +32,12 @@ ProcessGroupPtr make_process_group(const std::string& backend, const StorePtr& s
 // LibTorch 2.x for CPU tensors).
 bool has_native_reduce_scatter(const ProcessGroupPtr& pg, c10::DeviceType device);
 
+// Whether `pg`'s list all-gather for tensors on `device` may be handed output tensors that
+// are strided views (e.g. column blocks of one matrix). Gloo gathers into a staging buffer
+// of its own and copy_()s each piece into its output, so a view of the final tensor saves
+// a concatenation; NCCL is not relied on for this.
+bool all_gather_takes_strided_outputs(const ProcessGroupPtr& pg, c10::DeviceType device);
+
 // TCPStore for multi-process rendezvous (rank 0 hosts it).
 StorePtr make_tcp_store(const std::string& host, uint16_t port, int rank, int world_size,
                         std::chrono::milliseconds timeout);
