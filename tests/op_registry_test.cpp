@@ -173,6 +173,80 @@ TEST(LayoutCache, RepeatedOpHitsAndEveryKeyPartMisses) {
   });
 }
 
+// A rule that computes on replicated inputs, to see a replaced rule take effect.
+class ReplicatedTranspose : public DistributedOp {
+ public:
+  std::string class_name() const override { return "ReplicatedTranspose"; }
+  std::string rule() const override { return "replicate, then transpose locally"; }
+  ShardingDecision infer_layout(const OpCall& call) const override {
+    const TensorArg& self = call.tensors().at(0);
+    const Placements rep(call.mesh().ndim(), Replicate());
+    ShardingDecision d;
+    d.input_placements = {rep};
+    d.output_layouts = {{Layout(call.mesh(), rep, {self.shape[1], self.shape[0]})}};
+    return d;
+  }
+  bool leaves_local_call_alone(const OpCall&, const ShardingDecision&) const override { return true; }
+};
+
+// The unboxed kernels of single-DTensor reductions and views memoise the output layout per
+// input layout: a repeated call is a cache hit, its values are one process's, a mean over a
+// sharded dim (rescaled after the local op) and a rule that moves its input still take the
+// general path, and a replaced rule is seen at once.
+TEST(LayoutCache, MemoServesReductionsAndViewsExactlyAndSeesARuleChange) {
+  run_ranks(3, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {3});
+    const at::Tensor full = random_tensor({5, 7}, 3);
+    using Op = std::function<at::Tensor(const at::Tensor&)>;
+    const std::vector<std::pair<const char*, Op>> ops = {
+        {"sum(1)", [](const at::Tensor& x) { return at::sum(x, {1}); }},
+        {"sum(0, keepdim)", [](const at::Tensor& x) { return at::sum(x, {0}, true); }},
+        {"sum()", [](const at::Tensor& x) { return at::sum(x); }},
+        {"mean(0)", [](const at::Tensor& x) { return at::mean(x, {0}); }},
+        {"mean(1)", [](const at::Tensor& x) { return at::mean(x, {1}); }},
+        {"amax(1)", [](const at::Tensor& x) { return at::amax(x, {1}); }},
+        {"amin(0)", [](const at::Tensor& x) { return at::amin(x, {0}); }},
+        {"transpose", [](const at::Tensor& x) { return x.transpose(0, 1); }},
+        {"t", [](const at::Tensor& x) { return x.t(); }},
+        {"permute",
+         [](const at::Tensor& x) {
+           return x.permute({1, 0});
+         }},
+        {"unsqueeze", [](const at::Tensor& x) { return x.unsqueeze(1); }},
+        {"squeeze", [](const at::Tensor& x) { return x.unsqueeze(0).squeeze(0); }},
+    };
+    for (const Placements& p : {Placements{Shard(0)}, Placements{Shard(1)}, Placements{Replicate()}}) {
+      const at::Tensor x = distribute_tensor(full, mesh, p);
+      for (const auto& [name, op] : ops) {
+        const at::Tensor expected = op(full);
+        const at::Tensor first = op(x);
+        const int64_t hits = layout_cache_stats().hits;
+        const at::Tensor again = op(x);
+        EXPECT_GT(layout_cache_stats().hits, hits) << name << " on " << to_string(p);
+        for (const at::Tensor& r : {first, again}) {
+          EXPECT_TRUE(at::allclose(full_tensor(r), expected, 1e-15, 1e-15)) << name << " on " << to_string(p);
+        }
+        EXPECT_EQ(layout_of(first), layout_of(again)) << name << " on " << to_string(p);
+      }
+    }
+  });
+  // One rank: the registry is the process's, and ranks replacing a rule at different
+  // moments would disagree on collectives.
+  run_ranks(1, [](int64_t) {
+    auto mesh = init_device_mesh("cpu", {1});
+    const at::Tensor full = random_tensor({5, 7}, 3);
+    const at::Tensor x = distribute_tensor(full, mesh, {Shard(0)});
+    EXPECT_EQ(layout_of(x.transpose(0, 1)).placements(), Placements{Shard(1)});
+    const DistributedOpPtr saved = find_distributed_op("transpose");
+    register_distributed_op("transpose", std::make_shared<ReplicatedTranspose>());
+    const at::Tensor moved = x.transpose(0, 1);
+    register_distributed_op("transpose", saved);
+    EXPECT_EQ(layout_of(moved).placements(), Placements{Replicate()}) << "the replaced rule";
+    EXPECT_TRUE(full_tensor(moved).equal(full.t()));
+    EXPECT_EQ(layout_of(x.transpose(0, 1)).placements(), Placements{Shard(1)}) << "the rule restored";
+  });
+}
+
 TEST(LayoutCache, ReplacingARuleClearsTheCache) {
   run_ranks(1, [](int64_t) {
     auto mesh = init_device_mesh("cpu", {1});
@@ -184,6 +258,8 @@ TEST(LayoutCache, ReplacingARuleClearsTheCache) {
   });
 }
 
+// prod: a reduction the memo in front of the cache does not serve (sum's unboxed kernel
+// would find xs[0] there after the cache dropped it).
 TEST(LayoutCache, IsBoundedAndDropsTheLeastRecentlyUsed) {
   const int64_t saved = layout_cache_capacity();
   set_layout_cache_capacity(4);
@@ -192,12 +268,12 @@ TEST(LayoutCache, IsBoundedAndDropsTheLeastRecentlyUsed) {
     clear_layout_cache();
     std::vector<at::Tensor> xs;
     for (int64_t n = 1; n <= 6; ++n) xs.push_back(distribute_tensor(random_tensor({n, 3}, 1), mesh, {Shard(0)}));
-    for (const auto& x : xs) at::sum(x, {1});
+    for (const auto& x : xs) at::prod(x, 1);
     EXPECT_EQ(layout_cache_stats().size, 4);
     const int64_t misses = layout_cache_stats().misses;
-    at::sum(xs[5], {1});  // recent: kept
+    at::prod(xs[5], 1);  // recent: kept
     EXPECT_EQ(layout_cache_stats().misses, misses);
-    at::sum(xs[0], {1});  // oldest: dropped
+    at::prod(xs[0], 1);  // oldest: dropped
     EXPECT_EQ(layout_cache_stats().misses, misses + 1);
   });
   set_layout_cache_capacity(saved);

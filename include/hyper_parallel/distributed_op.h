@@ -102,6 +102,16 @@ class DistributedOp {
     (void)local_args;
     (void)local_results;
   }
+  // True when, with this decision, expand() and finalize() leave the local arguments and
+  // results as they are: the local op on the unchanged pieces, its result wrapped in the
+  // decision's layout, is then the whole call. The dispatcher then memoises the output
+  // layout per input layout for the unboxed kernels of single-DTensor reductions and views.
+  // False (never memoised) unless a rule says otherwise.
+  virtual bool leaves_local_call_alone(const OpCall& call, const ShardingDecision& decision) const {
+    (void)call;
+    (void)decision;
+    return false;
+  }
 };
 
 using DistributedOpPtr = std::shared_ptr<const DistributedOp>;

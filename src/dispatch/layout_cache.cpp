@@ -191,6 +191,25 @@ bool add_ivalue(std::vector<uint64_t>& w, const c10::IValue& v) {
   return true;
 }
 
+// The memo's slots. Direct-mapped: a training step's hot (op, layout) pairs are few, and a
+// collision costs one decision from the cache behind it.
+constexpr size_t kMemoSlots = 64;
+struct LayoutMemoSlot {
+  const c10::FunctionSchema* op = nullptr;
+  uint64_t generation = 0;
+  uint64_t token = 0;
+  Layout input;
+  LayoutMemoArgs args;
+  std::optional<Layout> output;
+};
+struct ThreadMemo {
+  std::array<LayoutMemoSlot, kMemoSlots> slots;
+};
+ThreadMemo& thread_memo() {
+  thread_local ThreadMemo m;
+  return m;
+}
+
 // A mesh by its uid: never reused, so equal words mean the same mesh object (same groups,
 // same coordinate), and a cached decision need not keep the mesh alive to stay exact.
 void add_mesh(std::vector<uint64_t>& w, const DeviceMesh& mesh) { w.push_back(mesh.uid()); }
@@ -250,6 +269,38 @@ void layout_cache_insert(const LayoutCacheKey& key, std::shared_ptr<const Shardi
   c.trim();
 }
 
+namespace {
+LayoutMemoSlot& memo_slot(const c10::FunctionSchema* op, const Layout& input, const LayoutMemoArgs& args) {
+  uint64_t h = mix(reinterpret_cast<uintptr_t>(op), input.hash());
+  for (size_t i = 0; i < args.size; ++i) h = mix(h, args.words[i]);
+  return thread_memo().slots[h % kMemoSlots];
+}
+}  // namespace
+
+const std::optional<Layout>* layout_memo_find(const c10::FunctionSchema* op, const Layout& input,
+                                              const LayoutMemoArgs& args) {
+  const LayoutMemoSlot& slot = memo_slot(op, input, args);
+  const bool holds = slot.op == op && slot.generation == op_resolution_generation() &&
+                     slot.token == tls_context_token && slot.input == input && slot.args == args &&
+                     capacity_per_thread.load(std::memory_order_relaxed) > 0;
+  if (!holds) return nullptr;
+  ThreadCache& c = thread_cache();
+  c.hits.store(c.hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  return &slot.output;
+}
+
+void layout_memo_insert(const c10::FunctionSchema* op, const Layout& input, const LayoutMemoArgs& args,
+                        std::optional<Layout> output) {
+  if (capacity_per_thread.load(std::memory_order_relaxed) == 0) return;  // caching switched off
+  LayoutMemoSlot& slot = memo_slot(op, input, args);
+  slot.op = op;
+  slot.generation = op_resolution_generation();
+  slot.token = tls_context_token;
+  slot.input = input;
+  slot.args = args;
+  slot.output = std::move(output);
+}
+
 LayoutCacheStats layout_cache_stats() {
   AllCaches& a = all_caches();
   std::lock_guard<std::mutex> lock(a.mutex);
@@ -268,6 +319,7 @@ void clear_layout_cache() {
   invalidate_op_resolutions();
   // The calling thread's entries go now (they may hold the last handle on a mesh).
   thread_cache();
+  thread_memo() = ThreadMemo{};
   AllCaches& a = all_caches();
   std::lock_guard<std::mutex> lock(a.mutex);
   a.exited_hits = a.exited_misses = 0;

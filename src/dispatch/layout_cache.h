@@ -6,8 +6,13 @@
 // in full. One cache per thread (ranks are threads in tests): no lock on the hot path.
 #pragma once
 
+#include <ATen/core/function_schema.h>
+
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "hyper_parallel/distributed_op.h"
@@ -31,5 +36,34 @@ std::shared_ptr<const ShardingDecision> layout_cache_find(const LayoutCacheKey& 
 uint64_t exchange_layout_cache_context_token(uint64_t token);
 
 void layout_cache_insert(const LayoutCacheKey& key, std::shared_ptr<const ShardingDecision> d);
+
+// A first level in front of the cache for the unboxed kernels of single-DTensor ops
+// (reductions, views: unboxed_kernels.cpp), which take no stack, OpCall or key: op + the
+// input's layout + the other arguments as a few words -> the output layout, or nullopt for
+// a call that must take the general path. Direct-mapped per thread (64 slots); valid until
+// the next registry change and only under the same context token; a hit counts as a hit
+// of the cache; capacity 0 switches it off with the cache.
+struct LayoutMemoArgs {
+  static constexpr size_t kMaxWords = 8;
+  std::array<uint64_t, kMaxWords> words{};
+  size_t size = 0;
+  bool fits = true;  // false: more words than kMaxWords, not memoised
+  void push(uint64_t w) {
+    if (size < kMaxWords) {
+      words[size++] = w;
+    } else {
+      fits = false;
+    }
+  }
+  bool operator==(const LayoutMemoArgs& o) const {
+    return size == o.size && std::equal(words.begin(), words.begin() + size, o.words.begin());
+  }
+};
+
+// The memoised output for this key on the calling thread; nullptr when not memoised.
+const std::optional<Layout>* layout_memo_find(const c10::FunctionSchema* op, const Layout& input,
+                                              const LayoutMemoArgs& args);
+void layout_memo_insert(const c10::FunctionSchema* op, const Layout& input, const LayoutMemoArgs& args,
+                        std::optional<Layout> output);
 
 }  // namespace hyper_parallel

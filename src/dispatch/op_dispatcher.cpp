@@ -16,6 +16,7 @@
 #include "dispatch/bypass_ops.h"
 #include "dispatch/common_layout_fast_path.h"
 #include "dispatch/layout_cache.h"
+#include "dispatch/local_call_layout.h"
 #include "dispatch/op_registry.h"
 #include "dispatch/op_resolution.h"
 #include "dispatch/op_spec_loader.h"
@@ -203,6 +204,18 @@ void finish(const OpCall& call, const OpResolution& res, const ShardingDecision&
   for (auto& v : results) stack->push_back(std::move(v));
 }
 
+// The rule's decision for this call, from the layout cache or inferred and cached.
+std::shared_ptr<const ShardingDecision> decide(const OpCall& call, const DistributedOp& rule) {
+  const LayoutCacheKey& key = make_layout_cache_key(call);
+  auto decision = key.cacheable ? layout_cache_find(key) : nullptr;
+  if (!decision) {
+    const LayoutCacheKey owned = key;  // a rule may dispatch, and so rebuild the thread's key
+    decision = std::make_shared<const ShardingDecision>(rule.infer_layout(call));
+    if (owned.cacheable) layout_cache_insert(owned, decision);
+  }
+  return decision;
+}
+
 void run_local(const OpCall& call, const OpResolution& res, const ShardingDecision& d, torch::jit::Stack* stack) {
   const DistributedOp& rule = *res.rule;
   torch::jit::Stack local = localize_args(call, d);
@@ -354,6 +367,24 @@ void OpDispatcher::add_context_route(std::string route_name, ContextRoute route,
   invalidate_op_resolutions();
 }
 
+std::optional<Layout> local_call_output_layout(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const std::shared_ptr<const OpResolution> res = resolve_op(op);
+  if (!res->rule || res->bypass || !res->routes.empty() || res->writes || res->inplace_view) return std::nullopt;
+  const size_t nargs = op.schema().arguments().size();
+  TORCH_INTERNAL_ASSERT(stack.size() >= nargs);
+  const OpCall call(op, res->name, c10::ArrayRef<c10::IValue>(stack.data() + stack.size() - nargs, nargs));
+  if (call.tensors().size() != 1 || call.dtensor_indices().size() != 1 || op.schema().returns().size() != 1) {
+    return std::nullopt;
+  }
+  const std::shared_ptr<const ShardingDecision> d = decide(call, *res->rule);
+  const Layout& input = *call.tensors()[0].layout;
+  const bool moves_input =
+      !d->input_placements.empty() && d->input_placements[0] && *d->input_placements[0] != input.placements();
+  if (moves_input || d->output_layouts.size() != 1 || d->output_layouts[0].size() != 1) return std::nullopt;
+  if (!res->rule->leaves_local_call_alone(call, *d)) return std::nullopt;
+  return d->output_layouts[0][0];
+}
+
 void OpDispatcher::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::shared_ptr<const OpResolution> res = resolve_op(op);
   // 1. bypass
@@ -371,14 +402,7 @@ void OpDispatcher::dispatch(const c10::OperatorHandle& op, torch::jit::Stack* st
   const size_t nargs = op.schema().arguments().size();
   const OpCall call(op, res->name, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - nargs, nargs));
   if (res->rule) {
-    const LayoutCacheKey& key = make_layout_cache_key(call);
-    auto decision = key.cacheable ? layout_cache_find(key) : nullptr;
-    if (!decision) {
-      const LayoutCacheKey owned = key;  // a rule may dispatch, and so rebuild the thread's key
-      decision = std::make_shared<const ShardingDecision>(res->rule->infer_layout(call));
-      if (owned.cacheable) layout_cache_insert(owned, decision);
-    }
-    run_local(call, *res, *decision, stack);
+    run_local(call, *res, *decide(call, *res->rule), stack);
     return;
   }
   // 5. no rule

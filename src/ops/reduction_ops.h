@@ -23,6 +23,8 @@ class ReductionOp : public DistributedOp {
   ShardingDecision infer_layout(const OpCall& call) const override;
   void finalize(const OpCall& call, const ShardingDecision& d, const torch::jit::Stack& local_args,
                 torch::jit::Stack& local_results) const override;
+  // Everything but a mean over a sharded dim, which finalize() rescales.
+  bool leaves_local_call_alone(const OpCall&, const ShardingDecision& d) const override { return d.expand_tag != 1; }
 
  private:
   std::optional<ReduceOp> partial_op_;

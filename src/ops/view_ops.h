@@ -18,6 +18,10 @@ class ReshapeOp : public DistributedOp {
   std::string rule() const override;
   ShardingDecision infer_layout(const OpCall& call) const override;
   void expand(const OpCall& call, const ShardingDecision& d, torch::jit::Stack& local) const override;
+  // squeeze, unsqueeze: no size argument for expand() to rewrite.
+  bool leaves_local_call_alone(const OpCall& call, const ShardingDecision&) const override {
+    return !call.has_arg("size");
+  }
 
  private:
   bool expanding_;
@@ -32,6 +36,7 @@ class PermuteOp : public DistributedOp {
   std::string class_name() const override { return "PermuteOp"; }
   std::string rule() const override { return "Shard(d) -> Shard(position of d in the output)"; }
   ShardingDecision infer_layout(const OpCall& call) const override;
+  bool leaves_local_call_alone(const OpCall&, const ShardingDecision&) const override { return true; }
 
  private:
   Kind kind_;
