@@ -70,6 +70,10 @@ for dtype in bfloat16 float16 float32; do
 done
 # Few rows, many classes: the kernels split each row over several blocks.
 "$build/bin/hp-run" --nproc-per-node 1 "$build/bin/hp-bench" --device cuda --tokens 256 --vocab 128256 --dtype bfloat16 2>&1 | sed "s/^\\[rank0\\]: //"
+# The DTensor dispatcher's cost per op on CUDA tensors (host time per op, ranks as threads on
+# the one GPU), against the same op on a plain tensor.
+echo "== DTensor dispatcher per op (hp-bench-dispatch, cuda)"
+"$build/bin/hp-bench-dispatch" 20000 5 "" cuda 2>&1
 # The Python package on the GPU: ours through PyTorch's DTensor and the functional op against
 # PyTorch's loss_parallel and a compiled gather (TP 1, NCCL), with the python3 torch it built against.
 echo "== Python package (hyper_parallel.bench, TP 1, one GPU)"
