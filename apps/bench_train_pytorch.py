@@ -8,7 +8,7 @@ With DP > 1 the world is a DP x TP mesh (hp-train's order: the TP ranks of a rep
 neighbours); replica r trains on rows [r*B/DP, (r+1)*B/DP) of each exported batch and the
 gradients are averaged over the replicas before clipping (the batch's mean loss).
 
-A bfloat16 job trains as hp-train does (src/train/master_weights.h): the model's
+A bfloat16 job trains as hp-train does (src/train/optim/master_weights.h): the model's
 parameters (and RoPE tables) are the exported float32 weights rounded to bfloat16; AdamW
 updates float32 copies of them (its state float32); each step's bfloat16 gradients are
 widened into the copies' .grad (summed over the replicas in float32), clipped there, and
@@ -148,7 +148,7 @@ def layer_plan():
 
 
 def learning_rate_at(step, t):
-    """hp's learning_rate_at (src/train/optim_utils.cpp)."""
+    """hp's learning_rate_at (src/train/optim/optim_utils.cpp)."""
     if t["warmup_steps"] > 0 and step <= t["warmup_steps"]:
         return t["lr"] * step / t["warmup_steps"]
     span = max(1, t["steps"] - t["warmup_steps"])

@@ -19,12 +19,11 @@
 #include <vector>
 
 #include "compat/file_system.h"
-#include "train/checkpoint_io.h"
+#include "train/checkpoint/checkpoint_io.h"
 #include "hyper_parallel/llama.h"
 #include "hyper_parallel/model_registry.h"
-#include "train/pretokenized_corpus.h"
-#include "train/data.h"
-#include "train/job_config.h"
+#include "train/data/corpus.h"
+#include "train/config/job_config.h"
 #include "train/trainer.h"
 
 namespace hp = hyper_parallel;
@@ -65,21 +64,9 @@ int main(int argc, char** argv) {
       write_raw(hp::compat::join_path(dir, "weights/" + p.key() + ".bin"), p.value().detach().to(at::kFloat));
       weights.push_back({{"name", p.key()}, {"shape", p.value().sizes().vec()}});
     }
-    std::shared_ptr<const hp::train::BatchSource> batches;
-    std::unique_ptr<hp::train::TokenCorpus> corpus;
-    if (t.data.empty()) {
-      batches = std::make_shared<hp::train::SyntheticBatchStream>(m.vocab_size, t.batch_size, t.seq_len,
-                                                                  static_cast<uint64_t>(t.seed), /*split=*/0);
-    } else if (const std::string format = hp::train::resolve_data_format(t.data, t.data_format); format != "text") {
-      const hp::train::PretokenizedCorpus tokens(
-          hp::train::PretokenizedCorpusOptions{t.data, format, m.vocab_size, t.eos_id, t.bos_id, t.seq_len + 1});
-      batches = tokens.train_batches(t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed), /*dp_rank=*/0,
-                                     /*dp_size=*/1);
-    } else {
-      corpus = hp::train::make_text_file_corpus(t.data, m.vocab_size, t.seq_len + 1);
-      batches = std::make_shared<hp::train::BatchSampler>(corpus->train_tokens(), t.batch_size, t.seq_len,
-                                                          static_cast<uint64_t>(t.seed));
-    }
+    // One data-parallel replica: the global batches hp-train's ranks split between them.
+    const auto corpus = hp::train::open_training_corpus(t, m.vocab_size);
+    const auto batches = corpus->train_batches(/*dp_rank=*/0, /*dp_size=*/1);
     for (int64_t step = 1; step <= t.steps; ++step) {
       const hp::train::Batch b = batches->batch_at(step - 1);
       write_raw(hp::compat::join_path(dir, "batches/input_" + std::to_string(step) + ".bin"), b.input.to(at::kLong));

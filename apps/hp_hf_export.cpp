@@ -23,7 +23,7 @@
 #include "compat/file_system.h"
 
 #include "hyper_parallel/model_registry.h"
-#include "train/saved_model.h"
+#include "train/checkpoint/saved_model.h"
 
 namespace hp = hyper_parallel;
 

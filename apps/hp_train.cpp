@@ -3,6 +3,7 @@
 //   hp-run --nproc-per-node 2 build/bin/hp-train --config configs/debug_model.toml
 //   hp-train --config configs/debug_model.toml --parallelism.tensor_parallel_degree 1
 //   hp-train --help        (every key of the job config, with its default)
+//   hp-train --config-reference   (the same as Markdown: docs/config.md)
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <cstdlib>
@@ -11,7 +12,7 @@
 
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel/fatal_error.h"
-#include "train/job_config.h"
+#include "train/config/job_config.h"
 #include "train/trainer.h"
 
 namespace hp = hyper_parallel;
@@ -30,6 +31,10 @@ int report(std::string message, bool caused_by_peer = false) {
 
 int main(int argc, char** argv) {
   try {
+    if (argc == 2 && std::string(argv[1]) == "--config-reference") {
+      std::cout << hp::train::job_config_reference();  // docs/config.md
+      return 0;
+    }
     bool help = false;
     hp::train::JobConfig cfg = hp::train::parse_job_config(argc, argv, &help);
     if (help) {

@@ -1,5 +1,5 @@
 // Fuzzes what a resume reads before it trusts a rank file: the step manifest
-// (read_manifest, its table of tensor layouts included, then load_verified_rank_file
+// (read_manifest, its table of tensor layouts included, then read_verified_rank_file
 // against a fixed rank file). Either the manifest and the file verify, or a
 // std::runtime_error names the file; never a crash, leak or hang.
 //
@@ -12,7 +12,7 @@
 #include <stdexcept>
 
 #include "fuzz_file.h"
-#include "train/checkpoint_manifest.h"
+#include "train/checkpoint/checkpoint_manifest.h"
 
 using namespace hyper_parallel::train;
 
@@ -25,8 +25,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)rank_file_in_place;
   hyper_parallel::fuzz::write_input("manifest.json", data, size);
   try {
-    const StepManifest manifest = read_manifest(hyper_parallel::fuzz::scratch_dir());
-    (void)load_verified_rank_file(hyper_parallel::fuzz::scratch_dir(), manifest.identity.step, 0, manifest.identity);
+    const std::string dir = hyper_parallel::fuzz::scratch_dir();
+    const StepManifest manifest = read_manifest(dir);
+    (void)read_verified_rank_file(dir, manifest, 0);
   } catch (const std::runtime_error&) {
   }
   return 0;

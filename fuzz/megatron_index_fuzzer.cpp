@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "train/megatron_indexed_dataset.h"
+#include "train/data/megatron_indexed_dataset.h"
 
 using namespace hyper_parallel::train;
 

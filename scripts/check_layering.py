@@ -4,7 +4,13 @@
 The library's folders form a stack; each may include only its own folder, the folders
 below it and the public headers (include/hyper_parallel/):
 
-    compat, bench -> core -> dtensor -> dispatch -> ops -> loss -> nn -> models -> train
+    compat, bench, io -> core -> dtensor -> dispatch -> ops -> loss -> nn -> models -> train
+
+src/train is itself a stack of folders, each a layer of its own, with the training loop
+(src/train's own files) on top:
+
+    train/config -> train/data -> train/parallel -> train/optim -> train/checkpoint
+        -> train/metrics -> train
 
 apps/ and tests/ sit on top and may include anything. The launcher (src/launcher, hp-run)
 stands alone: it includes only itself and public headers, and no library folder includes
@@ -18,7 +24,9 @@ import os
 import re
 import sys
 
-LAYERS = ["compat bench", "core", "dtensor", "dispatch", "ops", "loss", "nn", "models", "train"]
+LAYERS = ["compat bench io", "core", "dtensor", "dispatch", "ops", "loss", "nn", "models",
+          "train/config", "train/data", "train/parallel", "train/optim", "train/checkpoint", "train/metrics",
+          "train"]
 LEVEL = {folder: i for i, names in enumerate(LAYERS) for folder in names.split()}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 SOURCE_SUFFIXES = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")
@@ -35,16 +43,25 @@ def includes(path):
 INSTALLED_HEADER_FOLDERS = ("train",)
 
 
+def layer_of(path):
+    """The layer of a path below src/: its first folder, or under train/ its first two."""
+    parts = path.split("/")
+    if parts[0] == "train" and len(parts) > 2:
+        return "train/" + parts[1]
+    return parts[0]
+
+
 def violation(folder, name, target, own_dir_files):
     """Why including `target` from src/`folder`/`name` breaks the layering, or None."""
     if target.startswith("hyper_parallel/"):
         return None
-    if folder in INSTALLED_HEADER_FOLDERS and name.endswith(".h") and "/" in target \
-            and not target.startswith(folder + "/"):
-        return "an installed %s header includes only %s/ and public headers" % (folder, folder)
+    installed = folder.split("/")[0]
+    if installed in INSTALLED_HEADER_FOLDERS and name.endswith(".h") and "/" in target \
+            and not target.startswith(installed + "/"):
+        return "an installed %s header includes only %s/ and public headers" % (installed, installed)
     if "/" not in target:  # a sibling in the same folder
         return None if target in own_dir_files else "unknown relative include"
-    top = target.split("/", 1)[0]
+    top = layer_of(target)
     if folder == "launcher":
         return None if top == "launcher" else "the launcher stands alone"
     if top == "launcher":
@@ -66,7 +83,7 @@ def main():
         rel = os.path.relpath(dirpath, src)
         if rel == ".":
             continue
-        folder = rel.split(os.sep)[0]
+        folder = layer_of(rel.replace(os.sep, "/") + "/")
         for name in sorted(files):
             if not name.endswith(SOURCE_SUFFIXES):
                 continue

@@ -12,7 +12,7 @@ removes its temporaries and leaves any earlier corpus at OUT as it was.
     else uint32). Boundaries are not recorded, so every document ends with EOS in the
     file (and starts with BOS when one is used).
   * megatron: Megatron-LM's indexed dataset (.bin + .idx, layout in
-    src/train/megatron_indexed_dataset.h), one sequence per document, uint16 below 65500
+    src/train/data/megatron_indexed_dataset.h), one sequence per document, uint16 below 65500
     ids else int32 as Megatron chooses; EOS appended as Megatron's --append-eod does.
 --dtype takes only the dtypes hp-train reads in that format (HP_TRAIN_DTYPES).
 
@@ -43,8 +43,8 @@ DTYPE_BYTES = {"uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint
 DTYPE_MAX = {"uint8": 255, "int8": 127, "int16": 32767, "uint16": 65535, "int32": 2**31 - 1,
              "uint32": 2**32 - 1, "int64": 2**63 - 1}
 # The token dtypes hp-train reads: a flat .bin as bin_u16 / bin_u32 only
-# (src/train/pretokenized_corpus.cpp), a Megatron dataset in any of Megatron's integer
-# codes (src/train/megatron_indexed_dataset.cpp). Anything else it refuses.
+# (src/train/data/pretokenized_corpus.cpp), a Megatron dataset in any of Megatron's integer
+# codes (src/train/data/megatron_indexed_dataset.cpp). Anything else it refuses.
 HP_TRAIN_DTYPES = {"bin": ("uint16", "uint32"), "megatron": ("uint8", "int8", "int16", "uint16", "int32", "int64")}
 
 

@@ -14,8 +14,8 @@
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "train/job_config.h"
-#include "train/master_weights.h"
+#include "train/config/job_config.h"
+#include "train/optim/master_weights.h"
 #include "train/trainer.h"
 
 namespace bf16_training_test {

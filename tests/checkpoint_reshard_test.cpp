@@ -9,8 +9,8 @@
 
 #include <stdexcept>
 
-#include "train/checkpoint_layout.h"
-#include "train/checkpoint_reshard.h"
+#include "train/checkpoint/checkpoint_layout.h"
+#include "train/checkpoint/checkpoint_reshard.h"
 
 namespace checkpoint_reshard_test {
 

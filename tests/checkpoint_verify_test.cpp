@@ -18,8 +18,8 @@
 #include "harness/job_errors.h"
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
-#include "train/checkpoint_io.h"
-#include "train/checkpoint_manifest.h"
+#include "train/checkpoint/checkpoint_io.h"
+#include "train/checkpoint/checkpoint_manifest.h"
 #include "train/trainer.h"
 
 namespace checkpoint_verify_test {

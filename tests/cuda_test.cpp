@@ -15,7 +15,7 @@
 #include "harness/rounding_bound.h"
 #include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "train/job_config.h"
+#include "train/config/job_config.h"
 #include "train/trainer.h"
 
 namespace cuda_test {

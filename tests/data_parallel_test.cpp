@@ -16,9 +16,9 @@
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "train/data.h"
-#include "train/data_parallel_reducer.h"
-#include "train/job_config.h"
+#include "train/data/batches.h"
+#include "train/parallel/data_parallel_reducer.h"
+#include "train/config/job_config.h"
 #include "train/trainer.h"
 
 namespace data_parallel_test {

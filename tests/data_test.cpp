@@ -21,8 +21,9 @@
 #include <vector>
 
 #include "compat/file_system.h"
-#include "train/data.h"
-#include "train/token_id_file.h"
+#include "train/data/batches.h"
+#include "train/data/corpus.h"
+#include "train/data/token_id_file.h"
 
 namespace data_test {
 
@@ -561,6 +562,51 @@ TEST(SyntheticStream, IsAsLearnableAsTheCorpus) {
     top += static_cast<double>(best);
   }
   EXPECT_GT(top / static_cast<double>(pairs), 0.4);
+}
+
+// --- one corpus interface ---------------------------------------------------------
+
+// open_training_corpus gives each kind of training.data its batches: each replica's rows
+// are its share of the global batch, validation batches are not the training ones, and
+// only a pre-tokenized corpus has a file identity to record (the others are identified by
+// training.data and the seed).
+TEST(TrainingCorpus, EveryKindSplitsTheGlobalBatchByReplicaAndKeepsValidationApart) {
+  TempFile text("corpus_words.txt", std::string(kSmallText) + kSmallText + kSmallText);
+  TrainingConfig t;
+  t.batch_size = 4;
+  t.seq_len = 3;
+  t.seed = 5;
+  for (const std::string& data : {std::string(), text.path()}) {
+    SCOPED_TRACE(data.empty() ? "synthetic" : "text");
+    t.data = data;
+    const auto corpus = open_training_corpus(t, 100);
+    EXPECT_FALSE(corpus->identity().has_value());
+    EXPECT_NE(corpus->describe().find(data.empty() ? "synthetic" : text.path()), std::string::npos);
+    const Batch whole = corpus->train_batches(0, 1)->batch_at(2);
+    ASSERT_EQ(whole.input.sizes(), (std::vector<int64_t>{4, 3}));
+    for (int64_t r = 0; r < 2; ++r) {
+      const Batch part = corpus->train_batches(r, 2)->batch_at(2);
+      EXPECT_TRUE(at::equal(part.input, whole.input.narrow(0, 2 * r, 2)));
+      EXPECT_TRUE(at::equal(part.target, whole.target.narrow(0, 2 * r, 2)));
+    }
+    bool differs = false;
+    for (int64_t step = 0; step < 4; ++step) {
+      differs |= !at::equal(corpus->validation_batches(0, 1)->batch_at(step).input,
+                            corpus->train_batches(0, 1)->batch_at(step).input);
+    }
+    EXPECT_TRUE(differs);
+  }
+  // The text corpus samples its training windows with training.seed and its validation
+  // windows with training.seed + 1, as BatchSampler over each part.
+  const auto tokens = make_text_file_corpus(text.path(), 100, t.seq_len + 1);
+  const auto corpus = open_training_corpus(t, 100);
+  EXPECT_TRUE(at::equal(corpus->train_batches(0, 1)->batch_at(1).input,
+                        BatchSampler(tokens->train_tokens(), 4, 3, 5).batch_at(1).input));
+  EXPECT_TRUE(at::equal(corpus->validation_batches(0, 1)->batch_at(1).input,
+                        BatchSampler(tokens->validation_tokens(), 4, 3, 6).batch_at(1).input));
+  t.eos_id = 0;
+  EXPECT_NE(error_of([&] { open_training_corpus(t, 100); }).find("apply to pre-tokenized corpora only"),
+            std::string::npos);
 }
 
 }  // namespace data_test

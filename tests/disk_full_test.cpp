@@ -14,7 +14,7 @@
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
-#include "train/token_id_file.h"
+#include "train/data/token_id_file.h"
 
 namespace disk_full_test {
 

@@ -18,8 +18,8 @@
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/fully_shard.h"
-#include "train/job_config.h"
-#include "train/saved_model.h"
+#include "train/config/job_config.h"
+#include "train/checkpoint/saved_model.h"
 #include "train/trainer.h"
 
 namespace fully_shard_test {

@@ -39,9 +39,9 @@
 #include "hyper_parallel/model_registry.h"
 #include "models/safetensors.h"
 #include "models/safetensors_writer.h"
-#include "train/checkpoint_io.h"
-#include "train/checkpoint_manifest.h"
-#include "train/saved_model.h"
+#include "train/checkpoint/checkpoint_io.h"
+#include "train/checkpoint/checkpoint_manifest.h"
+#include "train/checkpoint/saved_model.h"
 
 namespace hf_export_test {
 
@@ -168,7 +168,7 @@ TEST(SafetensorsWriter, ErrorsNameTheFileAndLeaveNothingBehind) {
     hf::write_safetensors(blocker + "/w.safetensors", {{"x", at::zeros({2})}});
     ADD_FAILURE() << "expected an error";
   } catch (const std::runtime_error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("cannot write " + blocker + "/w.safetensors"));
+    EXPECT_THAT(e.what(), HasSubstr("cannot write '" + blocker + "/w.safetensors'"));
     EXPECT_THAT(e.what(), HasSubstr("Not a directory"));
   }
   EXPECT_THROW(hf::write_safetensors(scratch("u.safetensors"), {{"x", at::Tensor()}}), std::invalid_argument);

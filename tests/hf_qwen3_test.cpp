@@ -16,7 +16,7 @@
 #include "harness/scratch_folder.h"
 #include "hyper_parallel/model_registry.h"
 #include "hyper_parallel/qwen3.h"
-#include "train/job_config.h"
+#include "train/config/job_config.h"
 #include "train/trainer.h"
 
 namespace hf_qwen3_test {

@@ -1,8 +1,8 @@
-// JobConfig (src/train/job_config.h): defaults, configs/debug_model.toml, command-line
+// JobConfig (src/train/config/job_config.h): defaults, configs/debug_model.toml, command-line
 // overrides, error messages (unknown keys, wrong types, malformed TOML), to_toml round
 // trip, --help text and validate().
 #include "harness/build_paths.h"
-#include "train/job_config.h"
+#include "train/config/job_config.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

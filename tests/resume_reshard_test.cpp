@@ -17,8 +17,9 @@
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/communicator.h"
-#include "train/checkpoint_io.h"
-#include "train/checkpoint_manifest.h"
+#include "io/whole_file.h"
+#include "train/checkpoint/checkpoint_io.h"
+#include "train/checkpoint/checkpoint_manifest.h"
 #include "train/trainer.h"
 
 namespace resume_reshard_test {
@@ -276,7 +277,7 @@ TEST(ResumeReshard, ACheckpointWithoutLayoutsResumesOnlyAtItsOwnDegree) {
   // As an hp-train before resharding wrote it: a manifest without "tensors".
   const JobConfig saved = saved_at_tp2("nolayouts");
   const std::string manifest = checkpoint_path(saved, "step-" + std::to_string(kSavedAt) + "/" + kManifestName);
-  nlohmann::json j = nlohmann::json::parse(read_whole_file(manifest));
+  nlohmann::json j = nlohmann::json::parse(io::read_whole_file(manifest));
   ASSERT_TRUE(j.contains("tensors"));
   j.erase("tensors");
   std::ofstream(manifest, std::ios::trunc) << j.dump(1);

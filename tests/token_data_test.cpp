@@ -25,14 +25,14 @@
 #include "compat/file_system.h"
 #include "harness/build_paths.h"
 #include "harness/train_steps.h"
-#include "train/corpus_identity.h"
-#include "train/flat_token_file.h"
-#include "train/mapped_file.h"
-#include "train/megatron_indexed_dataset.h"
-#include "train/pretokenized_corpus.h"
-#include "train/token_documents.h"
-#include "train/token_windows.h"
-#include "train/window_permutation.h"
+#include "train/data/corpus_identity.h"
+#include "train/data/flat_token_file.h"
+#include "io/mapped_file.h"
+#include "train/data/megatron_indexed_dataset.h"
+#include "train/data/pretokenized_corpus.h"
+#include "train/data/token_documents.h"
+#include "train/data/token_windows.h"
+#include "train/data/window_permutation.h"
 
 namespace token_data_test {
 
@@ -641,7 +641,7 @@ TEST(MappedFileDeathTest, AFileTruncatedWhileMappedIsNamedNotABareSigbus) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
-        MappedFile file(path);
+        io::MappedFile file(path);
         ::truncate(path.c_str(), 4096);
         volatile unsigned char sink = file.data()[(1 << 16) - 1];
         (void)sink;
@@ -651,7 +651,7 @@ TEST(MappedFileDeathTest, AFileTruncatedWhileMappedIsNamedNotABareSigbus) {
   // default's signal; under ASan, its report): it kills, and names no file.
   EXPECT_EXIT(
       {
-        MappedFile file(path);
+        io::MappedFile file(path);
         ::raise(SIGBUS);
       },
       [](int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; },

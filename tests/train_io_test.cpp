@@ -15,10 +15,10 @@
 #include <sstream>
 
 #include "compat/file_system.h"
-#include "train/checkpoint_io.h"
-#include "train/crc32c.h"
-#include "train/metrics.h"
-#include "train/progress.h"
+#include "train/checkpoint/checkpoint_io.h"
+#include "io/crc32c.h"
+#include "train/metrics/metrics.h"
+#include "train/metrics/progress.h"
 
 namespace hyper_parallel::train::train_io_test {
 namespace {
@@ -227,12 +227,12 @@ TEST_F(TrainCheckpointIo, MissingOrCorruptFilesGiveErrorsNamingTheFile) {
 
 TEST(Crc32c, MatchesTheStandardCheckValueAndContinues) {
   const std::string text = "123456789";
-  EXPECT_EQ(crc32c(text.data(), text.size()), 0xE3069283u);  // RFC 3720's check value
-  EXPECT_EQ(crc32c(nullptr, 0), 0u);
+  EXPECT_EQ(io::crc32c(text.data(), text.size()), 0xE3069283u);  // RFC 3720's check value
+  EXPECT_EQ(io::crc32c(nullptr, 0), 0u);
   const std::string long_text(1000, 'x');
-  const uint32_t whole = crc32c(long_text.data(), long_text.size());
-  EXPECT_EQ(crc32c(long_text.data() + 333, 667, crc32c(long_text.data(), 333)), whole);
-  EXPECT_EQ(crc32c_hex(0xE3069283u), "e3069283");
+  const uint32_t whole = io::crc32c(long_text.data(), long_text.size());
+  EXPECT_EQ(io::crc32c(long_text.data() + 333, 667, io::crc32c(long_text.data(), 333)), whole);
+  EXPECT_EQ(io::crc32c_hex(0xE3069283u), "e3069283");
 }
 
 TEST_F(TrainCheckpointIo, FlippedTensorBytesAreNamedOnRead) {

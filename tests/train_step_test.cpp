@@ -14,8 +14,8 @@
 #include "hyper_parallel/communicator.h"
 #include "hyper_parallel/cpu_allocator.h"
 #include "hyper_parallel/dtensor.h"
-#include "train/job_config.h"
-#include "train/optim_utils.h"
+#include "train/config/job_config.h"
+#include "train/optim/optim_utils.h"
 #include "train/trainer.h"
 
 namespace train_step_test {

@@ -22,7 +22,7 @@
 #include "hyper_parallel/llama.h"
 #include "models/safetensors.h"
 #include "models/safetensors_writer.h"
-#include "train/job_config.h"
+#include "train/config/job_config.h"
 #include "train/trainer.h"
 
 namespace trainer_hf_test {

@@ -20,12 +20,12 @@
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "train/checkpoint_io.h"
-#include "train/dump_folder_lock.h"
-#include "train/local_piece.h"
-#include "train/metrics.h"
-#include "train/non_finite_steps.h"
-#include "train/storage_checks.h"
+#include "train/checkpoint/checkpoint_io.h"
+#include "train/checkpoint/dump_folder_lock.h"
+#include "train/parallel/local_piece.h"
+#include "train/metrics/metrics.h"
+#include "train/optim/non_finite_steps.h"
+#include "train/checkpoint/storage_checks.h"
 #include "train/trainer.h"
 
 namespace trainer_safety_test {

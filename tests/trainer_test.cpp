@@ -15,9 +15,9 @@
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "train/job_config.h"
-#include "train/metrics.h"
-#include "train/optim_utils.h"
+#include "train/config/job_config.h"
+#include "train/metrics/metrics.h"
+#include "train/optim/optim_utils.h"
 #include "train/trainer.h"
 
 namespace trainer_test {

@@ -1,4 +1,10 @@
-// HyperParallel C++: tensor parallelism for LibTorch. One include for all of it.
+// HyperParallel C++: tensor parallelism for LibTorch. One include for the DTensor runtime:
+// meshes, placements, DTensors and their dispatcher, parallel styles and loss_parallel.
+// The rest is included on its own where it is used: FSDP (fully_shard.h, block_hooks.h),
+// the models and their Hugging Face I/O (llama.h, qwen3.h, model_registry.h,
+// hf_checkpoint.h, parameters_on_meta.h), the vocabulary-parallel kernels
+// (vocab_parallel.h), CPU memory (cpu_allocator.h) and failure reporting (fatal_error.h,
+// rank_error_file.h).
 #pragma once
 
 #include "hyper_parallel/communicator.h"

@@ -153,7 +153,8 @@ std::pair<at::Tensor, at::Tensor> llama_rope_tables(const LlamaArgs& args);
 
 // TorchTitan's TP plan for this model: embeddings Rowwise (vocabulary-parallel), q/k/v and
 // w1/w3 Colwise, wo and w2 Rowwise, the output head Colwise with Shard(-1) DTensor logits
-// when loss parallel is enabled, or replicated local logits when it is not (§11.4).
+// when loss parallel is enabled, or replicated local logits when it is not
+// (parallelism.disable_loss_parallel).
 // sequence_parallel: the residual stream and the norms are Shard(1) DTensors (norms
 // SequenceParallel); the embeddings, wo and w2 reduce-scatter to Shard(1), attention,
 // feed_forward and the head all-gather from it. Uneven sequence pieces (seq % tp != 0)

@@ -96,11 +96,4 @@ BypassHandler find_bypass_op(const std::string& name) {
   return it == handlers().end() ? nullptr : it->second;
 }
 
-std::vector<std::string> bypass_op_names() {
-  std::vector<std::string> names;
-  for (const auto& kv : handlers()) names.push_back(kv.first);
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 }  // namespace hyper_parallel

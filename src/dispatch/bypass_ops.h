@@ -7,13 +7,11 @@
 #include <ATen/core/stack.h>
 
 #include <string>
-#include <vector>
 
 namespace hyper_parallel {
 
 using BypassHandler = void (*)(const c10::OperatorHandle&, torch::jit::Stack*);
 // nullptr when `name` is not a bypass op. Looked up once per operator (op_resolution).
 BypassHandler find_bypass_op(const std::string& name);
-std::vector<std::string> bypass_op_names();
 
 }  // namespace hyper_parallel

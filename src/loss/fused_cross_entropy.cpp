@@ -38,7 +38,7 @@ bool has_kernel(const at::Tensor& x) {
 // Devices without a dedicated kernel: the same statistics and gradient with ATen ops,
 // rows in blocks so that temporaries stay near 4 M elements.
 template <typename Fn>
-void for_row_blocks(int64_t rows, int64_t cols, Fn&& fn) {
+void for_aten_row_blocks(int64_t rows, int64_t cols, Fn&& fn) {
   const int64_t step = std::max<int64_t>(1, (int64_t{1} << 22) / std::max<int64_t>(1, cols));
   for (int64_t r0 = 0; r0 < rows; r0 += step) fn(r0, std::min(step, rows - r0));
 }
@@ -82,7 +82,7 @@ void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const 
   // The label-smoothing weight of every row: a 0-dim tensor, so that no block waits for the
   // device (an .item() here was a host sync per block on CUDA).
   const at::Tensor weight_sum = w.defined() && ce.label_smoothing > 0 && !ce.soft ? w.sum() : at::Tensor();
-  for_row_blocks(x.size(0), x.size(1), [&](int64_t r0, int64_t n) {
+  for_aten_row_blocks(x.size(0), x.size(1), [&](int64_t r0, int64_t n) {
     const at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.logit_softcap);
     const at::Tensor m = y.amax(1);
     const at::Tensor shift = at::where(at::isneginf(m), at::zeros_like(m), m);
@@ -156,7 +156,7 @@ void backward_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const at::T
                    const BlockView& v, const at::Tensor& row_max, const at::Tensor& log_sum) {
   const at::ScalarType ct = row_max.scalar_type();
   const at::Tensor& w = v.w;
-  for_row_blocks(x.size(0), x.size(1), [&](int64_t r0, int64_t n) {
+  for_aten_row_blocks(x.size(0), x.size(1), [&](int64_t r0, int64_t n) {
     auto rows = [&](const at::Tensor& t) { return t.narrow(0, r0, n).unsqueeze(1); };
     const at::Tensor xc = x.narrow(0, r0, n).to(ct);
     // cap' from the tanh itself (cross_entropy_cpu_kernel_impl.h says why).

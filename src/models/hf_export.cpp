@@ -16,7 +16,7 @@
 #include "hyper_parallel/communicator.h"
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/hf_checkpoint.h"
-#include "models/atomic_file.h"
+#include "io/whole_file.h"
 #include "models/non_finite_values.h"
 #include "models/safetensors.h"
 #include "models/safetensors_writer.h"
@@ -110,7 +110,7 @@ std::string read_text(const std::string& path) {
 }
 
 void write_text(const std::string& path, const std::string& text) {
-  hf::write_file_atomically(path, [&](std::FILE* f) { std::fwrite(text.data(), 1, text.size(), f); });
+  io::write_file_atomically(path, text);
 }
 
 // One tensor of the checkpoint and the parameter(s) of ours it is written from.

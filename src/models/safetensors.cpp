@@ -1,10 +1,9 @@
 #include "models/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
+#include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -14,6 +13,8 @@
 #include <stdexcept>
 #include <utility>
 #include <vector>
+
+#include "io/mapped_file.h"
 
 namespace hyper_parallel::hf {
 
@@ -158,36 +159,17 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size, ui
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(path, std::string("cannot stat: ") + std::strerror(err));
-  }
-  size_ = static_cast<uint64_t>(st.st_size);
-  if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      fail(path, std::string("cannot map: ") + std::strerror(err));
-    }
-    base_ = static_cast<const uint8_t*>(p);
-  }
-  ::close(fd);  // the mapping keeps the file
   try {
-    header_ = parse_safetensors_header(base_, size_, size_, path);
-  } catch (...) {
-    if (base_) ::munmap(const_cast<uint8_t*>(base_), size_);
-    throw;
+    file_ = std::make_unique<const io::MappedFile>(path);
+  } catch (const c10::Error& e) {
+    fail(path, e.what_without_backtrace());  // "cannot open '<path>': <reason>"
   }
+  base_ = file_->data();
+  size_ = static_cast<uint64_t>(file_->size());
+  header_ = parse_safetensors_header(base_, size_, size_, path);
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (base_) ::munmap(const_cast<uint8_t*>(base_), size_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
   auto it = header_.tensors.find(name);

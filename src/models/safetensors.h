@@ -12,8 +12,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
+
+namespace hyper_parallel::io {
+class MappedFile;
+}  // namespace hyper_parallel::io
 
 namespace hyper_parallel::hf {
 
@@ -61,6 +66,7 @@ class SafetensorsFile {
 
  private:
   std::string path_;
+  std::unique_ptr<const io::MappedFile> file_;
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
   SafetensorsHeader header_;

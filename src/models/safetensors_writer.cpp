@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "models/atomic_file.h"
+#include "io/whole_file.h"
 #include "models/safetensors.h"
 
 namespace hyper_parallel::hf {
@@ -54,16 +54,16 @@ Plan plan_file(const std::map<std::string, at::Tensor>& tensors, const std::map<
 void write_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   const Plan p = plan_file(tensors, metadata);
-  write_file_atomically(path, [&](std::FILE* f) {
-    uint8_t length[8];
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(p.header.size()) >> (8 * i));
-    std::fwrite(length, 1, 8, f);
-    std::fwrite(p.header.data(), 1, p.header.size(), f);
-    for (const auto& [name, t] : p.tensors) {
-      const at::Tensor c = t.detach().cpu().contiguous();                     // one tensor at a time
-      if (c.nbytes() > 0) std::fwrite(c.const_data_ptr(), 1, c.nbytes(), f);  // an empty one has no storage
-    }
-  });
+  io::AtomicFile file(path);
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(p.header.size()) >> (8 * i));
+  file.write(length, 8);
+  file.write(p.header);
+  for (const auto& [name, t] : p.tensors) {
+    const at::Tensor c = t.detach().cpu().contiguous();                    // one tensor at a time
+    if (c.nbytes() > 0) file.write(c.const_data_ptr(), c.nbytes());  // an empty one has no storage
+  }
+  file.commit();
 }
 
 }  // namespace hyper_parallel::hf

@@ -17,7 +17,7 @@
 namespace hyper_parallel::hf {
 
 // Writes `tensors` (any device, layout or stride: stored as contiguous CPU copies,
-// little-endian) as one safetensors file, atomically (atomic_file.h). Throws
+// little-endian) as one safetensors file, atomically (io/whole_file.h). Throws
 // std::invalid_argument for an undefined tensor, a dtype without a safetensors name or a name
 // of "__metadata__", std::runtime_error naming the file and the OS reason when it cannot be
 // written.

@@ -13,7 +13,7 @@
 #include <stdexcept>
 
 #include "compat/file_system.h"
-#include "models/atomic_file.h"
+#include "io/whole_file.h"
 
 namespace hyper_parallel::hf {
 
@@ -79,7 +79,7 @@ void StagedFolder::commit(const std::function<bool(const std::string& name)>& ca
     if (std::rename(staging_.c_str(), target_.c_str()) != 0)
       fail_on_folder("move the staging folder to", target_, errno);
     committed_ = true;
-    sync_folder(parent);
+    io::sync_folder(parent);
     return;
   }
   if (!compat::is_directory(target_)) {
@@ -94,7 +94,7 @@ void StagedFolder::commit(const std::function<bool(const std::string& name)>& ca
     if (!compat::is_directory(from) && ::link(from.c_str(), to.c_str()) == 0) continue;
     if (std::rename(from.c_str(), to.c_str()) != 0) fail_on_folder("move into the new folder", from, errno);
   }
-  sync_folder(staging_);
+  io::sync_folder(staging_);
   if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, target_.c_str(), RENAME_EXCHANGE) == 0) {
     committed_ = true;  // staging_ now holds the old folder
   } else if (errno == EINVAL || errno == ENOSYS) {
@@ -110,7 +110,7 @@ void StagedFolder::commit(const std::function<bool(const std::string& name)>& ca
   } else {
     fail_on_folder("swap in the staging folder for", target_, errno);
   }
-  sync_folder(parent);
+  io::sync_folder(parent);
   compat::remove_all(staging_);
 }
 

@@ -28,13 +28,13 @@
 #include "compat/file_system.h"
 #include "core/collective_stats.h"
 #include "core/run_then_agree.h"
-#include "train/checkpoint_io.h"
-#include "train/data_identity.h"
-#include "train/local_piece.h"
-#include "train/metrics.h"
-#include "train/optim_utils.h"
-#include "train/progress.h"
-#include "train/storage_checks.h"
+#include "train/checkpoint/checkpoint_io.h"
+#include "train/data/data_identity.h"
+#include "train/parallel/local_piece.h"
+#include "train/metrics/metrics.h"
+#include "train/optim/optim_utils.h"
+#include "train/metrics/progress.h"
+#include "train/checkpoint/storage_checks.h"
 
 namespace hyper_parallel::train {
 
@@ -122,13 +122,6 @@ double scalar_of(const at::Tensor& loss) {
 }
 
 }  // namespace
-
-Validator::Validator(const ValidationConfig& config, const TrainingConfig& training, const at::Tensor& tokens,
-                     TrainContext validation_context)
-    : Validator(config, training,
-                std::make_shared<BatchSampler>(tokens, training.batch_size, training.seq_len,
-                                               static_cast<uint64_t>(training.seed) + 1),
-                validation_context) {}
 
 Validator::Validator(const ValidationConfig& config, const TrainingConfig& training,
                      std::shared_ptr<const BatchSource> batches, TrainContext validation_context)
@@ -266,49 +259,11 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
   check_storage();
 
   // Every TP rank of a replica builds the same rows: the replica's share of the global batch.
-  std::string data_description;
-  if (t.data.empty()) {
-    // Generated per batch: memory and start-up do not depend on training.steps.
-    auto train_stream =
-        std::make_shared<SyntheticBatchStream>(config_.model.vocab_size, t.batch_size, t.seq_len,
-                                               static_cast<uint64_t>(t.seed), /*split=*/0, dp_rank_, dp_ranks);
-    data_description = train_stream->describe();
-    batches_ = train_stream;
-    if (config_.validation.enable) {
-      validator_ = std::make_unique<Validator>(
-          config_.validation, t,
-          std::make_shared<SyntheticBatchStream>(config_.model.vocab_size, t.batch_size, t.seq_len,
-                                                 static_cast<uint64_t>(t.seed), /*split=*/1, dp_rank_, dp_ranks),
-          train_context_.for_validation());
-    }
-  } else if (const std::string format = resolve_data_format(t.data, t.data_format); format != "text") {
-    token_corpus_ = std::make_shared<const PretokenizedCorpus>(
-        PretokenizedCorpusOptions{t.data, format, config_.model.vocab_size, t.eos_id, t.bos_id, t.seq_len + 1});
-    data_description = token_corpus_->describe();
-    batches_ = token_corpus_->train_batches(t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed), dp_rank_, dp_ranks);
-    if (config_.validation.enable) {
-      validator_ = std::make_unique<Validator>(
-          config_.validation, t,
-          token_corpus_->validation_batches(t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed) + 1, dp_rank_,
-                                            dp_ranks),
-          train_context_.for_validation());
-    }
-  } else {
-    TORCH_CHECK(t.eos_id == -1 && t.bos_id == -1, "hp-train: training.data '", t.data,
-                "' is text; training.eos_id / bos_id apply to pre-tokenized corpora only");
-    corpus_ = make_text_file_corpus(t.data, config_.model.vocab_size, t.seq_len + 1);
-    data_description = corpus_->describe();
-    batches_ = std::make_shared<ReplicaRows>(
-        std::make_shared<BatchSampler>(corpus_->train_tokens(), t.batch_size, t.seq_len, static_cast<uint64_t>(t.seed)),
-        dp_rank_, dp_ranks);
-    if (config_.validation.enable) {
-      validator_ = std::make_unique<Validator>(
-          config_.validation, t,
-          std::make_shared<ReplicaRows>(std::make_shared<BatchSampler>(corpus_->validation_tokens(), t.batch_size,
-                                                                       t.seq_len, static_cast<uint64_t>(t.seed) + 1),
-                                        dp_rank_, dp_ranks),
-          train_context_.for_validation());
-    }
+  corpus_ = open_training_corpus(t, config_.model.vocab_size);
+  batches_ = corpus_->train_batches(dp_rank_, dp_ranks);
+  if (config_.validation.enable) {
+    validator_ = std::make_unique<Validator>(config_.validation, t, corpus_->validation_batches(dp_rank_, dp_ranks),
+                                             train_context_.for_validation());
   }
   if (validator_ && dp_mesh_) validator_->set_data_parallel_mesh(*dp_mesh_);
   if (dp_mesh_ && !fsdp_) {
@@ -318,7 +273,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
                                                      master_ ? master_->parameters() : std::vector<at::Tensor>{});
   }
   if (rank_ == 0 && log_) {
-    *log_ << "hp-train: " << data_description << "\n"
+    *log_ << "hp-train: " << corpus_->describe() << "\n"
           << "hp-train: " << config_.model.name << " dim " << config_.model.dim << ", " << config_.model.n_layers
           << " layers, " << config_.model.n_heads << " heads";
     const LlamaArgs& a = model_->args();
@@ -348,7 +303,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
     *log_ << std::endl;
   }
   checkpoints_->set_data_identity(
-      data_identity(t, token_corpus_ ? std::optional<CorpusIdentity>(token_corpus_->identity()) : std::nullopt));
+      data_identity(t, corpus_->identity()));
   if (config_.checkpoint.enable) checkpoints_->prepare_folder();
   if (config_.checkpoint.enable && config_.checkpoint.resume) {
     if (const auto step = checkpoints_->resume(trained_state(), t.steps)) step_ = *step;
@@ -502,7 +457,7 @@ double Trainer::forward_backward(const Batch& batch, StepResult& r) {
   const double scale = 1.0 / std::max(1.0, global_tokens);
   double local_sum = 0;
   for (int64_t m = 0; m < micro_batches; ++m) {
-    // The loss and its backward inside the train context (§6.2).
+    // The loss and its backward inside the train context (a loss_parallel guard when enabled).
     auto guard = train_context_();
     const Batch part = micro_batch(batch, m, micro_batches);
     at::Tensor loss_sum =

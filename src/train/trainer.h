@@ -3,7 +3,8 @@
 //   hp::train::Trainer trainer(parse_job_config(args));  // world already initialised
 //   trainer.train();
 //
-// loss_parallel_enabled = tp_enabled && !disable_loss_parallel (§11.3); the loss and
+// loss_parallel_enabled = tp_enabled && !disable_loss_parallel (as TorchTitan's
+// train spec decides it); the loss and
 // its backward run inside train_context() (a loss_parallel guard when enabled), and the
 // Validator computes its loss inside the same context. Parameters are sharded with
 // TorchTitan's plan; AdamW, warm-up + cosine LR and TP-correct gradient clipping;
@@ -18,19 +19,18 @@
 
 #include "hyper_parallel/fully_shard.h"
 #include "hyper_parallel/llama.h"
-#include "train/checkpoint_manager.h"
-#include "train/corpus_identity.h"
-#include "train/data.h"
-#include "train/data_parallel_reducer.h"
-#include "train/dump_folder_lock.h"
-#include "train/pretokenized_corpus.h"
-#include "train/master_weights.h"
-#include "train/job_config.h"
-#include "train/job_model.h"
-#include "train/non_finite_steps.h"
-#include "train/step_metrics.h"
+#include "train/checkpoint/checkpoint_manager.h"
+#include "train/data/batches.h"
+#include "train/data/corpus.h"
+#include "train/parallel/data_parallel_reducer.h"
+#include "train/checkpoint/dump_folder_lock.h"
+#include "train/optim/master_weights.h"
+#include "train/config/job_config.h"
+#include "train/config/job_model.h"
+#include "train/optim/non_finite_steps.h"
+#include "train/metrics/step_metrics.h"
 #include "train/train_context.h"
-#include "train/parallelism_scope.h"
+#include "train/parallel/parallelism_scope.h"
 
 namespace torch::optim {
 class AdamW;
@@ -43,9 +43,6 @@ class ProgressLine;
 
 class Validator {
  public:
-  // Batches from `tokens` (a held-out token stream, sampled with seed training.seed + 1).
-  Validator(const ValidationConfig& config, const TrainingConfig& training, const at::Tensor& tokens,
-            TrainContext validation_context);
   // Batches 0 .. config.steps - 1 of `batches` (e.g. the synthetic stream's validation split).
   Validator(const ValidationConfig& config, const TrainingConfig& training, std::shared_ptr<const BatchSource> batches,
             TrainContext validation_context);
@@ -148,8 +145,7 @@ class Trainer {
   Llama model_{nullptr};
   std::unique_ptr<MasterWeights> master_;  // bfloat16 training: the float32 weights AdamW updates
   std::unique_ptr<torch::optim::AdamW> optimizer_;
-  std::unique_ptr<TokenCorpus> corpus_;                     // a text file's tokens; null for the synthetic stream
-  std::shared_ptr<const PretokenizedCorpus> token_corpus_;  // a pre-tokenized training.data
+  std::unique_ptr<const TrainingCorpus> corpus_;  // training.data, or the synthetic language
   std::shared_ptr<const BatchSource> batches_;
   TrainContext train_context_;
   std::unique_ptr<Validator> validator_;

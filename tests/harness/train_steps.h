@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "train/job_config.h"
+#include "train/config/job_config.h"
 #include "train/trainer.h"
 
 namespace hyper_parallel::testing {

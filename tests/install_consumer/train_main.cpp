@@ -5,7 +5,7 @@
 #include <iostream>
 
 #include "hyper_parallel/distributed.h"
-#include "train/job_config.h"
+#include "train/config/job_config.h"
 #include "train/trainer.h"
 
 namespace hp = hyper_parallel;
