@@ -23,6 +23,7 @@
 #include "hyper_parallel/llama.h"
 #include "hyper_parallel/model_registry.h"
 #include "train/data/corpus.h"
+#include "train/spec/train_spec.h"
 #include "train/config/job_config.h"
 #include "train/trainer.h"
 
@@ -48,7 +49,8 @@ int main(int argc, char** argv) {
     const std::string dir = argv[1];
     std::vector<std::string> args(argv + 2, argv + argc);
     hp::train::JobConfig cfg = hp::train::parse_job_config(args);
-    hp::Llama model = hp::train::make_job_model(cfg.model);  // sets cfg.model from a Hugging Face config
+    // The PyTorch side rebuilds a Llama; the spec sets cfg.model from a Hugging Face config.
+    hp::Llama model = hp::as_llama(*hp::train::train_spec(cfg.model.name).build(cfg.model));
     const auto& m = cfg.model;
     const auto& t = cfg.training;
     model->init_weights(static_cast<uint64_t>(t.seed));

@@ -9,7 +9,7 @@ below it and the public headers (include/hyper_parallel/):
 src/train is itself a stack of folders, each a layer of its own, with the training loop
 (src/train's own files) on top:
 
-    train/config -> train/data -> train/parallel -> train/optim -> train/checkpoint
+    train/config -> train/data -> train/parallel -> train/optim -> train/spec -> train/checkpoint
         -> train/metrics -> train
 
 apps/ and tests/ sit on top and may include anything. The launcher (src/launcher, hp-run)
@@ -25,7 +25,7 @@ import re
 import sys
 
 LAYERS = ["compat bench io", "core", "dtensor", "dispatch", "ops", "loss", "nn", "models",
-          "train/config", "train/data", "train/parallel", "train/optim", "train/checkpoint", "train/metrics",
+          "train/config", "train/data", "train/parallel", "train/optim", "train/spec", "train/checkpoint", "train/metrics",
           "train"]
 LEVEL = {folder: i for i, names in enumerate(LAYERS) for folder in names.split()}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')

@@ -11,6 +11,7 @@
 
 #include "train/checkpoint/checkpoint_layout.h"
 #include "train/checkpoint/checkpoint_reshard.h"
+#include "train/config/parallel_dims.h"
 
 namespace checkpoint_reshard_test {
 
@@ -198,14 +199,20 @@ TEST(CheckpointLayout, TheManifestsTableRoundTripsAndRefusesWhatItCannotHold) {
             std::string::npos);
 }
 
+// The file a resuming rank reads for a saved piece: that of saved replica (replica mod
+// saved dp), its own when the layout is unchanged (checkpoint_manager.cpp).
 TEST(CheckpointReshard, DataParallelRanksReadOneSavedReplicaTheirOwnWhenUnchanged) {
-  // Saved dp 2 x tp 2 (global rank = dp_rank * 2 + tp_rank).
-  EXPECT_EQ(saved_file_rank(2, 2, 0, 1), 1);
-  EXPECT_EQ(saved_file_rank(2, 2, 1, 0), 2);  // unchanged layout: its own file
-  EXPECT_EQ(saved_file_rank(2, 2, 1, 1), 3);
-  EXPECT_EQ(saved_file_rank(2, 2, 3, 1), 3);  // dp 4 now: replicas 0, 1, 0, 1
-  EXPECT_EQ(saved_file_rank(1, 4, 5, 2), 2);  // saved without dp: the one replica
-  EXPECT_NE(error_of([] { saved_file_rank(2, 2, 0, 2); }), "");
+  const ParallelDims saved(2, 1, 2);  // dp 2 x tp 2: global rank = replica * 2 + tp rank
+  auto file = [&](const ParallelDims& now, int64_t rank, int64_t saved_piece) {
+    return saved.rank_of(now.replica_of(rank) % saved.dp_replicate(), saved_piece);
+  };
+  const ParallelDims same(2, 1, 2), dp4(4, 1, 2);
+  EXPECT_EQ(file(same, 0, 1), 1);
+  for (int64_t rank = 0; rank < 4; ++rank) EXPECT_EQ(file(same, rank, same.piece_of(rank)), rank);  // its own
+  EXPECT_EQ(file(dp4, 6, 1), 3);  // dp 4 now: replicas 0, 1, 0, 1
+  EXPECT_EQ(file(dp4, 4, 0), 0);
+  const ParallelDims tp4(1, 1, 4);  // saved without dp: the one replica
+  EXPECT_EQ(tp4.rank_of(ParallelDims(6, 1, 1).replica_of(5) % tp4.dp_replicate(), 2), 2);
 }
 
 }  // namespace checkpoint_reshard_test

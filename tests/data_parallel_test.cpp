@@ -99,7 +99,7 @@ RunResult train_with_ignored_tokens(int64_t dp, int64_t tp, int64_t accum, bool 
     std::vector<double> losses;
     for (int64_t s = 1; s <= job.training.steps; ++s) losses.push_back(trainer.train_step(s).loss);
     std::map<std::string, at::Tensor> params;
-    for (const auto& p : trainer.model()->named_parameters()) {
+    for (const auto& p : trainer.model().named_parameters()) {
       params[p.key()] = (is_dtensor(p.value()) ? full_tensor(p.value()) : p.value()).detach().clone();
     }
     std::lock_guard<std::mutex> lock(m);

@@ -67,7 +67,7 @@ struct TrainingRun {
 // `job` on its ranks (threads); the last rank's results, and the full gradients its
 // optimizer applied at step 1 (the shards' under FSDP, the parameters' otherwise).
 TrainingRun run(const JobConfig& job) {
-  const int64_t world = data_parallel_ranks(job) * job.parallelism.tensor_parallel_degree;
+  const int64_t world = ParallelDims::of(job.parallelism).world_size();
   TrainingRun out;
   std::mutex m;
   run_ranks(world, [&](int64_t rank) {
@@ -81,7 +81,7 @@ TrainingRun run(const JobConfig& job) {
       if (FullyShardedParameters* f = trainer.fully_sharded()) {
         for (size_t i = 0; i < f->shards().size(); ++i) named.emplace_back(f->names()[i], f->shards()[i]);
       } else {
-        for (const auto& p : trainer.model()->named_parameters()) named.emplace_back(p.key(), p.value());
+        for (const auto& p : trainer.model().named_parameters()) named.emplace_back(p.key(), p.value());
       }
       for (const auto& [name, p] : named) {
         const at::Tensor g = p.grad();
@@ -163,7 +163,7 @@ TEST(FullyShard, Bfloat16GathersBfloat16FromFloat32ShardsAndReducesInFloat32) {
     Trainer trainer(job);
     FullyShardedParameters& f = *trainer.fully_sharded();
     for (const at::Tensor& s : f.shards()) EXPECT_EQ(s.scalar_type(), at::kFloat);
-    for (const auto& p : trainer.model()->named_parameters()) EXPECT_EQ(p.value().scalar_type(), at::kBFloat16);
+    for (const auto& p : trainer.model().named_parameters()) EXPECT_EQ(p.value().scalar_type(), at::kBFloat16);
     for (int64_t s = 1; s <= 6; ++s) {
       const StepResult r = trainer.train_step(s);
       ASSERT_TRUE(r.sharding.has_value());
@@ -186,7 +186,7 @@ TEST(FullyShard, EachRankKeepsItsShardAndTheCollectivesAreCounted) {
     Trainer trainer(job);
     FullyShardedParameters& f = *trainer.fully_sharded();
     int64_t full = 0, kept = 0;
-    for (const auto& p : trainer.model()->named_parameters()) full += p.value().numel();
+    for (const auto& p : trainer.model().named_parameters()) full += p.value().numel();
     for (const at::Tensor& s : f.shards()) kept += to_local(s).numel();
     EXPECT_NEAR(static_cast<double>(kept), static_cast<double>(full) / 4, 0.02 * static_cast<double>(full))
         << "rank " << rank;
@@ -197,13 +197,13 @@ TEST(FullyShard, EachRankKeepsItsShardAndTheCollectivesAreCounted) {
     EXPECT_EQ(r.sharding->reduce_scatters, 2 * groups);
     EXPECT_GT(r.sharding->collective_seconds, 0);
     EXPECT_LE(r.sharding->blocked_seconds, r.sharding->collective_seconds + 1e-3);
-    for (const auto& p : trainer.model()->named_parameters()) {
+    for (const auto& p : trainer.model().named_parameters()) {
       const at::Tensor local = is_dtensor(p.value()) ? to_local(p.value()) : p.value();
       EXPECT_EQ(local.storage().nbytes(), 0u) << p.key();
     }
     // AdamW's moments are shaped like the shards: local pieces of the same size.
     f.gather_all();
-    for (const auto& p : trainer.model()->named_parameters()) {
+    for (const auto& p : trainer.model().named_parameters()) {
       const at::Tensor local = is_dtensor(p.value()) ? to_local(p.value()) : p.value();
       EXPECT_GT(local.storage().nbytes(), 0u) << p.key();
       EXPECT_TRUE(at::isfinite(local).all().item<bool>()) << p.key();
@@ -330,7 +330,7 @@ TEST(FullyShard, CheckpointsOfShardsResumeAtAnyLayout) {
     trainer.train();
     trainer.fully_sharded()->gather_all();
     std::map<std::string, at::Tensor> full;
-    for (const auto& p : trainer.model()->named_parameters())
+    for (const auto& p : trainer.model().named_parameters())
       full[p.key()] = (is_dtensor(p.value()) ? full_tensor(p.value()) : p.value()).detach().clone();
     trainer.fully_sharded()->reshard();
     std::lock_guard<std::mutex> lock(m);

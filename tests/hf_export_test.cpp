@@ -629,8 +629,8 @@ TEST(HfExport, HpHfExportWritesAFineTunedModelFromItsRecordedConfig) {
   hyper_parallel::testing::train_steps(job, 1, 2, /*save=*/true);
   const std::string folder = hyper_parallel::testing::checkpoint_path(job, "");
   const train::SavedModel saved = train::load_saved_model(folder);
-  EXPECT_EQ(saved.model->args().kv_heads(), 4);
-  EXPECT_EQ(saved.model->args().head_dim(), 16);
+  EXPECT_EQ(as_llama(*saved.model)->args().kv_heads(), 4);
+  EXPECT_EQ(as_llama(*saved.model)->args().head_dim(), 16);
   const std::string out = scratch("finetune_export");
   const auto r = run_command(binary_path("hp-hf-export") + " '" + folder + "' '" + out + "' 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -127,7 +127,7 @@ TEST(ModelRegistry, Qwen3IsListedAndModelNameSelectsIt) {
   // Sizes from [model] alone build a Llama: qwen3 without its config.json is refused rather
   // than trained as a Llama under that name.
   try {
-    train::make_job_model(cfg.model);
+    train::train_spec(cfg.model.name).build(cfg.model);
     ADD_FAILURE() << "expected an error";
   } catch (const std::invalid_argument& e) {
     EXPECT_THAT(e.what(), HasSubstr("model.name = \"qwen3\" needs model.hf_assets_path"));
@@ -136,7 +136,7 @@ TEST(ModelRegistry, Qwen3IsListedAndModelNameSelectsIt) {
   compat::create_directories(folder);
   std::ofstream(folder + "/config.json") << qwen3_config("");
   cfg.model.hf_assets_path = folder;  // the trainer's model: the family's, from its config.json
-  EXPECT_TRUE(train::make_job_model(cfg.model)->args().qk_norm);
+  EXPECT_TRUE(as_llama(*train::train_spec(cfg.model.name).build(cfg.model))->args().qk_norm);
   auto module = model_family("qwen3").from_hf_config(folder + "/config.json");
   const Llama model = as_llama(*module);
   EXPECT_TRUE(model->args().qk_norm);

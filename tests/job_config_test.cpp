@@ -3,7 +3,9 @@
 // trip, --help text and validate().
 #include "harness/build_paths.h"
 #include "train/config/job_config.h"
+#include "train/config/parallel_dims.h"
 
+#include <c10/util/Exception.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +15,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace job_config_test {
@@ -676,6 +679,56 @@ TEST(JobConfig, ValidateReportsEveryViolationAtOnce) {
   EXPECT_THAT(msg, HasSubstr("training.batch_size"));
   EXPECT_THAT(msg, HasSubstr("training.dtype"));
   EXPECT_THAT(msg, HasSubstr("validation.freq"));
+}
+
+// ParallelDims: TorchTitan's rank order, global rank = (replica x dp_shard + shard) x tp +
+// tp rank, and every quantity derived from it agrees with that formula at every rank.
+TEST(ParallelDims, RanksDecomposeInTorchTitansOrder) {
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> layouts = {{1, 1, 1}, {2, 1, 2}, {1, 2, 3},
+                                                                      {2, 2, 2}, {3, 1, 1}, {1, 4, 1}};
+  for (const auto& [dp, shard, tp] : layouts) {
+    const ParallelDims d(dp, shard, tp);
+    SCOPED_TRACE(d.describe());
+    EXPECT_EQ(d.world_size(), dp * shard * tp);
+    EXPECT_EQ(d.dp_ranks(), dp * shard);
+    EXPECT_EQ(d.pieces(), shard * tp);
+    int64_t rank = 0;
+    for (int64_t r = 0; r < dp; ++r) {
+      for (int64_t s = 0; s < shard; ++s) {
+        for (int64_t t = 0; t < tp; ++t, ++rank) {
+          EXPECT_EQ(d.replica_of(rank), r);
+          EXPECT_EQ(d.shard_of(rank), s);
+          EXPECT_EQ(d.tp_rank_of(rank), t);
+          EXPECT_EQ(d.piece_of(rank), s * tp + t);
+          EXPECT_EQ(d.dp_rank_of(rank), r * shard + s);
+          EXPECT_EQ(d.rank_of(r, s * tp + t), rank);
+        }
+      }
+    }
+    EXPECT_EQ(d.tp_enabled(), tp > 1);
+    EXPECT_EQ(d.fsdp_enabled(), shard > 1);
+    EXPECT_EQ(d.dp_enabled(), dp * shard > 1);
+  }
+  EXPECT_EQ(ParallelDims(2, 2, 2).describe(), "dp 2 x fsdp 2 x tp 2");
+  EXPECT_EQ(ParallelDims(1, 1, 4).describe(), "tp 4");
+  JobConfig job;
+  job.parallelism.data_parallel_degree = 3;
+  job.parallelism.tensor_parallel_degree = 2;
+  EXPECT_EQ(ParallelDims::of(job.parallelism), ParallelDims(3, 1, 2));
+}
+
+TEST(ParallelDims, RefusesADegreeBelowOneAndAWorldOfAnotherSize) {
+  EXPECT_THAT([] { ParallelDims(1, 0, 2); }, ::testing::ThrowsMessage<std::invalid_argument>(
+                                                 HasSubstr("parallelism.data_parallel_shard_degree = 0 must be >= 1")));
+  try {
+    ParallelDims(2, 2, 2).check_world_size(4);
+    ADD_FAILURE() << "expected an error";
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    EXPECT_THAT(what, HasSubstr("data_parallel_shard_degree x tensor_parallel_degree = 2 x 2 x 2 = 8 ranks"));
+    EXPECT_THAT(what, HasSubstr("the job has 4"));
+  }
+  EXPECT_NO_THROW(ParallelDims(2, 2, 2).check_world_size(8));
 }
 
 }  // namespace job_config_test

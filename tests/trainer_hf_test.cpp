@@ -118,8 +118,8 @@ TEST(TrainerHf, ModelSizesComeFromConfigJsonAndAConflictingSizeIsAnErrorNamingBo
     EXPECT_EQ(trainer.config().model.vocab_size, 67);
     EXPECT_EQ(trainer.config().model.norm_eps, 1e-6);
     EXPECT_EQ(trainer.config().model.ffn_hidden_dim, 48);
-    EXPECT_EQ(trainer.model()->args().kv_heads(), 2);
-    EXPECT_TRUE(trainer.model()->args().rope_tables_like_hf);
+    EXPECT_EQ(as_llama(trainer.model())->args().kv_heads(), 2);
+    EXPECT_TRUE(as_llama(trainer.model())->args().rope_tables_like_hf);
   });
 
   // Before the config is read its sizes are unknown: the command line's validate() does not
@@ -157,7 +157,7 @@ TEST(TrainerHf, StartsFromTheHfCheckpointAndATiedHeadStaysTheEmbeddingThroughTra
     std::mutex mu;
     run_ranks(tp, [&](int64_t rank) {
       Trainer trainer(job);
-      Llama& model = trainer.model();
+      Llama model = as_llama(trainer.model());
       for (const auto& p : model->named_parameters()) {
         EXPECT_TRUE(at::equal(full(p.value()), saved.at(p.key()).to(at::kDouble))) << p.key() << " tp " << tp;
       }
@@ -198,9 +198,9 @@ TEST(TrainerHf, StartsFromTheHfCheckpointAndATiedHeadStaysTheEmbeddingThroughTra
   run_ranks(2, [&](int64_t rank) {
     Trainer trainer(resume, rank == 0 ? &log : nullptr);
     EXPECT_EQ(trainer.step(), steps);
-    EXPECT_TRUE(trainer.model()->output->weight.is_same(trainer.model()->tok_embeddings->weight));
-    EXPECT_FALSE(
-        at::equal(full(trainer.model()->tok_embeddings->weight), saved.at("tok_embeddings.weight").to(at::kDouble)));
+    EXPECT_TRUE(as_llama(trainer.model())->output->weight.is_same(as_llama(trainer.model())->tok_embeddings->weight));
+    EXPECT_FALSE(at::equal(full(as_llama(trainer.model())->tok_embeddings->weight),
+                           saved.at("tok_embeddings.weight").to(at::kDouble)));
   });
   EXPECT_THAT(log.str(), HasSubstr("is not read (a resume takes precedence)"));
 }
@@ -221,10 +221,10 @@ TEST(TrainerHf, LastSaveInHfWritesTheTrainedWeightsAsAHfCheckpointAtTp2) {
     Trainer trainer(job, rank == 0 ? &log : nullptr);
     (void)trainer.train();
     std::map<std::string, at::Tensor> mine;
-    for (const auto& p : trainer.model()->named_parameters()) mine[p.key()] = full(p.value());
+    for (const auto& p : trainer.model().named_parameters()) mine[p.key()] = full(p.value());
     if (rank == 0) {
       trained = mine;
-      args = trainer.model()->args();
+      args = as_llama(trainer.model())->args();
     }
   });
   const std::string out = hf_export_folder(job, 2);

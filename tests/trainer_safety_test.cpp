@@ -66,7 +66,7 @@ std::vector<nlohmann::json> metrics_of(const JobConfig& job) {
 // gradient become NaN, on every rank. Returns the value it replaced.
 float poison_final_norm(Trainer& t, float value = std::nanf("")) {
   at::NoGradGuard no_grad;
-  for (const auto& p : t.model()->named_parameters()) {
+  for (const auto& p : t.model().named_parameters()) {
     if (p.key() != "norm.weight") continue;
     at::Tensor w = local_or_plain(p.value());
     const float old = w[0].item<float>();
@@ -79,7 +79,7 @@ float poison_final_norm(Trainer& t, float value = std::nanf("")) {
 
 std::vector<at::Tensor> weights_of(Trainer& t) {
   std::vector<at::Tensor> out;
-  for (const auto& p : t.model()->parameters()) out.push_back(local_or_plain(p).detach().clone());
+  for (const auto& p : t.model().parameters()) out.push_back(local_or_plain(p).detach().clone());
   return out;
 }
 

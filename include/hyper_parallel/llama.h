@@ -17,6 +17,7 @@
 #include <string>
 
 #include "hyper_parallel/block_hooks.h"
+#include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel/device_mesh.h"
 #include "hyper_parallel/hf_checkpoint.h"
 #include "hyper_parallel/parallel_style.h"
@@ -65,6 +66,8 @@ struct LlamaArgs {
   // `model_type`: the one the caller's family reads (families shaped like Llama share
   // this reader and add their own fields).
   static LlamaArgs from_hf_config_file(const std::string& path);
+  // A decoder of these sizes (hp-train's [model] keys), untied, without GQA.
+  static LlamaArgs from_sizes(const DecoderSizes& sizes);
   static LlamaArgs from_hf_config_json(const std::string& json_text, const std::string& source = "config.json",
                                        const std::string& model_type = "llama");
   // And back: a transformers LlamaConfig (config.json, as transformers 5 writes it:
@@ -114,19 +117,22 @@ class TransformerBlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(TransformerBlock);
 
-class LlamaImpl : public torch::nn::Module {
+class LlamaImpl : public torch::nn::Module, public CausalLanguageModel {
  public:
   explicit LlamaImpl(const LlamaArgs& args);
   // tokens [batch, seq] -> logits [batch, seq, vocab] (a Shard(-1) DTensor under loss
   // parallel, a plain tensor otherwise).
   at::Tensor forward(const at::Tensor& tokens);
+  at::Tensor logits(const at::Tensor& tokens) override { return forward(tokens); }
   // The final norm's output [batch, seq, dim]: what the head reads. A fused linear loss
   // (fused_linear_loss.h) takes it with output->weight, so the logits are never made.
   // Under sequence parallel it is a Shard(1) DTensor (redistribute it to Replicate first).
-  at::Tensor hidden_states(const at::Tensor& tokens);
+  at::Tensor hidden_states(const at::Tensor& tokens) override;
+  at::Tensor head_weight() const override { return output->weight; }
   // Deterministic initialisation from a seed (the same on every rank, independent of
   // the global RNG), scaled like TorchTitan's (std 0.02, output projections by depth).
-  void init_weights(uint64_t seed);
+  void init_weights(uint64_t seed) override;
+  DecoderSizes sizes() const override;
   const LlamaArgs& args() const { return args_; }
   // Tied models: points output->weight at tok_embeddings->weight (the head registers no
   // weight). The constructor and parallelize_llama call it; call it again after replacing
@@ -134,7 +140,7 @@ class LlamaImpl : public torch::nn::Module {
   void tie_head();
   // Called around the forward's blocks (block_hooks.h), e.g. by sharded data
   // parallelism; nullptr: none.
-  void set_block_hooks(std::shared_ptr<BlockHooks> hooks) { block_hooks_ = std::move(hooks); }
+  void set_block_hooks(std::shared_ptr<BlockHooks> hooks) override { block_hooks_ = std::move(hooks); }
 
   torch::nn::Embedding tok_embeddings{nullptr};
   torch::nn::ModuleList layers{nullptr};

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel/device_mesh.h"
 #include "hyper_parallel/hf_checkpoint.h"
 
@@ -33,6 +34,9 @@ struct ModelFamily {
   std::function<HfAdapter(const torch::nn::Module& model)> hf_adapter;
   // config.json for `model` (what from_hf_config reads back as the same model).
   std::function<std::string(const torch::nn::Module& model)> to_hf_config;
+  // The module of these sizes alone (hp-train's [model] keys without a config.json); null
+  // when the sizes do not say the family's whole shape (its config.json is needed).
+  std::function<std::shared_ptr<torch::nn::Module>(const DecoderSizes& sizes)> from_sizes;
 };
 
 // The family called `name`; an unknown name throws std::invalid_argument listing the known ones.

@@ -109,9 +109,7 @@ std::string read_text(const std::string& path) {
   return text.str();
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  io::write_file_atomically(path, text);
-}
+void write_text(const std::string& path, const std::string& text) { io::write_file_atomically(path, text); }
 
 // One tensor of the checkpoint and the parameter(s) of ours it is written from.
 struct Output {

@@ -60,7 +60,7 @@ void write_safetensors(const std::string& path, const std::map<std::string, at::
   file.write(length, 8);
   file.write(p.header);
   for (const auto& [name, t] : p.tensors) {
-    const at::Tensor c = t.detach().cpu().contiguous();                    // one tensor at a time
+    const at::Tensor c = t.detach().cpu().contiguous();              // one tensor at a time
     if (c.nbytes() > 0) file.write(c.const_data_ptr(), c.nbytes());  // an empty one has no storage
   }
   file.commit();

@@ -17,6 +17,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/fused_linear_loss.h"
@@ -38,8 +39,6 @@
 
 namespace hyper_parallel::train {
 
-namespace F = torch::nn::functional;
-
 namespace {
 
 at::ScalarType dtype_of(const std::string& name) {
@@ -51,51 +50,6 @@ at::ScalarType dtype_of(const std::string& name) {
 // cross_entropy's default: targets equal to it are not predicted and do not count.
 constexpr int64_t kIgnoreIndex = -100;
 
-// The sum of the batch's token losses, inside the context, on the model's device. Summed,
-// not averaged: the caller divides by the global number of counted tokens (over replicas
-// and micro-batches), so every token weighs the same whichever rank holds it.
-// fused: the head's matmul and the loss in one (fused_linear_loss.h), no logits tensor;
-// the head's weight is the plan's Shard(0) DTensor under TP, a plain tensor at TP 1.
-// after_forward (optional) runs when the model's forward is done: at the final norm when
-// fused (the head matmul is part of the loss then), after the head otherwise.
-// terms: the z-loss and soft-capping of context (applied by its loss_parallel guard, by the
-// fused loss, or here on replicated logits).
-at::Tensor token_loss_sum(Llama& model, const Batch& batch, bool fused, const TrainContext& context,
-                          const std::function<void()>& after_forward = {}) {
-  const at::Device device = model->output->weight.device();
-  const at::Tensor target = batch.target.to(device).flatten();
-  const LossTerms& terms = context.loss_terms();
-  if (fused) {
-    at::Tensor hidden = model->hidden_states(batch.input.to(device));
-    // Sequence parallel: the fused loss takes the whole sequence (one all-gather, as the
-    // head's own input conversion does; backward slices the all-reduced gradient).
-    if (is_dtensor(hidden)) hidden = redistribute(hidden, Placements{Placement::replicate()});
-    if (after_forward) after_forward();
-    FusedLinearCrossEntropyOptions options;
-    options.ignore_index = kIgnoreIndex;
-    options.reduction = at::Reduction::Sum;
-    options.z_loss_weight = terms.z_loss_weight;
-    options.logit_softcap = terms.logit_softcap;
-    return fused_linear_cross_entropy(hidden.flatten(0, 1), model->output->weight, target, options);
-  }
-  at::Tensor logits = model->forward(batch.input.to(device));
-  if (after_forward) after_forward();
-  // Low-precision logits are widened first, as TorchTitan does: a bfloat16 sum of the
-  // token losses would be rounded to 8 bits (0.4 %), in the loss reported and in its scale.
-  if (logits.scalar_type() == at::kBFloat16 || logits.scalar_type() == at::kHalf) logits = logits.to(at::kFloat);
-  logits = logits.flatten(0, 1);
-  const auto sum_options = F::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum);
-  if (context.loss_parallel_enabled())
-    return F::cross_entropy(logits, target, sum_options);  // the guard adds the terms
-  if (terms.logit_softcap > 0) logits = at::tanh(logits / terms.logit_softcap) * terms.logit_softcap;
-  at::Tensor loss = F::cross_entropy(logits, target, sum_options);
-  if (terms.z_loss_weight != 0) {
-    const at::Tensor counted = target.ne(kIgnoreIndex).to(logits.scalar_type());
-    loss = loss + terms.z_loss_weight * (at::logsumexp(logits, {-1}).square() * counted).sum();
-  }
-  return loss;
-}
-
 // Targets that count (not ignore_index).
 int64_t counted_tokens(const Batch& batch) { return batch.target.ne(kIgnoreIndex).sum().item<int64_t>(); }
 
@@ -105,41 +59,30 @@ void sum_over_mesh_(at::Tensor& values, const std::optional<DeviceMesh>& mesh) {
   for (int64_t d = 0; d < mesh->ndim(); ++d) mesh->comm(d).all_reduce_(values, ReduceOp::Sum);
 }
 
-// FSDP's parameter groups: the root (embeddings, final norm, head), then one per block.
-std::vector<FullyShardedParameters::NamedParameters> block_parameter_groups(const Llama& model) {
-  std::vector<FullyShardedParameters::NamedParameters> groups(1 + model->layers->size());
-  for (const auto& p : model->named_parameters()) {
-    const std::string& name = p.key();
-    size_t group = 0;
-    if (name.rfind("layers.", 0) == 0) group = 1 + std::stoul(name.substr(7, name.find('.', 7) - 7));
-    groups.at(group).emplace_back(name, p.value());
-  }
-  return groups;
-}
-
 double scalar_of(const at::Tensor& loss) {
   return (is_dtensor(loss) ? full_tensor(loss) : loss).detach().to(at::kDouble).item<double>();
 }
 
 }  // namespace
 
-Validator::Validator(const ValidationConfig& config, const TrainingConfig& training,
+Validator::Validator(const TrainSpec& spec, const ValidationConfig& config, const TrainingConfig& training,
                      std::shared_ptr<const BatchSource> batches, TrainContext validation_context)
-    : config_(config),
+    : spec_(&spec),
+      config_(config),
       batches_(std::move(batches)),
       fused_linear_loss_(training.fused_linear_loss),
       context_(validation_context) {}
 
 void Validator::set_data_parallel_mesh(const DeviceMesh& dp_mesh) { dp_mesh_ = dp_mesh; }
 
-double Validator::validate(Llama& model) const {
+double Validator::validate(torch::nn::Module& model) const {
   at::NoGradGuard no_grad;
   // Per batch: the sum of its token losses and their number, over every replica's rows.
   at::Tensor sums = at::zeros({2 * config_.steps}, at::kDouble);
   for (int64_t i = 0; i < config_.steps; ++i) {
     auto guard = context_();
     const Batch batch = batches_->batch_at(i);
-    sums[2 * i].fill_(scalar_of(token_loss_sum(model, batch, fused_linear_loss_, context_)));
+    sums[2 * i].fill_(scalar_of(spec_->loss(model, batch, context_, LossCall{fused_linear_loss_, {}})));
     sums[2 * i + 1].fill_(static_cast<double>(counted_tokens(batch)));
   }
   if (dp_mesh_) {
@@ -154,7 +97,12 @@ double Validator::validate(Llama& model) const {
   return total / static_cast<double>(std::max<int64_t>(1, config_.steps));
 }
 
-Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config)), log_(log), train_context_(false) {
+Trainer::Trainer(JobConfig config, std::ostream* log)
+    : config_(std::move(config)),
+      log_(log),
+      spec_(&train_spec(config_.model.name)),
+      dims_(ParallelDims::of(config_.parallelism)),
+      train_context_(false) {
   // Large CPU buffers from a cache of huge-page-backed blocks that outlives each step: no
   // fresh-page faults after the first step, whatever the environment says.
   if (config_.training.device == "cpu" && config_.training.caching_allocator) install_caching_cpu_allocator();
@@ -164,88 +112,91 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
   // (Under TP: at TP 1 every rank holds the whole model anyway.)
   const bool weights_from_checkpoint =
       config_.checkpoint.initial_load_in_hf && config_.parallelism.tensor_parallel_degree > 1;
+  nlohmann::json hf_config = build_model(weights_from_checkpoint);
+  validate(config_);
+  TORCH_CHECK(!config_.checkpoint.resume || config_.checkpoint.enable,
+              "hp-train: --checkpoint.resume needs checkpoint.enable = true (nothing would be read)");
+  rank_ = is_initialized() ? get_rank() : 0;
+  dims_.check_world_size(is_initialized() ? get_world_size() : 1);
+  loss_parallel_enabled_ = dims_.tp_enabled() && !config_.parallelism.disable_loss_parallel;
+  parallelism_scope_.emplace(config_.parallelism);
+  train_context_ = get_train_context(loss_parallel_enabled_, spec_->loss_terms(*model_, config_.training));
+  const at::Device device = place_model(weights_from_checkpoint);
+  // The world as (dp_replicate, dp_shard, tp) meshes (parallel_dims.h).
+  ParallelDims::Meshes meshes = dims_.build_meshes(config_.training.device);
+  world_mesh_ = meshes.world;
+  dp_mesh_ = meshes.dp;
+  tp_mesh_ = meshes.tp;
+  dp_rank_ = dims_.dp_rank_of(rank_);
+  checkpoints_ = std::make_unique<CheckpointManager>(config_, rank_, world_mesh_, std::move(hf_config), log_);
+  // init_weights(seed) gave every rank the same weights: each shards its own copy, with no
+  // scatter from TP rank 0 (src_data_rank = nullopt).
+  if (dims_.tp_enabled()) spec_->parallelize(*model_, dims_, *tp_mesh_, config_);
+  if (weights_from_checkpoint) materialize_parameters(*model_, device);
+  initial_load();
+  set_up_optimizer();
+  // Before anything is read or written in the dump folder: one job per folder, and
+  // folders that cannot take the job's files found now, not at the first save.
+  lock_job_folders();
+  check_storage();
+  open_data();
+  if (dp_mesh_ && !fsdp_) {
+    // bfloat16: the sums go straight into the float32 masters' .grad.
+    reducer_ = std::make_unique<DataParallelReducer>(model_->named_parameters(), *dp_mesh_,
+                                                     config_.parallelism.dp_bucket_mb * (int64_t{1} << 20),
+                                                     master_ ? master_->parameters() : std::vector<at::Tensor>{});
+  }
+  if (rank_ == 0 && log_) log_start();
+  checkpoints_->set_data_identity(data_identity(config_.training, corpus_->identity()));
+  if (config_.checkpoint.enable) checkpoints_->prepare_folder();
+  if (config_.checkpoint.enable && config_.checkpoint.resume) {
+    if (const auto step = checkpoints_->resume(trained_state(), config_.training.steps)) step_ = *step;
+  }
+}
+
+nlohmann::json Trainer::build_model(bool on_meta_device) {
   {
     std::optional<ParametersOnMeta> on_meta;
-    if (weights_from_checkpoint) on_meta.emplace();
+    if (on_meta_device) on_meta.emplace();
     // Before validate(): with model.hf_assets_path the sizes it checks come from config.json.
-    model_ = make_job_model(config_.model);
+    model_ = spec_->build(config_.model);
   }
   nlohmann::json hf_config;  // recorded in checkpoints
   if (!config_.model.hf_assets_path.empty()) {
     std::ifstream in(compat::join_path(config_.model.hf_assets_path, "config.json"));
-    hf_config = nlohmann::json::parse(in);  // make_job_model has read it already
+    hf_config = nlohmann::json::parse(in);  // spec_->build has read it already
   }
-  validate(config_);
-  TORCH_CHECK(!config_.checkpoint.resume || config_.checkpoint.enable,
-              "hp-train: --checkpoint.resume needs checkpoint.enable = true (nothing would be read)");
-  const auto& par = config_.parallelism;
-  const int64_t world = is_initialized() ? get_world_size() : 1;
-  rank_ = is_initialized() ? get_rank() : 0;
-  const int64_t tp = par.tensor_parallel_degree, dp = par.data_parallel_degree;
-  const int64_t shard = par.data_parallel_shard_degree, ranks = dp * shard * tp;
-  TORCH_CHECK(world == ranks, "hp-train: parallelism.data_parallel_degree x ",
-              shard > 1 ? "data_parallel_shard_degree x " : "", "tensor_parallel_degree = ", dp, " x ",
-              shard > 1 ? std::to_string(shard) + " x " : "", tp, " = ", ranks, " ranks, but the job has ", world,
-              "; launch ", ranks, " ranks (hp-run --nproc-per-node ", ranks,
-              ", or --nnodes N with N x nproc-per-node = ", ranks, ") or change the degrees");
-  tp_enabled_ = tp > 1;
-  loss_parallel_enabled_ = tp_enabled_ && !par.disable_loss_parallel;
-  parallelism_scope_.emplace(par);
-  train_context_ =
-      get_train_context(loss_parallel_enabled_, {config_.training.z_loss_weight, config_.training.logit_softcap});
+  return hf_config;
+}
 
-  if (!weights_from_checkpoint) model_->init_weights(static_cast<uint64_t>(config_.training.seed));
-  const at::ScalarType dtype = dtype_of(config_.training.dtype);
+at::Device Trainer::place_model(bool weights_from_checkpoint) {
+  if (!weights_from_checkpoint) as_causal_lm(*model_).init_weights(static_cast<uint64_t>(config_.training.seed));
   const at::Device device = is_initialized() ? current_world().device : at::Device(at::kCPU);
   TORCH_CHECK(device.type() == (config_.training.device == "cuda" ? at::kCUDA : at::kCPU),
               "hp-train: training.device = ", config_.training.device,
               " but the process group was "
               "initialised for ",
               device, "; initialise it with InitOptions{.device_type = \"", config_.training.device, "\"}");
+  const at::ScalarType dtype = dtype_of(config_.training.dtype);
   if (weights_from_checkpoint) {
     model_->to(dtype);  // meta parameters get their device when materialized
   } else {
     model_->to(device, dtype);
   }
-  // The world as a dp x tp mesh (TorchTitan's order: the TP ranks of a replica are
-  // neighbours). Without data parallelism, the 1-D TP mesh alone.
-  // FSDP: replicas x shards x tp (TorchTitan's dp_replicate, dp_shard, tp order).
-  if (shard > 1) {
-    world_mesh_ = init_device_mesh(config_.training.device, {dp, shard, tp}, {"dp_replicate", "dp_shard", "tp"});
-    dp_mesh_ = world_mesh_->slice({"dp_replicate", "dp_shard"});
-    if (tp_enabled_) tp_mesh_ = (*world_mesh_)["tp"];
-  } else if (dp > 1) {
-    world_mesh_ = init_device_mesh(config_.training.device, {dp, tp}, {"dp", "tp"});
-    dp_mesh_ = (*world_mesh_)["dp"];
-    if (tp_enabled_) tp_mesh_ = (*world_mesh_)["tp"];
-  } else if (tp_enabled_) {
-    tp_mesh_ = init_device_mesh(config_.training.device, {tp}, {"tp"});
-    world_mesh_ = tp_mesh_;
-  }
-  const int64_t dp_ranks = data_parallel_ranks(config_);
-  dp_rank_ = 0;
-  if (dp_mesh_) {
-    for (int64_t d = 0; d < dp_mesh_->ndim(); ++d) dp_rank_ = dp_rank_ * dp_mesh_->size(d) + dp_mesh_->local_rank(d);
-  }
-  checkpoints_ = std::make_unique<CheckpointManager>(config_, rank_, world_mesh_, std::move(hf_config), log_);
-  // init_weights(seed) gave every rank the same weights: each shards its own copy, with no
-  // scatter from TP rank 0 (src_data_rank = nullopt).
-  if (tp_enabled_) {
-    model_family(config_.model.name).parallelize(*model_, *tp_mesh_, loss_parallel_enabled_, par.sequence_parallel);
-  }
-  if (weights_from_checkpoint) materialize_parameters(*model_, device);
-  initial_load();
+  return device;
+}
+
+void Trainer::set_up_optimizer() {
   const auto& t = config_.training;
-  if (shard > 1) {
+  const bool bf16 = dtype_of(t.dtype) == at::kBFloat16;
+  if (dims_.fsdp_enabled()) {
     // FSDP: the shards are the float32 masters (bfloat16 is the gathered compute copy).
     FullyShardOptions fsdp_options;
-    fsdp_options.reshard_after_forward = par.fsdp_reshard_after_forward;
-    if (dtype == at::kBFloat16) {
-      fsdp_options.reduce_dtype = t.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
-    }
-    fsdp_ = std::make_shared<FullyShardedParameters>(block_parameter_groups(model_), *world_mesh_, fsdp_options);
-    model_->set_block_hooks(fsdp_);
-  } else if (dtype == at::kBFloat16) {
+    fsdp_options.reshard_after_forward = config_.parallelism.fsdp_reshard_after_forward;
+    if (bf16) fsdp_options.reduce_dtype = t.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
+    fsdp_ = std::make_shared<FullyShardedParameters>(spec_->shard_groups(*model_), *world_mesh_, fsdp_options);
+    as_causal_lm(*model_).set_block_hooks(fsdp_);
+  } else if (bf16) {
     // bfloat16 parameters train through float32 master copies (master_weights.h).
     master_ = std::make_unique<MasterWeights>(model_->named_parameters());
   }
@@ -253,61 +204,47 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : config_(std::move(config
       trained_parameters(),
       torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(t.weight_decay));
   non_finite_ = NonFiniteSteps(t.max_skipped_steps);
-  // Before anything is read or written in the dump folder: one job per folder, and
-  // folders that cannot take the job's files found now, not at the first save.
-  lock_job_folders();
-  check_storage();
+}
 
+void Trainer::open_data() {
   // Every TP rank of a replica builds the same rows: the replica's share of the global batch.
-  corpus_ = open_training_corpus(t, config_.model.vocab_size);
-  batches_ = corpus_->train_batches(dp_rank_, dp_ranks);
-  if (config_.validation.enable) {
-    validator_ = std::make_unique<Validator>(config_.validation, t, corpus_->validation_batches(dp_rank_, dp_ranks),
-                                             train_context_.for_validation());
-  }
-  if (validator_ && dp_mesh_) validator_->set_data_parallel_mesh(*dp_mesh_);
-  if (dp_mesh_ && !fsdp_) {
-    // bfloat16: the sums go straight into the float32 masters' .grad.
-    reducer_ = std::make_unique<DataParallelReducer>(model_->named_parameters(), *dp_mesh_,
-                                                     par.dp_bucket_mb * (int64_t{1} << 20),
-                                                     master_ ? master_->parameters() : std::vector<at::Tensor>{});
-  }
-  if (rank_ == 0 && log_) {
-    *log_ << "hp-train: " << corpus_->describe() << "\n"
-          << "hp-train: " << config_.model.name << " dim " << config_.model.dim << ", " << config_.model.n_layers
-          << " layers, " << config_.model.n_heads << " heads";
-    const LlamaArgs& a = model_->args();
-    if (a.kv_heads() != a.n_heads) *log_ << " (" << a.kv_heads() << " key/value)";
-    *log_ << ", vocab " << config_.model.vocab_size << (a.tie_word_embeddings ? " (tied embeddings)" : "");
-    if (!config_.model.hf_assets_path.empty()) {
-      // The sizes come from the folder's config.json; the weights only with initial_load_in_hf.
-      *log_ << (config_.checkpoint.initial_load_in_hf ? " from " : " shaped as ") << config_.model.hf_assets_path;
-      if (!config_.checkpoint.initial_load_in_hf) {
-        *log_ << " (its config.json; its weights are read only with --checkpoint.initial_load_in_hf)";
-      }
+  corpus_ = open_training_corpus(config_.training, config_.model.vocab_size);
+  batches_ = corpus_->train_batches(dp_rank_, dims_.dp_ranks());
+  if (!config_.validation.enable) return;
+  validator_ = std::make_unique<Validator>(*spec_, config_.validation, config_.training,
+                                           corpus_->validation_batches(dp_rank_, dims_.dp_ranks()),
+                                           train_context_.for_validation());
+  if (dp_mesh_) validator_->set_data_parallel_mesh(*dp_mesh_);
+}
+
+void Trainer::log_start() {
+  const auto& t = config_.training;
+  *log_ << "hp-train: " << corpus_->describe() << "\n"
+        << "hp-train: " << spec_->describe(*model_);
+  if (!config_.model.hf_assets_path.empty()) {
+    // The sizes come from the folder's config.json; the weights only with initial_load_in_hf.
+    *log_ << (config_.checkpoint.initial_load_in_hf ? " from " : " shaped as ") << config_.model.hf_assets_path;
+    if (!config_.checkpoint.initial_load_in_hf) {
+      *log_ << " (its config.json; its weights are read only with --checkpoint.initial_load_in_hf)";
     }
-    *log_ << "; DP " << dp;
-    if (fsdp_) *log_ << " x FSDP " << shard;
-    *log_ << " x TP " << par.tensor_parallel_degree;
-    if (reducer_) *log_ << " (" << reducer_->bucket_count() << " gradient buckets)";
-    if (t.grad_accum_steps > 1) *log_ << ", " << t.grad_accum_steps << " micro-batches per step";
-    if (par.sequence_parallel) *log_ << ", sequence parallel";
-    *log_ << ", loss parallel " << (loss_parallel_enabled_ ? "on" : "off")
-          << (config_.training.fused_linear_loss ? ", fused linear loss" : "");
-    if (t.z_loss_weight > 0) *log_ << ", z-loss " << t.z_loss_weight;
-    if (t.logit_softcap > 0) *log_ << ", logit soft-cap " << t.logit_softcap;
-    // Ranks sharing a node each running one thread per core is the commonest slow-down
-    // (hp-run and torchrun set OMP_NUM_THREADS=1 for them): say what each rank runs.
-    const int threads = at::get_num_threads();
-    *log_ << "; " << threads << (threads == 1 ? " intra-op thread" : " intra-op threads") << " per rank";
-    *log_ << std::endl;
   }
-  checkpoints_->set_data_identity(
-      data_identity(t, corpus_->identity()));
-  if (config_.checkpoint.enable) checkpoints_->prepare_folder();
-  if (config_.checkpoint.enable && config_.checkpoint.resume) {
-    if (const auto step = checkpoints_->resume(trained_state(), t.steps)) step_ = *step;
+  *log_ << "; DP " << dims_.dp_replicate();
+  if (fsdp_) *log_ << " x FSDP " << dims_.dp_shard();
+  *log_ << " x TP " << dims_.tp();
+  if (reducer_) *log_ << " (" << reducer_->bucket_count() << " gradient buckets)";
+  if (t.grad_accum_steps > 1) *log_ << ", " << t.grad_accum_steps << " micro-batches per step";
+  if (config_.parallelism.sequence_parallel) *log_ << ", sequence parallel";
+  *log_ << ", loss parallel " << (loss_parallel_enabled_ ? "on" : "off")
+        << (t.fused_linear_loss ? ", fused linear loss" : "");
+  if (t.z_loss_weight > 0) *log_ << ", z-loss " << t.z_loss_weight;
+  if (train_context_.loss_terms().logit_softcap > 0) {
+    *log_ << ", logit soft-cap " << train_context_.loss_terms().logit_softcap;
   }
+  // Ranks sharing a node each running one thread per core is the commonest slow-down
+  // (hp-run and torchrun set OMP_NUM_THREADS=1 for them): say what each rank runs.
+  const int threads = at::get_num_threads();
+  *log_ << "; " << threads << (threads == 1 ? " intra-op thread" : " intra-op threads") << " per rank";
+  *log_ << std::endl;
 }
 
 std::vector<at::Tensor> Trainer::trained_parameters() const {
@@ -428,7 +365,7 @@ void Trainer::check_storage() {
     bytes += 3.0 * static_cast<double>(local.numel()) * static_cast<double>(local.element_size());
   }
   at::Tensor total =
-      at::full({1}, bytes, at::TensorOptions().dtype(at::kDouble).device(model_->output->weight.device()));
+      at::full({1}, bytes, at::TensorOptions().dtype(at::kDouble).device(as_causal_lm(*model_).head_weight().device()));
   sum_over_mesh_(total, world_mesh_);
   const auto free = free_bytes(checkpoints_->folder());
   if (rank_ == 0 && log_ && free) {
@@ -448,8 +385,9 @@ double Trainer::forward_backward(const Batch& batch, StepResult& r) {
   // The loss is the sum of every token loss of the step, over all replicas and
   // micro-batches, divided by their number (TorchTitan's global normalisation): a per-rank
   // mean would weigh a replica's tokens by how few of them it holds.
-  at::Tensor counts = at::full({1}, static_cast<double>(counted_tokens(batch)),
-                               at::TensorOptions().dtype(at::kDouble).device(model_->output->weight.device()));
+  at::Tensor counts =
+      at::full({1}, static_cast<double>(counted_tokens(batch)),
+               at::TensorOptions().dtype(at::kDouble).device(as_causal_lm(*model_).head_weight().device()));
   sum_over_mesh_(counts, dp_mesh_);
   const double global_tokens = counts.cpu().item<double>();
   clock.mark(kLoss);
@@ -460,8 +398,8 @@ double Trainer::forward_backward(const Batch& batch, StepResult& r) {
     // The loss and its backward inside the train context (a loss_parallel guard when enabled).
     auto guard = train_context_();
     const Batch part = micro_batch(batch, m, micro_batches);
-    at::Tensor loss_sum =
-        token_loss_sum(model_, part, config_.training.fused_linear_loss, train_context_, [&] { clock.mark(kForward); });
+    at::Tensor loss_sum = spec_->loss(*model_, part, train_context_,
+                                      LossCall{config_.training.fused_linear_loss, [&] { clock.mark(kForward); }});
     local_sum += scalar_of(loss_sum);
     at::Tensor loss = loss_sum * scale;
     clock.mark(kLoss);
@@ -552,7 +490,7 @@ std::vector<StepResult> Trainer::train() {
       stop = e.what();
     }
     if (stop.empty() && validator_ && (r.step % config_.validation.freq == 0 || last)) {
-      r.val_loss = validator_->validate(model_);
+      r.val_loss = validator_->validate(*model_);
       if (fsdp_) fsdp_->reshard();  // the root stays gathered after a forward
     }
     if (stop.empty() && config_.checkpoint.enable && (r.step % config_.checkpoint.interval == 0 || last)) {

@@ -1,4 +1,5 @@
-// Trainer and Validator: TorchTitan's training loop for the tiny Llama, in C++.
+// Trainer and Validator: TorchTitan's training loop, in C++, for any registered model
+// family (its TrainSpec: spec/train_spec.h).
 //
 //   hp::train::Trainer trainer(parse_job_config(args));  // world already initialised
 //   trainer.train();
@@ -12,13 +13,14 @@
 // exact --checkpoint.resume.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <iosfwd>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "hyper_parallel/fully_shard.h"
-#include "hyper_parallel/llama.h"
 #include "train/checkpoint/checkpoint_manager.h"
 #include "train/data/batches.h"
 #include "train/data/corpus.h"
@@ -26,10 +28,11 @@
 #include "train/checkpoint/dump_folder_lock.h"
 #include "train/optim/master_weights.h"
 #include "train/config/job_config.h"
-#include "train/config/job_model.h"
+#include "train/config/parallel_dims.h"
+#include "train/spec/train_spec.h"
 #include "train/optim/non_finite_steps.h"
 #include "train/metrics/step_metrics.h"
-#include "train/train_context.h"
+#include "train/parallel/train_context.h"
 #include "train/parallel/parallelism_scope.h"
 
 namespace torch::optim {
@@ -43,17 +46,19 @@ class ProgressLine;
 
 class Validator {
  public:
-  // Batches 0 .. config.steps - 1 of `batches` (e.g. the synthetic stream's validation split).
-  Validator(const ValidationConfig& config, const TrainingConfig& training, std::shared_ptr<const BatchSource> batches,
-            TrainContext validation_context);
+  // Batches 0 .. config.steps - 1 of `batches` (e.g. the synthetic stream's validation
+  // split), their loss computed as `spec` computes the training loss.
+  Validator(const TrainSpec& spec, const ValidationConfig& config, const TrainingConfig& training,
+            std::shared_ptr<const BatchSource> batches, TrainContext validation_context);
   // The mean over config.steps fixed batches of each batch's loss (its token losses over
   // every replica's rows, divided by their count), without gradients.
-  double validate(Llama& model) const;
+  double validate(torch::nn::Module& model) const;
   // Each data-parallel rank holds its rows of the validation batches: the loss sums go
   // over every dim of dp_mesh.
   void set_data_parallel_mesh(const DeviceMesh& dp_mesh);
 
  private:
+  const TrainSpec* spec_;
   ValidationConfig config_;
   std::shared_ptr<const BatchSource> batches_;
   bool fused_linear_loss_;  // training.fused_linear_loss: the same loss path as training
@@ -83,8 +88,12 @@ class Trainer {
   bool loss_parallel_enabled() const { return loss_parallel_enabled_; }
   const TrainContext& train_context() const { return train_context_; }
   int64_t step() const { return step_; }
-  // Under FSDP its parameters hold values only while gathered (fully_sharded()->gather_all()).
-  Llama& model() { return model_; }
+  // The module model.name's family built (as_causal_lm(model()) for its interface, or the
+  // family's own type, e.g. as_llama). Under FSDP its parameters hold values only while
+  // gathered (fully_sharded()->gather_all()).
+  torch::nn::Module& model() { return *model_; }
+  const TrainSpec& spec() const { return *spec_; }
+  const ParallelDims& parallel_dims() const { return dims_; }
   // parallelism.data_parallel_shard_degree > 1: the sharded parameters; null otherwise.
   FullyShardedParameters* fully_sharded() const { return fsdp_.get(); }
   const JobConfig& config() const { return config_; }
@@ -97,6 +106,17 @@ class Trainer {
   const std::string& run_id() const { return checkpoints_->run_id(); }
 
  private:
+  // The constructor's parts, in order. build_model: the spec's module (on the meta device
+  // when every weight will be read), and the config.json it came from (for checkpoints).
+  nlohmann::json build_model(bool on_meta_device);
+  // Initial weights (unless read later), dtype and device; returns the device.
+  at::Device place_model(bool weights_from_checkpoint);
+  // FSDP or bfloat16 master weights, then AdamW over what they train.
+  void set_up_optimizer();
+  // The corpus, this replica's batches and the Validator.
+  void open_data();
+  // Rank 0: the start-up lines (data, model, layout, loss).
+  void log_start();
   // What the optimizer updates and checkpoints hold: the model's parameters, or their
   // float32 masters in bfloat16 training; in the model's parameter order.
   std::vector<at::Tensor> trained_parameters() const;
@@ -126,23 +146,24 @@ class Trainer {
   std::string metrics_folder() const;
 
   JobConfig config_;
-  // Declared first: released last, after everything the job writes is closed.
+  const TrainSpec* spec_;  // config_.model.name's
+  ParallelDims dims_;
+  // Before every member that writes: released last, after everything the job writes is closed.
   std::vector<std::unique_ptr<DumpFolderLock>> folder_locks_;  // rank 0 (and node leaders); empty elsewhere
   std::optional<ParallelismScope> parallelism_scope_;          // set in the constructor, restored at the end
   std::ostream* log_;
   int64_t rank_ = 0;
-  bool tp_enabled_ = false;
   bool loss_parallel_enabled_ = false;
   std::optional<DeviceMesh> world_mesh_;  // every rank: dp x tp, or the TP mesh alone; none for one rank
   std::optional<DeviceMesh> tp_mesh_;
   // The data-parallel ranks of this rank's TP group (replicas, and FSDP's dp_shard):
   // dp > 1 or shard > 1; 2-D ("dp_replicate", "dp_shard") with FSDP.
   std::optional<DeviceMesh> dp_mesh_;
-  int64_t dp_rank_ = 0;                           // among data_parallel_ranks(config_): which rows of the batch
+  int64_t dp_rank_ = 0;                           // among dims_.dp_ranks(): which rows of the batch
   std::shared_ptr<FullyShardedParameters> fsdp_;  // shard > 1
   std::unique_ptr<DataParallelReducer> reducer_;  // dp > 1
   std::unique_ptr<CheckpointManager> checkpoints_;
-  Llama model_{nullptr};
+  std::shared_ptr<torch::nn::Module> model_;
   std::unique_ptr<MasterWeights> master_;  // bfloat16 training: the float32 weights AdamW updates
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<const TrainingCorpus> corpus_;  // training.data, or the synthetic language

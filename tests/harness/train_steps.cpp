@@ -34,7 +34,7 @@ std::string checkpoint_path(const train::JobConfig& job, const std::string& rel)
 
 std::vector<train::StepResult> train_steps(const train::JobConfig& job, int64_t first, int64_t last, bool save,
                                            int64_t report_rank) {
-  const int64_t world = train::data_parallel_ranks(job) * job.parallelism.tensor_parallel_degree;
+  const int64_t world = train::ParallelDims::of(job.parallelism).world_size();
   std::vector<train::StepResult> out;
   run_ranks(world, [&](int64_t rank) {
     train::Trainer t(job);

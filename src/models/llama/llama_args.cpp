@@ -99,6 +99,22 @@ class HfConfigReader {
 
 }  // namespace
 
+LlamaArgs LlamaArgs::from_sizes(const DecoderSizes& s) {
+  LlamaArgs a;
+  a.dim = s.dim;
+  a.n_layers = s.n_layers;
+  a.n_heads = s.n_heads;
+  a.n_kv_heads = s.n_kv_heads;
+  a.vocab_size = s.vocab_size;
+  a.ffn_hidden_dim = s.ffn_hidden_dim;
+  a.multiple_of = s.multiple_of;
+  a.norm_eps = s.norm_eps;
+  a.rope_theta = s.rope_theta;
+  a.max_seq_len = s.max_seq_len;
+  a.tie_word_embeddings = s.tie_word_embeddings;
+  return a;
+}
+
 LlamaArgs LlamaArgs::from_hf_config_json(const std::string& text, const std::string& source,
                                          const std::string& family_model_type) {
   json j;

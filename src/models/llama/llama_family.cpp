@@ -47,6 +47,7 @@ ModelFamily llama_family() {
       },
       [](const torch::nn::Module& m) { return llama_hf_adapter(as_llama(m)->args()); },
       [](const torch::nn::Module& m) { return as_llama(m)->args().to_hf_config_json(); },
+      [](const DecoderSizes& s) { return Llama(LlamaArgs::from_sizes(s)).ptr(); },
   };
 }
 

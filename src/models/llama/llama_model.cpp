@@ -174,6 +174,22 @@ at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens) {
   return parallel_forward(norm, h);
 }
 
+DecoderSizes LlamaImpl::sizes() const {
+  DecoderSizes s;
+  s.dim = args_.dim;
+  s.n_layers = args_.n_layers;
+  s.n_heads = args_.n_heads;
+  s.n_kv_heads = args_.kv_heads();
+  s.vocab_size = args_.vocab_size;
+  s.ffn_hidden_dim = args_.hidden_dim();
+  s.multiple_of = args_.multiple_of;
+  s.norm_eps = args_.norm_eps;
+  s.rope_theta = args_.rope_theta;
+  s.max_seq_len = args_.max_seq_len;
+  s.tie_word_embeddings = args_.tie_word_embeddings;
+  return s;
+}
+
 void LlamaImpl::init_weights(uint64_t seed) {
   torch::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);

@@ -27,6 +27,7 @@ ModelFamily qwen3_family() {
       },
       [](const torch::nn::Module& m) { return qwen3_hf_adapter(as_llama(m)->args()); },
       [](const torch::nn::Module& m) { return qwen3_hf_config_json(as_llama(m)->args()); },
+      /*from_sizes=*/nullptr,  // the q/k norms and head_dim come from config.json only
   };
 }
 

@@ -26,6 +26,7 @@
 #include "train/checkpoint/fault_injection.h"
 #include "train/parallel/local_piece.h"
 #include "train/checkpoint/saved_model.h"
+#include "train/config/parallel_dims.h"
 
 namespace hyper_parallel::train {
 
@@ -136,6 +137,13 @@ void restore_adamw_state(torch::optim::Optimizer& optimizer,
 // "TP 2", or with FSDP "FSDP 2 x TP 2".
 std::string layout_name(int64_t shard, int64_t tp) {
   return (shard > 1 ? "FSDP " + std::to_string(shard) + " x " : std::string()) + "TP " + std::to_string(tp);
+}
+
+// "dp 2 x fsdp 2 x tp 2"; the replicas are named even when there is one.
+std::string full_layout_name(const ParallelDims& d) {
+  return "dp " + std::to_string(d.dp_replicate()) +
+         (d.fsdp_enabled() ? " x fsdp " + std::to_string(d.dp_shard()) : std::string()) + " x tp " +
+         std::to_string(d.tp());
 }
 
 }  // namespace
@@ -319,32 +327,72 @@ std::optional<int64_t> CheckpointManager::resume(const TrainedState& state, int6
   return step;
 }
 
-void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
-  const std::string dir = step_directory(folder_, step);
-  const CheckpointIdentity job = identity(step);
-  const StepManifest manifest = read_step_manifest(dir, step);
-  const CheckpointIdentity& saved = manifest.identity;
-  // Global rank = (replica * shard + shard rank) * tp + tp rank (TorchTitan's order: dp
-  // outer), saved and now. A replica's ranks hold its pieces: piece = rank within it.
-  const int64_t tp = job.tensor_parallel_degree, shard = job.data_parallel_shard_degree;
-  const int64_t piece = rank_ % (shard * tp), dp_rank = rank_ / (shard * tp);
-  const int64_t saved_tp = saved.tensor_parallel_degree, saved_dp = saved.data_parallel_degree;
-  const int64_t saved_shard = saved.data_parallel_shard_degree;
-  if (saved_tp < 1 || saved_dp < 1 || saved_shard < 1 || saved.world_size != saved_tp * saved_dp * saved_shard) {
-    throw std::runtime_error("checkpoint manifest '" + compat::join_path(dir, kManifestName) + "': world size " +
-                             std::to_string(saved.world_size) + " is not its data parallel degree " +
-                             std::to_string(saved_dp) + " x shard degree " + std::to_string(saved_shard) +
-                             " x tensor parallel degree " + std::to_string(saved_tp));
+namespace {
+
+// AdamW's state, where the checkpoint has it: the moments laid out as their parameter (the
+// first `parameters` targets, in order).
+void add_adamw_targets(std::vector<ReshardTarget>& targets, const LayoutTable& layouts, size_t parameters) {
+  for (size_t i = 0; i < parameters; ++i) {
+    const std::string key = "optim." + std::to_string(i) + ".";
+    if (!layouts.count(key + "step")) continue;
+    const ReshardTarget param = targets[i];
+    targets.push_back({key + "exp_avg", param.layout, param.box});
+    targets.push_back({key + "exp_avg_sq", param.layout, param.box});
+    targets.push_back({key + "step", step_counter_layout(), Box{}});
   }
-  // This rank's piece of every parameter at this job's TP (and FSDP) degree.
-  // (float32 masters in bfloat16 training, FSDP's shards: what the checkpoint holds)
-  const auto& named = state.parameters;
+}
+
+// Weights (or AdamW moments) that are not finite would only train on NaN.
+void refuse_non_finite(const std::map<std::string, at::Tensor>& values, const std::string& dir,
+                       const std::string& folder, int64_t step) {
+  for (const auto& [key, value] : values) {
+    if (!value.is_floating_point() || at::isfinite(value).all().item<bool>()) continue;
+    throw std::runtime_error("cannot resume from '" + dir + "': '" + key +
+                             "' holds NaN or infinite values (the run had diverged before this save); " +
+                             other_verified_steps(folder, step));
+  }
+}
+
+// This rank's piece (`piece` of a replica at TP `tp`) of every parameter, named "model.<name>".
+std::vector<ReshardTarget> parameter_targets(const std::vector<std::pair<std::string, at::Tensor>>& named, int64_t tp,
+                                             int64_t piece) {
   std::vector<ReshardTarget> targets;
   for (const auto& [name, value] : named) {
     const TensorLayout l = layout_of(value, "model." + name);
     targets.push_back({"model." + name, l, piece_of(l, tp, piece)});
   }
-  refuse_a_different_model(manifest, job, targets, dir);
+  return targets;
+}
+
+// A manifest's layout is one this hp-train can read: world = dp x shard x tp, each >= 1.
+void check_saved_layout(const CheckpointIdentity& saved, const std::string& dir) {
+  const int64_t tp = saved.tensor_parallel_degree, dp = saved.data_parallel_degree;
+  const int64_t shard = saved.data_parallel_shard_degree;
+  if (tp < 1 || dp < 1 || shard < 1 || saved.world_size != tp * dp * shard) {
+    throw std::runtime_error("checkpoint manifest '" + compat::join_path(dir, kManifestName) + "': world size " +
+                             std::to_string(saved.world_size) + " is not its data parallel degree " +
+                             std::to_string(dp) + " x shard degree " + std::to_string(shard) +
+                             " x tensor parallel degree " + std::to_string(tp));
+  }
+}
+
+// The layouts of a checkpoint written before manifests recorded them: the job's own (only
+// the same layout can read it), for the parameters and the AdamW state the file holds.
+LayoutTable own_file_layouts(const TensorFile& own, const std::vector<ReshardTarget>& targets, size_t parameters) {
+  LayoutTable layouts;
+  for (const auto& t : targets) layouts[t.key] = t.layout;
+  for (size_t i = 0; i < parameters; ++i) {
+    const std::string key = "optim." + std::to_string(i) + ".";
+    if (!own.tensors.count(key + "step")) continue;
+    layouts[key + "exp_avg"] = layouts[key + "exp_avg_sq"] = targets[i].layout;
+    layouts[key + "step"] = step_counter_layout();
+  }
+  return layouts;
+}
+
+}  // namespace
+
+void CheckpointManager::check_data(const CheckpointIdentity& saved, int64_t step, const std::string& dir) const {
   if (saved.data.is_null()) {
     if (rank_ == 0 && log_) {
       *log_ << "hp-train: the checkpoint of step " << step << " records no data identity (an older hp-train): "
@@ -367,10 +415,33 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
   } else if (const auto moved = data_moved(saved.data, data_identity_); moved && rank_ == 0 && log_) {
     *log_ << "hp-train: " << *moved << std::endl;
   }
-  // Data-parallel replicas saved the same state: one replica's files are enough.
+}
+
+void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
+  const std::string dir = step_directory(folder_, step);
+  const CheckpointIdentity job = identity(step);
+  const StepManifest manifest = read_step_manifest(dir, step);
+  const CheckpointIdentity& saved = manifest.identity;
+  // The layouts saved and now (parallel_dims.h): a replica's ranks hold its pieces.
+  const ParallelDims now(job.data_parallel_degree, job.data_parallel_shard_degree, job.tensor_parallel_degree);
+  const int64_t tp = now.tp(), shard = now.dp_shard();
+  const int64_t piece = now.piece_of(rank_), replica = now.replica_of(rank_);
+  check_saved_layout(saved, dir);
+  const ParallelDims before(saved.data_parallel_degree, saved.data_parallel_shard_degree, saved.tensor_parallel_degree);
+  const int64_t saved_tp = before.tp(), saved_shard = before.dp_shard();
+  // This rank's piece of every parameter at this job's TP (and FSDP) degree.
+  // (float32 masters in bfloat16 training, FSDP's shards: what the checkpoint holds)
+  const auto& named = state.parameters;
+  std::vector<ReshardTarget> targets = parameter_targets(named, tp, piece);
+  refuse_a_different_model(manifest, job, targets, dir);
+  check_data(saved, step, dir);
+  // Replicas saved the same state, so one replica's files are enough: replica r reads saved
+  // replica r mod saved_dp, its own files when the layout is unchanged, and the reads spread
+  // over the saved replicas otherwise.
+  const int64_t saved_replica = replica % before.dp_replicate();
   const bool resharding = saved_tp != tp || saved_shard != shard;
   auto read = [&](int64_t saved_piece) {
-    const int64_t file_rank = saved_file_rank(saved_dp, saved_tp, dp_rank, saved_piece, saved_shard);
+    const int64_t file_rank = before.rank_of(saved_replica, saved_piece);
     try {
       return read_verified_rank_file(dir, manifest, file_rank);
     } catch (const std::runtime_error& e) {
@@ -395,27 +466,12 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
                                std::to_string(saved_tp));
     }
     own = read(piece);
-    for (const auto& t : targets) layouts[t.key] = t.layout;
-    for (size_t i = 0; i < named.size(); ++i) {
-      const std::string key = "optim." + std::to_string(i) + ".";
-      if (!own->tensors.count(key + "step")) continue;
-      layouts[key + "exp_avg"] = layouts[key + "exp_avg_sq"] = targets[i].layout;
-      layouts[key + "step"] = step_counter_layout();
-    }
+    layouts = own_file_layouts(*own, targets, named.size());
   }
-  // AdamW's state, where the checkpoint has it: the moments laid out as their parameter.
-  for (size_t i = 0; i < named.size(); ++i) {
-    const std::string key = "optim." + std::to_string(i) + ".";
-    if (!layouts.count(key + "step")) continue;
-    const ReshardTarget param = targets[i];
-    targets.push_back({key + "exp_avg", param.layout, param.box});
-    targets.push_back({key + "exp_avg_sq", param.layout, param.box});
-    targets.push_back({key + "step", step_counter_layout(), Box{}});
-  }
-  ReshardPlan plan(layouts, saved_tp, targets, piece % (saved_tp * saved_shard), saved_shard);
+  add_adamw_targets(targets, layouts, named.size());
+  ReshardPlan plan(layouts, saved_tp, targets, piece % before.pieces(), saved_shard);
   for (int64_t r : plan.sources()) {
-    const std::string path =
-        compat::join_path(dir, rank_file_name(saved_file_rank(saved_dp, saved_tp, dp_rank, r, saved_shard)));
+    const std::string path = compat::join_path(dir, rank_file_name(before.rank_of(saved_replica, r)));
     if (own && r == piece) {
       plan.take(r, own->tensors, path);
     } else {
@@ -424,22 +480,12 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
   }
   own.reset();
   const std::map<std::string, at::Tensor> values = plan.finish();
-  // Weights (or AdamW moments) that are not finite would only train on NaN.
-  for (const auto& [key, value] : values) {
-    if (!value.is_floating_point() || at::isfinite(value).all().item<bool>()) continue;
-    throw std::runtime_error("cannot resume from '" + dir + "': '" + key +
-                             "' holds NaN or infinite values (the run had diverged before this save); " +
-                             other_verified_steps(folder_, step));
-  }
+  refuse_non_finite(values, dir, folder_, step);
   if (rank_ == 0 && log_ && (resharding || saved.world_size != job.world_size)) {
-    *log_ << "hp-train: resharded the checkpoint of step " << step << " from dp " << saved_dp;
-    if (saved_shard > 1) *log_ << " x fsdp " << saved_shard;
-    *log_ << " x tp " << saved_tp << " to dp " << job.world_size / (tp * shard);
-    if (shard > 1) *log_ << " x fsdp " << shard;
-    *log_ << " x tp " << tp << " (rank 0 read " << plan.sources().size() << " of its " << saved.world_size << " files)"
-          << std::endl;
+    *log_ << "hp-train: resharded the checkpoint of step " << step << " from " << full_layout_name(before) << " to "
+          << full_layout_name(now) << " (rank 0 read " << plan.sources().size() << " of its " << saved.world_size
+          << " files)" << std::endl;
   }
-
   at::NoGradGuard no_grad;
   for (const auto& [name, value] : named) {
     at::Tensor dst = local_or_plain(value);

@@ -81,6 +81,9 @@ class CheckpointManager {
   CheckpointIdentity identity(int64_t step) const;
   // Verifies and loads step `step` of the folder (throws on this rank only).
   void load_step(int64_t step, const TrainedState& state);
+  // The checkpoint's data record against this job's: a difference is refused unless
+  // checkpoint.allow_data_change; a moved corpus is said.
+  void check_data(const CheckpointIdentity& saved, int64_t step, const std::string& dir) const;
 
   JobConfig config_;
   std::string folder_;

@@ -190,8 +190,10 @@ void write_manifest(const std::string& dir, const StepManifest& manifest, int64_
   j["format"] = kManifestFormat;
   j["files"] = nlohmann::json::array();
   for (const auto& f : manifest.files) {
-    j["files"].push_back(
-        {{"file", f.file}, {"rank", f.rank}, {"bytes", f.checksum.bytes}, {"crc32c", io::crc32c_hex(f.checksum.crc32c)}});
+    j["files"].push_back({{"file", f.file},
+                          {"rank", f.rank},
+                          {"bytes", f.checksum.bytes},
+                          {"crc32c", io::crc32c_hex(f.checksum.crc32c)}});
   }
   if (manifest.tensors) j["tensors"] = to_json(*manifest.tensors);
   write_checkpoint_file(compat::join_path(dir, kManifestName), j.dump(1) + "\n", "manifest", rank);

@@ -10,9 +10,9 @@
 // only ever names a step whose manifest and files verified, and a crash anywhere
 // leaves `latest` on the previous such step.
 // Loading (read_step_manifest, then CheckpointManager's checks against the job) checks
-// the manifest, then each rank file against it (read_verified_rank_file), and names the file and the field that differ. A
-// resume at another layout reads the files it needs (checkpoint_reshard.h) each through
-// read_verified_rank_file, against the manifest's table of tensor layouts.
+// the manifest, then each rank file against it (read_verified_rank_file), and names the file and the field that differ.
+// A resume at another layout reads the files it needs (checkpoint_reshard.h) each through read_verified_rank_file,
+// against the manifest's table of tensor layouts.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -50,17 +50,6 @@ std::vector<std::string> layout_mismatches(const LayoutTable& saved, const std::
   return out;
 }
 
-int64_t saved_file_rank(int64_t saved_dp, int64_t saved_tp, int64_t dp_rank, int64_t saved_tp_rank,
-                        int64_t saved_shard) {
-  if (saved_dp < 1 || saved_tp < 1 || saved_shard < 1 || dp_rank < 0 || saved_tp_rank < 0 ||
-      saved_tp_rank >= saved_tp * saved_shard) {
-    throw std::invalid_argument("saved_file_rank: saved dp " + std::to_string(saved_dp) + " x shard " +
-                                std::to_string(saved_shard) + " x tp " + std::to_string(saved_tp) + ", dp rank " +
-                                std::to_string(dp_rank) + ", saved piece " + std::to_string(saved_tp_rank));
-  }
-  return (dp_rank % saved_dp) * saved_tp * saved_shard + saved_tp_rank;
-}
-
 ReshardPlan::ReshardPlan(LayoutTable saved, int64_t saved_tp, std::vector<ReshardTarget> targets,
                          int64_t preferred_rank, int64_t saved_shard)
     : saved_(std::move(saved)), saved_tp_(saved_tp), saved_pieces_(saved_tp * saved_shard) {

@@ -35,15 +35,6 @@ struct ReshardTarget {
 // dtype: "tensor <key>: checkpoint [515, 32] Float, this job [515, 48] Float".
 std::vector<std::string> layout_mismatches(const LayoutTable& saved, const std::vector<ReshardTarget>& targets);
 
-// The saved global rank (dp outer: dp_rank * tp + tp_rank) whose file a rank of data-
-// parallel rank `dp_rank` reads for saved TP rank `saved_tp_rank`. Replicas hold the same
-// state, so it reads replica dp_rank mod saved_dp: its own files when the layout is
-// unchanged, and the reads spread over the saved replicas otherwise.
-// With FSDP (saved_shard > 1), saved_tp_rank is a saved piece (piece_of) in
-// [0, saved_shard x saved_tp) and dp_rank the replica (data_parallel_degree) index.
-int64_t saved_file_rank(int64_t saved_dp, int64_t saved_tp, int64_t dp_rank, int64_t saved_tp_rank,
-                        int64_t saved_shard = 1);
-
 class ReshardPlan {
  public:
   // `saved`: the checkpoint's layouts at TP degree `saved_tp`. A Replicate() tensor is

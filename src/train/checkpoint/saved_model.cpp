@@ -1,17 +1,15 @@
 #include "train/checkpoint/saved_model.h"
 
 #include <ATen/core/grad_mode.h>
+#include <torch/nn/module.h>
 
-#include <unistd.h>
-
-#include <fstream>
 #include <stdexcept>
 
 #include "compat/file_system.h"
-#include "hyper_parallel/model_registry.h"
+#include "train/config/parallel_dims.h"
 #include "train/checkpoint/checkpoint_io.h"
 #include "train/checkpoint/checkpoint_reshard.h"
-#include "train/config/job_model.h"
+#include "train/spec/train_spec.h"
 
 namespace hyper_parallel::train {
 
@@ -30,33 +28,19 @@ ModelConfig recorded_model(const nlohmann::json& model, const std::string& where
                                " cannot be read by this hp-train: " + e.what());
     }
   }
-  if (cfg.model.name != "llama" && !model.contains("hf_config")) {
-    throw std::runtime_error(where + ": model.name = \"" + cfg.model.name +
-                             "\" without a recorded config.json: hp-train builds only llama from [model] sizes");
-  }
   return cfg.model;
 }
 
-// The module the job trained: from its recorded config.json through its family (GQA,
-// head_dim, rope scaling, the tie and a family's own fields live only there), else a Llama
-// from the [model] sizes.
-Llama recorded_module(const nlohmann::json& model, const ModelConfig& config, const std::string& where) {
-  if (!model.contains("hf_config")) return Llama(llama_args(config));
-  // Families read a config.json file: the recorded one, written to a scratch folder.
-  const std::string folder =
-      compat::join_path(compat::temp_directory(), "hp_saved_model_" + std::to_string(::getpid()));
-  compat::create_directories(folder);
-  const std::string path = compat::join_path(folder, "config.json");
-  { std::ofstream(path) << model.at("hf_config").dump(); }
-  std::shared_ptr<torch::nn::Module> module;
+// The module the job trained: from its recorded config.json through its family's train
+// spec (GQA, head_dim, rope scaling, the tie and a family's own fields live only there),
+// else from the [model] sizes.
+std::shared_ptr<torch::nn::Module> recorded_module(const nlohmann::json& model, const ModelConfig& config,
+                                                   const std::string& where) {
   try {
-    module = model_family(config.name).from_hf_config(path);
+    return train_spec(config.name).rebuild(config, model.contains("hf_config") ? model.at("hf_config").dump() : "");
   } catch (const std::exception& e) {
-    compat::remove_all(folder);
-    throw std::runtime_error(where + ": the recorded model.hf_config: " + e.what());
+    throw std::runtime_error(where + ": the recorded model (model.name = \"" + config.name + "\"): " + e.what());
   }
-  compat::remove_all(folder);
-  return as_llama(*module);
 }
 
 }  // namespace
@@ -77,7 +61,9 @@ SavedModel load_saved_model(const std::string& checkpoint_folder, std::optional<
   out.config = recorded_model(manifest.identity.model, manifest_path);
   out.model = recorded_module(manifest.identity.model, out.config, manifest_path);
 
-  const int64_t saved_tp = manifest.identity.tensor_parallel_degree, saved_dp = manifest.identity.data_parallel_degree;
+  const ParallelDims saved(manifest.identity.data_parallel_degree, manifest.identity.data_parallel_shard_degree,
+                           manifest.identity.tensor_parallel_degree);
+  const int64_t saved_tp = saved.tp();
   LayoutTable layouts;
   if (manifest.tensors) {
     layouts = *manifest.tensors;
@@ -94,10 +80,9 @@ SavedModel load_saved_model(const std::string& checkpoint_folder, std::optional<
     targets.push_back({"model." + p.key(), l, piece_of(l, 1, 0)});
     if (!manifest.tensors) layouts[targets.back().key] = l;  // TP 1 without layouts: the files hold whole tensors
   }
-  const int64_t saved_shard = manifest.identity.data_parallel_shard_degree;
-  ReshardPlan plan(layouts, saved_tp, targets, 0, saved_shard);
+  ReshardPlan plan(layouts, saved_tp, targets, 0, saved.dp_shard());
   for (int64_t r : plan.sources()) {
-    const int64_t file_rank = saved_file_rank(saved_dp, saved_tp, 0, r, saved_shard);
+    const int64_t file_rank = saved.rank_of(/*replica=*/0, r);
     plan.take(r, read_verified_rank_file(dir, manifest, file_rank).tensors,
               compat::join_path(dir, rank_file_name(file_rank)));
   }

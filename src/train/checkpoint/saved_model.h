@@ -9,12 +9,16 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
-#include "hyper_parallel/llama.h"
 #include "train/checkpoint/checkpoint_manifest.h"
 #include "train/config/job_config.h"
+
+namespace torch::nn {
+class Module;
+}
 
 namespace hyper_parallel::train {
 
@@ -23,8 +27,8 @@ struct SavedModel {
   CheckpointIdentity identity;  // the manifest's: layout, dtype, run id
   ModelConfig config;           // the job's [model], as recorded
   // The weights the optimizer updated (float32 masters in bfloat16 training, else the
-  // training dtype), unsharded.
-  Llama model{nullptr};
+  // training dtype), unsharded: the module config.name's family builds (its train spec).
+  std::shared_ptr<torch::nn::Module> model;
 };
 
 // `checkpoint_folder` is <job.dump_folder>/<checkpoint.folder> (it holds `latest` and the

@@ -84,11 +84,16 @@ Field job_field(const char* key, T JobConfig::*member, const char* help) {
 #define HP_FIELD(section, key, help) \
   section_field(#section, #key, &JobConfig::section, &decltype(JobConfig::section)::key, help)
 
-const std::vector<Field>& fields() {
-  static const std::vector<Field> table = {
+// One table per section, in the order --help, to_toml and docs/config.md list them.
+std::vector<Field> job_fields() {
+  return {
       job_field("dump_folder", &JobConfig::dump_folder, "root folder of everything the run writes"),
       job_field("description", &JobConfig::description, "free text describing the job (not used)"),
+  };
+}
 
+std::vector<Field> model_fields() {
+  return {
       HP_FIELD(model, name, "model family: a name in the model registry (llama, qwen3)"),
       HP_FIELD(model, dim, "hidden (embedding) size"),
       HP_FIELD(model, n_layers, "transformer blocks"),
@@ -102,7 +107,11 @@ const std::vector<Field>& fields() {
       HP_FIELD(model, hf_assets_path,
                "Hugging Face model folder: the model is built from its config.json, which sets the sizes above (one "
                "set to another value is an error); empty: the sizes above"),
+  };
+}
 
+std::vector<Field> training_fields() {
+  return {
       HP_FIELD(training, batch_size,
                "sequences per optimiser step, over all data-parallel replicas and micro-batches (every TP rank "
                "of a replica sees its rows)"),
@@ -152,7 +161,11 @@ const std::vector<Field>& fields() {
                "steps with a NaN/inf loss or gradient norm to skip in a row (weights untouched); 0: stop at the first"),
       HP_FIELD(training, mixed_precision_reduce,
                "FSDP in bfloat16: float32 | bfloat16, the dtype gradients are reduce-scattered in"),
+  };
+}
 
+std::vector<Field> parallelism_fields() {
+  return {
       HP_FIELD(parallelism, tensor_parallel_degree, "tensor-parallel ranks"),
       HP_FIELD(parallelism, data_parallel_degree,
                "data-parallel replicas (DDP), each training on its rows of the global batch; world = data x shard x "
@@ -171,7 +184,11 @@ const std::vector<Field>& fields() {
       HP_FIELD(parallelism, loss_parallel_strict_mesh, "loss_parallel: strict mesh checks"),
       HP_FIELD(parallelism, loss_parallel_fallback_on_layout_error,
                "cross_entropy on sharded logits it cannot take: gather instead of raising"),
+  };
+}
 
+std::vector<Field> checkpoint_fields() {
+  return {
       HP_FIELD(checkpoint, enable, "save checkpoints during the run"),
       HP_FIELD(checkpoint, folder, "checkpoint folder, relative to job.dump_folder"),
       HP_FIELD(checkpoint, interval, "save every this many steps, and at the last step"),
@@ -193,14 +210,33 @@ const std::vector<Field>& fields() {
                "at the end of the run, also write the last checkpoint as a Hugging Face checkpoint in "
                "<job.dump_folder>/hf/step-<N> (needs checkpoint.enable)"),
       HP_FIELD(checkpoint, export_dtype, "float32 | bfloat16: the dtype of the last_save_in_hf weights"),
+  };
+}
 
+std::vector<Field> validation_fields() {
+  return {
       HP_FIELD(validation, enable, "run validation"),
       HP_FIELD(validation, freq, "validate every this many steps"),
       HP_FIELD(validation, steps, "batches per validation"),
+  };
+}
 
+std::vector<Field> metrics_fields() {
+  return {
       HP_FIELD(metrics, folder, "metrics folder, relative to job.dump_folder"),
       HP_FIELD(metrics, enable_plot, "also plot the logged metrics"),
   };
+}
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = [] {
+    std::vector<Field> all;
+    for (auto section : {job_fields, model_fields, training_fields, parallelism_fields, checkpoint_fields,
+                         validation_fields, metrics_fields}) {
+      for (Field& f : section()) all.push_back(std::move(f));
+    }
+    return all;
+  }();
   return table;
 }
 
@@ -659,7 +695,8 @@ std::string job_config_reference() {
     }
     std::string help = f.help;
     for (size_t at = 0; (at = help.find('|', at)) != std::string::npos; at += 2) help.replace(at, 1, "\\|");
-    os << "| `" << f.key << "` | " << type_name(f.kind) << " | `" << format_value(f.get(defaults)) << "` | " << help << " |\n";
+    os << "| `" << f.key << "` | " << type_name(f.kind) << " | `" << format_value(f.get(defaults)) << "` | " << help
+       << " |\n";
   }
   return os.str();
 }
@@ -716,183 +753,215 @@ std::string to_toml(const JobConfig& cfg) {
   return os.str();
 }
 
-void validate(const JobConfig& cfg) {
-  std::vector<std::string> errors;
-  auto require = [&errors](bool ok, std::string message) {
-    if (!ok) errors.push_back(std::move(message));
-  };
-  auto positive = [&](const char* key, int64_t v) {
-    require(v > 0, std::string(key) + " = " + std::to_string(v) + " must be > 0");
-  };
-  auto non_empty = [&](const char* key, const std::string& v) {
-    require(!v.empty(), std::string(key) + " must not be empty");
-  };
-  auto num = [](double v) { return format_float(v); };
+namespace {
 
+// The violations validate() finds, each naming its key; all of them are reported at once.
+struct Checks {
+  std::vector<std::string> errors;
+  void require(bool ok, std::string message) {
+    if (!ok) errors.push_back(std::move(message));
+  }
+  void positive(const char* key, int64_t v) {
+    require(v > 0, std::string(key) + " = " + std::to_string(v) + " must be > 0");
+  }
+  void non_empty(const char* key, const std::string& v) {
+    require(!v.empty(), std::string(key) + " must not be empty");
+  }
+};
+
+std::string num(double v) { return format_float(v); }
+
+// A Hugging Face model's sizes are not known before the train spec builds it from its config.json.
+bool model_sizes_known(const ModelConfig& m) { return m.hf_assets_path.empty() || m.hf_sizes_applied; }
+
+// Every float finite; [job] and [model].
+void check_model(const JobConfig& cfg, Checks& c) {
   // TOML and the command line both accept inf and nan; no float key has a use for them.
   for (const Field& f : fields()) {
     if (f.kind != Kind::Float) continue;
     const double v = std::get<double>(f.get(cfg));
-    require(std::isfinite(v), f.dotted() + " = " + num(v) + " must be finite");
+    c.require(std::isfinite(v), f.dotted() + " = " + num(v) + " must be finite");
   }
 
-  non_empty("job.dump_folder", cfg.dump_folder);
+  c.non_empty("job.dump_folder", cfg.dump_folder);
 
   const ModelConfig& m = cfg.model;
-  non_empty("model.name", m.name);
+  c.non_empty("model.name", m.name);
   if (!m.name.empty()) {
     try {
-      model_family(m.name);  // an unknown family is refused, never trained as Llama
+      model_family(m.name);  // an unknown family is refused, never trained as another
     } catch (const std::invalid_argument& e) {
-      errors.push_back("model.name = \"" + m.name + "\": " + e.what());
+      c.errors.push_back("model.name = \"" + m.name + "\": " + e.what());
     }
   }
-  positive("model.dim", m.dim);
-  positive("model.n_layers", m.n_layers);
-  positive("model.n_heads", m.n_heads);
-  positive("model.vocab_size", m.vocab_size);
-  positive("model.multiple_of", m.multiple_of);
-  positive("model.max_seq_len", m.max_seq_len);
-  require(m.ffn_hidden_dim >= 0,
-          "model.ffn_hidden_dim = " + std::to_string(m.ffn_hidden_dim) + " must be >= 0 (0: derived from model.dim)");
+  c.positive("model.dim", m.dim);
+  c.positive("model.n_layers", m.n_layers);
+  c.positive("model.n_heads", m.n_heads);
+  c.positive("model.vocab_size", m.vocab_size);
+  c.positive("model.multiple_of", m.multiple_of);
+  c.positive("model.max_seq_len", m.max_seq_len);
+  c.require(m.ffn_hidden_dim >= 0,
+            "model.ffn_hidden_dim = " + std::to_string(m.ffn_hidden_dim) + " must be >= 0 (0: derived from model.dim)");
   // A Hugging Face config may give head_dim explicitly (not dim / n_heads): the family checks it.
   if (m.dim > 0 && m.n_heads > 0 && m.hf_assets_path.empty()) {
     if (m.dim % m.n_heads != 0) {
-      errors.push_back("model.dim = " + std::to_string(m.dim) +
-                       " must be divisible by model.n_heads = " + std::to_string(m.n_heads));
+      c.errors.push_back("model.dim = " + std::to_string(m.dim) +
+                         " must be divisible by model.n_heads = " + std::to_string(m.n_heads));
     } else if ((m.dim / m.n_heads) % 2 != 0) {  // RoPE rotates pairs of channels
-      errors.push_back("model.dim / model.n_heads = " + std::to_string(m.dim / m.n_heads) +
-                       " (the head size) must be even for RoPE");
+      c.errors.push_back("model.dim / model.n_heads = " + std::to_string(m.dim / m.n_heads) +
+                         " (the head size) must be even for RoPE");
     }
   }
-  require(m.norm_eps > 0, "model.norm_eps = " + num(m.norm_eps) + " must be > 0");
-  require(m.rope_theta > 0, "model.rope_theta = " + num(m.rope_theta) + " must be > 0");
+  c.require(m.norm_eps > 0, "model.norm_eps = " + num(m.norm_eps) + " must be > 0");
+  c.require(m.rope_theta > 0, "model.rope_theta = " + num(m.rope_theta) + " must be > 0");
+}
 
+// [training]: the optimiser, the schedule and the data.
+void check_training(const JobConfig& cfg, Checks& c) {
+  const ModelConfig& m = cfg.model;
   const TrainingConfig& t = cfg.training;
-  positive("training.batch_size", t.batch_size);
-  positive("training.seq_len", t.seq_len);
-  positive("training.steps", t.steps);
-  positive("training.log_freq", t.log_freq);
-  require(t.warmup_steps >= 0, "training.warmup_steps = " + std::to_string(t.warmup_steps) + " must be >= 0");
-  // A Hugging Face model's sizes are not known before make_job_model reads its config.json.
-  const bool sizes_known = m.hf_assets_path.empty() || m.hf_sizes_applied;
-  require(!sizes_known || t.seq_len <= m.max_seq_len,
-          "training.seq_len = " + std::to_string(t.seq_len) +
-              " must be <= model.max_seq_len = " + std::to_string(m.max_seq_len));
-  require(t.lr > 0, "training.lr = " + num(t.lr) + " must be > 0");
-  require(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1,
-          "training.min_lr_ratio = " + num(t.min_lr_ratio) + " must be in [0, 1]");
-  require(t.weight_decay >= 0, "training.weight_decay = " + num(t.weight_decay) + " must be >= 0");
-  require(t.beta1 >= 0 && t.beta1 < 1, "training.beta1 = " + num(t.beta1) + " must be in [0, 1)");
-  require(t.beta2 >= 0 && t.beta2 < 1, "training.beta2 = " + num(t.beta2) + " must be in [0, 1)");
-  require(t.eps > 0, "training.eps = " + num(t.eps) + " must be > 0");
-  require(t.max_norm > 0, "training.max_norm = " + num(t.max_norm) + " must be > 0");
-  require(t.z_loss_weight >= 0, "training.z_loss_weight = " + num(t.z_loss_weight) + " must be >= 0 (0: off)");
-  require(t.logit_softcap >= 0, "training.logit_softcap = " + num(t.logit_softcap) + " must be >= 0 (0: off)");
-  require(t.seed >= 0, "training.seed = " + std::to_string(t.seed) + " must be >= 0");
-  require(t.dtype == "float32" || t.dtype == "bfloat16" || t.dtype == "float64",
-          "training.dtype = " + quote(t.dtype) + " is not one of float32, bfloat16, float64");
-  require(t.device == "cpu" || t.device == "cuda", "training.device = " + quote(t.device) + " is not one of cpu, cuda");
+  c.positive("training.batch_size", t.batch_size);
+  c.positive("training.seq_len", t.seq_len);
+  c.positive("training.steps", t.steps);
+  c.positive("training.log_freq", t.log_freq);
+  c.require(t.warmup_steps >= 0, "training.warmup_steps = " + std::to_string(t.warmup_steps) + " must be >= 0");
+  const bool sizes_known = model_sizes_known(m);
+  c.require(!sizes_known || t.seq_len <= m.max_seq_len,
+            "training.seq_len = " + std::to_string(t.seq_len) +
+                " must be <= model.max_seq_len = " + std::to_string(m.max_seq_len));
+  c.require(t.lr > 0, "training.lr = " + num(t.lr) + " must be > 0");
+  c.require(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1,
+            "training.min_lr_ratio = " + num(t.min_lr_ratio) + " must be in [0, 1]");
+  c.require(t.weight_decay >= 0, "training.weight_decay = " + num(t.weight_decay) + " must be >= 0");
+  c.require(t.beta1 >= 0 && t.beta1 < 1, "training.beta1 = " + num(t.beta1) + " must be in [0, 1)");
+  c.require(t.beta2 >= 0 && t.beta2 < 1, "training.beta2 = " + num(t.beta2) + " must be in [0, 1)");
+  c.require(t.eps > 0, "training.eps = " + num(t.eps) + " must be > 0");
+  c.require(t.max_norm > 0, "training.max_norm = " + num(t.max_norm) + " must be > 0");
+  c.require(t.z_loss_weight >= 0, "training.z_loss_weight = " + num(t.z_loss_weight) + " must be >= 0 (0: off)");
+  c.require(t.logit_softcap >= 0, "training.logit_softcap = " + num(t.logit_softcap) + " must be >= 0 (0: off)");
+  c.require(t.seed >= 0, "training.seed = " + std::to_string(t.seed) + " must be >= 0");
+  c.require(t.dtype == "float32" || t.dtype == "bfloat16" || t.dtype == "float64",
+            "training.dtype = " + quote(t.dtype) + " is not one of float32, bfloat16, float64");
+  c.require(t.device == "cpu" || t.device == "cuda",
+            "training.device = " + quote(t.device) + " is not one of cpu, cuda");
   const std::string& f = t.data_format;
-  require(f == "auto" || f == "text" || f == "bin_u16" || f == "bin_u32" || f == "megatron",
-          "training.data_format = " + quote(f) + " is not one of auto, text, bin_u16, bin_u32, megatron");
-  require(f == "auto" || !t.data.empty(),
-          "training.data_format = " + quote(f) + " needs training.data (empty: the built-in synthetic corpus)");
+  c.require(f == "auto" || f == "text" || f == "bin_u16" || f == "bin_u32" || f == "megatron",
+            "training.data_format = " + quote(f) + " is not one of auto, text, bin_u16, bin_u32, megatron");
+  c.require(f == "auto" || !t.data.empty(),
+            "training.data_format = " + quote(f) + " needs training.data (empty: the built-in synthetic corpus)");
   for (const auto& [key, id] : {std::pair{"training.eos_id", t.eos_id}, std::pair{"training.bos_id", t.bos_id}}) {
-    require(id >= -1 && (m.vocab_size <= 0 || !sizes_known || id < m.vocab_size),
-            std::string(key) + " = " + std::to_string(id) +
-                " must be -1 (none / the sidecar's) or an id below "
-                "model.vocab_size = " +
-                std::to_string(m.vocab_size));
+    c.require(id >= -1 && (m.vocab_size <= 0 || !sizes_known || id < m.vocab_size),
+              std::string(key) + " = " + std::to_string(id) +
+                  " must be -1 (none / the sidecar's) or an id below "
+                  "model.vocab_size = " +
+                  std::to_string(m.vocab_size));
     // The word-level text vocabulary and the synthetic language have no such ids: a set
     // one would be silently ignored.
-    require(id == -1 || (!t.data.empty() && f != "text"),
-            std::string(key) + " = " + std::to_string(id) +
-                " applies to pre-tokenized data (training.data_format "
-                "bin_u16, bin_u32, megatron or auto on such a file), not to " +
-                (t.data.empty() ? std::string("the synthetic corpus") : std::string("a text corpus")));
+    c.require(id == -1 || (!t.data.empty() && f != "text"),
+              std::string(key) + " = " + std::to_string(id) +
+                  " applies to pre-tokenized data (training.data_format "
+                  "bin_u16, bin_u32, megatron or auto on such a file), not to " +
+                  (t.data.empty() ? std::string("the synthetic corpus") : std::string("a text corpus")));
   }
+}
 
+// [parallelism], and what the layout asks of the batch and the loss.
+void check_parallelism(const JobConfig& cfg, Checks& c) {
+  const ModelConfig& m = cfg.model;
+  const TrainingConfig& t = cfg.training;
+  const bool sizes_known = model_sizes_known(m);
   const int64_t tp = cfg.parallelism.tensor_parallel_degree;
-  require(tp >= 1, "parallelism.tensor_parallel_degree = " + std::to_string(tp) + " must be >= 1");
+  c.require(tp >= 1, "parallelism.tensor_parallel_degree = " + std::to_string(tp) + " must be >= 1");
   if (tp >= 1 && m.n_heads > 0 && sizes_known) {  // attention shards whole heads across the TP ranks
-    require(m.n_heads % tp == 0,
-            "model.n_heads = " + std::to_string(m.n_heads) +
-                " must be divisible by parallelism.tensor_parallel_degree = " + std::to_string(tp));
+    c.require(m.n_heads % tp == 0,
+              "model.n_heads = " + std::to_string(m.n_heads) +
+                  " must be divisible by parallelism.tensor_parallel_degree = " + std::to_string(tp));
   }
   const int64_t dp = cfg.parallelism.data_parallel_degree;
-  require(dp >= 1, "parallelism.data_parallel_degree = " + std::to_string(dp) + " must be >= 1");
+  c.require(dp >= 1, "parallelism.data_parallel_degree = " + std::to_string(dp) + " must be >= 1");
   const int64_t shard = cfg.parallelism.data_parallel_shard_degree;
-  require(shard >= 1, "parallelism.data_parallel_shard_degree = " + std::to_string(shard) + " must be >= 1");
-  positive("parallelism.dp_bucket_mb", cfg.parallelism.dp_bucket_mb);
-  positive("training.grad_accum_steps", t.grad_accum_steps);
+  c.require(shard >= 1, "parallelism.data_parallel_shard_degree = " + std::to_string(shard) + " must be >= 1");
+  c.positive("parallelism.dp_bucket_mb", cfg.parallelism.dp_bucket_mb);
+  c.positive("training.grad_accum_steps", t.grad_accum_steps);
   if (dp >= 1 && shard >= 1 && t.grad_accum_steps >= 1 && t.batch_size > 0) {  // whole rows per micro-batch
-    require(t.batch_size % (dp * shard * t.grad_accum_steps) == 0,
-            "training.batch_size = " + std::to_string(t.batch_size) + " must be divisible by parallelism." +
-                (shard > 1 ? "data_parallel_degree x data_parallel_shard_degree x training.grad_accum_steps = " +
-                                 std::to_string(dp) + " x " + std::to_string(shard)
-                           : "data_parallel_degree x training.grad_accum_steps = " + std::to_string(dp)) +
-                " x " + std::to_string(t.grad_accum_steps) +
-                " (each data-parallel rank's micro-batch holds whole sequences)");
+    c.require(t.batch_size % (dp * shard * t.grad_accum_steps) == 0,
+              "training.batch_size = " + std::to_string(t.batch_size) + " must be divisible by parallelism." +
+                  (shard > 1 ? "data_parallel_degree x data_parallel_shard_degree x training.grad_accum_steps = " +
+                                   std::to_string(dp) + " x " + std::to_string(shard)
+                             : "data_parallel_degree x training.grad_accum_steps = " + std::to_string(dp)) +
+                  " x " + std::to_string(t.grad_accum_steps) +
+                  " (each data-parallel rank's micro-batch holds whole sequences)");
   }
-  require(t.mixed_precision_reduce == "float32" || t.mixed_precision_reduce == "bfloat16",
-          "training.mixed_precision_reduce = " + quote(t.mixed_precision_reduce) + " is not one of float32, bfloat16");
+  c.require(
+      t.mixed_precision_reduce == "float32" || t.mixed_precision_reduce == "bfloat16",
+      "training.mixed_precision_reduce = " + quote(t.mixed_precision_reduce) + " is not one of float32, bfloat16");
   if (shard > 1) {
     // Sharding is for state too large to replicate; replicated vocabulary logits (batch x
     // seq x vocab per rank, what loss_parallel avoids) contradict it.
-    require(!cfg.parallelism.disable_loss_parallel,
-            "parallelism.data_parallel_shard_degree = " + std::to_string(shard) +
-                " (FSDP) with parallelism.disable_loss_parallel = true: FSDP keeps loss parallel on; unset "
-                "disable_loss_parallel or set data_parallel_shard_degree = 1");
-    require(!(t.mixed_precision_reduce == "bfloat16" && t.device == "cpu"),
-            "training.mixed_precision_reduce = \"bfloat16\" needs training.device = \"cuda\" (NCCL): Gloo cannot "
-            "sum bfloat16; use float32");
+    c.require(!cfg.parallelism.disable_loss_parallel,
+              "parallelism.data_parallel_shard_degree = " + std::to_string(shard) +
+                  " (FSDP) with parallelism.disable_loss_parallel = true: FSDP keeps loss parallel on; unset "
+                  "disable_loss_parallel or set data_parallel_shard_degree = 1");
+    c.require(!(t.mixed_precision_reduce == "bfloat16" && t.device == "cpu"),
+              "training.mixed_precision_reduce = \"bfloat16\" needs training.device = \"cuda\" (NCCL): Gloo cannot "
+              "sum bfloat16; use float32");
   }
   // At TP 1 there is nothing to split the sequence over: accepting it would report a
   // sequence-parallel run that is not one.
-  require(!(cfg.parallelism.sequence_parallel && tp == 1),
-          "parallelism.sequence_parallel = true needs parallelism.tensor_parallel_degree > 1 (it splits the "
-          "sequence over the tensor-parallel ranks); unset it at tensor_parallel_degree = 1");
+  c.require(!(cfg.parallelism.sequence_parallel && tp == 1),
+            "parallelism.sequence_parallel = true needs parallelism.tensor_parallel_degree > 1 (it splits the "
+            "sequence over the tensor-parallel ranks); unset it at tensor_parallel_degree = 1");
   // The fused head + loss is vocabulary-parallel itself; a replicated head contradicts it.
-  require(!(t.fused_linear_loss && tp > 1 && cfg.parallelism.disable_loss_parallel),
-          "training.fused_linear_loss = true needs loss parallel at parallelism.tensor_parallel_degree = " +
-              std::to_string(tp) + "; unset parallelism.disable_loss_parallel or training.fused_linear_loss");
-
-  non_empty("checkpoint.folder", cfg.checkpoint.folder);
-  require(!(cfg.checkpoint.resume && cfg.checkpoint.overwrite),
-          "checkpoint.resume and checkpoint.overwrite contradict each other: resume continues the "
-          "checkpoints in the folder, overwrite deletes them; choose one");
-  positive("checkpoint.interval", cfg.checkpoint.interval);
-  require(cfg.checkpoint.load_step >= -1,
-          "checkpoint.load_step = " + std::to_string(cfg.checkpoint.load_step) + " must be >= 0 (or -1: latest)");
-  require(cfg.checkpoint.load_step == -1 || cfg.checkpoint.resume,
-          "checkpoint.load_step = " + std::to_string(cfg.checkpoint.load_step) +
-              " needs checkpoint.resume = true (it names the step to resume from)");
-  const CheckpointConfig& c = cfg.checkpoint;
-  require(c.initial_load_path.empty() || c.initial_load_in_hf,
-          "checkpoint.initial_load_path = " + quote(c.initial_load_path) +
-              " is only read as a Hugging Face checkpoint: set checkpoint.initial_load_in_hf = true for one; starting "
-              "from one of hp-train's own checkpoints is not supported this way, use checkpoint.resume (with "
-              "checkpoint.folder pointing at it)");
-  require(!c.initial_load_in_hf || !m.hf_assets_path.empty(),
-          "checkpoint.initial_load_in_hf = true needs model.hf_assets_path (the folder with the model's "
-          "config.json, often the checkpoint's own folder): the model must be the checkpoint's");
-  require(!c.last_save_in_hf || c.enable,
-          "checkpoint.last_save_in_hf = true needs checkpoint.enable = true (the Hugging Face checkpoint is "
-          "written from the run's last checkpoint)");
-  require(c.export_dtype == "float32" || c.export_dtype == "bfloat16",
-          "checkpoint.export_dtype = " + quote(c.export_dtype) + " is not one of float32, bfloat16");
-  require(t.max_skipped_steps >= 0,
-          "training.max_skipped_steps = " + std::to_string(t.max_skipped_steps) + " must be >= 0");
-  positive("validation.freq", cfg.validation.freq);
-  positive("validation.steps", cfg.validation.steps);
-  non_empty("metrics.folder", cfg.metrics.folder);
-
-  if (!errors.empty()) throw std::invalid_argument("invalid job config: " + join(errors, "; "));
+  c.require(!(t.fused_linear_loss && tp > 1 && cfg.parallelism.disable_loss_parallel),
+            "training.fused_linear_loss = true needs loss parallel at parallelism.tensor_parallel_degree = " +
+                std::to_string(tp) + "; unset parallelism.disable_loss_parallel or training.fused_linear_loss");
 }
 
-int64_t data_parallel_ranks(const JobConfig& config) {
-  return config.parallelism.data_parallel_degree * config.parallelism.data_parallel_shard_degree;
+// [checkpoint], [validation], [metrics].
+void check_outputs(const JobConfig& cfg, Checks& c) {
+  const ModelConfig& m = cfg.model;
+  const TrainingConfig& t = cfg.training;
+  c.non_empty("checkpoint.folder", cfg.checkpoint.folder);
+  c.require(!(cfg.checkpoint.resume && cfg.checkpoint.overwrite),
+            "checkpoint.resume and checkpoint.overwrite contradict each other: resume continues the "
+            "checkpoints in the folder, overwrite deletes them; choose one");
+  c.positive("checkpoint.interval", cfg.checkpoint.interval);
+  c.require(cfg.checkpoint.load_step >= -1,
+            "checkpoint.load_step = " + std::to_string(cfg.checkpoint.load_step) + " must be >= 0 (or -1: latest)");
+  c.require(cfg.checkpoint.load_step == -1 || cfg.checkpoint.resume,
+            "checkpoint.load_step = " + std::to_string(cfg.checkpoint.load_step) +
+                " needs checkpoint.resume = true (it names the step to resume from)");
+  const CheckpointConfig& c = cfg.checkpoint;
+  c.require(
+      c.initial_load_path.empty() || c.initial_load_in_hf,
+      "checkpoint.initial_load_path = " + quote(c.initial_load_path) +
+          " is only read as a Hugging Face checkpoint: set checkpoint.initial_load_in_hf = true for one; starting "
+          "from one of hp-train's own checkpoints is not supported this way, use checkpoint.resume (with "
+          "checkpoint.folder pointing at it)");
+  c.require(!c.initial_load_in_hf || !m.hf_assets_path.empty(),
+            "checkpoint.initial_load_in_hf = true needs model.hf_assets_path (the folder with the model's "
+            "config.json, often the checkpoint's own folder): the model must be the checkpoint's");
+  c.require(!c.last_save_in_hf || c.enable,
+            "checkpoint.last_save_in_hf = true needs checkpoint.enable = true (the Hugging Face checkpoint is "
+            "written from the run's last checkpoint)");
+  c.require(c.export_dtype == "float32" || c.export_dtype == "bfloat16",
+            "checkpoint.export_dtype = " + quote(c.export_dtype) + " is not one of float32, bfloat16");
+  c.require(t.max_skipped_steps >= 0,
+            "training.max_skipped_steps = " + std::to_string(t.max_skipped_steps) + " must be >= 0");
+  c.positive("validation.freq", cfg.validation.freq);
+  c.positive("validation.steps", cfg.validation.steps);
+  c.non_empty("metrics.folder", cfg.metrics.folder);
+}
+
+}  // namespace
+
+void validate(const JobConfig& cfg) {
+  Checks c;
+  check_model(cfg, c);
+  check_training(cfg, c);
+  check_parallelism(cfg, c);
+  check_outputs(cfg, c);
+  if (!c.errors.empty()) throw std::invalid_argument("invalid job config: " + join(c.errors, "; "));
 }
 
 }  // namespace hyper_parallel::train

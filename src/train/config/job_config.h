@@ -9,10 +9,9 @@
 // Every key is declared once, with its meaning, in a field table in job_config.cpp, which
 // drives TOML parsing, command-line overrides, --help, to_toml() and the reference
 // docs/config.md (`hp-train --config-reference`); adding a field to a struct below means
-// adding one line there. The structs below therefore say nothing of their keys. Errors are std::invalid_argument naming the file
-// (or the --flag) and the dotted key. This header does not include LibTorch; reading a
-// job (job_config.cpp) checks [model] against the model registry, so it links
-// libhyper_parallel.
+// adding one line there. The structs below therefore say nothing of their keys. Errors are std::invalid_argument naming
+// the file (or the --flag) and the dotted key. This header does not include LibTorch; reading a job (job_config.cpp)
+// checks [model] against the model registry, so it links libhyper_parallel.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +35,8 @@ struct ParallelismJobConfig : ParallelismConfig {
   int64_t dp_bucket_mb = 25;
 };
 
-// [model]: the Llama-style decoder.
+// [model]: the model family (a name in the model registry) and its decoder sizes
+// (causal_lm.h DecoderSizes); with hf_assets_path the sizes come from its config.json.
 struct ModelConfig {
   std::string name = "llama";
   int64_t dim = 256;
@@ -49,7 +49,7 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   int64_t max_seq_len = 512;
   std::string hf_assets_path = "";
-  // Set once the sizes above were read from hf_assets_path (make_job_model); until then
+  // Set once the sizes above were read from hf_assets_path (TrainSpec::build); until then
   // validate() skips the rules relating them to other keys. Not a TOML key.
   bool hf_sizes_applied = false;
 };
@@ -114,10 +114,6 @@ struct MetricsConfig {
   std::string folder = "metrics";
   bool enable_plot = true;
 };
-
-// Data-parallel ranks: every rank of a replica group holds different rows of the batch.
-struct JobConfig;
-int64_t data_parallel_ranks(const JobConfig& config);
 
 struct JobConfig {
   // [job]

@@ -47,8 +47,8 @@ class TextCorpus final : public TrainingCorpus {
  private:
   std::shared_ptr<const BatchSource> windows(const at::Tensor& tokens, int64_t seed_offset, int64_t dp_rank,
                                              int64_t dp_size) const {
-    auto global = std::make_shared<BatchSampler>(tokens, t_.batch_size, t_.seq_len,
-                                                 static_cast<uint64_t>(t_.seed + seed_offset));
+    auto global =
+        std::make_shared<BatchSampler>(tokens, t_.batch_size, t_.seq_len, static_cast<uint64_t>(t_.seed + seed_offset));
     return std::make_shared<ReplicaRows>(std::move(global), dp_rank, dp_size);
   }
   TrainingConfig t_;
@@ -65,8 +65,7 @@ class TokenFileCorpus final : public TrainingCorpus {
     return corpus_.train_batches(t_.batch_size, t_.seq_len, static_cast<uint64_t>(t_.seed), dp_rank, dp_size);
   }
   std::shared_ptr<const BatchSource> validation_batches(int64_t dp_rank, int64_t dp_size) const override {
-    return corpus_.validation_batches(t_.batch_size, t_.seq_len, static_cast<uint64_t>(t_.seed) + 1, dp_rank,
-                                      dp_size);
+    return corpus_.validation_batches(t_.batch_size, t_.seq_len, static_cast<uint64_t>(t_.seed) + 1, dp_rank, dp_size);
   }
   std::optional<CorpusIdentity> identity() const override { return corpus_.identity(); }
 

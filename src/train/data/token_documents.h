@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-
 namespace hyper_parallel::io {
 class MappedFile;
 }  // namespace hyper_parallel::io

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iterator>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -116,7 +117,8 @@ MetricsLogger::MetricsLogger(const std::string& folder, int64_t resume_step)
   if (keep < text.size() && ::ftruncate(fd_, static_cast<off_t>(keep)) != 0) {
     const int err = errno;
     ::close(fd_);
-    throw std::runtime_error("cannot cut the metrics file '" + path_ + "' back to its whole lines: " + io::errno_text(err));
+    throw std::runtime_error("cannot cut the metrics file '" + path_ +
+                             "' back to its whole lines: " + io::errno_text(err));
   }
 }
 
@@ -143,12 +145,14 @@ void MetricsLogger::log(const nlohmann::json& record) {
       const int err = n < 0 ? errno : EIO;
       // Whole lines or nothing: cut the part that made it back off.
       const bool cut = ::ftruncate(fd_, st.st_size) == 0;
-      throw std::runtime_error("cannot write metrics file '" + path_ + "': " + io::errno_text(err) +
-                               (cut ? "" : " (and cutting the partial line back failed: " + io::errno_text(errno) + ")"));
+      throw std::runtime_error(
+          "cannot write metrics file '" + path_ + "': " + io::errno_text(err) +
+          (cut ? "" : " (and cutting the partial line back failed: " + io::errno_text(errno) + ")"));
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd_) != 0) throw std::runtime_error("cannot fsync metrics file '" + path_ + "': " + io::errno_text(errno));
+  if (::fsync(fd_) != 0)
+    throw std::runtime_error("cannot fsync metrics file '" + path_ + "': " + io::errno_text(errno));
 }
 
 std::vector<nlohmann::json> read_metrics(const std::string& jsonl_path) {
@@ -178,88 +182,78 @@ std::vector<nlohmann::json> read_metrics(const std::string& jsonl_path) {
   return records;
 }
 
-bool plot_loss_curve(const std::string& jsonl_path, const std::string& png_path, std::string* error) {
-  std::vector<nlohmann::json> records;
-  try {
-    records = read_metrics(jsonl_path);
-  } catch (const std::exception& e) {
-    return fail(error, e.what());
-  }
+namespace {
 
+// The loss and validation loss of the metrics records, as gnuplot data blocks, and the
+// steps whose loss was not finite.
+struct LossSeries {
   std::ostringstream train, val;
-  train.precision(17);
-  val.precision(17);
   size_t train_points = 0, val_points = 0;
   std::vector<double> non_finite_steps;  // drawn as vertical marks: a loss that is not a point
+};
+
+void collect_loss_series(const std::vector<nlohmann::json>& records, LossSeries& s) {
+  s.train.precision(17);
+  s.val.precision(17);
   for (const auto& r : records) {
     double step = 0, value = 0;
     if (!finite_number(r, "step", &step)) continue;
     if (finite_number(r, "loss", &value)) {
-      train << step << ' ' << value << '\n';
-      ++train_points;
+      s.train << step << ' ' << value << '\n';
+      ++s.train_points;
     } else if (non_finite_entry(r, "loss")) {
-      non_finite_steps.push_back(step);
+      s.non_finite_steps.push_back(step);
     }
     if (finite_number(r, "val_loss", &value)) {
-      val << step << ' ' << value << '\n';
-      ++val_points;
+      s.val << step << ' ' << value << '\n';
+      ++s.val_points;
     }
   }
-  if (train_points == 0 && val_points == 0 && non_finite_steps.empty()) {
-    return fail(error, "metrics file '" + jsonl_path + "' holds no loss values to plot");
+}
+
+std::string gnuplot_script(const LossSeries& s, const std::string& png) {
+  std::ostringstream script;
+  // pngcairo draws anti-aliased lines; the libgd "png" terminal is the fallback.
+  script << "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
+            "  set terminal pngcairo size 1000,600 noenhanced\n"
+            "} else {\n"
+            "  set terminal png size 1000,600 noenhanced\n"
+            "}\n"
+         << "set output " << gnuplot_quote(png) << "\n"
+         << "set title 'Loss vs step'\n"
+            "set xlabel 'step'\n"
+            "set ylabel 'loss'\n"
+            "set key top right box opaque\n"
+            "set grid\n";
+  for (double step : s.non_finite_steps) {
+    script << "set arrow from " << step << ", graph 0 to " << step << ", graph 1 nohead dt 2 lw 1.5 lc rgb '#ff7f0e'\n";
   }
-
-  // Everything next to the PNG: the image can then be renamed into place.
-  const std::string suffix = ".tmp-" + std::to_string(::getpid());
-  const std::string script_path = png_path + ".gp" + suffix;
-  const std::string log_path = png_path + ".log" + suffix;
-  const std::string tmp_png = png_path + suffix;
-  TempFiles temps{{script_path, log_path, tmp_png}};
-
-  {
-    std::ofstream script(script_path, std::ios::binary);
-    // pngcairo draws anti-aliased lines; the libgd "png" terminal is the fallback.
-    script << "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
-              "  set terminal pngcairo size 1000,600 noenhanced\n"
-              "} else {\n"
-              "  set terminal png size 1000,600 noenhanced\n"
-              "}\n"
-           << "set output " << gnuplot_quote(tmp_png) << "\n"
-           << "set title 'Loss vs step'\n"
-              "set xlabel 'step'\n"
-              "set ylabel 'loss'\n"
-              "set key top right box opaque\n"
-              "set grid\n";
-    for (double step : non_finite_steps) {
-      script << "set arrow from " << step << ", graph 0 to " << step
-             << ", graph 1 nohead dt 2 lw 1.5 lc rgb '#ff7f0e'\n";
-    }
-    if (train_points == 0 && val_points == 0) {  // nothing else fixes the ranges
-      script << "set xrange [" << non_finite_steps.front() - 1 << ":" << non_finite_steps.back() + 1
-             << "]\nset yrange [0:1]\n";
-    }
-    if (train_points) script << "$train << EOD\n" << train.str() << "EOD\n";
-    if (val_points) script << "$val << EOD\n" << val.str() << "EOD\n";
-    std::vector<std::string> plots;
-    // A single point draws no line, so it gets a marker instead.
-    if (train_points) {
-      plots.push_back(std::string("$train using 1:2 with ") + (train_points > 1 ? "lines lw 2" : "points pt 7") +
-                      " lc rgb '#1f77b4' title 'train loss'");
-    }
-    if (val_points) {
-      plots.push_back("$val using 1:2 with linespoints pt 7 ps 1.2 lc rgb '#d62728' title 'val loss'");
-    }
-    if (!non_finite_steps.empty()) {
-      plots.push_back("NaN with lines dt 2 lw 1.5 lc rgb '#ff7f0e' title 'non-finite loss (" +
-                      std::to_string(non_finite_steps.size()) + " step" + (non_finite_steps.size() > 1 ? "s" : "") +
-                      ")'");
-    }
-    script << "plot ";
-    for (size_t i = 0; i < plots.size(); ++i) script << (i ? ", " : "") << plots[i];
-    script << "\nset output\n";
-    if (!script) return fail(error, "cannot write gnuplot script '" + script_path + "'");
+  if (s.train_points == 0 && s.val_points == 0) {  // nothing else fixes the ranges
+    script << "set xrange [" << s.non_finite_steps.front() - 1 << ":" << s.non_finite_steps.back() + 1
+           << "]\nset yrange [0:1]\n";
   }
+  if (s.train_points) script << "$train << EOD\n" << s.train.str() << "EOD\n";
+  if (s.val_points) script << "$val << EOD\n" << s.val.str() << "EOD\n";
+  std::vector<std::string> plots;
+  // A single point draws no line, so it gets a marker instead.
+  if (s.train_points) {
+    plots.push_back(std::string("$train using 1:2 with ") + (s.train_points > 1 ? "lines lw 2" : "points pt 7") +
+                    " lc rgb '#1f77b4' title 'train loss'");
+  }
+  if (s.val_points) plots.push_back("$val using 1:2 with linespoints pt 7 ps 1.2 lc rgb '#d62728' title 'val loss'");
+  if (!s.non_finite_steps.empty()) {
+    const size_t n = s.non_finite_steps.size();
+    plots.push_back("NaN with lines dt 2 lw 1.5 lc rgb '#ff7f0e' title 'non-finite loss (" + std::to_string(n) +
+                    " step" + (n > 1 ? "s" : "") + ")'");
+  }
+  script << "plot ";
+  for (size_t i = 0; i < plots.size(); ++i) script << (i ? ", " : "") << plots[i];
+  script << "\nset output\n";
+  return script.str();
+}
 
+// Runs gnuplot on `script_path`, its output to `log_path`; why it failed, or nullopt.
+std::optional<std::string> run_gnuplot(const std::string& script_path, const std::string& log_path) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
@@ -271,10 +265,9 @@ bool plot_loss_curve(const std::string& jsonl_path, const std::string& png_path,
   const int spawn_rc = posix_spawnp(&pid, "gnuplot", &actions, nullptr, argv, environ);
   posix_spawn_file_actions_destroy(&actions);
   if (spawn_rc != 0) {
-    if (spawn_rc == ENOENT) return fail(error, "gnuplot not found on PATH (install gnuplot-nox for loss plots)");
-    return fail(error, "cannot start gnuplot: " + io::errno_text(spawn_rc));
+    if (spawn_rc == ENOENT) return "gnuplot not found on PATH (install gnuplot-nox for loss plots)";
+    return "cannot start gnuplot: " + io::errno_text(spawn_rc);
   }
-
   int status = 0;
   pid_t waited;
   do {
@@ -284,8 +277,37 @@ bool plot_loss_curve(const std::string& jsonl_path, const std::string& png_path,
   if (waited == pid && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
     const std::string how = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
                                               : "was killed by signal " + std::to_string(WTERMSIG(status));
-    return fail(error, "gnuplot " + how + ": " + read_text(log_path, 1000));
+    return "gnuplot " + how + ": " + read_text(log_path, 1000);
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool plot_loss_curve(const std::string& jsonl_path, const std::string& png_path, std::string* error) {
+  std::vector<nlohmann::json> records;
+  try {
+    records = read_metrics(jsonl_path);
+  } catch (const std::exception& e) {
+    return fail(error, e.what());
+  }
+  LossSeries series;
+  collect_loss_series(records, series);
+  if (series.train_points == 0 && series.val_points == 0 && series.non_finite_steps.empty()) {
+    return fail(error, "metrics file '" + jsonl_path + "' holds no loss values to plot");
+  }
+  // Everything next to the PNG: the image can then be renamed into place.
+  const std::string suffix = ".tmp-" + std::to_string(::getpid());
+  const std::string script_path = png_path + ".gp" + suffix;
+  const std::string log_path = png_path + ".log" + suffix;
+  const std::string tmp_png = png_path + suffix;
+  TempFiles temps{{script_path, log_path, tmp_png}};
+  {
+    std::ofstream script(script_path, std::ios::binary);
+    script << gnuplot_script(series, tmp_png);
+    if (!script) return fail(error, "cannot write gnuplot script '" + script_path + "'");
+  }
+  if (const auto why = run_gnuplot(script_path, log_path)) return fail(error, *why);
   if (compat::file_size(tmp_png) <= 0) {
     return fail(error, "gnuplot wrote no image: " + read_text(log_path, 1000));
   }

@@ -1,0 +1,61 @@
+// What a training loop needs of a decoder-only language model, whatever its family: the
+// logits or the final hidden states of a token batch, the head's weight (for a fused
+// linear + cross-entropy that never makes the logits), a seeded initialisation, hooks around
+// its blocks (sharded data parallelism), and its sizes. Every family's module implements
+// it (Llama's and Qwen3's LlamaImpl, ...), so hp-train's Trainer holds a module and this
+// interface and names no model.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "hyper_parallel/block_hooks.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace hyper_parallel {
+
+// The sizes every decoder has (a job's [model] keys; Hugging Face names in brackets).
+struct DecoderSizes {
+  int64_t dim = 256;            // hidden_size
+  int64_t n_layers = 2;         // num_hidden_layers
+  int64_t n_heads = 8;          // num_attention_heads
+  int64_t n_kv_heads = 0;       // num_key_value_heads; 0: n_heads
+  int64_t vocab_size = 32000;   // vocab_size
+  int64_t ffn_hidden_dim = 0;   // intermediate_size; 0: the family's derivation
+  int64_t multiple_of = 64;     // rounding of a derived ffn_hidden_dim
+  double norm_eps = 1e-5;       // rms_norm_eps
+  double rope_theta = 10000.0;  // rope_theta
+  int64_t max_seq_len = 512;    // max_position_embeddings
+  bool tie_word_embeddings = false;
+};
+
+class CausalLanguageModel {
+ public:
+  virtual ~CausalLanguageModel() = default;
+  // tokens [batch, seq] -> logits [batch, seq, vocab] (a Shard(-1) DTensor under loss
+  // parallel), before any final soft-capping (final_logit_softcap: the loss applies it).
+  virtual at::Tensor logits(const at::Tensor& tokens) = 0;
+  // What the head reads [batch, seq, dim] (a Shard(1) DTensor under sequence parallel).
+  virtual at::Tensor hidden_states(const at::Tensor& tokens) = 0;
+  // The head's weight [vocab, dim] (the embeddings' when tied; Shard(0) under TP).
+  virtual at::Tensor head_weight() const = 0;
+  // The same weights on every rank from a seed, independent of the global RNG.
+  virtual void init_weights(uint64_t seed) = 0;
+  // Called around each block's forward and backward (block_hooks.h); nullptr: none.
+  virtual void set_block_hooks(std::shared_ptr<BlockHooks> hooks) = 0;
+  // The resolved sizes (n_kv_heads and ffn_hidden_dim as the model uses them).
+  virtual DecoderSizes sizes() const = 0;
+  // > 0: the logits become cap * tanh(logits / cap) before the loss (Gemma 2).
+  virtual double final_logit_softcap() const { return 0.0; }
+};
+
+// `module` as the language model it is; std::invalid_argument naming the module otherwise.
+CausalLanguageModel& as_causal_lm(torch::nn::Module& module);
+const CausalLanguageModel& as_causal_lm(const torch::nn::Module& module);
+
+}  // namespace hyper_parallel

@@ -1,0 +1,226 @@
+// Every family's TrainSpec, made from its registry entry (model_registry.h) and its module's
+// CausalLanguageModel interface.
+#include "train/spec/train_spec.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/module.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+#include "compat/file_system.h"
+#include "hyper_parallel/causal_lm.h"
+#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/fused_linear_loss.h"
+#include "hyper_parallel/model_registry.h"
+
+namespace hyper_parallel::train {
+namespace {
+
+namespace F = torch::nn::functional;
+
+// cross_entropy's default: targets equal to it are not predicted and do not count.
+constexpr int64_t kIgnoreIndex = -100;
+
+template <class T>
+std::string text(T v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+DecoderSizes sizes_of(const ModelConfig& m) {
+  DecoderSizes s;
+  s.dim = m.dim;
+  s.n_layers = m.n_layers;
+  s.n_heads = m.n_heads;
+  s.vocab_size = m.vocab_size;
+  s.ffn_hidden_dim = m.ffn_hidden_dim;
+  s.multiple_of = m.multiple_of;
+  s.norm_eps = m.norm_eps;
+  s.rope_theta = m.rope_theta;
+  s.max_seq_len = m.max_seq_len;
+  return s;
+}
+
+// [model]'s size field against the config's: takes the config's value, or records why not.
+template <class T>
+void take(T& field, T from_config, T default_value, const char* key, const char* hf_key, const std::string& config,
+          std::vector<std::string>& conflicts) {
+  if (field != default_value && field != from_config) {
+    conflicts.push_back("model." + std::string(key) + " = " + text(field) + " but " + config + " has " + hf_key +
+                        " = " + text(from_config));
+  }
+  field = from_config;
+}
+
+std::shared_ptr<torch::nn::Module> from_sizes(const ModelFamily& family, const ModelConfig& m) {
+  // Sizes from the TOML build only a family whose whole shape they say (Llama); another
+  // (qwen3: q/k norms) comes from its config.json, never silently as something else.
+  if (!family.from_sizes) {
+    throw std::invalid_argument("model.name = \"" + m.name + "\" needs model.hf_assets_path (its config.json); " +
+                                "the sizes in [model] do not describe this family");
+  }
+  return family.from_sizes(sizes_of(m));
+}
+
+std::shared_ptr<torch::nn::Module> build(const ModelFamily& family, ModelConfig& m) {
+  if (m.hf_assets_path.empty()) return from_sizes(family, m);
+  const std::string config = compat::join_path(m.hf_assets_path, "config.json");
+  if (!compat::path_exists(config)) {
+    throw std::invalid_argument("model.hf_assets_path = \"" + m.hf_assets_path + "\": no config.json there (" + config +
+                                ")");
+  }
+  std::shared_ptr<torch::nn::Module> module = family.from_hf_config(config);
+  const DecoderSizes s = as_causal_lm(*module).sizes();
+  const ModelConfig d;
+  std::vector<std::string> conflicts;
+  take(m.dim, s.dim, d.dim, "dim", "hidden_size", config, conflicts);
+  take(m.n_layers, s.n_layers, d.n_layers, "n_layers", "num_hidden_layers", config, conflicts);
+  take(m.n_heads, s.n_heads, d.n_heads, "n_heads", "num_attention_heads", config, conflicts);
+  take(m.vocab_size, s.vocab_size, d.vocab_size, "vocab_size", "vocab_size", config, conflicts);
+  take(m.ffn_hidden_dim, s.ffn_hidden_dim, d.ffn_hidden_dim, "ffn_hidden_dim", "intermediate_size", config, conflicts);
+  take(m.norm_eps, s.norm_eps, d.norm_eps, "norm_eps", "rms_norm_eps", config, conflicts);
+  take(m.rope_theta, s.rope_theta, d.rope_theta, "rope_theta", "rope_theta", config, conflicts);
+  take(m.max_seq_len, s.max_seq_len, d.max_seq_len, "max_seq_len", "max_position_embeddings", config, conflicts);
+  if (!conflicts.empty()) {
+    std::string list;
+    for (const auto& c : conflicts) list += (list.empty() ? "" : "; ") + c;
+    throw std::invalid_argument("model.hf_assets_path: the model's sizes come from its config.json: " + list +
+                                "; leave those keys unset (or set them to the config's values)");
+  }
+  m.hf_sizes_applied = true;
+  return module;
+}
+
+std::shared_ptr<torch::nn::Module> rebuild(const ModelFamily& family, const ModelConfig& m,
+                                           const std::string& hf_config_json) {
+  if (hf_config_json.empty()) return from_sizes(family, m);
+  // Families read a config.json file: the recorded one, written to a scratch folder.
+  static std::atomic<int> counter{0};
+  const std::string folder = compat::join_path(
+      compat::temp_directory(), "hp_saved_model_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  compat::create_directories(folder);
+  const std::string path = compat::join_path(folder, "config.json");
+  { std::ofstream(path) << hf_config_json; }
+  try {
+    auto module = family.from_hf_config(path);
+    compat::remove_all(folder);
+    return module;
+  } catch (...) {
+    compat::remove_all(folder);
+    throw;
+  }
+}
+
+// FSDP's groups: parameters named "layers.<i>.…" form block i's group, every other one the root's.
+std::vector<NamedParameters> block_groups(const torch::nn::Module& model) {
+  const int64_t blocks = as_causal_lm(model).sizes().n_layers;
+  std::vector<NamedParameters> groups(static_cast<size_t>(1 + blocks));
+  for (const auto& p : model.named_parameters()) {
+    const std::string& name = p.key();
+    size_t group = 0;
+    if (name.rfind("layers.", 0) == 0) group = 1 + std::stoul(name.substr(7, name.find('.', 7) - 7));
+    groups.at(group).emplace_back(name, p.value());
+  }
+  return groups;
+}
+
+// The sum of the batch's token losses. Summed, not averaged: the caller divides by the global
+// number of counted tokens (over replicas and micro-batches), so every token weighs the same
+// whichever rank holds it. The terms of `context` (z-loss, soft-capping) are applied by its
+// loss_parallel guard, by the fused loss, or here on replicated logits.
+at::Tensor token_loss_sum(torch::nn::Module& module, const Batch& batch, const TrainContext& context,
+                          const LossCall& call) {
+  CausalLanguageModel& model = as_causal_lm(module);
+  const at::Tensor head = model.head_weight();
+  const at::Device device = head.device();
+  const at::Tensor target = batch.target.to(device).flatten();
+  const LossTerms& terms = context.loss_terms();
+  if (call.fused_linear) {
+    at::Tensor hidden = model.hidden_states(batch.input.to(device));
+    // Sequence parallel: the fused loss takes the whole sequence (one all-gather, as the
+    // head's own input conversion does; backward slices the all-reduced gradient).
+    if (is_dtensor(hidden)) hidden = redistribute(hidden, Placements{Placement::replicate()});
+    if (call.after_forward) call.after_forward();
+    FusedLinearCrossEntropyOptions options;
+    options.ignore_index = kIgnoreIndex;
+    options.reduction = at::Reduction::Sum;
+    options.z_loss_weight = terms.z_loss_weight;
+    options.logit_softcap = terms.logit_softcap;
+    return fused_linear_cross_entropy(hidden.flatten(0, 1), head, target, options);
+  }
+  at::Tensor logits = model.logits(batch.input.to(device));
+  if (call.after_forward) call.after_forward();
+  // Low-precision logits are widened first, as TorchTitan does: a bfloat16 sum of the
+  // token losses would be rounded to 8 bits (0.4 %), in the loss reported and in its scale.
+  if (logits.scalar_type() == at::kBFloat16 || logits.scalar_type() == at::kHalf) logits = logits.to(at::kFloat);
+  logits = logits.flatten(0, 1);
+  const auto sum_options = F::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum);
+  if (context.loss_parallel_enabled())
+    return F::cross_entropy(logits, target, sum_options);  // the guard adds the terms
+  if (terms.logit_softcap > 0) logits = at::tanh(logits / terms.logit_softcap) * terms.logit_softcap;
+  at::Tensor loss = F::cross_entropy(logits, target, sum_options);
+  if (terms.z_loss_weight != 0) {
+    const at::Tensor counted = target.ne(kIgnoreIndex).to(logits.scalar_type());
+    loss = loss + terms.z_loss_weight * (at::logsumexp(logits, {-1}).square() * counted).sum();
+  }
+  return loss;
+}
+
+LossTerms loss_terms(const torch::nn::Module& model, const TrainingConfig& t) {
+  const double model_cap = as_causal_lm(model).final_logit_softcap();
+  if (model_cap > 0 && t.logit_softcap > 0 && t.logit_softcap != model_cap) {
+    throw std::invalid_argument("training.logit_softcap = " + text(t.logit_softcap) +
+                                " but the model soft-caps its logits at " + text(model_cap) +
+                                " (final_logit_softcapping); leave training.logit_softcap at 0");
+  }
+  return {t.z_loss_weight, model_cap > 0 ? model_cap : t.logit_softcap};
+}
+
+std::string describe(const std::string& name, const torch::nn::Module& model) {
+  const DecoderSizes s = as_causal_lm(model).sizes();
+  std::ostringstream os;
+  os << name << " dim " << s.dim << ", " << s.n_layers << " layers, " << s.n_heads << " heads";
+  if (s.n_kv_heads > 0 && s.n_kv_heads != s.n_heads) os << " (" << s.n_kv_heads << " key/value)";
+  os << ", vocab " << s.vocab_size << (s.tie_word_embeddings ? " (tied embeddings)" : "");
+  return os.str();
+}
+
+TrainSpec spec_of(const ModelFamily& family) {
+  TrainSpec spec;
+  spec.name = family.name;
+  spec.build = [&family](ModelConfig& m) { return build(family, m); };
+  spec.rebuild = [&family](const ModelConfig& m, const std::string& json) { return rebuild(family, m, json); };
+  spec.parallelize = [&family](torch::nn::Module& model, const ParallelDims&, const DeviceMesh& tp_mesh,
+                               const JobConfig& job) {
+    const auto& p = job.parallelism;
+    family.parallelize(model, tp_mesh, !p.disable_loss_parallel, p.sequence_parallel);
+  };
+  spec.shard_groups = block_groups;
+  spec.loss = token_loss_sum;
+  spec.loss_terms = loss_terms;
+  spec.describe = [name = family.name](const torch::nn::Module& model) { return describe(name, model); };
+  return spec;
+}
+
+}  // namespace
+
+const TrainSpec& train_spec(const std::string& name) {
+  static std::mutex mutex;
+  static std::map<std::string, TrainSpec> specs;
+  const ModelFamily& family = model_family(name);  // refuses an unknown name, listing the known ones
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = specs.find(name);
+  if (it == specs.end()) it = specs.emplace(name, spec_of(family)).first;
+  return it->second;
+}
+
+}  // namespace hyper_parallel::train

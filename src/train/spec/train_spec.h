@@ -1,0 +1,77 @@
+// train_spec.h — what hp-train needs of a model family to train it, beside the family
+// registry's loading and export (model_registry.h): TorchTitan's TrainSpec. The Trainer, the
+// Validator and the saved-model reader hold a module and its spec, and name no model.
+//
+// Every registered family has a spec, made from its registry entry and its module's
+// CausalLanguageModel interface (causal_lm.h): adding a family to the registry is all it
+// takes to train it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hyper_parallel/device_mesh.h"
+#include "train/config/job_config.h"
+#include "train/config/parallel_dims.h"
+#include "train/data/batches.h"
+#include "train/parallel/train_context.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace hyper_parallel::train {
+
+using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
+
+// How one loss call runs.
+struct LossCall {
+  // training.fused_linear_loss: the head's matmul and the loss in one, no logits tensor.
+  bool fused_linear = false;
+  // Runs when the model's forward is done (at the final norm when fused), for phase timing.
+  std::function<void()> after_forward;
+};
+
+struct TrainSpec {
+  std::string name;  // model.name
+  // The module of a job's [model]: the family's from_hf_config of model.hf_assets_path's
+  // config.json, whose sizes are then written into `model` (a size set to another value is a
+  // std::invalid_argument naming both), or, without hf_assets_path, from [model]'s sizes for
+  // a family that can be built from them.
+  std::function<std::shared_ptr<torch::nn::Module>(ModelConfig& model)> build;
+  // The module a checkpoint recorded: from the text of its config.json when it has one
+  // (not empty), else from the recorded [model] sizes.
+  std::function<std::shared_ptr<torch::nn::Module>(const ModelConfig& model, const std::string& hf_config_json)>
+      rebuild;
+  // Tensor (and sequence) parallelism over tp_mesh, when dims.tp_enabled(); each rank
+  // shards its own copy of the weights.
+  std::function<void(torch::nn::Module& model, const ParallelDims& dims, const DeviceMesh& tp_mesh,
+                     const JobConfig& job)>
+      parallelize;
+  // Sharded data parallelism's groups: the root's parameters (embeddings, final norm, head)
+  // first, then one group per block, in the order the forward reads them.
+  std::function<std::vector<NamedParameters>(const torch::nn::Module& model)> shard_groups;
+  // The sum (not the mean) of `batch`'s token losses, in the context, on the model's device:
+  // the caller divides by the global count of targets that count (cross_entropy's
+  // ignore_index -100 does not).
+  std::function<at::Tensor(torch::nn::Module& model, const Batch& batch, const TrainContext& context,
+                           const LossCall& call)>
+      loss;
+  // The terms the loss adds to cross-entropy: [training]'s z-loss, and the soft-capping the
+  // model asks for (Gemma 2's final_logit_softcapping) or training.logit_softcap; both set
+  // and different is a std::invalid_argument.
+  std::function<LossTerms(const torch::nn::Module& model, const TrainingConfig& training)> loss_terms;
+  // One line for logs: the family and its sizes.
+  std::function<std::string(const torch::nn::Module& model)> describe;
+};
+
+// The spec of model.name `name`; an unknown name is a std::invalid_argument listing the
+// known ones.
+const TrainSpec& train_spec(const std::string& name);
+
+}  // namespace hyper_parallel::train
