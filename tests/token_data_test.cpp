@@ -641,7 +641,7 @@ TEST(MappedFileDeathTest, AFileTruncatedWhileMappedIsNamedNotABareSigbus) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
-        io::MappedFile file(path);
+        hyper_parallel::io::MappedFile file(path);
         ::truncate(path.c_str(), 4096);
         volatile unsigned char sink = file.data()[(1 << 16) - 1];
         (void)sink;
@@ -651,7 +651,7 @@ TEST(MappedFileDeathTest, AFileTruncatedWhileMappedIsNamedNotABareSigbus) {
   // default's signal; under ASan, its report): it kills, and names no file.
   EXPECT_EXIT(
       {
-        io::MappedFile file(path);
+        hyper_parallel::io::MappedFile file(path);
         ::raise(SIGBUS);
       },
       [](int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; },
