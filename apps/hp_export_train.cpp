@@ -12,6 +12,7 @@
 // DIR/batches/{input,target}_<step>.bin the int64 token batches of steps 1..training.steps,
 // exactly as hp-train draws them (synthetic, text or pre-tokenized data).
 #include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
 
 #include <fstream>
 #include <iostream>
@@ -20,7 +21,7 @@
 
 #include "compat/file_system.h"
 #include "train/checkpoint/checkpoint_io.h"
-#include "hyper_parallel/llama.h"
+#include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel/model_registry.h"
 #include "train/data/corpus.h"
 #include "train/spec/train_spec.h"
@@ -49,11 +50,13 @@ int main(int argc, char** argv) {
     const std::string dir = argv[1];
     std::vector<std::string> args(argv + 2, argv + argc);
     hp::train::JobConfig cfg = hp::train::parse_job_config(args);
-    // The PyTorch side rebuilds a Llama; the spec sets cfg.model from a Hugging Face config.
-    hp::Llama model = hp::as_llama(*hp::train::train_spec(cfg.model.name).build(cfg.model));
+    // The family's module, as hp-train builds it (the spec sets cfg.model from a Hugging Face
+    // config). The PyTorch side of bench_train_vs_pytorch.sh rebuilds a Llama of these sizes;
+    // the Hugging Face fine-tuning parity reads only the batches.
+    const std::shared_ptr<torch::nn::Module> model = hp::train::train_spec(cfg.model.name).build(cfg.model);
     const auto& m = cfg.model;
     const auto& t = cfg.training;
-    model->init_weights(static_cast<uint64_t>(t.seed));
+    hp::as_causal_lm(*model).init_weights(static_cast<uint64_t>(t.seed));
     if (cfg.checkpoint.initial_load_in_hf) {
       const std::string& path =
           cfg.checkpoint.initial_load_path.empty() ? m.hf_assets_path : cfg.checkpoint.initial_load_path;
@@ -74,18 +77,19 @@ int main(int argc, char** argv) {
       write_raw(hp::compat::join_path(dir, "batches/input_" + std::to_string(step) + ".bin"), b.input.to(at::kLong));
       write_raw(hp::compat::join_path(dir, "batches/target_" + std::to_string(step) + ".bin"), b.target.to(at::kLong));
     }
-    const hp::LlamaArgs& a = model->args();
+    const hp::DecoderSizes a = hp::as_causal_lm(*model).sizes();
     nlohmann::json manifest = {{"model",
-                                {{"dim", a.dim},
+                                {{"name", m.name},
+                                 {"dim", a.dim},
                                  {"n_layers", a.n_layers},
                                  {"n_heads", a.n_heads},
                                  {"vocab_size", a.vocab_size},
-                                 {"hidden_dim", a.hidden_dim()},
+                                 {"hidden_dim", a.ffn_hidden_dim},
                                  {"norm_eps", a.norm_eps},
                                  {"rope_theta", a.rope_theta},
                                  {"max_seq_len", a.max_seq_len},
-                                 {"n_kv_heads", a.kv_heads()},
-                                 {"head_dim", a.head_dim()},
+                                 {"n_kv_heads", a.n_kv_heads},
+                                 {"head_dim", a.head_dim},
                                  {"tie_word_embeddings", a.tie_word_embeddings},
                                  {"hf_assets_path", m.hf_assets_path}}},
                                {"training",

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "compat/file_system.h"
+#include "hyper_parallel/gemma2.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
 #include "hyper_parallel/model_registry.h"
@@ -98,10 +99,17 @@ int main(int argc, char** argv) {
     double loss_value;
     {
       at::NoGradGuard no_grad;
-      std::optional<hp::LossParallelGuard> guard;
-      if (tp > 1) guard.emplace();
+      // The registry's modules: Llama's (llama, qwen3) and Gemma 2's, whose loss soft-caps the logits.
       auto* llama = dynamic_cast<hp::LlamaImpl*>(model.get());
-      at::Tensor logits = llama->forward(tokens.narrow(1, 0, 16));
+      auto* gemma2 = dynamic_cast<hp::Gemma2Impl*>(model.get());
+      if (!llama && !gemma2) throw std::runtime_error("hp-hf-load: no forward for model family " + family.name);
+      hp::LossParallelOptions options;
+      if (gemma2) options.logit_softcap = gemma2->args().final_logit_softcapping;
+      std::optional<hp::LossParallelGuard> guard;
+      if (tp > 1) guard.emplace(options);
+      const at::Tensor input = tokens.narrow(1, 0, 16);
+      at::Tensor logits = llama ? llama->forward(input) : gemma2->forward(input);
+      if (tp == 1) logits = hp::soft_cap(logits, options.logit_softcap);
       at::Tensor loss = torch::nn::functional::cross_entropy(logits.flatten(0, 1), tokens.narrow(1, 1, 16).flatten());
       loss_value = (hp::is_dtensor(loss) ? hp::full_tensor(loss) : loss).item<double>();
     }

@@ -388,7 +388,7 @@ TEST(ModelRegistry, UnknownFamilyIsAnErrorListingTheKnownOnes) {
     model_family("qwen2");
     ADD_FAILURE() << "expected an error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_STREQ(e.what(), "unknown model family 'qwen2'; known: llama, qwen3");
+    EXPECT_STREQ(e.what(), "unknown model family 'qwen2'; known: llama, qwen3, gemma2");
   }
   train::JobConfig cfg;
   cfg.model.name = "qwen2";
@@ -396,7 +396,8 @@ TEST(ModelRegistry, UnknownFamilyIsAnErrorListingTheKnownOnes) {
     train::validate(cfg);
     ADD_FAILURE() << "expected an error";
   } catch (const std::exception& e) {
-    EXPECT_THAT(e.what(), HasSubstr("model.name = \"qwen2\": unknown model family 'qwen2'; known: llama, qwen3"));
+    EXPECT_THAT(e.what(),
+                HasSubstr("model.name = \"qwen2\": unknown model family 'qwen2'; known: llama, qwen3, gemma2"));
   }
 }
 

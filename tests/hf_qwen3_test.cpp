@@ -119,7 +119,7 @@ TEST(HfQwen3Config, FieldsAreReadAndUnrepresentableOnesRefusedByName) {
 }
 
 TEST(ModelRegistry, Qwen3IsListedAndModelNameSelectsIt) {
-  EXPECT_EQ(model_family_names(), (std::vector<std::string>{"llama", "qwen3"}));
+  EXPECT_EQ(model_family_names(), (std::vector<std::string>{"llama", "qwen3", "gemma2"}));
   EXPECT_EQ(model_family("qwen3").name, "qwen3");
   train::JobConfig cfg;
   cfg.model.name = "qwen3";

@@ -25,6 +25,7 @@ struct DecoderSizes {
   int64_t n_layers = 2;         // num_hidden_layers
   int64_t n_heads = 8;          // num_attention_heads
   int64_t n_kv_heads = 0;       // num_key_value_heads; 0: n_heads
+  int64_t head_dim = 0;         // head_dim; 0: dim / n_heads
   int64_t vocab_size = 32000;   // vocab_size
   int64_t ffn_hidden_dim = 0;   // intermediate_size; 0: the family's derivation
   int64_t multiple_of = 64;     // rounding of a derived ffn_hidden_dim
@@ -48,7 +49,7 @@ class CausalLanguageModel {
   virtual void init_weights(uint64_t seed) = 0;
   // Called around each block's forward and backward (block_hooks.h); nullptr: none.
   virtual void set_block_hooks(std::shared_ptr<BlockHooks> hooks) = 0;
-  // The resolved sizes (n_kv_heads and ffn_hidden_dim as the model uses them).
+  // The resolved sizes (n_kv_heads, head_dim and ffn_hidden_dim as the model uses them).
   virtual DecoderSizes sizes() const = 0;
   // > 0: the logits become cap * tanh(logits / cap) before the loss (Gemma 2).
   virtual double final_logit_softcap() const { return 0.0; }

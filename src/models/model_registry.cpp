@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "hyper_parallel/gemma2.h"
 #include "hyper_parallel/llama.h"
 #include "hyper_parallel/qwen3.h"
 
@@ -13,6 +14,7 @@ const std::vector<ModelFamily>& families() {
   static const std::vector<ModelFamily> table = {
       llama_family(),
       qwen3_family(),
+      gemma2_family(),
   };
   return table;
 }

@@ -1,7 +1,9 @@
 // Parity of a model family with transformers: tests/hf/make_<family>_models.py saves tiny
 // random models offline with transformers' logits, loss and gradients (hf_reference.py);
 // these helpers load one into the family's module at a TP degree (ranks as threads) and
-// compare everything, gradients mapped back to Hugging Face names.
+// compare everything, gradients mapped back to Hugging Face names. transformers' logits
+// are after a family's final soft-capping (Gemma 2's): ours are compared capped, and the
+// loss caps them (loss_parallel's logit_softcap under TP).
 #pragma once
 
 #include <ATen/core/Tensor.h>

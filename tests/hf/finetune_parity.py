@@ -1,14 +1,17 @@
 """Fine-tuning parity with transformers: hp-train at TP 2 (real processes through hp-run,
-loss_parallel) starts from a tiny random transformers LlamaForCausalLM made offline and
-trains it on a pre-tokenized corpus; a plain PyTorch loop trains transformers' own model,
+loss_parallel) starts from a tiny random transformers model made offline (LlamaForCausalLM,
+Gemma2ForCausalLM) and trains it on a pre-tokenized corpus; a plain PyTorch loop trains transformers' own model,
 loaded from the same folder, with the same AdamW (every parameter decayed, as hp-train
 does), learning-rate schedule, gradient clipping and batches (exported by hp-export-train).
 Per-step losses and gradient norms must agree within TOL in float64.
 
     python finetune_parity.py BIN_DIR WORK_DIR [--steps N] [--tp N]
 
-Cases: "gqa" (4 query / 2 kv heads, explicit head_dim, untied) and "tied"
-(tie_word_embeddings: one parameter for the embeddings and the head on both sides).
+Cases: "gqa" (Llama, 4 query / 2 kv heads, explicit head_dim, untied), "tied" (Llama,
+tie_word_embeddings: one parameter for the embeddings and the head on both sides) and
+"gemma2" (Gemma 2 through hp-train's train spec: soft-capped attention and logits, sliding
+windows shorter than the sequence, (1 + w) norms, GeGLU, tied; transformers in eager
+attention, its float32 norm and softmax kept in float64 as make_gemma2_models.py does).
 Exits 77 when transformers is not importable (the ctest skips), 1 when a step disagrees.
 """
 import argparse
@@ -23,38 +26,51 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "apps"))
 # Exits 77 without transformers.
 from hf_reference import rms_norm_in_float64  # noqa: E402
 from make_llama_models import BASE  # noqa: E402
+import make_gemma2_models  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 
 # transformers' RMSNorm rounds a float64 model's norms through float32 (see hf_reference.py).
 rms_norm_in_float64(modeling_llama.LlamaRMSNorm)
+make_gemma2_models.in_float64()
 
 from bench_train_pytorch import learning_rate_at  # noqa: E402  hp's schedule, already mirrored there
 
 TOL = 1e-8
-CASES = {"gqa": {}, "tied": {"tie_word_embeddings": True}}
 
 
-def make_model(folder, overrides):
+class Family:
+    def __init__(self, name, config, model, base, attn, norm_weights):
+        self.name, self.config, self.model, self.base = name, config, model, base
+        self.attn, self.norm_weights = attn, norm_weights
+
+
+LLAMA = Family("llama", LlamaConfig, LlamaForCausalLM, BASE, "sdpa", (0.5, 1.5))
+# Gemma 2 scales by 1 + weight: norms around 0. No sdpa attention there (it cannot soft-cap).
+GEMMA2 = Family("gemma2", Gemma2Config, Gemma2ForCausalLM, make_gemma2_models.BASE, "eager", (-0.5, 0.5))
+CASES = {"gqa": (LLAMA, {}), "tied": (LLAMA, {"tie_word_embeddings": True}), "gemma2": (GEMMA2, {})}
+
+
+def make_model(folder, family, overrides):
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**{**BASE, **overrides}))
-    with torch.no_grad():  # norms away from 1 so that their gradients and values matter
+    model = family.model(family.config(**{**family.base, **overrides}))
+    with torch.no_grad():  # norms away from their identity so that their gradients and values matter
         for n, p in model.named_parameters():
             if n.endswith("norm.weight"):
-                p.uniform_(0.5, 1.5)
+                p.uniform_(*family.norm_weights)
     model.save_pretrained(folder)
 
 
-def reference_losses(folder, export):
+def reference_losses(folder, export, family):
     """transformers' model trained by a plain loop on hp-train's batches and settings."""
     with open(os.path.join(export, "manifest.json")) as f:
         man = json.load(f)
     t = man["training"]
-    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="sdpa")
+    model = family.model.from_pretrained(folder, dtype=torch.float64, attn_implementation=family.attn)
     model.train()
     params = list(model.parameters())  # deduplicated: a tied weight once, as in hp-train
     opt = torch.optim.AdamW(params, lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"],
@@ -92,16 +108,16 @@ def main():
     ap.add_argument("--tp", type=int, default=2)
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    # A flat uint16 corpus (nanoGPT's layout) of random ids: the windows hp-train samples
-    # from it are what both sides train on.
-    corpus = os.path.join(args.work, "corpus.bin")
-    rng = np.random.default_rng(0)
-    rng.integers(0, BASE["vocab_size"], size=20000, dtype=np.uint16).tofile(corpus)
     failed = False
-    for name, overrides in CASES.items():
+    for name, (family, overrides) in CASES.items():
+        # A flat uint16 corpus (nanoGPT's layout) of random ids below the model's vocabulary:
+        # the windows hp-train samples from it are what both sides train on.
+        corpus = os.path.join(args.work, "corpus_%s.bin" % name)
+        rng = np.random.default_rng(0)
+        rng.integers(0, family.base["vocab_size"], size=20000, dtype=np.uint16).tofile(corpus)
         folder = os.path.join(args.work, name)
-        make_model(folder, overrides)
-        job = ["--model.hf_assets_path", folder, "--checkpoint.initial_load_in_hf", "true",
+        make_model(folder, family, overrides)
+        job = ["--model.name", family.name, "--model.hf_assets_path", folder, "--checkpoint.initial_load_in_hf", "true",
                "--training.data", corpus, "--training.data_format", "bin_u16", "--training.dtype", "float64",
                "--training.steps", str(args.steps), "--training.batch_size", "4", "--training.seq_len", "32",
                "--training.warmup_steps", "3", "--training.lr", "3e-3", "--training.max_norm", "1.0",
@@ -114,7 +130,7 @@ def main():
              os.path.join(args.bin_dir, "hp-train")] + job + ["--job.dump_folder", dump], dump + ".log")
         with open(os.path.join(dump, "metrics", "metrics.jsonl")) as f:
             ours = [json.loads(line) for line in f if line.strip()]
-        ref = reference_losses(folder, export)
+        ref = reference_losses(folder, export, family)
         print("%s: hp-train TP %d (loss_parallel) vs transformers %s, float64, %d steps"
               % (name, args.tp, __import__("transformers").__version__, args.steps))
         print("  step  loss (hp-train)        loss (transformers)    |d loss|   |d grad norm|")

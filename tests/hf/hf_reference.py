@@ -38,27 +38,33 @@ def rms_norm_in_float64(norm_class):
     norm_class.forward = forward
 
 
-def make_models(out, config_class, model_class, base, cases):
+def make_models(out, config_class, model_class, base, cases, attn_implementation="sdpa", norm_weights=(0.5, 1.5)):
     """cases: name -> dict(config=overrides of base, save=save_pretrained kwargs,
-    store_dtype=the dtype the checkpoint is stored in, float32 by default)."""
+    store_dtype=the dtype the checkpoint is stored in, float32 by default).
+    norm_weights: the range the norm weights are drawn from (scaling by the weight: around
+    1; Gemma's scaling by 1 + weight: around 0)."""
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(base["vocab_size"], (2, 12), generator=gen)
     targets = torch.randint(base["vocab_size"], (2, 12), generator=gen)
     for name, case in cases.items():
         folder = os.path.join(out, name)
-        model = model_class(config_class(**{**base, **case.get("config", {})}))
-        with torch.no_grad():  # norms away from 1 so that their gradients and values matter
+        config = config_class(**{**base, **case.get("config", {})})
+        model = model_class(config)
+        case_tokens = tokens.clone()
+        if config.pad_token_id is not None:  # its embedding row gets no gradient from the lookup
+            case_tokens[0, 3] = case_tokens[1, 7] = config.pad_token_id
+        with torch.no_grad():  # norms away from their initial value so that their gradients and values matter
             for n, p in model.named_parameters():
                 if n.endswith("norm.weight"):
-                    p.uniform_(0.5, 1.5)
+                    p.uniform_(*norm_weights)
         model.to(case.get("store_dtype", torch.float32)).save_pretrained(folder, **case.get("save", {}))
         for dtype in (torch.float64, torch.float32):
-            ref = model_class.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
-            logits = ref(input_ids=tokens).logits
+            ref = model_class.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
+            logits = ref(input_ids=case_tokens).logits
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
             loss.backward()
-            result = {"tokens": tokens, "targets": targets, "logits": logits.detach(), "loss": loss.detach()}
+            result = {"tokens": case_tokens, "targets": targets, "logits": logits.detach(), "loss": loss.detach()}
             for n, p in ref.named_parameters():
                 result["grad." + n] = p.grad
             save_file({k: v.contiguous() for k, v in result.items()},

@@ -53,51 +53,7 @@ std::pair<at::Tensor, at::Tensor> llama_rope_tables(const LlamaArgs& a) {
   return {angles.cos().to(at::kFloat), angles.sin().to(at::kFloat)};
 }
 
-namespace {
-
 using nlohmann::json;
-
-// Reads a transformers config, naming the file and field in every error.
-class HfConfigReader {
- public:
-  HfConfigReader(const json& j, std::string source) : j_(j), source_(std::move(source)) {}
-
-  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw std::runtime_error(source_ + ": " + field + " " + what);
-  }
-  [[noreturn]] void refuse(const std::string& field, const json& value, const std::string& why) const {
-    fail(field, "= " + value.dump() + ": " + why);
-  }
-  bool has(const json& in, const char* key) const { return in.contains(key) && !in.at(key).is_null(); }
-
-  template <class T>
-  T get(const json& in, const std::string& prefix, const char* key, std::optional<T> fallback = std::nullopt) const {
-    if (!has(in, key)) {
-      if (fallback) return *fallback;
-      fail(prefix + key, "is missing");
-    }
-    const json& v = in.at(key);
-    if constexpr (std::is_same_v<T, int64_t>) {
-      if (!v.is_number_integer()) refuse(prefix + key, v, "expected an integer");
-    } else if constexpr (std::is_same_v<T, double>) {
-      if (!v.is_number()) refuse(prefix + key, v, "expected a number");
-    } else if constexpr (std::is_same_v<T, bool>) {
-      if (!v.is_boolean()) refuse(prefix + key, v, "expected true or false");
-    } else {
-      if (!v.is_string()) refuse(prefix + key, v, "expected a string");
-    }
-    return v.get<T>();
-  }
-  template <class T>
-  T get(const char* key, std::optional<T> fallback = std::nullopt) const {
-    return get<T>(j_, "", key, fallback);
-  }
-
-  const json& j_;
-  std::string source_;
-};
-
-}  // namespace
 
 LlamaArgs LlamaArgs::from_sizes(const DecoderSizes& s) {
   LlamaArgs a;
@@ -105,6 +61,7 @@ LlamaArgs LlamaArgs::from_sizes(const DecoderSizes& s) {
   a.n_layers = s.n_layers;
   a.n_heads = s.n_heads;
   a.n_kv_heads = s.n_kv_heads;
+  a.explicit_head_dim = s.head_dim;
   a.vocab_size = s.vocab_size;
   a.ffn_hidden_dim = s.ffn_hidden_dim;
   a.multiple_of = s.multiple_of;
@@ -117,13 +74,7 @@ LlamaArgs LlamaArgs::from_sizes(const DecoderSizes& s) {
 
 LlamaArgs LlamaArgs::from_hf_config_json(const std::string& text, const std::string& source,
                                          const std::string& family_model_type) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw std::runtime_error(source + ": not valid JSON: " + e.what());
-  }
-  if (!j.is_object()) throw std::runtime_error(source + ": expected a JSON object (a transformers config)");
+  const json j = parse_hf_config_json(text, source);
   HfConfigReader r(j, source);
   const std::string model_type = r.get<std::string>("model_type", family_model_type);
   if (model_type != family_model_type) {

@@ -10,6 +10,7 @@
 
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/parameters_on_meta.h"
+#include "models/module_input.h"
 #include "nn/parameter_table.h"
 
 namespace hyper_parallel {
@@ -38,37 +39,6 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   at::Tensor pairs = x.unflatten(-1, {-1, 2});
   at::Tensor even = pairs.select(-1, 0), odd = pairs.select(-1, 1);
   return at::stack({even * c - odd * n, even * n + odd * c}, -1).flatten(-2);
-}
-
-// The input several parallelized modules consume, converted to their input layout once.
-// Under ColwiseParallel each consumer's input gradient is Partial: fed the same DTensor,
-// autograd sums their Partial gradients locally (a linear op) and the conversion's
-// backward reduces the sum with ONE all-reduce, where converting per module issued one
-// all-reduce each (3 for q/k/v, 2 for w1/w3). The sum is the same up to float rounding
-// order. Returns `x` unchanged when the modules are not parallelized alike.
-at::Tensor shared_input(const at::Tensor& x, std::initializer_list<const torch::nn::Module*> consumers) {
-  if (is_dtensor(x)) return x;
-  const ModuleLayouts* first = nullptr;
-  for (const torch::nn::Module* m : consumers) {
-    const ModuleLayouts* l = module_layouts(*m);
-    if (!l || l->use_local_input) return x;
-    if (!first) {
-      first = l;
-    } else if (!(l->mesh == first->mesh) || l->input_layouts != first->input_layouts ||
-               l->desired_input != first->desired_input) {
-      return x;
-    }
-  }
-  return first ? prepare_module_input(*first, x) : x;
-}
-
-// The input of a module whose forward takes more than the tensor (attention takes the
-// rotary tables too), converted by its PrepareModuleInput when it has one: under
-// sequence parallel, ONE all-gather of the Shard(1) norm output that q/k/v (or w1/w3)
-// then share, and one reduce-scatter of their summed Partial gradients in backward.
-at::Tensor module_input(const torch::nn::Module& module, const at::Tensor& x) {
-  const ModuleLayouts* l = module_layouts(module);
-  return l ? prepare_module_input(*l, x) : x;
 }
 
 }  // namespace
@@ -180,6 +150,7 @@ DecoderSizes LlamaImpl::sizes() const {
   s.n_layers = args_.n_layers;
   s.n_heads = args_.n_heads;
   s.n_kv_heads = args_.kv_heads();
+  s.head_dim = args_.head_dim();
   s.vocab_size = args_.vocab_size;
   s.ffn_hidden_dim = args_.hidden_dim();
   s.multiple_of = args_.multiple_of;

@@ -94,7 +94,7 @@ std::vector<Field> job_fields() {
 
 std::vector<Field> model_fields() {
   return {
-      HP_FIELD(model, name, "model family: a name in the model registry (llama, qwen3)"),
+      HP_FIELD(model, name, "model family: a name in the model registry (llama, qwen3, gemma2)"),
       HP_FIELD(model, dim, "hidden (embedding) size"),
       HP_FIELD(model, n_layers, "transformer blocks"),
       HP_FIELD(model, n_heads, "attention heads (divides dim; divisible by the TP degree)"),
@@ -775,193 +775,193 @@ std::string num(double v) { return format_float(v); }
 bool model_sizes_known(const ModelConfig& m) { return m.hf_assets_path.empty() || m.hf_sizes_applied; }
 
 // Every float finite; [job] and [model].
-void check_model(const JobConfig& cfg, Checks& c) {
+void check_model(const JobConfig& cfg, Checks& out) {
   // TOML and the command line both accept inf and nan; no float key has a use for them.
   for (const Field& f : fields()) {
     if (f.kind != Kind::Float) continue;
     const double v = std::get<double>(f.get(cfg));
-    c.require(std::isfinite(v), f.dotted() + " = " + num(v) + " must be finite");
+    out.require(std::isfinite(v), f.dotted() + " = " + num(v) + " must be finite");
   }
 
-  c.non_empty("job.dump_folder", cfg.dump_folder);
+  out.non_empty("job.dump_folder", cfg.dump_folder);
 
   const ModelConfig& m = cfg.model;
-  c.non_empty("model.name", m.name);
+  out.non_empty("model.name", m.name);
   if (!m.name.empty()) {
     try {
       model_family(m.name);  // an unknown family is refused, never trained as another
     } catch (const std::invalid_argument& e) {
-      c.errors.push_back("model.name = \"" + m.name + "\": " + e.what());
+      out.errors.push_back("model.name = \"" + m.name + "\": " + e.what());
     }
   }
-  c.positive("model.dim", m.dim);
-  c.positive("model.n_layers", m.n_layers);
-  c.positive("model.n_heads", m.n_heads);
-  c.positive("model.vocab_size", m.vocab_size);
-  c.positive("model.multiple_of", m.multiple_of);
-  c.positive("model.max_seq_len", m.max_seq_len);
-  c.require(m.ffn_hidden_dim >= 0,
-            "model.ffn_hidden_dim = " + std::to_string(m.ffn_hidden_dim) + " must be >= 0 (0: derived from model.dim)");
+  out.positive("model.dim", m.dim);
+  out.positive("model.n_layers", m.n_layers);
+  out.positive("model.n_heads", m.n_heads);
+  out.positive("model.vocab_size", m.vocab_size);
+  out.positive("model.multiple_of", m.multiple_of);
+  out.positive("model.max_seq_len", m.max_seq_len);
+  out.require(m.ffn_hidden_dim >= 0, "model.ffn_hidden_dim = " + std::to_string(m.ffn_hidden_dim) +
+                                         " must be >= 0 (0: derived from model.dim)");
   // A Hugging Face config may give head_dim explicitly (not dim / n_heads): the family checks it.
   if (m.dim > 0 && m.n_heads > 0 && m.hf_assets_path.empty()) {
     if (m.dim % m.n_heads != 0) {
-      c.errors.push_back("model.dim = " + std::to_string(m.dim) +
-                         " must be divisible by model.n_heads = " + std::to_string(m.n_heads));
+      out.errors.push_back("model.dim = " + std::to_string(m.dim) +
+                           " must be divisible by model.n_heads = " + std::to_string(m.n_heads));
     } else if ((m.dim / m.n_heads) % 2 != 0) {  // RoPE rotates pairs of channels
-      c.errors.push_back("model.dim / model.n_heads = " + std::to_string(m.dim / m.n_heads) +
-                         " (the head size) must be even for RoPE");
+      out.errors.push_back("model.dim / model.n_heads = " + std::to_string(m.dim / m.n_heads) +
+                           " (the head size) must be even for RoPE");
     }
   }
-  c.require(m.norm_eps > 0, "model.norm_eps = " + num(m.norm_eps) + " must be > 0");
-  c.require(m.rope_theta > 0, "model.rope_theta = " + num(m.rope_theta) + " must be > 0");
+  out.require(m.norm_eps > 0, "model.norm_eps = " + num(m.norm_eps) + " must be > 0");
+  out.require(m.rope_theta > 0, "model.rope_theta = " + num(m.rope_theta) + " must be > 0");
 }
 
 // [training]: the optimiser, the schedule and the data.
-void check_training(const JobConfig& cfg, Checks& c) {
+void check_training(const JobConfig& cfg, Checks& out) {
   const ModelConfig& m = cfg.model;
   const TrainingConfig& t = cfg.training;
-  c.positive("training.batch_size", t.batch_size);
-  c.positive("training.seq_len", t.seq_len);
-  c.positive("training.steps", t.steps);
-  c.positive("training.log_freq", t.log_freq);
-  c.require(t.warmup_steps >= 0, "training.warmup_steps = " + std::to_string(t.warmup_steps) + " must be >= 0");
+  out.positive("training.batch_size", t.batch_size);
+  out.positive("training.seq_len", t.seq_len);
+  out.positive("training.steps", t.steps);
+  out.positive("training.log_freq", t.log_freq);
+  out.require(t.warmup_steps >= 0, "training.warmup_steps = " + std::to_string(t.warmup_steps) + " must be >= 0");
   const bool sizes_known = model_sizes_known(m);
-  c.require(!sizes_known || t.seq_len <= m.max_seq_len,
-            "training.seq_len = " + std::to_string(t.seq_len) +
-                " must be <= model.max_seq_len = " + std::to_string(m.max_seq_len));
-  c.require(t.lr > 0, "training.lr = " + num(t.lr) + " must be > 0");
-  c.require(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1,
-            "training.min_lr_ratio = " + num(t.min_lr_ratio) + " must be in [0, 1]");
-  c.require(t.weight_decay >= 0, "training.weight_decay = " + num(t.weight_decay) + " must be >= 0");
-  c.require(t.beta1 >= 0 && t.beta1 < 1, "training.beta1 = " + num(t.beta1) + " must be in [0, 1)");
-  c.require(t.beta2 >= 0 && t.beta2 < 1, "training.beta2 = " + num(t.beta2) + " must be in [0, 1)");
-  c.require(t.eps > 0, "training.eps = " + num(t.eps) + " must be > 0");
-  c.require(t.max_norm > 0, "training.max_norm = " + num(t.max_norm) + " must be > 0");
-  c.require(t.z_loss_weight >= 0, "training.z_loss_weight = " + num(t.z_loss_weight) + " must be >= 0 (0: off)");
-  c.require(t.logit_softcap >= 0, "training.logit_softcap = " + num(t.logit_softcap) + " must be >= 0 (0: off)");
-  c.require(t.seed >= 0, "training.seed = " + std::to_string(t.seed) + " must be >= 0");
-  c.require(t.dtype == "float32" || t.dtype == "bfloat16" || t.dtype == "float64",
-            "training.dtype = " + quote(t.dtype) + " is not one of float32, bfloat16, float64");
-  c.require(t.device == "cpu" || t.device == "cuda",
-            "training.device = " + quote(t.device) + " is not one of cpu, cuda");
+  out.require(!sizes_known || t.seq_len <= m.max_seq_len,
+              "training.seq_len = " + std::to_string(t.seq_len) +
+                  " must be <= model.max_seq_len = " + std::to_string(m.max_seq_len));
+  out.require(t.lr > 0, "training.lr = " + num(t.lr) + " must be > 0");
+  out.require(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1,
+              "training.min_lr_ratio = " + num(t.min_lr_ratio) + " must be in [0, 1]");
+  out.require(t.weight_decay >= 0, "training.weight_decay = " + num(t.weight_decay) + " must be >= 0");
+  out.require(t.beta1 >= 0 && t.beta1 < 1, "training.beta1 = " + num(t.beta1) + " must be in [0, 1)");
+  out.require(t.beta2 >= 0 && t.beta2 < 1, "training.beta2 = " + num(t.beta2) + " must be in [0, 1)");
+  out.require(t.eps > 0, "training.eps = " + num(t.eps) + " must be > 0");
+  out.require(t.max_norm > 0, "training.max_norm = " + num(t.max_norm) + " must be > 0");
+  out.require(t.z_loss_weight >= 0, "training.z_loss_weight = " + num(t.z_loss_weight) + " must be >= 0 (0: off)");
+  out.require(t.logit_softcap >= 0, "training.logit_softcap = " + num(t.logit_softcap) + " must be >= 0 (0: off)");
+  out.require(t.seed >= 0, "training.seed = " + std::to_string(t.seed) + " must be >= 0");
+  out.require(t.dtype == "float32" || t.dtype == "bfloat16" || t.dtype == "float64",
+              "training.dtype = " + quote(t.dtype) + " is not one of float32, bfloat16, float64");
+  out.require(t.device == "cpu" || t.device == "cuda",
+              "training.device = " + quote(t.device) + " is not one of cpu, cuda");
   const std::string& f = t.data_format;
-  c.require(f == "auto" || f == "text" || f == "bin_u16" || f == "bin_u32" || f == "megatron",
-            "training.data_format = " + quote(f) + " is not one of auto, text, bin_u16, bin_u32, megatron");
-  c.require(f == "auto" || !t.data.empty(),
-            "training.data_format = " + quote(f) + " needs training.data (empty: the built-in synthetic corpus)");
+  out.require(f == "auto" || f == "text" || f == "bin_u16" || f == "bin_u32" || f == "megatron",
+              "training.data_format = " + quote(f) + " is not one of auto, text, bin_u16, bin_u32, megatron");
+  out.require(f == "auto" || !t.data.empty(),
+              "training.data_format = " + quote(f) + " needs training.data (empty: the built-in synthetic corpus)");
   for (const auto& [key, id] : {std::pair{"training.eos_id", t.eos_id}, std::pair{"training.bos_id", t.bos_id}}) {
-    c.require(id >= -1 && (m.vocab_size <= 0 || !sizes_known || id < m.vocab_size),
-              std::string(key) + " = " + std::to_string(id) +
-                  " must be -1 (none / the sidecar's) or an id below "
-                  "model.vocab_size = " +
-                  std::to_string(m.vocab_size));
+    out.require(id >= -1 && (m.vocab_size <= 0 || !sizes_known || id < m.vocab_size),
+                std::string(key) + " = " + std::to_string(id) +
+                    " must be -1 (none / the sidecar's) or an id below "
+                    "model.vocab_size = " +
+                    std::to_string(m.vocab_size));
     // The word-level text vocabulary and the synthetic language have no such ids: a set
     // one would be silently ignored.
-    c.require(id == -1 || (!t.data.empty() && f != "text"),
-              std::string(key) + " = " + std::to_string(id) +
-                  " applies to pre-tokenized data (training.data_format "
-                  "bin_u16, bin_u32, megatron or auto on such a file), not to " +
-                  (t.data.empty() ? std::string("the synthetic corpus") : std::string("a text corpus")));
+    out.require(id == -1 || (!t.data.empty() && f != "text"),
+                std::string(key) + " = " + std::to_string(id) +
+                    " applies to pre-tokenized data (training.data_format "
+                    "bin_u16, bin_u32, megatron or auto on such a file), not to " +
+                    (t.data.empty() ? std::string("the synthetic corpus") : std::string("a text corpus")));
   }
 }
 
 // [parallelism], and what the layout asks of the batch and the loss.
-void check_parallelism(const JobConfig& cfg, Checks& c) {
+void check_parallelism(const JobConfig& cfg, Checks& out) {
   const ModelConfig& m = cfg.model;
   const TrainingConfig& t = cfg.training;
   const bool sizes_known = model_sizes_known(m);
   const int64_t tp = cfg.parallelism.tensor_parallel_degree;
-  c.require(tp >= 1, "parallelism.tensor_parallel_degree = " + std::to_string(tp) + " must be >= 1");
+  out.require(tp >= 1, "parallelism.tensor_parallel_degree = " + std::to_string(tp) + " must be >= 1");
   if (tp >= 1 && m.n_heads > 0 && sizes_known) {  // attention shards whole heads across the TP ranks
-    c.require(m.n_heads % tp == 0,
-              "model.n_heads = " + std::to_string(m.n_heads) +
-                  " must be divisible by parallelism.tensor_parallel_degree = " + std::to_string(tp));
+    out.require(m.n_heads % tp == 0,
+                "model.n_heads = " + std::to_string(m.n_heads) +
+                    " must be divisible by parallelism.tensor_parallel_degree = " + std::to_string(tp));
   }
   const int64_t dp = cfg.parallelism.data_parallel_degree;
-  c.require(dp >= 1, "parallelism.data_parallel_degree = " + std::to_string(dp) + " must be >= 1");
+  out.require(dp >= 1, "parallelism.data_parallel_degree = " + std::to_string(dp) + " must be >= 1");
   const int64_t shard = cfg.parallelism.data_parallel_shard_degree;
-  c.require(shard >= 1, "parallelism.data_parallel_shard_degree = " + std::to_string(shard) + " must be >= 1");
-  c.positive("parallelism.dp_bucket_mb", cfg.parallelism.dp_bucket_mb);
-  c.positive("training.grad_accum_steps", t.grad_accum_steps);
+  out.require(shard >= 1, "parallelism.data_parallel_shard_degree = " + std::to_string(shard) + " must be >= 1");
+  out.positive("parallelism.dp_bucket_mb", cfg.parallelism.dp_bucket_mb);
+  out.positive("training.grad_accum_steps", t.grad_accum_steps);
   if (dp >= 1 && shard >= 1 && t.grad_accum_steps >= 1 && t.batch_size > 0) {  // whole rows per micro-batch
-    c.require(t.batch_size % (dp * shard * t.grad_accum_steps) == 0,
-              "training.batch_size = " + std::to_string(t.batch_size) + " must be divisible by parallelism." +
-                  (shard > 1 ? "data_parallel_degree x data_parallel_shard_degree x training.grad_accum_steps = " +
-                                   std::to_string(dp) + " x " + std::to_string(shard)
-                             : "data_parallel_degree x training.grad_accum_steps = " + std::to_string(dp)) +
-                  " x " + std::to_string(t.grad_accum_steps) +
-                  " (each data-parallel rank's micro-batch holds whole sequences)");
+    out.require(t.batch_size % (dp * shard * t.grad_accum_steps) == 0,
+                "training.batch_size = " + std::to_string(t.batch_size) + " must be divisible by parallelism." +
+                    (shard > 1 ? "data_parallel_degree x data_parallel_shard_degree x training.grad_accum_steps = " +
+                                     std::to_string(dp) + " x " + std::to_string(shard)
+                               : "data_parallel_degree x training.grad_accum_steps = " + std::to_string(dp)) +
+                    " x " + std::to_string(t.grad_accum_steps) +
+                    " (each data-parallel rank's micro-batch holds whole sequences)");
   }
-  c.require(
+  out.require(
       t.mixed_precision_reduce == "float32" || t.mixed_precision_reduce == "bfloat16",
       "training.mixed_precision_reduce = " + quote(t.mixed_precision_reduce) + " is not one of float32, bfloat16");
   if (shard > 1) {
     // Sharding is for state too large to replicate; replicated vocabulary logits (batch x
     // seq x vocab per rank, what loss_parallel avoids) contradict it.
-    c.require(!cfg.parallelism.disable_loss_parallel,
-              "parallelism.data_parallel_shard_degree = " + std::to_string(shard) +
-                  " (FSDP) with parallelism.disable_loss_parallel = true: FSDP keeps loss parallel on; unset "
-                  "disable_loss_parallel or set data_parallel_shard_degree = 1");
-    c.require(!(t.mixed_precision_reduce == "bfloat16" && t.device == "cpu"),
-              "training.mixed_precision_reduce = \"bfloat16\" needs training.device = \"cuda\" (NCCL): Gloo cannot "
-              "sum bfloat16; use float32");
+    out.require(!cfg.parallelism.disable_loss_parallel,
+                "parallelism.data_parallel_shard_degree = " + std::to_string(shard) +
+                    " (FSDP) with parallelism.disable_loss_parallel = true: FSDP keeps loss parallel on; unset "
+                    "disable_loss_parallel or set data_parallel_shard_degree = 1");
+    out.require(!(t.mixed_precision_reduce == "bfloat16" && t.device == "cpu"),
+                "training.mixed_precision_reduce = \"bfloat16\" needs training.device = \"cuda\" (NCCL): Gloo cannot "
+                "sum bfloat16; use float32");
   }
   // At TP 1 there is nothing to split the sequence over: accepting it would report a
   // sequence-parallel run that is not one.
-  c.require(!(cfg.parallelism.sequence_parallel && tp == 1),
-            "parallelism.sequence_parallel = true needs parallelism.tensor_parallel_degree > 1 (it splits the "
-            "sequence over the tensor-parallel ranks); unset it at tensor_parallel_degree = 1");
+  out.require(!(cfg.parallelism.sequence_parallel && tp == 1),
+              "parallelism.sequence_parallel = true needs parallelism.tensor_parallel_degree > 1 (it splits the "
+              "sequence over the tensor-parallel ranks); unset it at tensor_parallel_degree = 1");
   // The fused head + loss is vocabulary-parallel itself; a replicated head contradicts it.
-  c.require(!(t.fused_linear_loss && tp > 1 && cfg.parallelism.disable_loss_parallel),
-            "training.fused_linear_loss = true needs loss parallel at parallelism.tensor_parallel_degree = " +
-                std::to_string(tp) + "; unset parallelism.disable_loss_parallel or training.fused_linear_loss");
+  out.require(!(t.fused_linear_loss && tp > 1 && cfg.parallelism.disable_loss_parallel),
+              "training.fused_linear_loss = true needs loss parallel at parallelism.tensor_parallel_degree = " +
+                  std::to_string(tp) + "; unset parallelism.disable_loss_parallel or training.fused_linear_loss");
 }
 
 // [checkpoint], [validation], [metrics].
-void check_outputs(const JobConfig& cfg, Checks& c) {
+void check_outputs(const JobConfig& cfg, Checks& out) {
   const ModelConfig& m = cfg.model;
   const TrainingConfig& t = cfg.training;
-  c.non_empty("checkpoint.folder", cfg.checkpoint.folder);
-  c.require(!(cfg.checkpoint.resume && cfg.checkpoint.overwrite),
-            "checkpoint.resume and checkpoint.overwrite contradict each other: resume continues the "
-            "checkpoints in the folder, overwrite deletes them; choose one");
-  c.positive("checkpoint.interval", cfg.checkpoint.interval);
-  c.require(cfg.checkpoint.load_step >= -1,
-            "checkpoint.load_step = " + std::to_string(cfg.checkpoint.load_step) + " must be >= 0 (or -1: latest)");
-  c.require(cfg.checkpoint.load_step == -1 || cfg.checkpoint.resume,
-            "checkpoint.load_step = " + std::to_string(cfg.checkpoint.load_step) +
-                " needs checkpoint.resume = true (it names the step to resume from)");
+  out.non_empty("checkpoint.folder", cfg.checkpoint.folder);
+  out.require(!(cfg.checkpoint.resume && cfg.checkpoint.overwrite),
+              "checkpoint.resume and checkpoint.overwrite contradict each other: resume continues the "
+              "checkpoints in the folder, overwrite deletes them; choose one");
+  out.positive("checkpoint.interval", cfg.checkpoint.interval);
+  out.require(cfg.checkpoint.load_step >= -1,
+              "checkpoint.load_step = " + std::to_string(cfg.checkpoint.load_step) + " must be >= 0 (or -1: latest)");
+  out.require(cfg.checkpoint.load_step == -1 || cfg.checkpoint.resume,
+              "checkpoint.load_step = " + std::to_string(cfg.checkpoint.load_step) +
+                  " needs checkpoint.resume = true (it names the step to resume from)");
   const CheckpointConfig& c = cfg.checkpoint;
-  c.require(
+  out.require(
       c.initial_load_path.empty() || c.initial_load_in_hf,
       "checkpoint.initial_load_path = " + quote(c.initial_load_path) +
           " is only read as a Hugging Face checkpoint: set checkpoint.initial_load_in_hf = true for one; starting "
           "from one of hp-train's own checkpoints is not supported this way, use checkpoint.resume (with "
           "checkpoint.folder pointing at it)");
-  c.require(!c.initial_load_in_hf || !m.hf_assets_path.empty(),
-            "checkpoint.initial_load_in_hf = true needs model.hf_assets_path (the folder with the model's "
-            "config.json, often the checkpoint's own folder): the model must be the checkpoint's");
-  c.require(!c.last_save_in_hf || c.enable,
-            "checkpoint.last_save_in_hf = true needs checkpoint.enable = true (the Hugging Face checkpoint is "
-            "written from the run's last checkpoint)");
-  c.require(c.export_dtype == "float32" || c.export_dtype == "bfloat16",
-            "checkpoint.export_dtype = " + quote(c.export_dtype) + " is not one of float32, bfloat16");
-  c.require(t.max_skipped_steps >= 0,
-            "training.max_skipped_steps = " + std::to_string(t.max_skipped_steps) + " must be >= 0");
-  c.positive("validation.freq", cfg.validation.freq);
-  c.positive("validation.steps", cfg.validation.steps);
-  c.non_empty("metrics.folder", cfg.metrics.folder);
+  out.require(!c.initial_load_in_hf || !m.hf_assets_path.empty(),
+              "checkpoint.initial_load_in_hf = true needs model.hf_assets_path (the folder with the model's "
+              "config.json, often the checkpoint's own folder): the model must be the checkpoint's");
+  out.require(!c.last_save_in_hf || c.enable,
+              "checkpoint.last_save_in_hf = true needs checkpoint.enable = true (the Hugging Face checkpoint is "
+              "written from the run's last checkpoint)");
+  out.require(c.export_dtype == "float32" || c.export_dtype == "bfloat16",
+              "checkpoint.export_dtype = " + quote(c.export_dtype) + " is not one of float32, bfloat16");
+  out.require(t.max_skipped_steps >= 0,
+              "training.max_skipped_steps = " + std::to_string(t.max_skipped_steps) + " must be >= 0");
+  out.positive("validation.freq", cfg.validation.freq);
+  out.positive("validation.steps", cfg.validation.steps);
+  out.non_empty("metrics.folder", cfg.metrics.folder);
 }
 
 }  // namespace
 
 void validate(const JobConfig& cfg) {
-  Checks c;
-  check_model(cfg, c);
-  check_training(cfg, c);
-  check_parallelism(cfg, c);
-  check_outputs(cfg, c);
-  if (!c.errors.empty()) throw std::invalid_argument("invalid job config: " + join(c.errors, "; "));
+  Checks out;
+  check_model(cfg, out);
+  check_training(cfg, out);
+  check_parallelism(cfg, out);
+  check_outputs(cfg, out);
+  if (!out.errors.empty()) throw std::invalid_argument("invalid job config: " + join(out.errors, "; "));
 }
 
 }  // namespace hyper_parallel::train
