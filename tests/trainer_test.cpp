@@ -1,5 +1,6 @@
 // The Trainer: loss curves agree across TP 1, TP 2 with loss parallel and TP 2 without,
 // and resuming from a checkpoint continues exactly.
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
