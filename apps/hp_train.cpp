@@ -1,4 +1,5 @@
-// hp-train: trains the tiny Llama with tensor parallelism and loss_parallel.
+// hp-train: trains any registered model family (the tiny Llama by default) with tensor
+// parallelism and loss_parallel.
 //
 //   hp-run --nproc-per-node 2 build/bin/hp-train --config configs/debug_model.toml
 //   hp-train --config configs/debug_model.toml --parallelism.tensor_parallel_degree 1
