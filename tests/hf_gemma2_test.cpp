@@ -28,6 +28,7 @@
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
 #include "hyper_parallel/model_registry.h"
+#include "train/spec/train_spec.h"
 
 namespace hf_gemma2_test {
 
@@ -416,6 +417,39 @@ TEST(HfGemma2Export, TransformersLoadsTheExportWithTheSameLogitsAtTP1And2) {
     ++checked;
   }
   EXPECT_EQ(checked, jobs.size()) << r.output;
+}
+
+// hp-train's loss takes the model's own final soft-capping (Gemma 2's 30 by default) with
+// [training]'s z-loss; a training.logit_softcap that differs from it is refused, never one
+// silently preferred. A model without a cap takes training.logit_softcap, and a module that
+// is no language model is named.
+TEST(Gemma2TrainSpec, TheModelsFinalSoftCapIsTheLossesAndAnotherTrainingSoftCapIsRefused) {
+  const Gemma2 gemma(tiny_args());
+  const double cap = gemma->args().final_logit_softcapping;
+  ASSERT_EQ(cap, 30.0);
+  const train::TrainSpec& spec = train::train_spec("gemma2");
+  train::TrainingConfig t;
+  t.z_loss_weight = 1e-4;
+  train::LossTerms terms = spec.loss_terms(*gemma, t);
+  EXPECT_EQ(terms.logit_softcap, cap);
+  EXPECT_EQ(terms.z_loss_weight, 1e-4);
+  t.logit_softcap = cap;  // the same cap said twice is fine
+  EXPECT_EQ(spec.loss_terms(*gemma, t).logit_softcap, cap);
+  t.logit_softcap = 50.0;
+  EXPECT_THAT([&] { spec.loss_terms(*gemma, t); },
+              ::testing::ThrowsMessage<std::invalid_argument>(::testing::HasSubstr(
+                  "training.logit_softcap = 50 but the model soft-caps its logits at 30 (final_logit_softcapping)")));
+
+  LlamaArgs small;
+  small.dim = 16;
+  small.n_heads = 2;
+  small.vocab_size = 11;
+  const Llama llama(small);
+  EXPECT_EQ(train::train_spec("llama").loss_terms(*llama, t).logit_softcap, 50.0);
+
+  torch::nn::Linear linear(2, 2);
+  EXPECT_THAT([&] { as_causal_lm(*linear); }, ::testing::ThrowsMessage<std::invalid_argument>(::testing::HasSubstr(
+                                                  "expected a causal language model module, got a")));
 }
 
 }  // namespace hf_gemma2_test

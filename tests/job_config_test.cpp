@@ -710,7 +710,7 @@ TEST(ParallelDims, RanksDecomposeInTorchTitansOrder) {
     EXPECT_EQ(d.dp_enabled(), dp * shard > 1);
   }
   EXPECT_EQ(ParallelDims(2, 2, 2).describe(), "dp 2 x fsdp 2 x tp 2");
-  EXPECT_EQ(ParallelDims(1, 1, 4).describe(), "tp 4");
+  EXPECT_EQ(ParallelDims(1, 1, 4).describe(), "dp 1 x tp 4");
   JobConfig job;
   job.parallelism.data_parallel_degree = 3;
   job.parallelism.tensor_parallel_degree = 2;

@@ -2,6 +2,7 @@
 // name what failed and why.
 #pragma once
 
+#include <stdexcept>
 #include <string>
 #include <system_error>
 
@@ -10,6 +11,8 @@ namespace hyper_parallel::io {
 inline std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 // std::runtime_error "<what> '<path>': <errno_text(err)>".
-[[noreturn]] void throw_os_error(const std::string& what, const std::string& path, int err);
+[[noreturn]] inline void throw_os_error(const std::string& what, const std::string& path, int err) {
+  throw std::runtime_error(what + " '" + path + "': " + errno_text(err));
+}
 
 }  // namespace hyper_parallel::io

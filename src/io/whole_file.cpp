@@ -14,10 +14,6 @@
 
 namespace hyper_parallel::io {
 
-void throw_os_error(const std::string& what, const std::string& path, int err) {
-  throw std::runtime_error(what + " '" + path + "': " + errno_text(err));
-}
-
 AtomicFile::AtomicFile(std::string path)
     : path_(std::move(path)), temp_path_(path_ + ".tmp-" + std::to_string(::getpid())) {
   fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

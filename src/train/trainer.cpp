@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <nlohmann/json.hpp>
-#include <torch/nn/functional/loss.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/optim/adamw.h>
 
@@ -20,7 +19,6 @@
 #include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel/dtensor.h"
-#include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/hf_checkpoint.h"
 #include "hyper_parallel/model_registry.h"
 #include "hyper_parallel/parameters_on_meta.h"
@@ -46,9 +44,6 @@ at::ScalarType dtype_of(const std::string& name) {
   if (name == "bfloat16") return at::kBFloat16;
   return at::kFloat;
 }
-
-// cross_entropy's default: targets equal to it are not predicted and do not count.
-constexpr int64_t kIgnoreIndex = -100;
 
 // Targets that count (not ignore_index).
 int64_t counted_tokens(const Batch& batch) { return batch.target.ne(kIgnoreIndex).sum().item<int64_t>(); }
@@ -98,11 +93,7 @@ double Validator::validate(torch::nn::Module& model) const {
 }
 
 Trainer::Trainer(JobConfig config, std::ostream* log)
-    : config_(std::move(config)),
-      log_(log),
-      spec_(&train_spec(config_.model.name)),
-      dims_(ParallelDims::of(config_.parallelism)),
-      train_context_(false) {
+    : config_(std::move(config)), log_(log), spec_(&train_spec(config_.model.name)), train_context_(false) {
   // Large CPU buffers from a cache of huge-page-backed blocks that outlives each step: no
   // fresh-page faults after the first step, whatever the environment says.
   if (config_.training.device == "cpu" && config_.training.caching_allocator) install_caching_cpu_allocator();
@@ -113,7 +104,8 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   const bool weights_from_checkpoint =
       config_.checkpoint.initial_load_in_hf && config_.parallelism.tensor_parallel_degree > 1;
   nlohmann::json hf_config = build_model(weights_from_checkpoint);
-  validate(config_);
+  validate(config_);  // every bad key at once, the parallel degrees among them
+  dims_ = ParallelDims::of(config_.parallelism);
   TORCH_CHECK(!config_.checkpoint.resume || config_.checkpoint.enable,
               "hp-train: --checkpoint.resume needs checkpoint.enable = true (nothing would be read)");
   rank_ = is_initialized() ? get_rank() : 0;

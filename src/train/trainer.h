@@ -146,8 +146,8 @@ class Trainer {
   std::string metrics_folder() const;
 
   JobConfig config_;
-  const TrainSpec* spec_;  // config_.model.name's
-  ParallelDims dims_;
+  const TrainSpec* spec_;       // config_.model.name's
+  ParallelDims dims_{1, 1, 1};  // config_.parallelism's, once validate() has accepted it
   // Before every member that writes: released last, after everything the job writes is closed.
   std::vector<std::unique_ptr<DumpFolderLock>> folder_locks_;  // rank 0 (and node leaders); empty elsewhere
   std::optional<ParallelismScope> parallelism_scope_;          // set in the constructor, restored at the end

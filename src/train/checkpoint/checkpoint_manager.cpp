@@ -139,13 +139,6 @@ std::string layout_name(int64_t shard, int64_t tp) {
   return (shard > 1 ? "FSDP " + std::to_string(shard) + " x " : std::string()) + "TP " + std::to_string(tp);
 }
 
-// "dp 2 x fsdp 2 x tp 2"; the replicas are named even when there is one.
-std::string full_layout_name(const ParallelDims& d) {
-  return "dp " + std::to_string(d.dp_replicate()) +
-         (d.fsdp_enabled() ? " x fsdp " + std::to_string(d.dp_shard()) : std::string()) + " x tp " +
-         std::to_string(d.tp());
-}
-
 }  // namespace
 
 CheckpointManager::CheckpointManager(const JobConfig& config, int64_t rank, std::optional<DeviceMesh> world_mesh,
@@ -482,9 +475,9 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
   const std::map<std::string, at::Tensor> values = plan.finish();
   refuse_non_finite(values, dir, folder_, step);
   if (rank_ == 0 && log_ && (resharding || saved.world_size != job.world_size)) {
-    *log_ << "hp-train: resharded the checkpoint of step " << step << " from " << full_layout_name(before) << " to "
-          << full_layout_name(now) << " (rank 0 read " << plan.sources().size() << " of its " << saved.world_size
-          << " files)" << std::endl;
+    *log_ << "hp-train: resharded the checkpoint of step " << step << " from " << before.describe() << " to "
+          << now.describe() << " (rank 0 read " << plan.sources().size() << " of its " << saved.world_size << " files)"
+          << std::endl;
   }
   at::NoGradGuard no_grad;
   for (const auto& [name, value] : named) {

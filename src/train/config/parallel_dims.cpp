@@ -36,7 +36,7 @@ void ParallelDims::check_world_size(int64_t world_size) const {
 
 std::string ParallelDims::describe() const {
   std::ostringstream os;
-  if (dp_replicate_ > 1) os << "dp " << dp_replicate_ << " x ";
+  os << "dp " << dp_replicate_ << " x ";
   if (dp_shard_ > 1) os << "fsdp " << dp_shard_ << " x ";
   os << "tp " << tp_;
   return os.str();

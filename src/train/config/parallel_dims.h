@@ -50,7 +50,7 @@ class ParallelDims {
 
   // Refuses (c10::Error) a world of another size, naming the config keys and what to launch.
   void check_world_size(int64_t world_size) const;
-  // "dp 2 x fsdp 2 x tp 2", leaving out the data-parallel degrees that are 1.
+  // "dp 2 x fsdp 2 x tp 2"; the shard degree only when FSDP is on ("dp 1 x tp 4").
   std::string describe() const;
 
   // The job's meshes, built on every rank (a collective when dims are sliced): with FSDP the

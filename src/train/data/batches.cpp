@@ -341,13 +341,6 @@ Batch SyntheticBatchStream::batch_at(int64_t step) const {
   return {input, target};
 }
 
-std::string SyntheticBatchStream::describe() const {
-  std::ostringstream os;
-  os << "synthetic corpus (Zipf-Markov with phrases, seed " << seed_ << "), generated per batch: " << rows_
-     << " rows of " << seq_len_ + 1 << " tokens per step, vocab " << vocab_size_;
-  return os.str();
-}
-
 BatchSampler::BatchSampler(const at::Tensor& tokens, int64_t batch_size, int64_t seq_len, uint64_t seed)
     : batch_size_(batch_size), seq_len_(seq_len), seed_(seed) {
   TORCH_CHECK(tokens.defined() && tokens.dim() == 1 && tokens.scalar_type() == at::kLong,

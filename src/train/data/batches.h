@@ -103,7 +103,6 @@ class SyntheticBatchStream : public BatchSource {
                        int64_t dp_rank = 0, int64_t dp_size = 1);
   ~SyntheticBatchStream() override;
   Batch batch_at(int64_t step) const override;
-  std::string describe() const;
 
  private:
   struct Language;

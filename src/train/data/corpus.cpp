@@ -14,7 +14,12 @@ namespace {
 class SyntheticCorpus final : public TrainingCorpus {
  public:
   SyntheticCorpus(const TrainingConfig& t, int64_t vocab_size) : t_(t), vocab_size_(vocab_size) {}
-  std::string describe() const override { return stream(0, 0, 1)->describe(); }
+  // Said without building the language: its tables are O(vocab).
+  std::string describe() const override {
+    return "synthetic corpus (Zipf-Markov with phrases, seed " + std::to_string(t_.seed) +
+           "), generated per batch: " + std::to_string(t_.batch_size) + " rows of " + std::to_string(t_.seq_len + 1) +
+           " tokens per step, vocab " + std::to_string(vocab_size_);
+  }
   std::shared_ptr<const BatchSource> train_batches(int64_t dp_rank, int64_t dp_size) const override {
     return stream(0, dp_rank, dp_size);
   }

@@ -26,9 +26,6 @@ namespace {
 
 namespace F = torch::nn::functional;
 
-// cross_entropy's default: targets equal to it are not predicted and do not count.
-constexpr int64_t kIgnoreIndex = -100;
-
 template <class T>
 std::string text(T v) {
   std::ostringstream os;

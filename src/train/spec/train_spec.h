@@ -29,6 +29,9 @@ namespace hyper_parallel::train {
 
 using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
 
+// cross_entropy's default ignore_index: targets equal to it are not predicted and do not count.
+constexpr int64_t kIgnoreIndex = -100;
+
 // How one loss call runs.
 struct LossCall {
   // training.fused_linear_loss: the head's matmul and the loss in one, no logits tensor.
