@@ -367,6 +367,16 @@ TEST(Launcher, ParserRequiresMasterPortForMultipleNodes) {
   EXPECT_NO_THROW(hl::parse_arguments({"--nnodes", "2", "--master-port", "5", "p"}));
 }
 
+TEST(Launcher, ParserReadsMaxRestartsForOneNodeOnly) {
+  EXPECT_EQ(hl::parse_arguments({"prog"}).max_restarts, 0);
+  EXPECT_EQ(hl::parse_arguments({"--max-restarts", "3", "prog"}).max_restarts, 3);
+  EXPECT_EQ(hl::parse_arguments({"--max_restarts=1", "prog"}).max_restarts, 1);
+  expect_usage_error({"--max-restarts", "-1", "p"}, {"--max-restarts", "-1"});
+  // Across nodes the rendezvous has no round the nodes agree on: torchrun's c10d one does.
+  expect_usage_error({"--max-restarts", "1", "--nnodes", "2", "--master-port", "5", "p"},
+                     {"--max-restarts 1", "--nnodes 2", "torchrun", "--rdzv-backend c10d"});
+}
+
 TEST(Launcher, ParserRejectsNodeRankOutsideNodeCount) {
   expect_usage_error({"--nnodes", "2", "--node-rank", "2", "--master-port", "5", "p"}, {"--node-rank", "--nnodes"});
 }
@@ -390,6 +400,18 @@ TEST(Launcher, RankEnvironmentOffsetsRanksByNodeRank) {
   EXPECT_EQ(vars.at("GROUP_RANK"), "2");
   EXPECT_EQ(vars.at("MASTER_ADDR"), "host");
   EXPECT_EQ(vars.at("MASTER_PORT"), "777");
+  EXPECT_EQ(vars.at("TORCHELASTIC_RESTART_COUNT"), "0");
+  EXPECT_EQ(vars.at("TORCHELASTIC_MAX_RESTARTS"), "0");
+  EXPECT_EQ(vars.at("TORCHELASTIC_USE_AGENT_STORE"), "False");  // rank 0 serves the store, not hp-run
+}
+
+TEST(Launcher, RankEnvironmentCountsRestartsAsTorchrun) {
+  hl::LaunchOptions o;
+  o.max_restarts = 3;
+  const auto env = hl::rank_environment(o, 0, 777, 2);
+  const std::map<std::string, std::string> vars(env.begin(), env.end());
+  EXPECT_EQ(vars.at("TORCHELASTIC_RESTART_COUNT"), "2");
+  EXPECT_EQ(vars.at("TORCHELASTIC_MAX_RESTARTS"), "3");
 }
 
 TEST(Launcher, ParserReadsThreadsPerRankAsACountOrAuto) {
@@ -556,6 +578,54 @@ TEST(Launcher, FailingRankStopsTheOthersAndPropagatesItsExitStatus) {
   EXPECT_LT(o.err.find("[rank2]: bye"), o.err.find("hp-run: rank 2"));
 }
 
+// torchrun's elastic agent: a failed rank stops the whole group, which is started again
+// with TORCHELASTIC_RESTART_COUNT one higher. Rank 1 fails in attempts 0 and 1 while
+// rank 0 would sleep for a minute; attempt 2 succeeds.
+TEST(Launcher, AFailedRankRestartsTheWholeGroupWithTheRestartCount) {
+  const Outcome o = run_hp(sh_ranks(2,
+                                    "echo $TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS $MASTER_PORT $$; "
+                                    "[ $TORCHELASTIC_RESTART_COUNT -eq 2 ] && exit 0; "
+                                    "if [ $RANK = 1 ]; then sleep 0.3; exit 3; fi; exec sleep 60",
+                                    {"--max-restarts", "2"}));
+  EXPECT_LT(o.seconds, 10.0);
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  const auto ranks = by_rank(o.out);
+  ASSERT_EQ(ranks.size(), 2u) << o.out;
+  std::vector<std::string> ports;
+  for (const auto& [rank, lines] : ranks) {
+    ASSERT_EQ(lines.size(), 3u) << "rank " << rank << ":\n" << o.out;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      std::istringstream fields(lines[static_cast<size_t>(attempt)]);
+      std::string count, max, port, pid;
+      fields >> count >> max >> port >> pid;
+      EXPECT_EQ(count, std::to_string(attempt));
+      EXPECT_EQ(max, "2");
+      if (rank == 0) ports.push_back(port);
+      EXPECT_EQ(port, ports.at(static_cast<size_t>(attempt))) << "the ranks of one attempt share MASTER_PORT";
+      // Nothing of a failed attempt outlives it.
+      EXPECT_TRUE(wait_until_gone(std::stoi(pid), 1.0)) << "rank " << rank << " of attempt " << attempt;
+    }
+  }
+  EXPECT_TRUE(contains(o.err,
+                       "hp-run: restarting all 2 ranks (restart 1 of --max-restarts 2) after: rank 1 exited "
+                       "with status 3"))
+      << o.err;
+  EXPECT_TRUE(contains(o.err, "(restart 2 of --max-restarts 2)")) << o.err;
+  EXPECT_FALSE(contains(o.err, "FAILED")) << o.err;
+}
+
+TEST(Launcher, WhenRestartsRunOutTheLastFailureIsTheVerdict) {
+  const Outcome o = run_hp(sh_ranks(
+      2, "echo attempt $TORCHELASTIC_RESTART_COUNT; [ $RANK = 0 ] && exit 5; exec sleep 60", {"--max-restarts", "1"}));
+  EXPECT_LT(o.seconds, 10.0);
+  EXPECT_EQ(o.exit_code, 5) << o.err;
+  // Rank 0 fails at once in both attempts (rank 1 may be stopped before it prints).
+  EXPECT_EQ(by_rank(o.out)[0], (std::vector<std::string>{"attempt 0", "attempt 1"})) << o.out;
+  EXPECT_TRUE(contains(o.err, "(restart 1 of --max-restarts 1)")) << o.err;
+  EXPECT_TRUE(contains(o.err, "hp-run: FAILED: rank 0 exited with status 5 (no restart left: --max-restarts 1)"))
+      << o.err;
+}
+
 // A shell function `record MESSAGE` that writes the rank's error file as
 // record_fatal_error() does (rank_error_file.h: header, time in ns, message; via rename).
 constexpr const char* kRecordError =
@@ -665,8 +735,8 @@ TEST(Launcher, AllRanksSucceedingExitsZeroEvenIfTheyFinishAtDifferentTimes) {
 
 // Starts 2 ranks that report their pid and sleep, sends `sig` to hp-run and
 // checks that it stops promptly, with 128+sig, leaving no rank behind.
-static void expect_signal_is_forwarded(int sig) {
-  HpRun run(sh_ranks(2, "echo started $$; exec sleep 60"));
+static void expect_signal_is_forwarded(int sig, std::vector<std::string> extra = {}) {
+  HpRun run(sh_ranks(2, "echo started $$; exec sleep 60", std::move(extra)));
   ASSERT_TRUE(run.wait_for_stdout([](const std::string& out) { return lines_of(out).size() >= 2; }, 5.0)) << run.out();
   std::vector<pid_t> ranks;
   for (const auto& entry : by_rank(run.out())) {
@@ -680,11 +750,15 @@ static void expect_signal_is_forwarded(int sig) {
   EXPECT_EQ(o.exit_code, 128 + sig) << o.err;
   EXPECT_TRUE(contains(o.err, "received " + hl::signal_name(sig))) << o.err;
   for (pid_t pid : ranks) EXPECT_TRUE(wait_until_gone(pid, 1.0)) << "rank pid " << pid;
+  EXPECT_FALSE(contains(o.err, "restarting")) << o.err;
 }
 
 TEST(Launcher, SigtermToLauncherIsForwardedToAllRanks) { expect_signal_is_forwarded(SIGTERM); }
 
 TEST(Launcher, SigintToLauncherIsForwardedToAllRanks) { expect_signal_is_forwarded(SIGINT); }
+
+// Stopping hp-run is not a failure to recover from: torchrun does not restart either.
+TEST(Launcher, AStoppedLauncherDoesNotRestartItsRanks) { expect_signal_is_forwarded(SIGTERM, {"--max-restarts", "2"}); }
 
 TEST(Launcher, RanksDieWhenLauncherIsKilled) {
 #ifndef __linux__

@@ -76,11 +76,11 @@ bool all_gather_takes_strided_outputs(const ProcessGroupPtr& pg, c10::DeviceType
   return pg->getBackendName() == "gloo" && device == c10::DeviceType::CPU;
 }
 
-StorePtr make_tcp_store(const std::string& host, uint16_t port, int rank, int world_size,
+StorePtr make_tcp_store(const std::string& host, uint16_t port, bool serve, int world_size,
                         std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions opts;
   opts.port = port;
-  opts.isServer = rank == 0;
+  opts.isServer = serve;
   opts.numWorkers = world_size;
   opts.waitWorkers = true;
   opts.timeout = timeout;

@@ -38,8 +38,9 @@ bool has_native_reduce_scatter(const ProcessGroupPtr& pg, c10::DeviceType device
 // a concatenation; NCCL is not relied on for this.
 bool all_gather_takes_strided_outputs(const ProcessGroupPtr& pg, c10::DeviceType device);
 
-// TCPStore for multi-process rendezvous (rank 0 hosts it).
-StorePtr make_tcp_store(const std::string& host, uint16_t port, int rank, int world_size,
+// TCPStore for multi-process rendezvous: the server (`serve`: rank 0, unless a launcher
+// already serves one there) or a client of it.
+StorePtr make_tcp_store(const std::string& host, uint16_t port, bool serve, int world_size,
                         std::chrono::milliseconds timeout);
 
 }  // namespace hyper_parallel::compat

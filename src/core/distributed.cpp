@@ -4,6 +4,7 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -62,6 +63,26 @@ int64_t local_rank_of(int64_t rank, const InitOptions& options) {
   return env_int_or("LOCAL_RANK", rank, 0, 1 << 20, "this process's index on its machine");
 }
 
+// torchrun's elastic agent serves the store at MASTER_ADDR:MASTER_PORT itself when it says
+// TORCHELASTIC_USE_AGENT_STORE=True, and its static rendezvous keeps that store across
+// restarts (torch/distributed/elastic/rendezvous/static_tcp_rendezvous.py). Every rank is
+// then its client, and each attempt (TORCHELASTIC_RESTART_COUNT) writes under a prefix of
+// its own: a restarted group that read its predecessor's keys would connect to the Gloo
+// addresses of dead ranks and hang. PyTorch's env:// rendezvous used this prefix too.
+bool launcher_serves_store() {
+  const char* v = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  return v && std::string(v) == "True";
+}
+
+c10::intrusive_ptr<c10d::Store> rendezvous_store(const std::string& addr, int64_t port, int64_t rank, int64_t size,
+                                                 int64_t attempt, std::chrono::milliseconds timeout) {
+  const bool agent = launcher_serves_store();
+  auto store =
+      compat::make_tcp_store(addr, static_cast<uint16_t>(port), rank == 0 && !agent, static_cast<int>(size), timeout);
+  if (!agent) return store;  // rank 0's own store ends with its group: nothing stale in it
+  return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(attempt), store);
+}
+
 void install(std::shared_ptr<World> w, bool per_thread) {
   if (per_thread) {
     thread_world = std::move(w);
@@ -111,8 +132,8 @@ void init_process_group(const InitOptions& options) {
   default_collective_timeout();
   validated_backend(options);
   local_rank_of(rank, options);
-  auto store = compat::make_tcp_store(addr && *addr ? addr : "127.0.0.1", static_cast<uint16_t>(port),
-                                      static_cast<int>(rank), static_cast<int>(size), options.timeout);
+  const int64_t attempt = env_int_or("TORCHELASTIC_RESTART_COUNT", 0, 0, 1 << 20, "the group's restarts so far");
+  auto store = rendezvous_store(addr && *addr ? addr : "127.0.0.1", port, rank, size, attempt, options.timeout);
   init_process_group(store, rank, size, options);
 }
 

@@ -46,7 +46,7 @@ namespace {
 
 constexpr const char* kKnownOptions =
     "--nproc-per-node, --nnodes, --node-rank, --master-addr, --master-port, "
-    "--timeout-on-failure, --threads-per-rank, --help";
+    "--timeout-on-failure, --threads-per-rank, --max-restarts, --help";
 
 // torchrun spells its options with underscores; accept both spellings.
 std::string canonical_option_name(std::string name) {
@@ -92,6 +92,11 @@ void validate(const LaunchOptions& o) {
     throw UsageError("--node-rank must be less than --nnodes (" + std::to_string(o.nnodes) + "), got " +
                      std::to_string(o.node_rank));
   }
+  if (o.max_restarts > 0 && o.nnodes > 1) {
+    throw UsageError("--max-restarts " + std::to_string(o.max_restarts) + " with --nnodes " + std::to_string(o.nnodes) +
+                     ": hp-run restarts the ranks of one node only (its static rendezvous has no round the nodes "
+                     "agree on); across nodes use torchrun --max-restarts with --rdzv-backend c10d");
+  }
   if (o.nnodes > 1 && o.master_port == 0) {
     throw UsageError(
         "--master-port is required when --nnodes is greater than 1 (got "
@@ -127,7 +132,7 @@ LaunchOptions parse_arguments(const std::vector<std::string>& args) {
     const std::string name = canonical_option_name(spelled);
     const bool known = name == "--nproc-per-node" || name == "--nnodes" || name == "--node-rank" ||
                        name == "--master-addr" || name == "--master-port" || name == "--timeout-on-failure" ||
-                       name == "--threads-per-rank";
+                       name == "--threads-per-rank" || name == "--max-restarts";
     if (!known) {
       throw UsageError("unknown option '" + spelled + "'; expected one of " + kKnownOptions + ", or PROGRAM");
     }
@@ -151,6 +156,8 @@ LaunchOptions parse_arguments(const std::vector<std::string>& args) {
         throw UsageError(spelled + " expects a host name or address, got ''");
       }
       o.master_addr = value;
+    } else if (name == "--max-restarts") {
+      o.max_restarts = parse_int_option(spelled, value, 0, 1 << 20);
     } else if (name == "--master-port") {
       o.master_port = parse_int_option(spelled, value, 1, 65535);
     } else if (name == "--threads-per-rank") {
@@ -184,7 +191,8 @@ std::string usage_text() {
          "torch.distributed environment set (RANK, LOCAL_RANK, WORLD_SIZE,\n"
          "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT). Each output\n"
          "line is prefixed with '[rankK]: '. If one rank fails, the others are\n"
-         "stopped and hp-run exits with that rank's status. Each rank may write\n"
+         "stopped and hp-run exits with that rank's status (or, while\n"
+         "--max-restarts allows, starts all of them again). Each rank may write\n"
          "why it failed to the file named by HP_ERROR_FILE (hp-train does); the\n"
          "rank whose error came first is then named, even if a peer exited first.\n"
          "\n"
@@ -201,6 +209,10 @@ std::string usage_text() {
          "                            auto: the usable cores / local ranks. Default,\n"
          "                            as torchrun: 1 when several ranks share the node\n"
          "                            and OMP_NUM_THREADS is unset\n"
+         "  --max-restarts N          when a rank fails, stop the others and start all\n"
+         "                            of them again, up to N times (default 0), as\n"
+         "                            torchrun; each is told TORCHELASTIC_RESTART_COUNT.\n"
+         "                            One node only (--nnodes 1)\n"
          "  -h, --help                print this help and exit\n"
          "\n"
          "exit status: 0 if all ranks succeed; the failed rank's exit status\n"
@@ -235,7 +247,7 @@ int pick_free_port() {
 }
 
 std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOptions& o, int local_rank,
-                                                                  int master_port) {
+                                                                  int master_port, int restart_count) {
   return {
       {"RANK", std::to_string(o.node_rank * o.nproc_per_node + local_rank)},
       {"LOCAL_RANK", std::to_string(local_rank)},
@@ -244,6 +256,11 @@ std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOp
       {"GROUP_RANK", std::to_string(o.node_rank)},
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(master_port)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
+      // hp-run serves no store: rank 0 of the program does (an inherited True would
+      // make every rank a client of a store nobody serves).
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
   };
 }
 
@@ -561,8 +578,6 @@ class Supervisor {
 
   int run() {
     ensure_standard_fds_open();
-    const int port = options_.master_port != 0 ? options_.master_port : pick_free_port();
-
     // Ranks get no terminal input: they sit in background process groups,
     // where reading the terminal would stop them with SIGTTIN.
     devnull_ = ::open("/dev/null", O_RDONLY);
@@ -575,10 +590,25 @@ class Supervisor {
     threads_ = rank_threads(options_, std::getenv("OMP_NUM_THREADS"), usable_cores());
     if (!threads_.message.empty()) report(threads_.message);
     SignalScope signals;
-    start_ranks(port);
-    supervise(signals.read_fd());
+    // torchrun's elastic agent: after a failure, all ranks are stopped and all started
+    // again while restarts are left; an interrupted hp-run is not restarted.
+    for (;; ++restart_count_) {
+      // A chosen port is chosen afresh: the last group's rank 0 may still hold the old one.
+      start_ranks(options_.master_port != 0 ? options_.master_port : pick_free_port());
+      supervise(signals.read_fd());
+      end_attempt();
+      if (failure_exit_code_ == 0 || interrupt_signal_ != 0 || restart_count_ == options_.max_restarts) break;
+      report("restarting all " + std::to_string(options_.nproc_per_node) + " ranks (restart " +
+             std::to_string(restart_count_ + 1) + " of --max-restarts " + std::to_string(options_.max_restarts) +
+             ") after: " + first_failure_);
+      ranks_.clear();
+      stopping_ = killed_ = false;
+      failure_exit_code_ = 0;
+      first_failure_.clear();
+    }
     ::close(devnull_);
-    return finish();
+    if (!error_dir_.empty()) ::rmdir(error_dir_.c_str());
+    return verdict();
   }
 
  private:
@@ -607,7 +637,8 @@ class Supervisor {
 
   void start_rank(Rank& r, std::vector<char*>& argv, int port) {
     // The child's environment: ours minus the variables we set, then ours.
-    std::vector<std::pair<std::string, std::string>> vars = rank_environment(options_, r.local_rank, port);
+    std::vector<std::pair<std::string, std::string>> vars =
+        rank_environment(options_, r.local_rank, port, restart_count_);
     if (!error_dir_.empty()) vars.emplace_back(kErrorFileVariable, error_file(r));
     if (threads_.omp_num_threads) vars.emplace_back("OMP_NUM_THREADS", std::to_string(*threads_.omp_num_threads));
     std::vector<std::string> env;
@@ -836,7 +867,9 @@ class Supervisor {
 
   std::string stop_suffix() const { return any_running() ? "; stopping the other ranks" : ""; }
 
-  int finish() {
+  // After the ranks of one attempt have exited: nothing of them may outlive it, and a
+  // failure is blamed on its cause before their error files are cleared for the next.
+  void end_attempt() {
     // Descendants left in the ranks' process groups would be orphans
     // (possibly holding GPU memory); nothing of a finished job may outlive it.
     for (Rank& r : ranks_) {
@@ -849,9 +882,15 @@ class Supervisor {
       }
     }
     if (failure_exit_code_ != 0) name_the_cause();
-    remove_error_dir();
+    remove_error_files();
+  }
+
+  int verdict() const {
     if (failure_exit_code_ != 0) {
-      report("FAILED: " + first_failure_);
+      report("FAILED: " + first_failure_ +
+             (options_.max_restarts > 0 && interrupt_signal_ == 0
+                  ? " (no restart left: --max-restarts " + std::to_string(options_.max_restarts) + ")"
+                  : ""));
       return failure_exit_code_;
     }
     if (interrupt_signal_ != 0) {
@@ -871,13 +910,12 @@ class Supervisor {
 
   std::string error_file(const Rank& r) const { return error_dir_ + "/rank-" + std::to_string(r.rank); }
 
-  void remove_error_dir() {
+  void remove_error_files() {
     if (error_dir_.empty()) return;
     for (const Rank& r : ranks_) {
       ::unlink(error_file(r).c_str());
       ::unlink((error_file(r) + ".tmp").c_str());
     }
-    ::rmdir(error_dir_.c_str());
   }
 
   // After a failure: the rank whose error came first is the cause, even when a peer
@@ -938,6 +976,7 @@ class Supervisor {
   bool killed_ = false;
   Clock::time_point kill_deadline_{};
   int interrupt_signal_ = 0;
+  int restart_count_ = 0;  // restarts of the group so far (TORCHELASTIC_RESTART_COUNT)
   int failure_exit_code_ = 0;
   std::string first_failure_;
 };

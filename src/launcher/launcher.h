@@ -5,7 +5,9 @@
 // on this node, each with the torch.distributed environment variables (RANK,
 // LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
 // MASTER_PORT), prefixes every line they print with `[rankK]: `, forwards
-// SIGINT/SIGTERM to them, and stops all of them as soon as one fails.
+// SIGINT/SIGTERM to them, and stops all of them as soon as one fails. With
+// --max-restarts N it then starts all of them again, up to N times, as torchrun's
+// elastic agent does (TORCHELASTIC_RESTART_COUNT counts the restarts).
 //
 // Pure C++17 + POSIX; deliberately independent of LibTorch so that the
 // launcher builds and runs even where the tensor library does not.
@@ -35,6 +37,11 @@ struct LaunchOptions {
   // cores hp-run may use, split between the local ranks). Unset: torchrun's rule
   // (rank_threads).
   std::optional<int> threads_per_rank;
+  // --max-restarts: how often the whole group is started again after a rank failed
+  // (torchrun's default, 0: never). One node only: hp-run's static rendezvous has no
+  // round the nodes agree on, so a restart on one node could meet the other nodes'
+  // previous group (torchrun --rdzv-backend c10d restarts across nodes).
+  int max_restarts = 0;
   // --help was given; nothing else is validated then.
   bool show_help = false;
   // PROGRAM followed by its arguments, passed through verbatim.
@@ -64,9 +71,10 @@ std::string usage_text();
 int pick_free_port();
 
 // The variables that identify local rank `local_rank` to the program, in the
-// order they are set.
+// order they are set; `restart_count` is the group's restarts so far
+// (TORCHELASTIC_RESTART_COUNT, beside TORCHELASTIC_MAX_RESTARTS, as torchrun sets them).
 std::vector<std::pair<std::string, std::string>> rank_environment(const LaunchOptions& options, int local_rank,
-                                                                  int master_port);
+                                                                  int master_port, int restart_count = 0);
 
 // The intra-op threads each rank is given, and what hp-run says about it (once).
 struct RankThreads {
@@ -97,9 +105,10 @@ std::string describe_wait_status(int wait_status);
 int exit_code_for_wait_status(int wait_status);
 
 // Starts the ranks, relays their output, supervises them until all have
-// exited, and returns hp-run's exit code: 0 if every rank exited 0, the
-// failed rank's code (see exit_code_for_wait_status), or 128+signal if hp-run
-// was stopped by SIGINT/SIGTERM. Installs signal handlers for its duration,
+// exited (starting all of them again after a failure while --max-restarts
+// allows), and returns hp-run's exit code: 0 if every rank exited 0, the
+// failed rank's code (see exit_code_for_wait_status) when no restart is left,
+// or 128+signal if hp-run was stopped by SIGINT/SIGTERM. Installs signal handlers for its duration,
 // so it must not run concurrently with itself. Throws std::system_error only
 // for failures before any rank was started.
 int launch(const LaunchOptions& options);

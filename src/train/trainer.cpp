@@ -28,6 +28,7 @@
 #include "core/collective_stats.h"
 #include "core/run_then_agree.h"
 #include "train/checkpoint/checkpoint_io.h"
+#include "train/checkpoint/fault_injection.h"
 #include "train/data/data_identity.h"
 #include "train/parallel/local_piece.h"
 #include "train/metrics/metrics.h"
@@ -506,6 +507,7 @@ std::vector<StepResult> Trainer::train() {
       say(line.str());
     }
     results.push_back(r);
+    crash_point("step.finished", rank_);  // between steps: its metrics and checkpoint are written
   }
   if (progress_) progress_->finish();
   if (results.empty()) export_missing_last_save();

@@ -7,6 +7,9 @@
 // HP_PAUSE_AT=<point>[@<rank>] instead prints "hp-train: paused at <point> (rank R, pid
 // P)" to stderr and stops the process (SIGSTOP) there, holding whatever it holds (its
 // locks, its half-written temporary files) until a SIGCONT lets it go on.
+// A suffix #<n> (HP_CRASH_AT=<point>[@<rank>]#<n>) fires on the n-th visit of that point in
+// this process only, e.g. the third save's, or after the seventh step (`step.finished`).
+// A malformed value is an std::invalid_argument at the first fault point.
 // Unset (the normal case) a fault point costs two cached getenvs.
 #pragma once
 
