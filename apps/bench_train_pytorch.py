@@ -147,14 +147,25 @@ def layer_plan():
             "feed_forward.w2": RowwiseParallel()}
 
 
-def learning_rate_at(step, t):
-    """hp's learning_rate_at (src/train/optim/optim_utils.cpp)."""
-    if t["warmup_steps"] > 0 and step <= t["warmup_steps"]:
-        return t["lr"] * step / t["warmup_steps"]
-    span = max(1, t["steps"] - t["warmup_steps"])
-    progress = min(1.0, (step - t["warmup_steps"]) / span)
-    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return t["lr"] * (t["min_lr_ratio"] + (1.0 - t["min_lr_ratio"]) * cosine)
+def torchtitan_lr_lambda(total_steps, s):
+    """TorchTitan's warm-up-stable-decay factor (torchtitan/components/optimizer/lr_scheduler.py),
+    for a LambdaLR stepped after each optimizer step as TorchTitan's trainer does, from the
+    [lr_scheduler] keys hp-export-train wrote; decay_ratio 1 is TorchTitan's None."""
+    warmup = min(s["warmup_steps"], total_steps)
+    decay = min(round(total_steps * s["decay_ratio"]), total_steps - warmup)
+    stable = total_steps + 1 - warmup - decay  # + 1: TorchTitan's virtual last step
+
+    def factor(i):  # i: LambdaLR's count of scheduler steps, from 0
+        if i < warmup:
+            return (i + 1) / warmup
+        if i < warmup + stable:
+            return 1.0
+        p = (i + 1 - warmup - stable) / decay
+        curve = {"linear": lambda: 1 - p, "sqrt": lambda: 1 - math.sqrt(p),
+                 "cosine": lambda: 0.5 * (1.0 + math.cos(math.pi * p))}[s["decay_type"]]()
+        return s["min_lr_factor"] + (1 - s["min_lr_factor"]) * curve
+
+    return factor
 
 
 def vm_hwm_mib():
@@ -212,6 +223,7 @@ def main():
     masters = [p.detach().float().requires_grad_() for p in params] if dtype == "bfloat16" else params
     opt = torch.optim.AdamW(masters, lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"],
                             weight_decay=t["weight_decay"], foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, torchtitan_lr_lambda(t["steps"], man["lr_scheduler"]))
     shape = [t["batch_size"], t["seq_len"]]
     steps = []
     for step in range(1, t["steps"] + 1):
@@ -222,9 +234,6 @@ def main():
         rows = shape[0] // dp
         x, y = (b[rank // tp * rows:(rank // tp + 1) * rows] for b in (x, y))
         t0 = time.perf_counter()
-        lr = learning_rate_at(step, t)
-        for g in opt.param_groups:
-            g["lr"] = lr
         opt.zero_grad(set_to_none=True)
         t1 = time.perf_counter()
         logits = model(x)
@@ -278,6 +287,7 @@ def main():
                 g.mul_(coef)
         t5 = time.perf_counter()
         opt.step()
+        sched.step()
         if masters is not params:
             with torch.no_grad():  # rounded (to nearest) into the bfloat16 parameters
                 for p, mp in zip(params, masters):

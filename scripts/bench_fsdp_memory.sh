@@ -20,7 +20,7 @@ hp_require_binaries hp-run hp-train
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 job=(--config "$HP_ROOT/configs/debug_model.toml" --model.dim 512 --model.n_layers 8 --model.n_heads 8
-     --training.seq_len 64 --training.batch_size 8 --training.steps 2 --training.warmup_steps 1
+     --training.seq_len 64 --training.batch_size 8 --training.steps 2 --lr_scheduler.warmup_steps 1
      --validation.enable false --checkpoint.enable false --metrics.enable_plot false)
 echo "| dp_shard x tp | parameters MiB | gradients MiB | AdamW MiB | state MiB | formula MiB | rank-0 peak MiB |"
 echo "|---|---|---|---|---|---|---|"

@@ -27,7 +27,7 @@ hp_require_binaries hp-run hp-train
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 job=(--config "$HP_ROOT/configs/debug_model.toml" --model.dim 256 --training.seq_len 256 --training.batch_size 8
-     --training.steps "$steps" --training.warmup_steps 2 --validation.enable false --checkpoint.enable false
+     --training.steps "$steps" --lr_scheduler.warmup_steps 2 --validation.enable false --checkpoint.enable false
      --metrics.enable_plot false)
 # name | dp | tp | extra flags
 layouts=(

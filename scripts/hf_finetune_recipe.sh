@@ -57,7 +57,7 @@ echo "==> 3. hp-train at TP 2 with loss_parallel, starting from the checkpoint"
 "$bin/hp-run" --nproc-per-node 2 "$bin/hp-train" \
   --model.hf_assets_path "$work/model" --checkpoint.initial_load_in_hf \
   --training.data "$work/data/corpus.bin" --training.steps 40 --training.batch_size 8 --training.seq_len 64 \
-  --training.warmup_steps 4 --training.lr 3e-3 --parallelism.tensor_parallel_degree 2 \
+  --lr_scheduler.warmup_steps 4 --training.lr 3e-3 --parallelism.tensor_parallel_degree 2 \
   --validation.freq 20 --checkpoint.enable --checkpoint.interval 40 --checkpoint.overwrite \
   --checkpoint.last_save_in_hf --metrics.enable_plot false --job.dump_folder "$work/run" "$@"
 

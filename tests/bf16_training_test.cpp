@@ -39,7 +39,7 @@ JobConfig bf16_job(const std::string& name, int64_t dp, int64_t tp, const std::s
   c.training.batch_size = 4;
   c.training.seq_len = 16;
   c.training.steps = 20;
-  c.training.warmup_steps = 3;
+  c.lr_scheduler.warmup_steps = 3;
   c.training.lr = 3e-3;
   c.training.dtype = dtype;
   c.parallelism.tensor_parallel_degree = tp;

@@ -209,12 +209,13 @@ TEST(CheckpointVerify, ASaveThatFailsOnOneRankIsAnErrorOnEveryRank) {
 
 // Real processes, killed (_exit) at each point of the save protocol, then resumed.
 TEST(CheckpointVerify, ACrashAtAnyPointOfASaveLeavesLatestOnAVerifiedStep) {
-  const std::string base = binary_path("hp-run") + " --nproc-per-node 2 " + binary_path("hp-train") +
-                           " --model.dim 32 --model.n_layers 1 --model.n_heads 4 --model.vocab_size 512"
-                           " --model.multiple_of 16 --model.max_seq_len 32 --training.seq_len 16"
-                           " --training.batch_size 4 --training.warmup_steps 1 --parallelism.tensor_parallel_degree 2"
-                           " --validation.enable false --metrics.enable_plot false --checkpoint.enable"
-                           " --checkpoint.interval 2";
+  const std::string base =
+      binary_path("hp-run") + " --nproc-per-node 2 " + binary_path("hp-train") +
+      " --model.dim 32 --model.n_layers 1 --model.n_heads 4 --model.vocab_size 512"
+      " --model.multiple_of 16 --model.max_seq_len 32 --training.seq_len 16"
+      " --training.batch_size 4 --lr_scheduler.warmup_steps 1 --parallelism.tensor_parallel_degree 2"
+      " --validation.enable false --metrics.enable_plot false --checkpoint.enable"
+      " --checkpoint.interval 2";
   const std::vector<std::pair<std::string, int64_t>> points = {{"rank_file.before_rename@1", 2},
                                                                {"rank_file.written@0", 2},
                                                                {"step.verified", 2},

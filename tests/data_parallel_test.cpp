@@ -44,7 +44,7 @@ JobConfig small_job(int64_t dp, int64_t tp, int64_t accum) {
   c.training.batch_size = 8;
   c.training.seq_len = 12;
   c.training.steps = 6;
-  c.training.warmup_steps = 2;
+  c.lr_scheduler.warmup_steps = 2;
   c.training.lr = 3e-3;
   c.training.dtype = "float64";
   c.training.grad_accum_steps = accum;

@@ -26,7 +26,7 @@ namespace {
 
 const char* kTinyJob =
     " --model.dim 32 --model.n_layers 1 --model.n_heads 4 --model.vocab_size 512 --model.multiple_of 16"
-    " --model.max_seq_len 32 --training.seq_len 16 --training.batch_size 4 --training.warmup_steps 1"
+    " --model.max_seq_len 32 --training.seq_len 16 --training.batch_size 4 --lr_scheduler.warmup_steps 1"
     " --validation.enable false --metrics.enable_plot false";
 
 class DiskFull : public ::testing::Test {

@@ -45,7 +45,7 @@ JobConfig sharded_job(int64_t dp, int64_t shard, int64_t tp, const std::string& 
   c.training.batch_size = 12;
   c.training.seq_len = 10;
   c.training.steps = steps;
-  c.training.warmup_steps = 2;
+  c.lr_scheduler.warmup_steps = 2;
   c.training.lr = 3e-3;
   c.training.max_norm = 0.5;  // below the first steps' norms: clipping is exercised
   c.training.z_loss_weight = 1e-3;

@@ -65,9 +65,11 @@ void expect_same(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.training.batch_size, b.training.batch_size);
   EXPECT_EQ(a.training.seq_len, b.training.seq_len);
   EXPECT_EQ(a.training.steps, b.training.steps);
-  EXPECT_EQ(a.training.warmup_steps, b.training.warmup_steps);
   EXPECT_EQ(a.training.lr, b.training.lr);
-  EXPECT_EQ(a.training.min_lr_ratio, b.training.min_lr_ratio);
+  EXPECT_EQ(a.lr_scheduler.warmup_steps, b.lr_scheduler.warmup_steps);
+  EXPECT_EQ(a.lr_scheduler.decay_ratio, b.lr_scheduler.decay_ratio);
+  EXPECT_EQ(a.lr_scheduler.decay_type, b.lr_scheduler.decay_type);
+  EXPECT_EQ(a.lr_scheduler.min_lr_factor, b.lr_scheduler.min_lr_factor);
   EXPECT_EQ(a.training.weight_decay, b.training.weight_decay);
   EXPECT_EQ(a.training.beta1, b.training.beta1);
   EXPECT_EQ(a.training.beta2, b.training.beta2);
@@ -101,6 +103,7 @@ void expect_same(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.validation.steps, b.validation.steps);
   EXPECT_EQ(a.metrics.folder, b.metrics.folder);
   EXPECT_EQ(a.metrics.enable_plot, b.metrics.enable_plot);
+  EXPECT_EQ(a.metrics.peak_tflops, b.metrics.peak_tflops);
 }
 
 }  // namespace
@@ -125,9 +128,12 @@ TEST(JobConfig, DefaultsAreTheDocumentedValues) {
   EXPECT_EQ(c.training.batch_size, 8);
   EXPECT_EQ(c.training.seq_len, 64);
   EXPECT_EQ(c.training.steps, 60);
-  EXPECT_EQ(c.training.warmup_steps, 5);
   EXPECT_EQ(c.training.lr, 3e-3);
-  EXPECT_EQ(c.training.min_lr_ratio, 0.1);
+  EXPECT_EQ(c.lr_scheduler.warmup_steps, 5);
+  EXPECT_EQ(c.lr_scheduler.decay_ratio, 1.0);
+  EXPECT_EQ(c.lr_scheduler.decay_type, "cosine");
+  EXPECT_EQ(c.lr_scheduler.min_lr_factor, 0.1);
+  EXPECT_EQ(c.metrics.peak_tflops, 0.0);
   EXPECT_EQ(c.training.weight_decay, 0.1);
   EXPECT_EQ(c.training.beta1, 0.9);
   EXPECT_EQ(c.training.beta2, 0.95);
@@ -197,7 +203,9 @@ TEST(JobConfig, DebugModelFileLoadsTheTinyTwoRankJob) {
   EXPECT_EQ(c.training.batch_size, 8);
   EXPECT_EQ(c.training.seq_len, 64);
   EXPECT_EQ(c.training.steps, 60);
-  EXPECT_EQ(c.training.warmup_steps, 5);
+  EXPECT_EQ(c.lr_scheduler.warmup_steps, 5);
+  EXPECT_EQ(c.lr_scheduler.decay_type, "cosine");
+  EXPECT_EQ(c.lr_scheduler.min_lr_factor, 0.1);
   EXPECT_EQ(c.training.lr, 3e-3);
   EXPECT_EQ(c.training.dtype, "float32");
   EXPECT_EQ(c.training.data, "");
@@ -315,8 +323,29 @@ TEST(JobConfig, UnknownKeyInFileNamesFileKeyAndKnownKeys) {
   const std::string path = write_temp("unknown_key.toml", "[training]\nsteps = 3\nlrr = 0.1\n");
   const std::string msg = error_of([&] { load_job_config_file(path); });
   EXPECT_THAT(msg, HasSubstr(path + ": unknown key 'training.lrr' (known keys in [training]: "
-                                    "batch_size, seq_len, steps, warmup_steps, lr,"));
+                                    "batch_size, seq_len, steps, lr, weight_decay,"));
   EXPECT_THAT(msg, HasSubstr("did you mean 'training.lr'?"));
+}
+
+// TorchTitan's [lr_scheduler] holds the schedule; the keys it replaced are refused, naming
+// their new spelling, in a file and on the command line.
+TEST(JobConfig, ScheduleKeysOfTrainingNameTheirLrSchedulerSpelling) {
+  const std::string path = write_temp("old_schedule.toml", "[training]\nwarmup_steps = 3\n");
+  EXPECT_THAT(error_of([&] { load_job_config_file(path); }),
+              HasSubstr(path + ": 'training.warmup_steps' is now 'lr_scheduler.warmup_steps' (TorchTitan's "
+                               "[lr_scheduler] section)"));
+  EXPECT_THAT(error_of([] {
+                parse({"--training.min_lr_ratio", "0.1"});
+              }),
+              HasSubstr("--training.min_lr_ratio: 'training.min_lr_ratio' is now 'lr_scheduler.min_lr_factor'"));
+  const JobConfig c =
+      parse({"--lr_scheduler.warmup_steps", "3", "--lr_scheduler.decay_ratio", "0.25", "--lr_scheduler.decay_type",
+             "sqrt", "--lr_scheduler.min_lr_factor", "0", "--metrics.peak_tflops", "312"});
+  EXPECT_EQ(c.lr_scheduler.warmup_steps, 3);
+  EXPECT_EQ(c.lr_scheduler.decay_ratio, 0.25);
+  EXPECT_EQ(c.lr_scheduler.decay_type, "sqrt");
+  EXPECT_EQ(c.lr_scheduler.min_lr_factor, 0.0);
+  EXPECT_EQ(c.metrics.peak_tflops, 312.0);
 }
 
 TEST(JobConfig, KeyInTheWrongSectionSuggestsItsSection) {
@@ -331,7 +360,7 @@ TEST(JobConfig, UnknownSectionAndTopLevelKeyInFileAreErrors) {
   const std::string bad_section = write_temp("bad_section.toml", "[optimizer]\nlr = 1.0\n");
   std::string msg = error_of([&] { load_job_config_file(bad_section); });
   EXPECT_THAT(msg, HasSubstr(bad_section + ": unknown section [optimizer] (known sections: job, "
-                                           "model, training, parallelism, checkpoint, "
+                                           "model, training, lr_scheduler, parallelism, checkpoint, "
                                            "validation, metrics)"));
 
   const std::string top_level = write_temp("top_level.toml", "dump_folder = \"x\"\n");
@@ -471,9 +500,8 @@ TEST(JobConfig, ToTomlRoundTripsEveryField) {
   c.training.batch_size = 3;
   c.training.seq_len = 17;
   c.training.steps = 11;
-  c.training.warmup_steps = 0;
   c.training.lr = 0.1 + 0.2;  // not exactly 0.3: needs all 17 digits
-  c.training.min_lr_ratio = 0.0;
+  c.lr_scheduler = {0, 0.8, "linear", 0.0};
   c.training.weight_decay = 1e-300;
   c.training.beta1 = 0.8;
   c.training.beta2 = 0.999;
@@ -498,7 +526,7 @@ TEST(JobConfig, ToTomlRoundTripsEveryField) {
   c.parallelism.loss_parallel_fallback_on_layout_error = true;
   c.checkpoint = {true, "ckpt", 4, true, false, 8, true};
   c.validation = {false, 5, 6};
-  c.metrics = {"m", false};
+  c.metrics = {"m", false, 989.0};
 
   const std::string text = to_toml(c);
   const std::string path = write_temp("round_trip.toml", text);
@@ -514,8 +542,8 @@ TEST(JobConfig, ToTomlRoundTripsEveryField) {
 TEST(JobConfig, ToTomlWritesEverySectionInOrder) {
   const std::string text = to_toml(JobConfig{});
   size_t last = 0;
-  for (const char* section :
-       {"[job]", "[model]", "[training]", "[parallelism]", "[checkpoint]", "[validation]", "[metrics]"}) {
+  for (const char* section : {"[job]", "[model]", "[training]", "[lr_scheduler]", "[parallelism]", "[checkpoint]",
+                              "[validation]", "[metrics]"}) {
     const size_t at = text.find(std::string("\n") + section + "\n");
     ASSERT_NE(at, std::string::npos) << section;
     EXPECT_GT(at + 1, last) << section;
@@ -544,7 +572,7 @@ TEST(JobConfig, UsageListsEveryKeyWithTypeAndDefault) {
     EXPECT_THAT(usage, HasSubstr(flag));
     ++keys;
   }
-  EXPECT_EQ(keys, 64);
+  EXPECT_EQ(keys, 67);
   EXPECT_THAT(usage, HasSubstr("--training.max_skipped_steps INT"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.load_step INT"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.allow_data_change BOOL"));
@@ -583,12 +611,20 @@ TEST(JobConfig, ValidateErrorsNameTheKey) {
       {[](JobConfig& c) { c.model.name = ""; }, "model.name must not be empty"},
       {[](JobConfig& c) { c.training.batch_size = 0; }, "training.batch_size = 0 must be > 0"},
       {[](JobConfig& c) { c.training.steps = 0; }, "training.steps = 0 must be > 0"},
-      {[](JobConfig& c) { c.training.warmup_steps = -2; }, "training.warmup_steps = -2 must be >= 0"},
+      {[](JobConfig& c) { c.lr_scheduler.warmup_steps = -2; }, "lr_scheduler.warmup_steps = -2 must be >= 0"},
+      {[](JobConfig& c) { c.lr_scheduler.decay_ratio = 1.5; },
+       "lr_scheduler.decay_ratio = 1.5 must be in [0, 1] (1: decay right after warm-up)"},
+      {[](JobConfig& c) { c.lr_scheduler.decay_ratio = -0.1; }, "lr_scheduler.decay_ratio = -0.1 must be in [0, 1]"},
+      {[](JobConfig& c) { c.lr_scheduler.decay_type = "exponential"; },
+       "lr_scheduler.decay_type = \"exponential\" is not one of linear, sqrt, cosine"},
+      {[](JobConfig& c) { c.lr_scheduler.min_lr_factor = -0.5; },
+       "lr_scheduler.min_lr_factor = -0.5 must be in [0, 1]"},
+      {[](JobConfig& c) { c.metrics.peak_tflops = -1; }, "metrics.peak_tflops = -1.0 must be >= 0"},
       {[](JobConfig& c) { c.training.seq_len = 513; }, "training.seq_len = 513 must be <= model.max_seq_len = 512"},
       {[](JobConfig& c) { c.training.lr = -1; }, "training.lr = -1.0 must be > 0"},
       {[](JobConfig& c) { c.training.lr = std::numeric_limits<double>::infinity(); },
        "training.lr = inf must be finite"},
-      {[](JobConfig& c) { c.training.min_lr_ratio = 1.5; }, "training.min_lr_ratio = 1.5 must be in [0, 1]"},
+      {[](JobConfig& c) { c.lr_scheduler.min_lr_factor = 1.5; }, "lr_scheduler.min_lr_factor = 1.5 must be in [0, 1]"},
       {[](JobConfig& c) { c.training.beta2 = 1.0; }, "training.beta2 = 1.0 must be in [0, 1)"},
       {[](JobConfig& c) { c.training.eps = 0; }, "training.eps = 0.0 must be > 0"},
       {[](JobConfig& c) { c.training.max_norm = 0; }, "training.max_norm = 0.0 must be > 0"},

@@ -59,7 +59,7 @@ JobConfig job_at(const std::string& dump, int64_t tp) {
   c.training.batch_size = 4;
   c.training.seq_len = 16;
   c.training.steps = kSteps;
-  c.training.warmup_steps = 2;
+  c.lr_scheduler.warmup_steps = 2;
   c.training.lr = 3e-3;
   c.parallelism.tensor_parallel_degree = tp;
   c.validation.enable = false;

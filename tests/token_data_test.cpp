@@ -527,7 +527,7 @@ JobConfig megatron_job(const std::string& data, int64_t dp) {
   c.training.batch_size = 8;
   c.training.seq_len = 12;
   c.training.steps = 6;
-  c.training.warmup_steps = 2;
+  c.lr_scheduler.warmup_steps = 2;
   c.training.dtype = "float64";
   c.training.data = data;
   c.training.eos_id = 0;

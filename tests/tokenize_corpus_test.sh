@@ -170,7 +170,7 @@ vocab="$("$python" -c "import json; print(json.load(open('$work/bin/corpus.json'
 for data in "$work/bin/corpus.bin" "$work/megatron/corpus"; do
   "$bin/hp-train" --model.dim 32 --model.n_layers 1 --model.n_heads 2 --model.vocab_size "$vocab" \
     --model.max_seq_len 16 --training.seq_len 16 --training.batch_size 4 --training.steps 4 \
-    --training.warmup_steps 1 --training.data "$data" --validation.freq 2 --metrics.enable_plot false \
+    --lr_scheduler.warmup_steps 1 --training.data "$data" --validation.freq 2 --metrics.enable_plot false \
     --job.dump_folder "$work/run" > "$work/train.log" 2>&1 || { cat "$work/train.log"; exit 1; }
   grep -q "tokenizer $work/tok" "$work/train.log" || { echo "hp-train did not read the sidecar:"; cat "$work/train.log"; exit 1; }
   echo "hp-train on $data: $(grep -m1 -E 'token file|Megatron dataset' "$work/train.log")"

@@ -477,24 +477,27 @@ TEST(TrainProgress, FormatDuration) {
 TEST(TrainProgress, RenderShowsEveryField) {
   std::ostringstream sink;
   ProgressLine line(60, sink, false);
-  EXPECT_EQ(line.render(12, 7.81234, 41234, 812.3, 48),
-            "step 12/60 | loss 7.8123 | 41.2k tok/s | peak 812 MiB | ETA 0:48");
-  EXPECT_EQ(line.render(3, 2.0, 812, 90, 3723), "step  3/60 | loss 2.0000 | 812 tok/s | peak 90 MiB | ETA 1:02:03");
-  EXPECT_NE(line.render(60, 1.0, 1.35e6, 1, 0).find("1.35M tok/s"), std::string::npos);
+  EXPECT_EQ(line.render(12, 7.81234, {41234, 0.052345, 21.34}, 812.3, 48),
+            "step 12/60 | loss 7.8123 | 41.2k tok/s | 0.0523 TFLOPs | MFU 21.3% | peak 812 MiB | ETA 0:48");
+  EXPECT_EQ(line.render(3, 2.0, {812, 312.4, 31.6}, 90, 3723),
+            "step  3/60 | loss 2.0000 | 812 tok/s | 312 TFLOPs | MFU 31.6% | peak 90 MiB | ETA 1:02:03");
+  EXPECT_NE(line.render(60, 1.0, {1.35e6, 45.67, 4.6}, 1, 0).find("1.35M tok/s | 45.7 TFLOPs | MFU 4.6%"),
+            std::string::npos);
 }
 
 TEST(TrainProgress, NonInteractiveWritesPlainLines) {
   std::ostringstream sink;
   {
     ProgressLine line(60, sink, false);
-    line.update(12, 7.81234, 41234, 812);
-    line.update(13, 7.5, 40000, 815);
+    line.update(12, 7.81234, {41234, 0.05, 20.0}, 812);
+    line.update(13, 7.5, {40000, 0.049, 19.5}, 815);
     line.finish();
   }
   const std::string text = sink.str();
   EXPECT_EQ(text.find('\r'), std::string::npos);
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2);
-  for (const char* part : {"step 12/60", "loss 7.8123", "41.2k tok/s", "peak 812 MiB", "ETA ", "step 13/60"}) {
+  for (const char* part :
+       {"step 12/60", "loss 7.8123", "41.2k tok/s", "0.05 TFLOPs", "MFU 20.0%", "peak 812 MiB", "ETA ", "step 13/60"}) {
     EXPECT_NE(text.find(part), std::string::npos) << part << " in: " << text;
   }
 }
@@ -502,8 +505,8 @@ TEST(TrainProgress, NonInteractiveWritesPlainLines) {
 TEST(TrainProgress, InteractiveRedrawsOneLine) {
   std::ostringstream sink;
   ProgressLine line(100, sink, true);
-  line.update(1, 10.0, 2.5e6, 1500);
-  line.update(2, 9.0, 5, 1500);  // shorter text: the tail of the last one is blanked
+  line.update(1, 10.0, {2.5e6, 1.5, 50.0}, 1500);
+  line.update(2, 9.0, {5, 0.001, 0.1}, 1500);  // shorter text: the tail of the last one is blanked
   const std::string text = sink.str();
   EXPECT_EQ(text.find('\n'), std::string::npos);
   EXPECT_EQ(std::count(text.begin(), text.end(), '\r'), 2);
@@ -522,9 +525,10 @@ TEST(TrainProgress, InteractiveRedrawsOneLine) {
 TEST(TrainProgress, LastStepHasZeroEta) {
   std::ostringstream sink;
   ProgressLine line(2, sink, false);
-  line.update(1, 1.0, 1.0, 1.0);
-  line.update(2, 1.0, 1.0, 1.0);
-  EXPECT_NE(sink.str().find("step 2/2 | loss 1.0000 | 1 tok/s | peak 1 MiB | ETA 0:00\n"), std::string::npos)
+  line.update(1, 1.0, {1.0, 1.0, 1.0}, 1.0);
+  line.update(2, 1.0, {1.0, 1.0, 1.0}, 1.0);
+  EXPECT_NE(sink.str().find("step 2/2 | loss 1.0000 | 1 tok/s | 1 TFLOPs | MFU 1.0% | peak 1 MiB | ETA 0:00\n"),
+            std::string::npos)
       << sink.str();
 }
 

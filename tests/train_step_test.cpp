@@ -49,7 +49,7 @@ JobConfig lm_job(const std::string& name, int64_t tp) {
   c.training.batch_size = 16;
   c.training.seq_len = 64;
   c.training.steps = 4;
-  c.training.warmup_steps = 1;
+  c.lr_scheduler.warmup_steps = 1;
   c.parallelism.tensor_parallel_degree = tp;
   c.validation.enable = false;
   c.checkpoint.enable = false;

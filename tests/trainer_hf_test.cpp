@@ -69,7 +69,7 @@ JobConfig hf_job(const std::string& hf_dir, const std::string& dump, int64_t tp,
   c.training.batch_size = 4;
   c.training.seq_len = 16;
   c.training.steps = steps;
-  c.training.warmup_steps = 2;
+  c.lr_scheduler.warmup_steps = 2;
   c.parallelism.tensor_parallel_degree = tp;
   c.validation.enable = false;
   c.checkpoint.enable = true;

@@ -330,7 +330,7 @@ TEST(DumpFolderLock, AJobPausedInItsSaveKeepsItsFolder) {
   const std::string job =
       " --model.dim 32 --model.n_layers 1 --model.n_heads 4 --model.vocab_size 512"
       " --model.multiple_of 16 --model.max_seq_len 32 --training.seq_len 16"
-      " --training.batch_size 4 --training.warmup_steps 1 --validation.enable false"
+      " --training.batch_size 4 --lr_scheduler.warmup_steps 1 --validation.enable false"
       " --metrics.enable_plot false --checkpoint.enable --checkpoint.interval 2"
       " --training.steps 2 --job.dump_folder " +
       dir;

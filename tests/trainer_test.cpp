@@ -42,7 +42,7 @@ JobConfig tiny_job(const std::string& dump, int64_t tp, bool disable_lp, int64_t
   c.training.batch_size = 4;
   c.training.seq_len = 16;
   c.training.steps = steps;
-  c.training.warmup_steps = 3;
+  c.lr_scheduler.warmup_steps = 3;
   c.training.lr = 3e-3;
   c.parallelism.tensor_parallel_degree = tp;
   c.parallelism.disable_loss_parallel = disable_lp;

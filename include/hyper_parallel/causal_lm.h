@@ -3,7 +3,8 @@
 // linear + cross-entropy that never makes the logits), a seeded initialisation, hooks around
 // its blocks (sharded data parallelism), and its sizes. Every family's module implements
 // it (Llama's and Qwen3's LlamaImpl, ...), so hp-train's Trainer holds a module and this
-// interface and names no model.
+// interface and names no model. The family also says what a token costs to train (its
+// FLOPs, for MFU).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -53,7 +54,21 @@ class CausalLanguageModel {
   virtual DecoderSizes sizes() const = 0;
   // > 0: the logits become cap * tanh(logits / cap) before the loss (Gemma 2).
   virtual double final_logit_softcap() const { return 0.0; }
+  // The FLOPs of training on one token (forward and backward) in sequences of seq_len, as
+  // TorchTitan counts them for MFU (its get_nparams_and_flops); recomputation not counted.
+  virtual int64_t flops_per_token(int64_t seq_len) const = 0;
 };
+
+// TorchTitan's count for a dense decoder (get_dense_model_nparams_and_flops):
+// 6 x the parameters a token's matmuls read (2 FLOPs per multiply-add, forward once and
+// backward twice) + 12 x attention_layers x n_heads x head_dim x seq_len (the scores q.k and
+// the weighted values, each 2 x head_dim x seq_len per head forward, twice that backward;
+// the causal mask's skipped half counted, as TorchTitan does). The matmul parameters are
+// every parameter of `model` once (a tied one once) but the token embedding's, a lookup,
+// unless the head reads it (tied: it counts, as in TorchTitan).
+int64_t dense_decoder_flops_per_token(const torch::nn::Module& model, const at::Tensor& token_embedding,
+                                      bool tied_embeddings, int64_t attention_layers, int64_t n_heads, int64_t head_dim,
+                                      int64_t seq_len);
 
 // `module` as the language model it is; std::invalid_argument naming the module otherwise.
 CausalLanguageModel& as_causal_lm(torch::nn::Module& module);

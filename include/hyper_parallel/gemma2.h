@@ -136,6 +136,8 @@ class Gemma2Impl : public torch::nn::Module, public CausalLanguageModel {
   at::Tensor hidden_states(const at::Tensor& tokens) override;
   at::Tensor head_weight() const override { return output->weight; }
   DecoderSizes sizes() const override;
+  // TorchTitan's dense count; the sliding-window layers at the full seq_len (gemma2_model.cpp).
+  int64_t flops_per_token(int64_t seq_len) const override;
   double final_logit_softcap() const override { return args_.final_logit_softcapping; }
   // Deterministic initialisation from a seed (the same on every rank, independent of the
   // global RNG): linear and embedding weights normal with std 0.02 (the output projections

@@ -133,6 +133,7 @@ class LlamaImpl : public torch::nn::Module, public CausalLanguageModel {
   // the global RNG), scaled like TorchTitan's (std 0.02, output projections by depth).
   void init_weights(uint64_t seed) override;
   DecoderSizes sizes() const override;
+  int64_t flops_per_token(int64_t seq_len) const override;
   const LlamaArgs& args() const { return args_; }
   // Tied models: points output->weight at tok_embeddings->weight (the head registers no
   // weight). The constructor and parallelize_llama call it; call it again after replacing

@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iomanip>
+#include <iterator>
 #include <map>
 #include <iostream>
 #include <sstream>
@@ -32,6 +34,8 @@
 #include "train/data/data_identity.h"
 #include "train/parallel/local_piece.h"
 #include "train/metrics/metrics.h"
+#include "train/metrics/mfu.h"
+#include "train/optim/lr_scheduler.h"
 #include "train/optim/optim_utils.h"
 #include "train/metrics/progress.h"
 #include "train/checkpoint/storage_checks.h"
@@ -53,6 +57,16 @@ int64_t counted_tokens(const Batch& batch) { return batch.target.ne(kIgnoreIndex
 void sum_over_mesh_(at::Tensor& values, const std::optional<DeviceMesh>& mesh) {
   if (!mesh) return;
   for (int64_t d = 0; d < mesh->ndim(); ++d) mesh->comm(d).all_reduce_(values, ReduceOp::Sum);
+}
+
+// 27.3 MFLOPs, 48.2 GFLOPs: three significant digits.
+std::string format_flops(double flops) {
+  const char* units[] = {"FLOPs", "kFLOPs", "MFLOPs", "GFLOPs", "TFLOPs"};
+  size_t unit = 0;
+  for (; unit + 1 < std::size(units) && flops >= 1000; ++unit) flops /= 1000;
+  std::ostringstream os;
+  os << std::setprecision(3) << flops << " " << units[unit];
+  return os.str();
 }
 
 double scalar_of(const at::Tensor& loss) {
@@ -115,6 +129,13 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   parallelism_scope_.emplace(config_.parallelism);
   train_context_ = get_train_context(loss_parallel_enabled_, spec_->loss_terms(*model_, config_.training));
   const at::Device device = place_model(weights_from_checkpoint);
+  lr_schedule_ = std::make_unique<WarmupStableDecay>(config_.lr_scheduler, config_.training.steps);
+  if (rank_ == 0) {
+    // Counted on the whole model, before any sharding; the peak measured (or given) once.
+    mfu_ = std::make_unique<ModelFlopsUtilization>(
+        spec_->flops_per_token(*model_, config_.training.seq_len), is_initialized() ? get_world_size() : 1,
+        peak_flops(config_.metrics.peak_tflops, dtype_of(config_.training.dtype), device));
+  }
   // The world as (dp_replicate, dp_shard, tp) meshes (parallel_dims.h).
   ParallelDims::Meshes meshes = dims_.build_meshes(config_.training.device);
   world_mesh_ = meshes.world;
@@ -238,6 +259,14 @@ void Trainer::log_start() {
   const int threads = at::get_num_threads();
   *log_ << "; " << threads << (threads == 1 ? " intra-op thread" : " intra-op threads") << " per rank";
   *log_ << std::endl;
+  *log_ << "hp-train: " << lr_schedule_->describe(t.lr) << std::endl;
+  if (mfu_) {
+    std::ostringstream peak;  // in TFLOPs, as the progress line and metrics.jsonl say them
+    peak << std::setprecision(3) << mfu_->peak().tflops;
+    *log_ << "hp-train: " << format_flops(static_cast<double>(mfu_->flops_per_token())) << " per token (seq_len "
+          << t.seq_len << ", TorchTitan's count); peak " << peak.str() << " TFLOPs per rank " << mfu_->peak().source
+          << std::endl;
+  }
 }
 
 std::vector<at::Tensor> Trainer::trained_parameters() const {
@@ -423,7 +452,7 @@ StepResult Trainer::train_step(int64_t step) {
   const FullyShardStats sharding_before = fsdp_ ? fsdp_->stats() : FullyShardStats{};
   r.step = step;
   const StepMeter meter;
-  r.lr = learning_rate_at(step, t.steps, t.warmup_steps, t.lr, t.min_lr_ratio);
+  r.lr = t.lr * lr_schedule_->factor(step);
   PhaseClock clock(r);
   for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(r.lr);
   // Gradients are set to none, not zeroed: backward then hands each parameter its freshly
@@ -468,7 +497,12 @@ std::vector<StepResult> Trainer::train() {
     const auto start = std::chrono::steady_clock::now();
     StepResult r = train_step(step_ + 1);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double tokens_per_s = static_cast<double>(t.batch_size * t.seq_len) / std::max(secs, 1e-9);
+    StepRates rates;
+    rates.tokens_per_s = static_cast<double>(t.batch_size * t.seq_len) / std::max(secs, 1e-9);
+    if (mfu_) {
+      rates.tflops = mfu_->tflops_per_rank(rates.tokens_per_s);
+      rates.mfu_pct = mfu_->mfu_pct(rates.tokens_per_s);
+    }
     const bool last = r.step == t.steps;
     // Non-finite: skipped, or the run stops here (the same on every rank, nothing of the
     // step saved; its metrics are still written, so the log shows where it went wrong).
@@ -493,14 +527,14 @@ std::vector<StepResult> Trainer::train() {
     // The same decision on every rank, so that a failed write on rank 0 stops them all.
     if (r.step % t.log_freq == 0 || r.val_loss || last || r.non_finite) {
       run_then_agree("writing the metrics of step " + std::to_string(r.step), world_mesh_, [&] {
-        if (metrics_) metrics_->log(metrics_record(r, tokens_per_s, non_finite_.skipped()));
+        if (metrics_) metrics_->log(metrics_record(r, rates, non_finite_.skipped()));
       });
     }
     if (!stop.empty()) {
       if (progress_) progress_->finish();
       throw std::runtime_error(stop);
     }
-    if (progress_) progress_->update(r.step, r.loss, tokens_per_s, peak_memory_mib());
+    if (progress_) progress_->update(r.step, r.loss, rates, peak_memory_mib());
     if (r.val_loss) {
       std::ostringstream line;
       line << "step " << r.step << ": validation loss " << *r.val_loss;

@@ -8,9 +8,9 @@
 // train spec decides it); the loss and
 // its backward run inside train_context() (a loss_parallel guard when enabled), and the
 // Validator computes its loss inside the same context. Parameters are sharded with
-// TorchTitan's plan; AdamW, warm-up + cosine LR and TP-correct gradient clipping;
-// metrics as JSON lines, a loss plot, sharded checkpoints written atomically and an
-// exact --checkpoint.resume.
+// TorchTitan's plan; AdamW, TorchTitan's warm-up-stable-decay LR and TP-correct gradient
+// clipping; metrics as JSON lines (with TFLOPs and MFU), a loss plot, sharded checkpoints
+// written atomically and an exact --checkpoint.resume.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -42,7 +42,9 @@ class AdamW;
 namespace hyper_parallel::train {
 
 class MetricsLogger;
+class ModelFlopsUtilization;
 class ProgressLine;
+class WarmupStableDecay;
 
 class Validator {
  public:
@@ -166,12 +168,14 @@ class Trainer {
   std::shared_ptr<torch::nn::Module> model_;
   std::unique_ptr<MasterWeights> master_;  // bfloat16 training: the float32 weights AdamW updates
   std::unique_ptr<torch::optim::AdamW> optimizer_;
-  std::unique_ptr<const TrainingCorpus> corpus_;  // training.data, or the synthetic language
+  std::unique_ptr<WarmupStableDecay> lr_schedule_;  // [lr_scheduler] over training.steps
+  std::unique_ptr<const TrainingCorpus> corpus_;    // training.data, or the synthetic language
   std::shared_ptr<const BatchSource> batches_;
   TrainContext train_context_;
   std::unique_ptr<Validator> validator_;
   std::unique_ptr<MetricsLogger> metrics_;
-  std::unique_ptr<ProgressLine> progress_;  // rank 0 with a log, during train()
+  std::unique_ptr<ModelFlopsUtilization> mfu_;  // rank 0, which logs
+  std::unique_ptr<ProgressLine> progress_;      // rank 0 with a log, during train()
   NonFiniteSteps non_finite_{0};
   int64_t step_ = 0;
 };

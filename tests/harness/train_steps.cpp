@@ -19,7 +19,7 @@ train::JobConfig tiny_checkpointed_job(const std::string& dump, int64_t tp, int6
   c.training.batch_size = 4;
   c.training.seq_len = 16;
   c.training.steps = steps;
-  c.training.warmup_steps = 1;
+  c.lr_scheduler.warmup_steps = 1;
   c.parallelism.tensor_parallel_degree = tp;
   c.validation.enable = false;
   c.checkpoint.enable = true;

@@ -38,7 +38,7 @@ from transformers.models.llama import modeling_llama  # noqa: E402
 rms_norm_in_float64(modeling_llama.LlamaRMSNorm)
 make_gemma2_models.in_float64()
 
-from bench_train_pytorch import learning_rate_at  # noqa: E402  hp's schedule, already mirrored there
+from bench_train_pytorch import torchtitan_lr_lambda  # noqa: E402  hp-train's (TorchTitan's) schedule
 
 TOL = 1e-8
 
@@ -75,19 +75,19 @@ def reference_losses(folder, export, family):
     params = list(model.parameters())  # deduplicated: a tied weight once, as in hp-train
     opt = torch.optim.AdamW(params, lr=t["lr"], betas=(t["beta1"], t["beta2"]), eps=t["eps"],
                             weight_decay=t["weight_decay"], foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, torchtitan_lr_lambda(t["steps"], man["lr_scheduler"]))
     shape = [t["batch_size"], t["seq_len"]]
     out = []
     for step in range(1, t["steps"] + 1):
         x, y = (torch.from_numpy(np.fromfile(os.path.join(export, "batches", "%s_%d.bin" % (k, step)),
                                              dtype=np.int64)).reshape(shape) for k in ("input", "target"))
-        for g in opt.param_groups:
-            g["lr"] = learning_rate_at(step, t)
         opt.zero_grad(set_to_none=True)
         logits = model(input_ids=x).logits
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())  # the mean over every target token
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(params, t["max_norm"])
         opt.step()
+        sched.step()
         out.append((loss.item(), norm.item()))
     return out
 
@@ -120,7 +120,7 @@ def main():
         job = ["--model.name", family.name, "--model.hf_assets_path", folder, "--checkpoint.initial_load_in_hf", "true",
                "--training.data", corpus, "--training.data_format", "bin_u16", "--training.dtype", "float64",
                "--training.steps", str(args.steps), "--training.batch_size", "4", "--training.seq_len", "32",
-               "--training.warmup_steps", "3", "--training.lr", "3e-3", "--training.max_norm", "1.0",
+               "--lr_scheduler.warmup_steps", "3", "--training.lr", "3e-3", "--training.max_norm", "1.0",
                "--parallelism.tensor_parallel_degree", str(args.tp), "--validation.enable", "false",
                "--checkpoint.enable", "false", "--metrics.enable_plot", "false", "--training.log_freq", "1"]
         export = os.path.join(args.work, "export_" + name)

@@ -182,6 +182,15 @@ DecoderSizes Gemma2Impl::sizes() const {
   return s;
 }
 
+int64_t Gemma2Impl::flops_per_token(int64_t seq_len) const {
+  // Every layer's attention at the full seq_len, sliding ones included, as TorchTitan counts
+  // its sliding-window family (gpt-oss): exact while seq_len <= sliding_window (4096 in every
+  // Gemma 2), where a sliding layer reads as many keys as a full one; beyond it, an
+  // over-count of the sliding layers' scores.
+  return dense_decoder_flops_per_token(*this, tok_embeddings->weight, args_.tie_word_embeddings, args_.n_layers,
+                                       args_.n_heads, args_.head_dim, seq_len);
+}
+
 void Gemma2Impl::init_weights(uint64_t seed) {
   torch::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);

@@ -180,6 +180,11 @@ void LlamaImpl::init_weights(uint64_t seed) {
   }
 }
 
+int64_t LlamaImpl::flops_per_token(int64_t seq_len) const {
+  return dense_decoder_flops_per_token(*this, tok_embeddings->weight, args_.tie_word_embeddings, args_.n_layers,
+                                       args_.n_heads, args_.head_dim(), seq_len);
+}
+
 void LlamaImpl::tie_head() {
   TORCH_CHECK(args_.tie_word_embeddings, "Llama: tie_head on a model whose args do not tie the head");
   if (has_own_parameter(*output, "weight")) unregister_parameter(*output, "weight");

@@ -117,9 +117,7 @@ std::vector<Field> training_fields() {
                "of a replica sees its rows)"),
       HP_FIELD(training, seq_len, "tokens per sequence (<= model.max_seq_len)"),
       HP_FIELD(training, steps, "optimiser steps in the run"),
-      HP_FIELD(training, warmup_steps, "linear learning-rate warmup steps, then cosine decay to min_lr_ratio x lr"),
-      HP_FIELD(training, lr, "peak learning rate (AdamW)"),
-      HP_FIELD(training, min_lr_ratio, "final learning rate as a fraction of lr, in [0, 1]"),
+      HP_FIELD(training, lr, "peak learning rate (AdamW); [lr_scheduler] shapes it over the steps"),
       HP_FIELD(training, weight_decay, "AdamW decoupled weight decay"),
       HP_FIELD(training, beta1, "AdamW beta1, in [0, 1)"),
       HP_FIELD(training, beta2, "AdamW beta2, in [0, 1)"),
@@ -161,6 +159,23 @@ std::vector<Field> training_fields() {
                "steps with a NaN/inf loss or gradient norm to skip in a row (weights untouched); 0: stop at the first"),
       HP_FIELD(training, mixed_precision_reduce,
                "FSDP in bfloat16: float32 | bfloat16, the dtype gradients are reduce-scattered in"),
+  };
+}
+
+// TorchTitan's [lr_scheduler] keys, meaning what they mean there (train/optim/lr_scheduler.h).
+std::vector<Field> lr_scheduler_fields() {
+  return {
+      HP_FIELD(lr_scheduler, warmup_steps,
+               "linear warm-up: step s <= warmup_steps runs at lr x s / warmup_steps; more than training.steps is "
+               "cut to training.steps (as TorchTitan does, said at start-up)"),
+      HP_FIELD(lr_scheduler, decay_ratio,
+               "the last round(decay_ratio x training.steps) steps decay (at most those after warm-up); the steps "
+               "between warm-up and decay hold lr (warm-up-stable-decay). 1: decay right after warm-up, "
+               "TorchTitan's None; 0: no decay; in [0, 1]"),
+      HP_FIELD(lr_scheduler, decay_type, "linear | sqrt | cosine: the decay's curve from lr to min_lr_factor x lr"),
+      HP_FIELD(lr_scheduler, min_lr_factor,
+               "the decay ends at min_lr_factor x lr, one step after the last (TorchTitan's virtual last step); "
+               "in [0, 1]"),
   };
 }
 
@@ -225,14 +240,17 @@ std::vector<Field> metrics_fields() {
   return {
       HP_FIELD(metrics, folder, "metrics folder, relative to job.dump_folder"),
       HP_FIELD(metrics, enable_plot, "also plot the logged metrics"),
+      HP_FIELD(metrics, peak_tflops,
+               "one rank's peak TFLOPs, the denominator of MFU; 0: measured at start-up by a timed matmul in "
+               "training.dtype on the rank's device"),
   };
 }
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> table = [] {
     std::vector<Field> all;
-    for (auto section : {job_fields, model_fields, training_fields, parallelism_fields, checkpoint_fields,
-                         validation_fields, metrics_fields}) {
+    for (auto section : {job_fields, model_fields, training_fields, lr_scheduler_fields, parallelism_fields,
+                         checkpoint_fields, validation_fields, metrics_fields}) {
       for (Field& f : section()) all.push_back(std::move(f));
     }
     return all;
@@ -321,8 +339,19 @@ std::string suggestion(const std::string& section, const std::string& key) {
   return best ? "; did you mean '" + best->dotted() + "'?" : "";
 }
 
+// Keys that were hp-train's own before [lr_scheduler] took TorchTitan's: one name per
+// setting, so the old spelling is an error that names the new one.
+std::optional<std::string> moved_key(const std::string& dotted) {
+  if (dotted == "training.warmup_steps") return "lr_scheduler.warmup_steps";
+  if (dotted == "training.min_lr_ratio") return "lr_scheduler.min_lr_factor";
+  return std::nullopt;
+}
+
 // `unknown key 'training.lrr' (known keys in [training]: ...)` or the section equivalent.
 std::string unknown_message(const std::string& section, const std::string& key) {
+  if (const auto moved = moved_key(section + "." + key)) {
+    return "'" + section + "." + key + "' is now '" + *moved + "' (TorchTitan's [lr_scheduler] section)";
+  }
   if (!is_section(section)) {
     return "unknown section '" + section + "' in '" + section + "." + key + "' (" + known_sections() + ")" +
            suggestion(section, key);
@@ -824,14 +853,11 @@ void check_training(const JobConfig& cfg, Checks& out) {
   out.positive("training.seq_len", t.seq_len);
   out.positive("training.steps", t.steps);
   out.positive("training.log_freq", t.log_freq);
-  out.require(t.warmup_steps >= 0, "training.warmup_steps = " + std::to_string(t.warmup_steps) + " must be >= 0");
   const bool sizes_known = model_sizes_known(m);
   out.require(!sizes_known || t.seq_len <= m.max_seq_len,
               "training.seq_len = " + std::to_string(t.seq_len) +
                   " must be <= model.max_seq_len = " + std::to_string(m.max_seq_len));
   out.require(t.lr > 0, "training.lr = " + num(t.lr) + " must be > 0");
-  out.require(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1,
-              "training.min_lr_ratio = " + num(t.min_lr_ratio) + " must be in [0, 1]");
   out.require(t.weight_decay >= 0, "training.weight_decay = " + num(t.weight_decay) + " must be >= 0");
   out.require(t.beta1 >= 0 && t.beta1 < 1, "training.beta1 = " + num(t.beta1) + " must be in [0, 1)");
   out.require(t.beta2 >= 0 && t.beta2 < 1, "training.beta2 = " + num(t.beta2) + " must be in [0, 1)");
@@ -863,6 +889,17 @@ void check_training(const JobConfig& cfg, Checks& out) {
                     "bin_u16, bin_u32, megatron or auto on such a file), not to " +
                     (t.data.empty() ? std::string("the synthetic corpus") : std::string("a text corpus")));
   }
+}
+
+// [lr_scheduler]: TorchTitan's keys, in the ranges its formula is meant for.
+void check_lr_scheduler(const LrSchedulerConfig& s, Checks& out) {
+  out.require(s.warmup_steps >= 0, "lr_scheduler.warmup_steps = " + std::to_string(s.warmup_steps) + " must be >= 0");
+  out.require(s.decay_ratio >= 0 && s.decay_ratio <= 1,
+              "lr_scheduler.decay_ratio = " + num(s.decay_ratio) + " must be in [0, 1] (1: decay right after warm-up)");
+  out.require(s.decay_type == "linear" || s.decay_type == "sqrt" || s.decay_type == "cosine",
+              "lr_scheduler.decay_type = " + quote(s.decay_type) + " is not one of linear, sqrt, cosine");
+  out.require(s.min_lr_factor >= 0 && s.min_lr_factor <= 1,
+              "lr_scheduler.min_lr_factor = " + num(s.min_lr_factor) + " must be in [0, 1]");
 }
 
 // [parallelism], and what the layout asks of the batch and the loss.
@@ -951,6 +988,8 @@ void check_outputs(const JobConfig& cfg, Checks& out) {
   out.positive("validation.freq", cfg.validation.freq);
   out.positive("validation.steps", cfg.validation.steps);
   out.non_empty("metrics.folder", cfg.metrics.folder);
+  out.require(cfg.metrics.peak_tflops >= 0,
+              "metrics.peak_tflops = " + num(cfg.metrics.peak_tflops) + " must be >= 0 (0: measured at start-up)");
 }
 
 }  // namespace
@@ -959,6 +998,7 @@ void validate(const JobConfig& cfg) {
   Checks out;
   check_model(cfg, out);
   check_training(cfg, out);
+  check_lr_scheduler(cfg.lr_scheduler, out);
   check_parallelism(cfg, out);
   check_outputs(cfg, out);
   if (!out.errors.empty()) throw std::invalid_argument("invalid job config: " + join(out.errors, "; "));

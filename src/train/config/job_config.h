@@ -1,7 +1,7 @@
 // JobConfig: the typed configuration of an hp-train job, TorchTitan-style.
 //
 // A job is described by a TOML file (configs/debug_model.toml is the default) with one
-// table per section ([job], [model], [training], [parallelism], [checkpoint],
+// table per section ([job], [model], [training], [lr_scheduler], [parallelism], [checkpoint],
 // [validation], [metrics]); any key can then be overridden on the command line:
 //
 //   hp-train --config configs/debug_model.toml --training.steps 10 --checkpoint.resume
@@ -62,9 +62,7 @@ struct TrainingConfig {
   int64_t batch_size = 8;
   int64_t seq_len = 64;
   int64_t steps = 60;
-  int64_t warmup_steps = 5;
   double lr = 3e-3;
-  double min_lr_ratio = 0.1;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -85,6 +83,15 @@ struct TrainingConfig {
   int64_t grad_accum_steps = 1;
   int64_t max_skipped_steps = 0;
   std::string mixed_precision_reduce = "float32";
+};
+
+// [lr_scheduler]: TorchTitan's warm-up, stable, decay schedule of training.lr
+// (train/optim/lr_scheduler.h).
+struct LrSchedulerConfig {
+  int64_t warmup_steps = 5;
+  double decay_ratio = 1.0;
+  std::string decay_type = "cosine";
+  double min_lr_factor = 0.1;
 };
 
 // [checkpoint]: periodic save / resume. folder is relative to job.dump_folder.
@@ -113,6 +120,7 @@ struct ValidationConfig {
 struct MetricsConfig {
   std::string folder = "metrics";
   bool enable_plot = true;
+  double peak_tflops = 0.0;
 };
 
 struct JobConfig {
@@ -122,6 +130,7 @@ struct JobConfig {
 
   ModelConfig model;                 // [model]
   TrainingConfig training;           // [training]
+  LrSchedulerConfig lr_scheduler;    // [lr_scheduler]
   ParallelismJobConfig parallelism;  // [parallelism], same field names as the struct
   CheckpointConfig checkpoint;       // [checkpoint]
   ValidationConfig validation;       // [validation]

@@ -63,6 +63,14 @@ std::string format_rate(double per_s) {
   return buf;
 }
 
+// 0.0523, 1.23, 45.6, 312: three significant digits, without an exponent.
+std::string format_tflops(double tflops) {
+  char buf[32];
+  if (!std::isfinite(tflops) || tflops < 0) return "-";
+  std::snprintf(buf, sizeof buf, tflops >= 100 ? "%.0f" : tflops >= 10 ? "%.1f" : "%.3g", tflops);
+  return buf;
+}
+
 int digits(int64_t n) {
   int d = 1;
   for (n = n < 0 ? -n : n; n >= 10; n /= 10) ++d;
@@ -82,26 +90,27 @@ ProgressLine::~ProgressLine() {
   }
 }
 
-std::string ProgressLine::render(int64_t step, double loss, double tokens_per_s, double peak_mib,
+std::string ProgressLine::render(int64_t step, double loss, const StepRates& rates, double peak_mib,
                                  double eta_seconds) const {
   char head[64];
   // Steps are right-aligned to the width of the total so the columns stay put.
   std::snprintf(head, sizeof head, "step %*lld/%lld", digits(total_steps_), static_cast<long long>(step),
                 static_cast<long long>(total_steps_));
-  char body[160];
-  std::snprintf(body, sizeof body, " | loss %.4f | %s tok/s | peak %.0f MiB | ETA %s", loss,
-                format_rate(tokens_per_s).c_str(), peak_mib, format_duration(eta_seconds).c_str());
+  char body[192];
+  std::snprintf(body, sizeof body, " | loss %.4f | %s tok/s | %s TFLOPs | MFU %.1f%% | peak %.0f MiB | ETA %s", loss,
+                format_rate(rates.tokens_per_s).c_str(), format_tflops(rates.tflops).c_str(), rates.mfu_pct, peak_mib,
+                format_duration(eta_seconds).c_str());
   return std::string(head) + body;
 }
 
-void ProgressLine::update(int64_t step, double loss, double tokens_per_s, double peak_mib) {
+void ProgressLine::update(int64_t step, double loss, const StepRates& rates, double peak_mib) {
   if (first_step_ < 0) first_step_ = step;
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const int64_t done = step - first_step_ + 1;
   const int64_t remaining = total_steps_ > step ? total_steps_ - step : 0;
   const double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(remaining) : -1.0;
 
-  const std::string text = render(step, loss, tokens_per_s, peak_mib, eta);
+  const std::string text = render(step, loss, rates, peak_mib, eta);
   if (interactive_) {
     // Blank whatever a longer previous line left behind (no terminal escapes needed).
     const size_t pad = last_width_ > text.size() ? last_width_ - text.size() : 0;

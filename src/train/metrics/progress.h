@@ -1,6 +1,6 @@
 // progress.h — the live progress line of `hp-train` and the numbers it shows.
 //
-//   step  12/60 | loss 7.8123 | 41.2k tok/s | peak 812 MiB | ETA 0:48
+//   step  12/60 | loss 7.8123 | 41.2k tok/s | 0.0523 TFLOPs | MFU 21.3% | peak 812 MiB | ETA 0:48
 //
 // On a terminal the line is redrawn in place with '\r'; elsewhere (a log file,
 // or under hp-run, which prefixes every line with its rank) each update is a
@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+
+#include "train/metrics/step_metrics.h"
 
 namespace hyper_parallel::train {
 
@@ -37,13 +39,13 @@ class ProgressLine {
   ProgressLine& operator=(const ProgressLine&) = delete;
 
   // Shows step `step` (1-based: step == total_steps is the last) as completed.
-  void update(int64_t step, double loss, double tokens_per_s, double peak_mib);
+  void update(int64_t step, double loss, const StepRates& rates, double peak_mib);
 
   // Ends the in-place line with a newline (interactive only); idempotent.
   void finish();
 
   // The text of one update, without '\r' or newline (exposed for tests).
-  std::string render(int64_t step, double loss, double tokens_per_s, double peak_mib, double eta_seconds) const;
+  std::string render(int64_t step, double loss, const StepRates& rates, double peak_mib, double eta_seconds) const;
 
  private:
   int64_t total_steps_;

@@ -61,13 +61,15 @@ void StepMeter::finish(StepResult& r) const {
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
-nlohmann::json metrics_record(const StepResult& r, double tokens_per_s, int64_t skipped) {
+nlohmann::json metrics_record(const StepResult& r, const StepRates& rates, int64_t skipped) {
   nlohmann::json rec = {{"step", r.step},
                         {"loss", r.loss},
                         {"lr", r.lr},
                         {"grad_norm", r.grad_norm},
                         {"skipped", skipped},
-                        {"tokens_per_s", tokens_per_s},
+                        {"tokens_per_s", rates.tokens_per_s},
+                        {"tflops", rates.tflops},
+                        {"mfu_pct", rates.mfu_pct},
                         {"peak_memory_mb", peak_memory_mib()},
                         {"step_s", r.seconds},
                         {"minor_faults", r.minor_faults},

@@ -1,5 +1,5 @@
-// step_metrics.h — what one training step measured (StepResult), how its phases are timed
-// (PhaseClock, StepMeter), and its line of metrics.jsonl (metrics_record).
+// step_metrics.h — what one training step measured (StepResult, StepRates), how its phases
+// are timed (PhaseClock, StepMeter), and its line of metrics.jsonl (metrics_record).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -99,7 +99,15 @@ class StepMeter {
   double system_seconds_ = 0;
 };
 
+// How fast a step trained: the job's tokens per second (batch_size x seq_len over the step's
+// wall time), and one rank's achieved TFLOPs and MFU in % (mfu.h).
+struct StepRates {
+  double tokens_per_s = 0;
+  double tflops = 0;
+  double mfu_pct = 0;
+};
+
 // A step's line of metrics.jsonl; `skipped`: non-finite steps skipped so far in this run.
-nlohmann::json metrics_record(const StepResult& r, double tokens_per_s, int64_t skipped);
+nlohmann::json metrics_record(const StepResult& r, const StepRates& rates, int64_t skipped);
 
 }  // namespace hyper_parallel::train

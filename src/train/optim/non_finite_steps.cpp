@@ -44,7 +44,7 @@ bool NonFiniteSteps::check(int64_t step, double loss, double grad_norm) {
     os << "No step of this run has been finite yet, so the weights it started from may be the cause (non-finite "
           "or huge values in the initial or resumed checkpoint), or the data; ";
   }
-  os << "Lower --training.lr (or raise --training.warmup_steps), or pass "
+  os << "Lower --training.lr (or raise --lr_scheduler.warmup_steps), or pass "
         "--training.max_skipped_steps N to skip up to N such steps in a row";
   throw std::runtime_error(os.str());
 }

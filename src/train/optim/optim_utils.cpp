@@ -96,13 +96,4 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
   return norm;
 }
 
-double learning_rate_at(int64_t step, int64_t total_steps, int64_t warmup_steps, double lr, double min_lr_ratio) {
-  if (warmup_steps > 0 && step <= warmup_steps)
-    return lr * static_cast<double>(step) / static_cast<double>(warmup_steps);
-  const double span = std::max<int64_t>(1, total_steps - warmup_steps);
-  const double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / span);
-  const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
-  return lr * (min_lr_ratio + (1.0 - min_lr_ratio) * cosine);
-}
-
 }  // namespace hyper_parallel::train

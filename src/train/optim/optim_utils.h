@@ -1,5 +1,5 @@
 // Optimisation helpers that must be right across tensor-parallel ranks: the global
-// gradient norm and its clipping, and the warm-up + cosine learning-rate schedule.
+// gradient norm and its clipping (the learning-rate schedule: lr_scheduler.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,9 +17,5 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
 // The sum of squares of a plain tensor's elements accumulated in fp64, without
 // materialising an fp64 copy of it (chunks are widened through a small scratch buffer).
 double squared_norm_fp64(const at::Tensor& t);
-
-// Linear warm-up to `lr` over `warmup_steps`, then cosine decay to lr * min_lr_ratio at
-// `total_steps`. `step` counts from 1.
-double learning_rate_at(int64_t step, int64_t total_steps, int64_t warmup_steps, double lr, double min_lr_ratio);
 
 }  // namespace hyper_parallel::train

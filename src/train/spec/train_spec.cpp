@@ -204,6 +204,9 @@ TrainSpec spec_of(const ModelFamily& family) {
   spec.shard_groups = block_groups;
   spec.loss = token_loss_sum;
   spec.loss_terms = loss_terms;
+  spec.flops_per_token = [](const torch::nn::Module& model, int64_t seq_len) {
+    return as_causal_lm(model).flops_per_token(seq_len);
+  };
   spec.describe = [name = family.name](const torch::nn::Module& model) { return describe(name, model); };
   return spec;
 }

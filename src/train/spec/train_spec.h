@@ -69,6 +69,9 @@ struct TrainSpec {
   // model asks for (Gemma 2's final_logit_softcapping) or training.logit_softcap; both set
   // and different is a std::invalid_argument.
   std::function<LossTerms(const torch::nn::Module& model, const TrainingConfig& training)> loss_terms;
+  // The FLOPs of training on one token of a training.seq_len sequence (the family's count,
+  // CausalLanguageModel::flops_per_token): MFU's numerator.
+  std::function<int64_t(const torch::nn::Module& model, int64_t seq_len)> flops_per_token;
   // One line for logs: the family and its sizes.
   std::function<std::string(const torch::nn::Module& model)> describe;
 };
