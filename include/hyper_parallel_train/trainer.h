@@ -1,0 +1,181 @@
+// Trainer: TorchTitan's training loop, in C++, for any registered model family (its
+// TrainSpec: train_spec.h).
+//
+//   hp::train::Trainer trainer(parse_job_config(args));  // world already initialised
+//   trainer.train();
+//
+// loss_parallel_enabled = tp_enabled && !disable_loss_parallel (as TorchTitan's
+// train spec decides it); the loss and
+// its backward run inside train_context() (a loss_parallel guard when enabled), and the
+// Validator computes its loss inside the same context. Parameters are sharded with
+// TorchTitan's plan; AdamW, warm-up + cosine LR and TP-correct gradient clipping;
+// metrics as JSON lines, a loss plot, sharded checkpoints written atomically and an
+// exact --checkpoint.resume.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/export.h"
+#include "hyper_parallel_train/batch.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/parallel_dims.h"
+#include "hyper_parallel_train/step_result.h"
+#include "hyper_parallel_train/train_context.h"
+#include "hyper_parallel_train/train_spec.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace torch::optim {
+class AdamW;
+}
+
+namespace hyper_parallel {
+class FullyShardedParameters;
+}
+
+namespace hyper_parallel::train {
+
+// The Trainer's parts (src/train/, not exported): declared here only to be held.
+class CheckpointManager;
+class DataParallelReducer;
+class DumpFolderLock;
+class MasterWeights;
+class MetricsLogger;
+class NonFiniteSteps;
+class ParallelismScope;
+class ProgressLine;
+class TrainingCorpus;
+class Validator;
+struct TrainedState;
+
+}  // namespace hyper_parallel::train
+
+HP_PUBLIC_BEGIN
+
+namespace hyper_parallel::train {
+
+class Trainer {
+ public:
+  // `log` receives the progress line and summaries (rank 0 only); nullptr: quiet.
+  explicit Trainer(JobConfig config, std::ostream* log = nullptr);
+  ~Trainer();
+
+  // Runs from the current step (0, or the checkpoint's with --checkpoint.resume) to
+  // training.steps. Returns one result per step run. A step whose loss or gradient norm is
+  // not finite stops it (an error naming the step), or is skipped within
+  // training.max_skipped_steps (non_finite_steps.h).
+  std::vector<StepResult> train();
+  // One optimiser step on the sampler's batch for `step` (1-based). When the loss or the
+  // gradient norm is not finite, the optimizer does not step (weights and its state stay
+  // as they were) and the result says non_finite.
+  StepResult train_step(int64_t step);
+  // Replaces the training batches: `rows` gives this rank's rows of each step (its
+  // replica's share of the global batch), e.g. batches with ignored targets in tests.
+  void use_training_batches(std::shared_ptr<const BatchSource> rows) { batches_ = std::move(rows); }
+
+  bool loss_parallel_enabled() const { return loss_parallel_enabled_; }
+  const TrainContext& train_context() const { return train_context_; }
+  int64_t step() const { return step_; }
+  // The module model.name's family built (as_causal_lm(model()) for its interface, or the
+  // family's own type, e.g. as_llama). Under FSDP its parameters hold values only while
+  // gathered (fully_sharded()->gather_all()).
+  torch::nn::Module& model() { return *model_; }
+  const TrainSpec& spec() const { return *spec_; }
+  const ParallelDims& parallel_dims() const { return dims_; }
+  // parallelism.data_parallel_shard_degree > 1: the sharded parameters; null otherwise.
+  FullyShardedParameters* fully_sharded() const { return fsdp_.get(); }
+  const JobConfig& config() const { return config_; }
+
+  // The current step's checkpoint, and the latest one (or checkpoint.load_step) read back:
+  // CheckpointManager::save and load (false when there is none).
+  void save_checkpoint() const;
+  bool load_checkpoint();
+  // Chosen by rank 0 at start (or taken from the checkpoint resumed), the same on all ranks.
+  const std::string& run_id() const;
+
+ private:
+  // The constructor's parts, in order. build_model: the spec's module (on the meta device
+  // when every weight will be read), and the config.json it came from (for checkpoints).
+  nlohmann::json build_model(bool on_meta_device);
+  // Initial weights (unless read later), dtype and device; returns the device.
+  at::Device place_model(bool weights_from_checkpoint);
+  // FSDP or bfloat16 master weights, then AdamW over what they train.
+  void set_up_optimizer();
+  // The corpus, this replica's batches and the Validator.
+  void open_data();
+  // Rank 0: the start-up lines (data, model, layout, loss).
+  void log_start();
+  // What the optimizer updates and checkpoints hold: the model's parameters, or their
+  // float32 masters in bfloat16 training; in the model's parameter order.
+  std::vector<at::Tensor> trained_parameters() const;
+  std::vector<std::pair<std::string, at::Tensor>> named_trained_parameters() const;
+  // This rank's weights, gradients and AdamW state now (step_metrics.h).
+  StateBytes state_bytes() const;
+  // What the checkpoint manager saves and loads.
+  TrainedState trained_state() const;
+  // Locks every folder the job writes (dump_folder_lock.h) or stops every rank naming the
+  // folder and its holder.
+  void lock_job_folders();
+  // A resume that finds the last step trained but its checkpoint.last_save_in_hf export
+  // missing (the earlier run failed while writing it) writes the export.
+  void export_missing_last_save();
+  // The folders the job writes are writable, and the checkpoint folder has room for a
+  // checkpoint (a warning otherwise); storage_checks.h.
+  void check_storage();
+  // checkpoint.initial_load_path (or model.hf_assets_path) into the model, unless a
+  // resume will load a checkpoint instead (TorchTitan's precedence).
+  void initial_load();
+  double forward_backward(const Batch& batch, StepResult& r);
+  // Rank 0: the metrics file (a failure stops every rank); its loss plot at the end.
+  void open_metrics();
+  void plot_metrics() const;
+  // Rank 0, with a log: `line` between progress lines.
+  void say(const std::string& line);
+  std::string metrics_folder() const;
+
+  JobConfig config_;
+  const TrainSpec* spec_;       // config_.model.name's
+  ParallelDims dims_{1, 1, 1};  // config_.parallelism's, once validate() has accepted it
+  // Before every member that writes: released last, after everything the job writes is closed.
+  std::vector<std::unique_ptr<DumpFolderLock>> folder_locks_;  // rank 0 (and node leaders); empty elsewhere
+  std::unique_ptr<ParallelismScope> parallelism_scope_;        // set in the constructor, restored at the end
+  std::ostream* log_;
+  int64_t rank_ = 0;
+  bool loss_parallel_enabled_ = false;
+  std::optional<DeviceMesh> world_mesh_;  // every rank: dp x tp, or the TP mesh alone; none for one rank
+  std::optional<DeviceMesh> tp_mesh_;
+  // The data-parallel ranks of this rank's TP group (replicas, and FSDP's dp_shard):
+  // dp > 1 or shard > 1; 2-D ("dp_replicate", "dp_shard") with FSDP.
+  std::optional<DeviceMesh> dp_mesh_;
+  int64_t dp_rank_ = 0;                           // among dims_.dp_ranks(): which rows of the batch
+  std::shared_ptr<FullyShardedParameters> fsdp_;  // shard > 1
+  std::unique_ptr<DataParallelReducer> reducer_;  // dp > 1
+  std::unique_ptr<CheckpointManager> checkpoints_;
+  std::shared_ptr<torch::nn::Module> model_;
+  std::unique_ptr<MasterWeights> master_;  // bfloat16 training: the float32 weights AdamW updates
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<const TrainingCorpus> corpus_;  // training.data, or the synthetic language
+  std::shared_ptr<const BatchSource> batches_;
+  TrainContext train_context_;
+  std::unique_ptr<Validator> validator_;
+  std::unique_ptr<MetricsLogger> metrics_;
+  std::unique_ptr<ProgressLine> progress_;  // rank 0 with a log, during train()
+  std::unique_ptr<NonFiniteSteps> non_finite_;
+  int64_t step_ = 0;
+};
+
+}  // namespace hyper_parallel::train
+
+HP_PUBLIC_END
