@@ -24,9 +24,9 @@
 #include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel/model_registry.h"
 #include "train/data/corpus.h"
-#include "train/spec/train_spec.h"
-#include "train/config/job_config.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/train_spec.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace hp = hyper_parallel;
 

@@ -20,14 +20,20 @@
 #include <stdexcept>
 #include <string>
 
-#include "compat/file_system.h"
+#include <unistd.h>
 
 #include "hyper_parallel/model_registry.h"
-#include "train/checkpoint/saved_model.h"
+#include "hyper_parallel_train/saved_model.h"
 
 namespace hp = hyper_parallel;
 
 namespace {
+
+// TMPDIR, or /tmp (std::filesystem is not ours to call: LibTorch wheels export their own).
+std::string temp_folder() {
+  const char* dir = std::getenv("TMPDIR");
+  return dir && *dir ? dir : "/tmp";
+}
 
 int usage() {
   std::cerr << "usage: hp-hf-export CHECKPOINT_FOLDER OUT_DIR [--step N] [--dtype bfloat16|float32] "
@@ -82,18 +88,19 @@ int main(int argc, char** argv) {
     std::string source_note;
     std::string recorded_source;
     if (options.source_folder.empty() && saved.identity.model.contains("hf_config")) {
-      std::string dir = hp::compat::join_path(hp::compat::temp_directory(), "hp-hf-export-XXXXXX");
-      if (::mkdtemp(dir.data()) == nullptr)
-        throw std::runtime_error("cannot create a folder in " + hp::compat::temp_directory());
+      std::string dir = temp_folder() + "/hp-hf-export-XXXXXX";
+      if (::mkdtemp(dir.data()) == nullptr) throw std::runtime_error("cannot create a folder in " + temp_folder());
       recorded_source = dir;
-      std::ofstream(hp::compat::join_path(dir, "config.json")) << saved.identity.model.at("hf_config").dump();
+      std::ofstream(dir + "/config.json") << saved.identity.model.at("hf_config").dump();
       options.source_folder = dir;
       source_note = "; token ids from the config.json the checkpoint recorded (tokenizer files: pass --source)";
     }
     struct RemoveAtExit {
       std::string dir;
       ~RemoveAtExit() {
-        if (!dir.empty()) hp::compat::remove_all(dir);
+        if (dir.empty()) return;
+        ::unlink((dir + "/config.json").c_str());
+        ::rmdir(dir.c_str());
       }
     } remove_recorded_source{recorded_source};
     const hp::HfExportResult r =

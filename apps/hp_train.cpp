@@ -13,8 +13,8 @@
 
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel/fatal_error.h"
-#include "train/config/job_config.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace hp = hyper_parallel;
 

@@ -14,9 +14,10 @@ src/train is itself a stack of folders, each a layer of its own, with the traini
 
 apps/ and tests/ sit on top and may include anything. The launcher (src/launcher, hp-run)
 stands alone: it includes only itself and public headers, and no library folder includes
-it. Public headers include only other public headers (an installed package has no src/);
-the train headers, installed for HyperParallel::hp_train, include only train/ and public
-headers.
+it. Public headers (include/hyper_parallel/, include/hyper_parallel_train/: all that is
+installed) include only public headers. The training library's public headers belong to
+the train layer named in TRAIN_PUBLIC_LAYER: only that layer and those above it include
+them, and no folder below train/ does.
 
     python3 scripts/check_layering.py [REPO_ROOT]
 """
@@ -40,7 +41,14 @@ def includes(path):
                 yield number, m.group(1)
 
 
-INSTALLED_HEADER_FOLDERS = ("train",)
+# include/hyper_parallel_train/<name>: the train layer each public header belongs to.
+TRAIN_PUBLIC_LAYER = {
+    "job_config.h": "train/config", "parallel_dims.h": "train/config", "batch.h": "train/data",
+    "train_context.h": "train/parallel", "train_spec.h": "train/spec",
+    "checkpoint_identity.h": "train/checkpoint", "saved_model.h": "train/checkpoint",
+    "step_result.h": "train/metrics", "trainer.h": "train",
+}
+PUBLIC_FOLDERS = ("hyper_parallel", "hyper_parallel_train")
 
 
 def layer_of(path):
@@ -55,10 +63,13 @@ def violation(folder, name, target, own_dir_files):
     """Why including `target` from src/`folder`/`name` breaks the layering, or None."""
     if target.startswith("hyper_parallel/"):
         return None
-    installed = folder.split("/")[0]
-    if installed in INSTALLED_HEADER_FOLDERS and name.endswith(".h") and "/" in target \
-            and not target.startswith(installed + "/"):
-        return "an installed %s header includes only %s/ and public headers" % (installed, installed)
+    if target.startswith("hyper_parallel_train/"):
+        layer = TRAIN_PUBLIC_LAYER.get(target.split("/", 1)[1])
+        if layer is None:
+            return "not a header of include/hyper_parallel_train/ (add it to TRAIN_PUBLIC_LAYER)"
+        if folder not in LEVEL or LEVEL[folder] < LEVEL[layer]:
+            return "%s is above %s" % (layer, folder)
+        return None
     if "/" not in target:  # a sibling in the same folder
         return None if target in own_dir_files else "unknown relative include"
     top = layer_of(target)
@@ -93,13 +104,19 @@ def main():
                 why = violation(folder, name, target, files)
                 if why:
                     problems.append("src/%s/%s:%d includes \"%s\": %s" % (rel, name, number, target, why))
-    public = os.path.join(root, "include", "hyper_parallel")
-    for name in sorted(os.listdir(public)):
-        checked += 1
-        for number, target in includes(os.path.join(public, name)):
-            if not target.startswith("hyper_parallel/"):
-                problems.append("include/hyper_parallel/%s:%d includes \"%s\": a public header includes only "
-                                "public headers" % (name, number, target))
+    for public_folder in PUBLIC_FOLDERS:
+        public = os.path.join(root, "include", public_folder)
+        if not os.path.isdir(public):
+            continue
+        for name in sorted(os.listdir(public)):
+            checked += 1
+            for number, target in includes(os.path.join(public, name)):
+                if target.split("/")[0] not in PUBLIC_FOLDERS:
+                    problems.append("include/%s/%s:%d includes \"%s\": a public header includes only "
+                                    "public headers" % (public_folder, name, number, target))
+                elif public_folder == "hyper_parallel" and not target.startswith("hyper_parallel/"):
+                    problems.append("include/hyper_parallel/%s:%d includes \"%s\": the runtime's headers do not "
+                                    "include the training library's" % (name, number, target))
     for p in problems:
         print(p)
     print("%d files checked, %d layering violation(s)" % (checked, len(problems)))

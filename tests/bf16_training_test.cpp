@@ -14,9 +14,9 @@
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "train/config/job_config.h"
+#include "hyper_parallel_train/job_config.h"
 #include "train/optim/master_weights.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace bf16_training_test {
 

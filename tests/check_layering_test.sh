@@ -5,15 +5,18 @@ set -euo pipefail
 script="$1"
 root="$(mktemp -d)"
 trap 'rm -rf "$root"' EXIT
-mkdir -p "$root/src/core" "$root/src/dtensor" "$root/src/launcher" "$root/src/train/data" "$root/src/train/checkpoint" "$root/include/hyper_parallel"
+mkdir -p "$root/src/core" "$root/src/dtensor" "$root/src/launcher" "$root/src/train/data" "$root/src/train/checkpoint" \
+         "$root/include/hyper_parallel" "$root/include/hyper_parallel_train"
 echo '#pragma once' > "$root/include/hyper_parallel/layout.h"
 echo '#pragma once' > "$root/src/core/redistribute.h"
 printf '#include "core/redistribute.h"\n#include "hyper_parallel/layout.h"\n' > "$root/src/dtensor/dtensor_impl.cpp"
 printf '#include "launcher.h"\n#include "hyper_parallel/layout.h"\n' > "$root/src/launcher/launcher.cpp"
 echo '#pragma once' > "$root/src/launcher/launcher.h"
-printf '#include "train/data/batches.h"\n#include "hyper_parallel/layout.h"\n' > "$root/src/train/trainer.h"
+printf '#include "hyper_parallel/layout.h"\n' > "$root/include/hyper_parallel_train/batch.h"
+printf '#include "hyper_parallel_train/batch.h"\n#include "hyper_parallel/layout.h"\n' > "$root/include/hyper_parallel_train/trainer.h"
+printf '#include "train/data/batches.h"\n#include "hyper_parallel_train/trainer.h"\n' > "$root/src/train/trainer.cpp"
 echo '#pragma once' > "$root/src/train/data/batches.h"
-echo '#include "core/redistribute.h"' > "$root/src/train/trainer.cpp"             # a .cpp may
+echo '#include "core/redistribute.h"' >> "$root/src/train/trainer.cpp"            # a .cpp may
 echo '#pragma once' > "$root/src/train/checkpoint/checkpoint_io.h"
 printf '#include "train/data/batches.h"\n' > "$root/src/train/checkpoint/checkpoint_io.cpp"  # a lower part
 python3 "$script" "$root" || { echo "FAIL: a clean tree was reported"; exit 1; }
@@ -22,7 +25,8 @@ echo '#include "dtensor/dtensor_impl.h"' >> "$root/src/core/redistribute.h"   # 
 echo '#include "launcher/launcher.h"' > "$root/src/core/fatal_error.cpp"      # the launcher
 echo '#include "core/redistribute.h"' >> "$root/src/launcher/launcher.cpp"    # launcher -> library
 echo '#include "core/redistribute.h"' >> "$root/include/hyper_parallel/layout.h"  # public -> src
-echo '#include "core/redistribute.h"' >> "$root/src/train/trainer.h"            # installed -> src
+echo '#include "train/data/batches.h"' >> "$root/include/hyper_parallel_train/trainer.h"  # installed -> src
+echo '#include "hyper_parallel_train/trainer.h"' > "$root/src/train/data/corpus.cpp"     # public train header above
 echo '#include "train/checkpoint/checkpoint_io.h"' > "$root/src/train/data/batches.cpp"  # a train part above
 set +e
 out="$(python3 "$script" "$root")"
@@ -31,8 +35,9 @@ set -e
 echo "$out"
 [ "$rc" -ne 0 ] || { echo "FAIL: exit status 0 with violations planted"; exit 1; }
 for where in src/core/redistribute.h src/core/fatal_error.cpp src/launcher/launcher.cpp \
-             include/hyper_parallel/layout.h src/train/trainer.h src/train/data/batches.cpp; do
+             include/hyper_parallel/layout.h include/hyper_parallel_train/trainer.h src/train/data/batches.cpp \
+             src/train/data/corpus.cpp; do
   grep -q "^$where:" <<<"$out" || { echo "FAIL: $where not reported"; exit 1; }
 done
-grep -q " 6 layering violation(s)" <<<"$out" || { echo "FAIL: expected exactly 6 violations"; exit 1; }
+grep -q " 7 layering violation(s)" <<<"$out" || { echo "FAIL: expected exactly 7 violations"; exit 1; }
 echo "check_layering.py catches each planted violation"

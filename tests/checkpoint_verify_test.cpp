@@ -20,7 +20,7 @@
 #include "harness/train_steps.h"
 #include "train/checkpoint/checkpoint_io.h"
 #include "train/checkpoint/checkpoint_manifest.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace checkpoint_verify_test {
 

@@ -15,8 +15,8 @@
 #include "harness/rounding_bound.h"
 #include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "train/config/job_config.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace cuda_test {
 

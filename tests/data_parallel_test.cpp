@@ -12,14 +12,14 @@
 #include <mutex>
 
 #include "compat/file_system.h"
-#include "core/pending_collective.h"
+#include "hyper_parallel/pending_collective.h"
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "train/data/batches.h"
 #include "train/parallel/data_parallel_reducer.h"
-#include "train/config/job_config.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace data_parallel_test {
 

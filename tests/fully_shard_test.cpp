@@ -13,14 +13,14 @@
 #include <mutex>
 
 #include "compat/file_system.h"
-#include "core/pending_collective.h"
+#include "hyper_parallel/pending_collective.h"
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/fully_shard.h"
-#include "train/config/job_config.h"
-#include "train/checkpoint/saved_model.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/saved_model.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace fully_shard_test {
 

@@ -21,7 +21,7 @@
 #include "hyper_parallel/model_registry.h"
 #include "models/safetensors.h"
 #include "models/safetensors_writer.h"
-#include "train/config/job_config.h"
+#include "hyper_parallel_train/job_config.h"
 
 namespace hf_checkpoint_test {
 

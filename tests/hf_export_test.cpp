@@ -41,7 +41,7 @@
 #include "models/safetensors_writer.h"
 #include "train/checkpoint/checkpoint_io.h"
 #include "train/checkpoint/checkpoint_manifest.h"
-#include "train/checkpoint/saved_model.h"
+#include "hyper_parallel_train/saved_model.h"
 
 namespace hf_export_test {
 

@@ -28,7 +28,7 @@
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
 #include "hyper_parallel/model_registry.h"
-#include "train/spec/train_spec.h"
+#include "hyper_parallel_train/train_spec.h"
 
 namespace hf_gemma2_test {
 

@@ -16,8 +16,8 @@
 #include "harness/scratch_folder.h"
 #include "hyper_parallel/model_registry.h"
 #include "hyper_parallel/qwen3.h"
-#include "train/config/job_config.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace hf_qwen3_test {
 

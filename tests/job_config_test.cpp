@@ -1,9 +1,9 @@
-// JobConfig (src/train/config/job_config.h): defaults, configs/debug_model.toml, command-line
+// JobConfig (include/hyper_parallel_train/job_config.h): defaults, configs/debug_model.toml, command-line
 // overrides, error messages (unknown keys, wrong types, malformed TOML), to_toml round
 // trip, --help text and validate().
 #include "harness/build_paths.h"
-#include "train/config/job_config.h"
-#include "train/config/parallel_dims.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/parallel_dims.h"
 
 #include <c10/util/Exception.h>
 #include <gmock/gmock.h>

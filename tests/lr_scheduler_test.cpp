@@ -122,7 +122,8 @@ TEST(LrScheduler, DescribeNamesEachPhasesSteps) {
 TEST(LrScheduler, BadKeysAreErrorsNamingThem) {
   EXPECT_THAT(error_of(schedule(1, 1.0, "exponential", 0), 10),
               HasSubstr("lr_scheduler.decay_type = \"exponential\" is not one of linear, sqrt, cosine"));
-  EXPECT_THAT(error_of(schedule(1, 1.5, "linear", 0), 10), HasSubstr("lr_scheduler.decay_ratio = 1.5 must be in [0, 1]"));
+  EXPECT_THAT(error_of(schedule(1, 1.5, "linear", 0), 10),
+              HasSubstr("lr_scheduler.decay_ratio = 1.5 must be in [0, 1]"));
   EXPECT_THAT(error_of(schedule(1, -0.1, "linear", 0), 10), HasSubstr("lr_scheduler.decay_ratio = -0.1"));
   EXPECT_THAT(error_of(schedule(1, 1.0, "linear", 2), 10), HasSubstr("lr_scheduler.min_lr_factor = 2 must be in"));
   EXPECT_THAT(error_of(schedule(-1, 1.0, "linear", 0), 10), HasSubstr("lr_scheduler.warmup_steps = -1 must be >= 0"));

@@ -13,11 +13,11 @@
 #include "harness/scratch_folder.h"
 #include "hyper_parallel/gemma2.h"
 #include "hyper_parallel/llama.h"
-#include "train/config/job_config.h"
+#include "hyper_parallel_train/job_config.h"
 #include "train/metrics/metrics.h"
 #include "train/metrics/mfu.h"
-#include "train/spec/train_spec.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/train_spec.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace model_flops_test {
 
@@ -41,7 +41,7 @@ TEST(ModelFlops, LlamaCountsEveryMatmulParameterButTheEmbeddingTable) {
   Llama model(LlamaArgs::from_sizes(sizes));
   ASSERT_EQ(model->args().hidden_dim(), 384);
   const int64_t per_layer = 4 * 128 * 128 + 3 * 128 * 384 + 2 * 128;  // q k v o, w1 w2 w3, two norms
-  const int64_t matmul = 2 * per_layer + 128 + 32000 * 128;            // + final norm + head
+  const int64_t matmul = 2 * per_layer + 128 + 32000 * 128;           // + final norm + head
   EXPECT_EQ(model->flops_per_token(64), torchtitan_flops(matmul, 2, 4, 32, 64));
   EXPECT_EQ(model->flops_per_token(64), 27332352);  // the same, as a number for the docs
   // The train spec hands the family's count to the Trainer.

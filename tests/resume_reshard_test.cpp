@@ -20,7 +20,7 @@
 #include "io/whole_file.h"
 #include "train/checkpoint/checkpoint_io.h"
 #include "train/checkpoint/checkpoint_manifest.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace resume_reshard_test {
 

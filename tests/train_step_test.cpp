@@ -14,9 +14,9 @@
 #include "hyper_parallel/communicator.h"
 #include "hyper_parallel/cpu_allocator.h"
 #include "hyper_parallel/dtensor.h"
-#include "train/config/job_config.h"
+#include "hyper_parallel_train/job_config.h"
 #include "train/optim/optim_utils.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace train_step_test {
 

@@ -22,8 +22,8 @@
 #include "hyper_parallel/llama.h"
 #include "models/safetensors.h"
 #include "models/safetensors_writer.h"
-#include "train/config/job_config.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace trainer_hf_test {
 

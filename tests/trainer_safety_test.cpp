@@ -26,7 +26,7 @@
 #include "train/metrics/metrics.h"
 #include "train/optim/non_finite_steps.h"
 #include "train/checkpoint/storage_checks.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace trainer_safety_test {
 

@@ -16,10 +16,10 @@
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "train/config/job_config.h"
+#include "hyper_parallel_train/job_config.h"
 #include "train/metrics/metrics.h"
 #include "train/optim/optim_utils.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace trainer_test {
 

@@ -7,6 +7,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -23,3 +26,5 @@ class BlockHooks {
 };
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

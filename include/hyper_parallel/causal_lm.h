@@ -13,6 +13,9 @@
 #include <memory>
 
 #include "hyper_parallel/block_hooks.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace torch::nn {
 class Module;
@@ -75,3 +78,5 @@ CausalLanguageModel& as_causal_lm(torch::nn::Module& module);
 const CausalLanguageModel& as_causal_lm(const torch::nn::Module& module);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

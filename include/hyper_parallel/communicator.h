@@ -14,6 +14,9 @@
 #include <vector>
 
 #include "hyper_parallel/placement.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace c10d {
 class ProcessGroup;
@@ -78,3 +81,5 @@ struct ChunkRange {
 ChunkRange chunk_range(int64_t size, int64_t n, int64_t index);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

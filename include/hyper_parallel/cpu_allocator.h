@@ -17,6 +17,9 @@
 #pragma once
 
 #include <cstdint>
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -36,3 +39,5 @@ CachingCpuAllocatorStats caching_cpu_allocator_stats();
 void empty_cpu_allocator_cache();
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

@@ -19,6 +19,9 @@
 #include <c10/core/Device.h>
 
 #include "hyper_parallel/communicator.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -96,3 +99,5 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
 std::ostream& operator<<(std::ostream& os, const DeviceMesh& m);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

@@ -19,6 +19,9 @@
 #include <vector>
 
 #include "hyper_parallel/distributed_op.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -93,3 +96,5 @@ void set_implicit_replication(bool enabled);
 bool implicit_replication_enabled();
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

@@ -13,6 +13,9 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace c10d {
 class Store;
@@ -75,3 +78,5 @@ std::chrono::milliseconds default_collective_timeout();
 c10::Device select_rank_device(const std::string& device_type, int64_t local_rank);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

@@ -22,6 +22,9 @@
 #include <vector>
 
 #include "hyper_parallel/layout.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -154,3 +157,5 @@ std::vector<std::optional<Placements>> replicate_dtensor_inputs(const OpCall& ca
 std::vector<std::vector<std::vector<int64_t>>> infer_output_shapes(const OpCall& call);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

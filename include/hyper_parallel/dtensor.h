@@ -15,6 +15,9 @@
 #include "hyper_parallel/device_mesh.h"
 #include "hyper_parallel/layout.h"
 #include "hyper_parallel/placement.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -66,3 +69,5 @@ const Placements& placements_of(const at::Tensor& dtensor);
 const DeviceMesh& mesh_of(const at::Tensor& dtensor);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

@@ -3,6 +3,9 @@
 
 #include <stdexcept>
 #include <string>
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -23,3 +26,5 @@ class PeerFailure : public std::runtime_error {
 };
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

@@ -37,6 +37,9 @@
 
 #include "hyper_parallel/block_hooks.h"
 #include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -98,3 +101,5 @@ class FullyShardedParameters final : public BlockHooks {
 };
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

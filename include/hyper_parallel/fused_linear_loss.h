@@ -20,6 +20,9 @@
 
 #include "hyper_parallel/loss_parallel.h"   // LossParallelLayoutError, LossParallelUnsupportedError
 #include "hyper_parallel/vocab_parallel.h"  // Communicator, VocabCrossEntropySaved
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -66,3 +69,5 @@ std::vector<at::Tensor> vocab_parallel_linear_cross_entropy_backward(
     const FusedLinearCrossEntropyOptions& options, bool hidden_grad, bool weight_grad);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

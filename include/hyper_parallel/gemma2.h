@@ -26,6 +26,9 @@
 #include "hyper_parallel/device_mesh.h"
 #include "hyper_parallel/hf_checkpoint.h"
 #include "hyper_parallel/parallel_style.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -184,3 +187,5 @@ ModelFamily gemma2_family();
 Gemma2 as_gemma2(const torch::nn::Module& module);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

@@ -24,6 +24,9 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace torch::nn {
 class Module;
@@ -97,3 +100,5 @@ HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const HfAdap
                                     const HfExportOptions& options = {});
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

@@ -3,8 +3,10 @@
 // The rest is included on its own where it is used: FSDP (fully_shard.h, block_hooks.h),
 // the models and their Hugging Face I/O (llama.h, qwen3.h, model_registry.h,
 // hf_checkpoint.h, parameters_on_meta.h), the vocabulary-parallel kernels
-// (vocab_parallel.h), CPU memory (cpu_allocator.h) and failure reporting (fatal_error.h,
-// rank_error_file.h).
+// (vocab_parallel.h), CPU memory (cpu_allocator.h, gradient_buffers.h), collectives left
+// running (pending_collective.h) and their tally (collective_stats.h), and failure
+// reporting (fatal_error.h, rank_error_file.h, run_then_agree.h). export.h says what the
+// library exports; the training library's headers are in include/hyper_parallel_train/.
 #pragma once
 
 #include "hyper_parallel/communicator.h"

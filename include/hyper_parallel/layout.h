@@ -15,6 +15,9 @@
 
 #include "hyper_parallel/device_mesh.h"
 #include "hyper_parallel/placement.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -68,3 +71,5 @@ class Layout {
 std::vector<int64_t> contiguous_strides(c10::IntArrayRef shape);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

@@ -21,6 +21,9 @@
 #include "hyper_parallel/device_mesh.h"
 #include "hyper_parallel/hf_checkpoint.h"
 #include "hyper_parallel/parallel_style.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -186,3 +189,5 @@ ModelFamily llama_family();
 Llama as_llama(const torch::nn::Module& module);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

@@ -25,6 +25,9 @@
 #include <vector>
 
 #include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -108,3 +111,5 @@ std::vector<std::string> loss_parallel_op_names();
 void register_loss_parallel_op_names(const std::vector<std::string>& names);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

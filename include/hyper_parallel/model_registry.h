@@ -14,6 +14,9 @@
 #include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel/device_mesh.h"
 #include "hyper_parallel/hf_checkpoint.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace torch::nn {
 class Module;
@@ -48,3 +51,5 @@ HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const ModelF
                                     const std::string& folder, const HfExportOptions& options = {});
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

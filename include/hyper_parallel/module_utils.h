@@ -4,6 +4,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace torch::nn {
 class Module;
@@ -18,3 +21,5 @@ namespace hyper_parallel {
 void replace_parameter(torch::nn::Module& module, const std::string& name, const at::Tensor& value);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

@@ -25,6 +25,9 @@
 
 #include "hyper_parallel/device_mesh.h"
 #include "hyper_parallel/placement.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace torch::nn {
 class Module;
@@ -158,3 +161,5 @@ at::Tensor parallel_forward(ModuleHolderT& module, const at::Tensor& input) {
 }
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

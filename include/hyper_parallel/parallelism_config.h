@@ -14,6 +14,9 @@
 #pragma once
 
 #include <cstdint>
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -29,3 +32,5 @@ ParallelismConfig parallelism_config();
 void set_parallelism_config(const ParallelismConfig& config);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

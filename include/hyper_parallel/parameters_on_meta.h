@@ -15,6 +15,9 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cstdint>
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -45,3 +48,5 @@ torch::nn::Embedding new_embedding(int64_t num_embeddings, int64_t embedding_dim
 void materialize_parameters(torch::nn::Module& module, at::Device device);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

@@ -10,6 +10,9 @@
 #include <ostream>
 #include <string>
 #include <vector>
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -64,3 +67,5 @@ std::ostream& operator<<(std::ostream& os, const Placement& p);
 std::ostream& operator<<(std::ostream& os, const Placements& ps);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

@@ -8,6 +8,9 @@
 #include <string>
 
 #include "hyper_parallel/llama.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -36,3 +39,5 @@ struct ModelFamily;
 ModelFamily qwen3_family();
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

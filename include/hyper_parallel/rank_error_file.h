@@ -19,6 +19,9 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel::launcher {
 
@@ -79,3 +82,5 @@ inline std::optional<RankError> read_rank_error_file(const std::string& path) {
 }
 
 }  // namespace hyper_parallel::launcher
+
+HP_PUBLIC_END

@@ -9,6 +9,9 @@
 
 #include "hyper_parallel/distributed_op.h"
 #include "hyper_parallel/placement.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -41,3 +44,5 @@ SelectedStrategy select_strategy(const OpCall& call, const std::vector<size_t>& 
                                  const std::vector<DimStrategy>& candidates);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

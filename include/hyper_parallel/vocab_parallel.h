@@ -18,6 +18,9 @@
 
 #include "hyper_parallel/communicator.h"
 #include "hyper_parallel/loss_parallel.h"  // LossParallelLayoutError, LossParallelUnsupportedError
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -91,3 +94,5 @@ at::Tensor vocab_parallel_nll_loss_backward(const at::Tensor& grad_output, const
                                             const Communicator* comm, int64_t vocab_size);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

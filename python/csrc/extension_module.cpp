@@ -16,11 +16,11 @@
 
 #include "hyper_parallel/communicator.h"
 #include "hyper_parallel/fused_linear_loss.h"
+#include "hyper_parallel/gradient_buffers.h"
 #include "hyper_parallel/loss_parallel.h"
 #include "hyper_parallel/parallelism_config.h"
 #include "hyper_parallel/vocab_parallel.h"
 #include "bench/memory_probe.h"
-#include "loss/gradient_buffer.h"
 
 namespace py = pybind11;
 namespace hp = hyper_parallel;
@@ -215,7 +215,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("memory_probe_current_bytes", &hp_memory_probe_current_bytes);
   m.def("memory_probe_peak_bytes", &hp_memory_probe_peak_bytes);
   m.def("memory_probe_reset_peak", &hp_memory_probe_reset_peak);
-  // The logits-sized gradient buffer the calling thread keeps between steps (gradient_buffer.h):
+  // The logits-sized gradient buffer the calling thread keeps between steps (hyper_parallel/gradient_buffers.h):
   // the benchmark counts it as the loss's memory, as hp-bench does.
   m.def("cached_gradient_buffer_bytes", &hp::cached_gradient_buffer_bytes);
   m.def("release_gradient_buffers", &hp::release_gradient_buffers);

@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "compat/c10d_compat.h"
-#include "core/pending_collective.h"
-#include "core/collective_stats.h"
+#include "hyper_parallel/pending_collective.h"
+#include "hyper_parallel/collective_stats.h"
 #include "core/group_description.h"
 
 namespace hyper_parallel {

@@ -1,4 +1,4 @@
-#include "core/run_then_agree.h"
+#include "hyper_parallel/run_then_agree.h"
 
 #include <ATen/ATen.h>
 

@@ -1,4 +1,5 @@
-// Logits-sized gradient buffers for the fused cross-entropy backward (internal).
+// Logits-sized gradient buffers for the fused cross-entropy backward (internal; what the
+// cache holds and its release are public: hyper_parallel/gradient_buffers.h).
 //
 // A fresh multi-MiB CPU allocation comes from mmap, so every step would first-touch new
 // 4 KiB pages: on the machines measured that fault costs more than the kernel itself.
@@ -9,16 +10,12 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "hyper_parallel/gradient_buffers.h"
+
 namespace hyper_parallel {
 
 // An uninitialised [rows, cols] tensor of `dtype` on the CPU, reused across calls on this
 // thread when the previous one is free again.
 at::Tensor reusable_gradient_buffer(int64_t rows, int64_t cols, at::ScalarType dtype);
-
-// Drops this thread's cached buffer (tests; callers short of memory).
-void release_gradient_buffers();
-
-// Bytes this thread's cache holds between steps (benchmarks count them as the loss's).
-int64_t cached_gradient_buffer_bytes();
 
 }  // namespace hyper_parallel

@@ -74,4 +74,40 @@ class HfConfigReader {
   std::string source_;
 };
 
+// A config.json's RoPE settings. transformers 5 writes rope_parameters (rope_theta
+// inside); older files a top-level rope_theta and an optional rope_scaling.
+struct HfRope {
+  double theta = 10000.0;
+  std::string type = "default";                // rope_type (or the older "type")
+  std::string type_field;                      // where the type was read, for errors
+  const nlohmann::json* parameters = nullptr;  // rope_parameters / rope_scaling; null: none
+  std::string prefix;                          // "rope_parameters." or "rope_scaling.", for errors
+  const char* key = "rope_scaling";            // which of the two it is
+};
+
+// Reads them, refusing what no family here supports: a section that is not an object, a
+// partial rotary factor other than 1, a theta that is not > 0. The type is the caller's to
+// accept or refuse (r.refuse(rope.type_field, ...)).
+inline HfRope read_hf_rope(const HfConfigReader& r, const nlohmann::json& j, double default_theta) {
+  HfRope rope;
+  rope.key = r.has(j, "rope_parameters") ? "rope_parameters" : "rope_scaling";
+  rope.theta = r.get<double>("rope_theta", default_theta);
+  if (r.has(j, rope.key)) {
+    const nlohmann::json& p = j.at(rope.key);
+    rope.prefix = std::string(rope.key) + ".";
+    if (!p.is_object()) r.refuse(rope.key, p, "expected an object");
+    rope.parameters = &p;
+    rope.theta = r.get<double>(p, rope.prefix, "rope_theta", rope.theta);
+    const char* type_key = r.has(p, "rope_type") ? "rope_type" : "type";
+    rope.type = r.get<std::string>(p, rope.prefix, type_key, std::string("default"));
+    rope.type_field = rope.prefix + type_key;
+    if (r.has(p, "partial_rotary_factor") && r.get<double>(p, rope.prefix, "partial_rotary_factor") != 1.0) {
+      r.refuse(rope.prefix + "partial_rotary_factor", p.at("partial_rotary_factor"),
+               "only 1.0 (rotary over the whole head) is supported");
+    }
+  }
+  if (!(rope.theta > 0)) r.refuse("rope_theta", rope.theta, "must be > 0");
+  return rope;
+}
+
 }  // namespace hyper_parallel

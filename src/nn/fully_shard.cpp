@@ -12,7 +12,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "core/pending_collective.h"
+#include "hyper_parallel/pending_collective.h"
 #include "hyper_parallel/dtensor.h"
 
 namespace hyper_parallel {

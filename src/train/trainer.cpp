@@ -1,4 +1,4 @@
-#include "train/trainer.h"
+#include "hyper_parallel_train/trainer.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -27,10 +27,20 @@
 #include "hyper_parallel/parallelism_config.h"
 #include "hyper_parallel/cpu_allocator.h"
 #include "compat/file_system.h"
-#include "core/collective_stats.h"
-#include "core/run_then_agree.h"
+#include "hyper_parallel/collective_stats.h"
+#include "hyper_parallel/run_then_agree.h"
+#include "hyper_parallel/fully_shard.h"
 #include "train/checkpoint/checkpoint_io.h"
 #include "train/checkpoint/fault_injection.h"
+#include "train/metrics/step_metrics.h"
+#include "train/checkpoint/checkpoint_manager.h"
+#include "train/checkpoint/dump_folder_lock.h"
+#include "train/data/corpus.h"
+#include "train/optim/master_weights.h"
+#include "train/optim/non_finite_steps.h"
+#include "train/parallel/data_parallel_reducer.h"
+#include "train/parallel/parallelism_scope.h"
+#include "train/validator.h"
 #include "train/data/data_identity.h"
 #include "train/parallel/local_piece.h"
 #include "train/metrics/metrics.h"
@@ -126,7 +136,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   rank_ = is_initialized() ? get_rank() : 0;
   dims_.check_world_size(is_initialized() ? get_world_size() : 1);
   loss_parallel_enabled_ = dims_.tp_enabled() && !config_.parallelism.disable_loss_parallel;
-  parallelism_scope_.emplace(config_.parallelism);
+  parallelism_scope_ = std::make_unique<ParallelismScope>(config_.parallelism);
   train_context_ = get_train_context(loss_parallel_enabled_, spec_->loss_terms(*model_, config_.training));
   const at::Device device = place_model(weights_from_checkpoint);
   lr_schedule_ = std::make_unique<WarmupStableDecay>(config_.lr_scheduler, config_.training.steps);
@@ -217,7 +227,7 @@ void Trainer::set_up_optimizer() {
   optimizer_ = std::make_unique<torch::optim::AdamW>(
       trained_parameters(),
       torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(t.weight_decay));
-  non_finite_ = NonFiniteSteps(t.max_skipped_steps);
+  non_finite_ = std::make_unique<NonFiniteSteps>(t.max_skipped_steps);
 }
 
 void Trainer::open_data() {
@@ -508,9 +518,9 @@ std::vector<StepResult> Trainer::train() {
     // step saved; its metrics are still written, so the log shows where it went wrong).
     std::string stop;
     try {
-      if (non_finite_.check(r.step, r.loss, r.grad_norm)) {
+      if (non_finite_->check(r.step, r.loss, r.grad_norm)) {
         say("hp-train: step " + std::to_string(r.step) + ": " + describe_non_finite(r.loss, r.grad_norm) +
-            ": skipped (" + std::to_string(non_finite_.consecutive()) +
+            ": skipped (" + std::to_string(non_finite_->consecutive()) +
             " in a row, at most training.max_skipped_steps = " + std::to_string(t.max_skipped_steps) + ")");
       }
     } catch (const std::runtime_error& e) {
@@ -527,7 +537,7 @@ std::vector<StepResult> Trainer::train() {
     // The same decision on every rank, so that a failed write on rank 0 stops them all.
     if (r.step % t.log_freq == 0 || r.val_loss || last || r.non_finite) {
       run_then_agree("writing the metrics of step " + std::to_string(r.step), world_mesh_, [&] {
-        if (metrics_) metrics_->log(metrics_record(r, rates, non_finite_.skipped()));
+        if (metrics_) metrics_->log(metrics_record(r, rates, non_finite_->skipped()));
       });
     }
     if (!stop.empty()) {
@@ -578,6 +588,8 @@ void Trainer::plot_metrics() const {
     *log_ << "hp-train: no loss plot: " << error << std::endl;
   }
 }
+
+const std::string& Trainer::run_id() const { return checkpoints_->run_id(); }
 
 void Trainer::save_checkpoint() const { checkpoints_->save(step_, trained_state()); }
 

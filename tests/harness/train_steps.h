@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "train/config/job_config.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace hyper_parallel::testing {
 

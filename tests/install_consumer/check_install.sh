@@ -19,6 +19,8 @@ env -u LD_LIBRARY_PATH "$work/prefix/bin/hp-train" --help | grep -- "--training.
 "$cmake" --build "$work/consumer" >/dev/null
 env -u LD_LIBRARY_PATH "$work/consumer/consumer"
 # The installed train headers and HyperParallel::hp_train (docs/training.md, "The Trainer from C++").
-test -f "$work/prefix/include/hyper_parallel_train/train/trainer.h"
+test -f "$work/prefix/include/hyper_parallel_train/trainer.h"
+# Only include/ is installed: no header of src/.
+test ! -e "$work/prefix/include/hyper_parallel_train/train"
 env -u LD_LIBRARY_PATH "$work/consumer/train_consumer" --parallelism.tensor_parallel_degree 1 \
   --training.steps 2 --job.dump_folder "$work/train_job" | grep "train consumer OK: 2 steps"

@@ -5,8 +5,8 @@
 #include <iostream>
 
 #include "hyper_parallel/distributed.h"
-#include "train/config/job_config.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace hp = hyper_parallel;
 

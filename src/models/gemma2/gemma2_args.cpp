@@ -107,24 +107,9 @@ Gemma2Args Gemma2Args::from_hf_config_json(const std::string& text, const std::s
     r.refuse("use_bidirectional_attention", true, "the model's attention is causal");
   }
 
-  // RoPE: transformers 5 writes rope_parameters (rope_theta inside); older files a
-  // top-level rope_theta and an optional rope_scaling.
-  const char* rope_key = r.has(j, "rope_parameters") ? "rope_parameters" : "rope_scaling";
-  a.rope_theta = r.get<double>("rope_theta", a.rope_theta);
-  if (r.has(j, rope_key)) {
-    const json& rope = j.at(rope_key);
-    const std::string p = std::string(rope_key) + ".";
-    if (!rope.is_object()) r.refuse(rope_key, rope, "expected an object");
-    a.rope_theta = r.get<double>(rope, p, "rope_theta", a.rope_theta);
-    const char* type_key = r.has(rope, "rope_type") ? "rope_type" : "type";
-    const std::string type = r.get<std::string>(rope, p, type_key, std::string("default"));
-    if (type != "default") r.refuse(p + type_key, type, "the only supported rope type is default");
-    if (r.has(rope, "partial_rotary_factor") && r.get<double>(rope, p, "partial_rotary_factor") != 1.0) {
-      r.refuse(p + "partial_rotary_factor", rope.at("partial_rotary_factor"),
-               "only 1.0 (rotary over the whole head) is supported");
-    }
-  }
-  if (!(a.rope_theta > 0)) r.refuse("rope_theta", a.rope_theta, "must be > 0");
+  const HfRope rope = read_hf_rope(r, j, a.rope_theta);
+  a.rope_theta = rope.theta;
+  if (rope.type != "default") r.refuse(rope.type_field, rope.type, "the only supported rope type is default");
   return a;
 }
 

@@ -121,36 +121,23 @@ LlamaArgs LlamaArgs::from_hf_config_json(const std::string& text, const std::str
     r.refuse("pretraining_tp", j.at("pretraining_tp"), "only 1 (the plain projections) is supported");
   }
 
-  // RoPE: transformers 5 writes rope_parameters (rope_theta inside); older files a
-  // top-level rope_theta and an optional rope_scaling.
-  const char* rope_key = r.has(j, "rope_parameters") ? "rope_parameters" : "rope_scaling";
-  a.rope_theta = r.get<double>("rope_theta", 10000.0);
-  if (r.has(j, rope_key)) {
-    const json& rope = j.at(rope_key);
-    const std::string p = std::string(rope_key) + ".";
-    if (!rope.is_object()) r.refuse(rope_key, rope, "expected an object");
-    a.rope_theta = r.get<double>(rope, p, "rope_theta", a.rope_theta);
-    const char* type_key = r.has(rope, "rope_type") ? "rope_type" : "type";
-    const std::string type = r.get<std::string>(rope, p, type_key, std::string("default"));
-    if (r.has(rope, "partial_rotary_factor") && r.get<double>(rope, p, "partial_rotary_factor") != 1.0) {
-      r.refuse(p + "partial_rotary_factor", rope.at("partial_rotary_factor"),
-               "only 1.0 (rotary over the whole head) is supported");
+  const HfRope rope = read_hf_rope(r, j, 10000.0);
+  a.rope_theta = rope.theta;
+  if (rope.type == "llama3") {
+    const json& q = *rope.parameters;
+    const std::string& p = rope.prefix;
+    Llama3RopeScaling s;
+    s.factor = r.get<double>(q, p, "factor");
+    s.low_freq_factor = r.get<double>(q, p, "low_freq_factor");
+    s.high_freq_factor = r.get<double>(q, p, "high_freq_factor");
+    s.original_max_position_embeddings = r.get<int64_t>(q, p, "original_max_position_embeddings");
+    if (!(s.factor > 0) || !(s.low_freq_factor > 0) || !(s.high_freq_factor > s.low_freq_factor)) {
+      r.refuse(rope.key, q, "llama3 scaling needs factor > 0 and high_freq_factor > low_freq_factor > 0");
     }
-    if (type == "llama3") {
-      Llama3RopeScaling s;
-      s.factor = r.get<double>(rope, p, "factor");
-      s.low_freq_factor = r.get<double>(rope, p, "low_freq_factor");
-      s.high_freq_factor = r.get<double>(rope, p, "high_freq_factor");
-      s.original_max_position_embeddings = r.get<int64_t>(rope, p, "original_max_position_embeddings");
-      if (!(s.factor > 0) || !(s.low_freq_factor > 0) || !(s.high_freq_factor > s.low_freq_factor)) {
-        r.refuse(rope_key, rope, "llama3 scaling needs factor > 0 and high_freq_factor > low_freq_factor > 0");
-      }
-      a.rope_scaling = s;
-    } else if (type != "default") {
-      r.refuse(p + type_key, type, "supported rope types: default, llama3");
-    }
+    a.rope_scaling = s;
+  } else if (rope.type != "default") {
+    r.refuse(rope.type_field, rope.type, "supported rope types: default, llama3");
   }
-  if (!(a.rope_theta > 0)) r.refuse("rope_theta", a.rope_theta, "must be > 0");
   if (!(a.norm_eps > 0)) r.refuse("rms_norm_eps", a.norm_eps, "must be > 0");
   return a;
 }

@@ -18,15 +18,15 @@
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/model_registry.h"
 #include "compat/file_system.h"
-#include "core/run_then_agree.h"
+#include "hyper_parallel/run_then_agree.h"
 #include "train/checkpoint/checkpoint_io.h"
 #include "train/checkpoint/checkpoint_layout.h"
 #include "train/checkpoint/checkpoint_reshard.h"
 #include "train/data/data_identity.h"
 #include "train/checkpoint/fault_injection.h"
 #include "train/parallel/local_piece.h"
-#include "train/checkpoint/saved_model.h"
-#include "train/config/parallel_dims.h"
+#include "hyper_parallel_train/saved_model.h"
+#include "hyper_parallel_train/parallel_dims.h"
 
 namespace hyper_parallel::train {
 

@@ -6,7 +6,7 @@
 // are not finite.
 //
 // Every method that touches files is collective over the job's world mesh: a failure on
-// one rank is an error on every rank (core/run_then_agree.h).
+// one rank is an error on every rank (hyper_parallel/run_then_agree.h).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -20,7 +20,7 @@
 
 #include "hyper_parallel/device_mesh.h"
 #include "train/checkpoint/checkpoint_manifest.h"
-#include "train/config/job_config.h"
+#include "hyper_parallel_train/job_config.h"
 #include "train/optim/master_weights.h"
 
 namespace torch::optim {

@@ -2,7 +2,7 @@
 //
 // One table of field descriptors (fields() below) drives the first four, so a key is
 // declared exactly once; validate() holds the semantic rules that relate keys.
-#include "train/config/job_config.h"
+#include "hyper_parallel_train/job_config.h"
 
 #include "compat/file_system.h"
 #include "hyper_parallel/model_registry.h"

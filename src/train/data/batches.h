@@ -13,14 +13,9 @@
 #include <memory>
 #include <string>
 
-namespace hyper_parallel::train {
+#include "hyper_parallel_train/batch.h"
 
-// One training batch: int64 [batch, seq_len]; target[b, t] is the token that
-// follows input[b, t] in the stream (input shifted left by one token).
-struct Batch {
-  at::Tensor input;
-  at::Tensor target;
-};
+namespace hyper_parallel::train {
 
 // A long 1-D int64 token stream split into a training part and a validation
 // part that do not overlap.
@@ -80,15 +75,6 @@ std::unique_ptr<TokenCorpus> make_synthetic_corpus(int64_t vocab_size = kDefault
 // passes seq_len + 1, the length of one window of a batch.
 std::unique_ptr<TokenCorpus> make_text_file_corpus(const std::string& path, int64_t vocab_size,
                                                    int64_t min_split_tokens = 2);
-
-// Where a step's batch comes from: a pure function of the step, so that a resumed run
-// sees the same batches and every tensor-parallel rank builds the same batch.
-class BatchSource {
- public:
-  virtual ~BatchSource() = default;
-  // int64 CPU tensors [rows, seq_len]; step must be >= 0.
-  virtual Batch batch_at(int64_t step) const = 0;
-};
 
 // The built-in synthetic language (same tables as make_synthetic_corpus), generated per
 // batch instead of held: every row of every step is a fresh walk of seq_len + 1 tokens

@@ -66,8 +66,8 @@ PeakFlops time_matmuls(c10::ScalarType dtype, c10::Device device) {
   if (device.is_cpu()) empty_cpu_allocator_cache();
   PeakFlops peak;
   peak.tflops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best / 1e12;
-  peak.source = "measured (" + std::to_string(n) + "^3 " + training_dtype_name(dtype) +
-                " matmul on " + device.str() + ", best of 3)";
+  peak.source = "measured (" + std::to_string(n) + "^3 " + training_dtype_name(dtype) + " matmul on " + device.str() +
+                ", best of 3)";
   return peak;
 }
 

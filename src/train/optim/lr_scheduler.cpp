@@ -39,8 +39,7 @@ WarmupStableDecay::WarmupStableDecay(const LrSchedulerConfig& config, int64_t to
       min_factor_(unit_ratio(config.min_lr_factor, "lr_scheduler.min_lr_factor")) {
   if (total_steps < 1) throw std::invalid_argument("training.steps = " + std::to_string(total_steps) + " must be > 0");
   if (config.warmup_steps < 0) {
-    throw std::invalid_argument("lr_scheduler.warmup_steps = " + std::to_string(config.warmup_steps) +
-                                " must be >= 0");
+    throw std::invalid_argument("lr_scheduler.warmup_steps = " + std::to_string(config.warmup_steps) + " must be >= 0");
   }
   const double ratio = unit_ratio(config.decay_ratio, "lr_scheduler.decay_ratio");
   warmup_ = std::min(config.warmup_steps, total_steps);

@@ -4,7 +4,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
-#include "core/pending_collective.h"
+#include "hyper_parallel/pending_collective.h"
 #include "train/parallel/local_piece.h"
 
 namespace hyper_parallel::train {

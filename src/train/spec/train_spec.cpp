@@ -1,6 +1,6 @@
 // Every family's TrainSpec, made from its registry entry (model_registry.h) and its module's
 // CausalLanguageModel interface.
-#include "train/spec/train_spec.h"
+#include "hyper_parallel_train/train_spec.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/loss.h>

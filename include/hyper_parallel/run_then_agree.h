@@ -9,6 +9,9 @@
 #include <string>
 
 #include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -20,3 +23,5 @@ namespace hyper_parallel {
 void run_then_agree(const std::string& what, const std::optional<DeviceMesh>& mesh, const std::function<void()>& fn);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

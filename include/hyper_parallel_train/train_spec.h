@@ -16,10 +16,13 @@
 #include <vector>
 
 #include "hyper_parallel/device_mesh.h"
-#include "train/config/job_config.h"
-#include "train/config/parallel_dims.h"
-#include "train/data/batches.h"
-#include "train/parallel/train_context.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/parallel_dims.h"
+#include "hyper_parallel_train/batch.h"
+#include "hyper_parallel_train/train_context.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace torch::nn {
 class Module;
@@ -81,3 +84,5 @@ struct TrainSpec {
 const TrainSpec& train_spec(const std::string& name);
 
 }  // namespace hyper_parallel::train
+
+HP_PUBLIC_END

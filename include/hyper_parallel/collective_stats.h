@@ -1,11 +1,14 @@
-// Time and bytes of the collectives this thread has issued (internal; the trainer's
-// per-phase metrics). Unlike CollectiveCounts (which also counts the no-op collectives of
+// Time and bytes of the collectives this thread has issued (e.g. hp-train's per-phase
+// metrics). Unlike CollectiveCounts (which also counts the no-op collectives of
 // a one-rank group), this tallies only collectives that went to a process group: their
 // number, the bytes each rank sent, and the wall time from issuing to completion (the
 // transfer plus any wait for the slowest rank).
 #pragma once
 
 #include <cstdint>
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -19,3 +22,5 @@ struct CollectiveTally {
 CollectiveTally collective_tally();
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

@@ -13,8 +13,11 @@
 #include <optional>
 #include <string>
 
-#include "train/checkpoint/checkpoint_manifest.h"
-#include "train/config/job_config.h"
+#include "hyper_parallel_train/checkpoint_identity.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace torch::nn {
 class Module;
@@ -38,3 +41,5 @@ struct SavedModel {
 SavedModel load_saved_model(const std::string& checkpoint_folder, std::optional<int64_t> step = std::nullopt);
 
 }  // namespace hyper_parallel::train
+
+HP_PUBLIC_END

@@ -15,6 +15,9 @@
 #include <string>
 
 #include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel::train {
 
@@ -71,3 +74,5 @@ class ParallelDims {
 };
 
 }  // namespace hyper_parallel::train
+
+HP_PUBLIC_END

@@ -19,6 +19,9 @@
 #include <vector>
 
 #include "hyper_parallel/parallelism_config.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel::train {
 
@@ -180,3 +183,5 @@ std::string hf_export_folder(const JobConfig& cfg, int64_t step);
 void validate(const JobConfig& cfg);
 
 }  // namespace hyper_parallel::train
+
+HP_PUBLIC_END

@@ -1,5 +1,5 @@
-// Trainer and Validator: TorchTitan's training loop, in C++, for any registered model
-// family (its TrainSpec: spec/train_spec.h).
+// Trainer: TorchTitan's training loop, in C++, for any registered model family (its
+// TrainSpec: train_spec.h).
 //
 //   hp::train::Trainer trainer(parse_job_config(args));  // world already initialised
 //   trainer.train();
@@ -13,60 +13,60 @@
 // written atomically and an exact --checkpoint.resume.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <iosfwd>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
-#include "hyper_parallel/fully_shard.h"
-#include "train/checkpoint/checkpoint_manager.h"
-#include "train/data/batches.h"
-#include "train/data/corpus.h"
-#include "train/parallel/data_parallel_reducer.h"
-#include "train/checkpoint/dump_folder_lock.h"
-#include "train/optim/master_weights.h"
-#include "train/config/job_config.h"
-#include "train/config/parallel_dims.h"
-#include "train/spec/train_spec.h"
-#include "train/optim/non_finite_steps.h"
-#include "train/metrics/step_metrics.h"
-#include "train/parallel/train_context.h"
-#include "train/parallel/parallelism_scope.h"
+#include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/export.h"
+#include "hyper_parallel_train/batch.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/parallel_dims.h"
+#include "hyper_parallel_train/step_result.h"
+#include "hyper_parallel_train/train_context.h"
+#include "hyper_parallel_train/train_spec.h"
+
+namespace torch::nn {
+class Module;
+}
 
 namespace torch::optim {
 class AdamW;
 }
 
+namespace hyper_parallel {
+class FullyShardedParameters;
+}
+
 namespace hyper_parallel::train {
 
+// The Trainer's parts (src/train/, not exported): declared here only to be held.
+class CheckpointManager;
+class DataParallelReducer;
+class DumpFolderLock;
+class MasterWeights;
 class MetricsLogger;
 class ModelFlopsUtilization;
+class NonFiniteSteps;
+class ParallelismScope;
 class ProgressLine;
+class TrainingCorpus;
+class Validator;
 class WarmupStableDecay;
+struct TrainedState;
 
-class Validator {
- public:
-  // Batches 0 .. config.steps - 1 of `batches` (e.g. the synthetic stream's validation
-  // split), their loss computed as `spec` computes the training loss.
-  Validator(const TrainSpec& spec, const ValidationConfig& config, const TrainingConfig& training,
-            std::shared_ptr<const BatchSource> batches, TrainContext validation_context);
-  // The mean over config.steps fixed batches of each batch's loss (its token losses over
-  // every replica's rows, divided by their count), without gradients.
-  double validate(torch::nn::Module& model) const;
-  // Each data-parallel rank holds its rows of the validation batches: the loss sums go
-  // over every dim of dp_mesh.
-  void set_data_parallel_mesh(const DeviceMesh& dp_mesh);
+}  // namespace hyper_parallel::train
 
- private:
-  const TrainSpec* spec_;
-  ValidationConfig config_;
-  std::shared_ptr<const BatchSource> batches_;
-  bool fused_linear_loss_;  // training.fused_linear_loss: the same loss path as training
-  TrainContext context_;
-  std::optional<DeviceMesh> dp_mesh_;
-};
+HP_PUBLIC_BEGIN
+
+namespace hyper_parallel::train {
 
 class Trainer {
  public:
@@ -105,7 +105,7 @@ class Trainer {
   void save_checkpoint() const;
   bool load_checkpoint();
   // Chosen by rank 0 at start (or taken from the checkpoint resumed), the same on all ranks.
-  const std::string& run_id() const { return checkpoints_->run_id(); }
+  const std::string& run_id() const;
 
  private:
   // The constructor's parts, in order. build_model: the spec's module (on the meta device
@@ -152,7 +152,7 @@ class Trainer {
   ParallelDims dims_{1, 1, 1};  // config_.parallelism's, once validate() has accepted it
   // Before every member that writes: released last, after everything the job writes is closed.
   std::vector<std::unique_ptr<DumpFolderLock>> folder_locks_;  // rank 0 (and node leaders); empty elsewhere
-  std::optional<ParallelismScope> parallelism_scope_;          // set in the constructor, restored at the end
+  std::unique_ptr<ParallelismScope> parallelism_scope_;        // set in the constructor, restored at the end
   std::ostream* log_;
   int64_t rank_ = 0;
   bool loss_parallel_enabled_ = false;
@@ -176,8 +176,10 @@ class Trainer {
   std::unique_ptr<MetricsLogger> metrics_;
   std::unique_ptr<ModelFlopsUtilization> mfu_;  // rank 0, which logs
   std::unique_ptr<ProgressLine> progress_;      // rank 0 with a log, during train()
-  NonFiniteSteps non_finite_{0};
+  std::unique_ptr<NonFiniteSteps> non_finite_;
   int64_t step_ = 0;
 };
 
 }  // namespace hyper_parallel::train
+
+HP_PUBLIC_END

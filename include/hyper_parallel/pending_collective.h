@@ -20,6 +20,9 @@
 #include <memory>
 
 #include "hyper_parallel/communicator.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace c10d {
 class Work;
@@ -69,3 +72,5 @@ class PendingCollective {
 };
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END

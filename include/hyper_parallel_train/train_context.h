@@ -8,6 +8,9 @@
 #include <optional>
 
 #include "hyper_parallel/loss_parallel.h"
+#include "hyper_parallel/export.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel::train {
 
@@ -48,3 +51,5 @@ inline TrainContext get_train_context(bool enable_loss_parallel, LossTerms terms
 }
 
 }  // namespace hyper_parallel::train
+
+HP_PUBLIC_END
