@@ -20,6 +20,7 @@
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/model_registry.h"
+#include "train/spec/parallelized_model.h"
 
 namespace hyper_parallel::train {
 namespace {
@@ -130,6 +131,16 @@ std::vector<NamedParameters> block_groups(const torch::nn::Module& model) {
   return groups;
 }
 
+// TorchTitan's order: TP, then data parallelism around the TP-sharded module.
+std::unique_ptr<ParallelizedModel> parallelize(const ModelFamily& family, std::shared_ptr<torch::nn::Module> model,
+                                               const ParallelDims& dims, const ParallelDims::Meshes& meshes,
+                                               const JobConfig& job, const std::function<void()>& load_weights) {
+  const auto& p = job.parallelism;
+  if (dims.tp_enabled()) family.parallelize(*model, *meshes.tp, !p.disable_loss_parallel, p.sequence_parallel);
+  if (load_weights) load_weights();
+  return std::make_unique<ParallelizedModel>(std::move(model), dims, meshes, job, block_groups);
+}
+
 // The sum of the batch's token losses. Summed, not averaged: the caller divides by the global
 // number of counted tokens (over replicas and micro-batches), so every token weighs the same
 // whichever rank holds it. The terms of `context` (z-loss, soft-capping) are applied by its
@@ -196,10 +207,10 @@ TrainSpec spec_of(const ModelFamily& family) {
   spec.name = family.name;
   spec.build = [&family](ModelConfig& m) { return build(family, m); };
   spec.rebuild = [&family](const ModelConfig& m, const std::string& json) { return rebuild(family, m, json); };
-  spec.parallelize = [&family](torch::nn::Module& model, const ParallelDims&, const DeviceMesh& tp_mesh,
-                               const JobConfig& job) {
-    const auto& p = job.parallelism;
-    family.parallelize(model, tp_mesh, !p.disable_loss_parallel, p.sequence_parallel);
+  spec.parallelize = [&family](std::shared_ptr<torch::nn::Module> model, const ParallelDims& dims,
+                               const ParallelDims::Meshes& meshes, const JobConfig& job,
+                               const std::function<void()>& load_weights) {
+    return parallelize(family, std::move(model), dims, meshes, job, load_weights);
   };
   spec.shard_groups = block_groups;
   spec.loss = token_loss_sum;

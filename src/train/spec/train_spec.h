@@ -15,7 +15,6 @@
 #include <utility>
 #include <vector>
 
-#include "hyper_parallel/device_mesh.h"
 #include "train/config/job_config.h"
 #include "train/config/parallel_dims.h"
 #include "train/data/batches.h"
@@ -28,6 +27,8 @@ class Module;
 namespace hyper_parallel::train {
 
 using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
+
+class ParallelizedModel;
 
 // cross_entropy's default ignore_index: targets equal to it are not predicted and do not count.
 constexpr int64_t kIgnoreIndex = -100;
@@ -51,10 +52,15 @@ struct TrainSpec {
   // (not empty), else from the recorded [model] sizes.
   std::function<std::shared_ptr<torch::nn::Module>(const ModelConfig& model, const std::string& hf_config_json)>
       rebuild;
-  // Tensor (and sequence) parallelism over tp_mesh, when dims.tp_enabled(); each rank
-  // shards its own copy of the weights.
-  std::function<void(torch::nn::Module& model, const ParallelDims& dims, const DeviceMesh& tp_mesh,
-                     const JobConfig& job)>
+  // Everything parallel about the module (TorchTitan's parallelize_fn), so the Trainer wires
+  // none of it: tensor (and sequence) parallelism over meshes.tp when dims.tp_enabled(),
+  // each rank sharding its own copy of the weights; then `load_weights` (materialising
+  // meta parameters, reading a checkpoint into the TP pieces: FSDP's shards and the
+  // masters copy what it leaves); then FSDP or DDP and bfloat16's float32 master weights
+  // (parallelized_model.h).
+  std::function<std::unique_ptr<ParallelizedModel>(std::shared_ptr<torch::nn::Module> model, const ParallelDims& dims,
+                                                   const ParallelDims::Meshes& meshes, const JobConfig& job,
+                                                   const std::function<void()>& load_weights)>
       parallelize;
   // Sharded data parallelism's groups: the root's parameters (embeddings, final norm, head)
   // first, then one group per block, in the order the forward reads them.
