@@ -6,10 +6,6 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/module.h>
 
-#include <unistd.h>
-
-#include <atomic>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -101,21 +97,7 @@ std::shared_ptr<torch::nn::Module> build(const ModelFamily& family, ModelConfig&
 std::shared_ptr<torch::nn::Module> rebuild(const ModelFamily& family, const ModelConfig& m,
                                            const std::string& hf_config_json) {
   if (hf_config_json.empty()) return from_sizes(family, m);
-  // Families read a config.json file: the recorded one, written to a scratch folder.
-  static std::atomic<int> counter{0};
-  const std::string folder = compat::join_path(
-      compat::temp_directory(), "hp_saved_model_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-  compat::create_directories(folder);
-  const std::string path = compat::join_path(folder, "config.json");
-  { std::ofstream(path) << hf_config_json; }
-  try {
-    auto module = family.from_hf_config(path);
-    compat::remove_all(folder);
-    return module;
-  } catch (...) {
-    compat::remove_all(folder);
-    throw;
-  }
+  return family.from_hf_config_json(hf_config_json, "the recorded config.json");
 }
 
 // FSDP's groups: parameters named "layers.<i>.…" form block i's group, every other one the root's.
