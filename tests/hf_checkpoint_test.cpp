@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <optional>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -19,6 +20,7 @@
 #include "hyper_parallel/llama.h"
 #include "hyper_parallel/parameters_on_meta.h"
 #include "hyper_parallel/model_registry.h"
+#include "hyper_parallel/qwen3.h"
 #include "models/safetensors.h"
 #include "models/safetensors_writer.h"
 #include "hyper_parallel_train/job_config.h"
@@ -380,6 +382,40 @@ TEST(HfLlamaConfig, KvHeadsThatDoNotSplitOverTPAreAnErrorNamingBoth) {
       EXPECT_THAT(e.what(), HasSubstr("n_kv_heads 2 does not split over tensor_parallel_degree 4"));
     }
   });
+}
+
+// A config.json's text builds every family's module as the file does (a checkpoint's
+// recorded config is rebuilt with no scratch file); a bad field names the source given.
+TEST(ModelRegistry, EveryFamilyBuildsFromConfigJsonTextAsFromTheFile) {
+  const std::map<std::string, std::string> configs = {
+      {"llama", tiny_hf_args().to_hf_config_json()},
+      {"qwen3", qwen3_hf_config_json(tiny_hf_args())},
+      {"gemma2", R"({"model_type": "gemma2"})"},  // transformers' defaults (on the meta device)
+  };
+  ASSERT_EQ(configs.size(), model_family_names().size());
+  const std::string folder = hyper_parallel::testing::scratch_path("registry_from_json");
+  compat::create_directories(folder);
+  ParametersOnMeta on_meta;
+  for (const auto& [name, text] : configs) {
+    const ModelFamily& family = model_family(name);
+    std::ofstream(folder + "/config.json") << text;
+    const auto from_file = family.from_hf_config(folder + "/config.json");
+    const auto from_text = family.from_hf_config_json(text, "the recorded config.json");
+    EXPECT_EQ(family.to_hf_config(*from_text), family.to_hf_config(*from_file)) << name;
+    const auto a = from_file->named_parameters(), b = from_text->named_parameters();
+    ASSERT_EQ(a.size(), b.size()) << name;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(b[i].key(), a[i].key()) << name;
+      EXPECT_EQ(b[i].value().sizes(), a[i].value().sizes()) << name << " " << a[i].key();
+    }
+    try {
+      family.from_hf_config_json(R"({"model_type": ")" + name + R"(", "hidden_size": "wide"})",
+                                 "the recorded config.json");
+      ADD_FAILURE() << name << ": expected an error";
+    } catch (const std::runtime_error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("the recorded config.json: hidden_size")) << name;
+    }
+  }
 }
 
 TEST(ModelRegistry, UnknownFamilyIsAnErrorListingTheKnownOnes) {

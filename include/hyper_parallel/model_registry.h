@@ -29,6 +29,10 @@ struct ModelFamily {
   // The module a transformers config.json describes (config fields the family cannot
   // represent are refused, naming the field and its value).
   std::function<std::shared_ptr<torch::nn::Module>(const std::string& config_json_path)> from_hf_config;
+  // The same from a config.json's text (e.g. the one a checkpoint recorded), with no file;
+  // `source` names it in errors.
+  std::function<std::shared_ptr<torch::nn::Module>(const std::string& config_json, const std::string& source)>
+      from_hf_config_json;
   // Applies the family's TP plan. Each rank shards its own copy of the weights, with no
   // scatter (src_data_rank = nullopt): every rank built the same module from one seed, or
   // is about to load its shard from a checkpoint.

@@ -15,12 +15,15 @@
 #include <utility>
 #include <vector>
 
-#include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/export.h"
+#include "hyper_parallel_train/batch.h"
 #include "hyper_parallel_train/job_config.h"
 #include "hyper_parallel_train/parallel_dims.h"
-#include "hyper_parallel_train/batch.h"
 #include "hyper_parallel_train/train_context.h"
-#include "hyper_parallel/export.h"
+
+namespace hyper_parallel::train {
+class ParallelizedModel;  // src/train/spec/parallelized_model.h (not exported)
+}
 
 HP_PUBLIC_BEGIN
 
@@ -54,10 +57,15 @@ struct TrainSpec {
   // (not empty), else from the recorded [model] sizes.
   std::function<std::shared_ptr<torch::nn::Module>(const ModelConfig& model, const std::string& hf_config_json)>
       rebuild;
-  // Tensor (and sequence) parallelism over tp_mesh, when dims.tp_enabled(); each rank
-  // shards its own copy of the weights.
-  std::function<void(torch::nn::Module& model, const ParallelDims& dims, const DeviceMesh& tp_mesh,
-                     const JobConfig& job)>
+  // Everything parallel about the module (TorchTitan's parallelize_fn), so the Trainer wires
+  // none of it: tensor (and sequence) parallelism over meshes.tp when dims.tp_enabled(),
+  // each rank sharding its own copy of the weights; then `load_weights` (materialising
+  // meta parameters, reading a checkpoint into the TP pieces: FSDP's shards and the
+  // masters copy what it leaves); then FSDP or DDP and bfloat16's float32 master weights
+  // (parallelized_model.h).
+  std::function<std::unique_ptr<ParallelizedModel>(std::shared_ptr<torch::nn::Module> model, const ParallelDims& dims,
+                                                   const ParallelDims::Meshes& meshes, const JobConfig& job,
+                                                   const std::function<void()>& load_weights)>
       parallelize;
   // Sharded data parallelism's groups: the root's parameters (embeddings, final norm, head)
   // first, then one group per block, in the order the forward reads them.

@@ -7,10 +7,11 @@
 // loss_parallel_enabled = tp_enabled && !disable_loss_parallel (as TorchTitan's
 // train spec decides it); the loss and
 // its backward run inside train_context() (a loss_parallel guard when enabled), and the
-// Validator computes its loss inside the same context. Parameters are sharded with
-// TorchTitan's plan; AdamW, TorchTitan's warm-up-stable-decay LR and TP-correct gradient
-// clipping; metrics as JSON lines (with TFLOPs and MFU), a loss plot, sharded checkpoints
-// written atomically and an exact --checkpoint.resume.
+// Validator computes its loss inside the same context. The spec's parallelize applies TP,
+// FSDP or DDP and bfloat16's master weights (a ParallelizedModel the Trainer asks what to
+// train and backward through); AdamW, TorchTitan's warm-up-stable-decay LR and TP-correct
+// gradient clipping; metrics as JSON lines (with TFLOPs and MFU), a loss plot, sharded
+// checkpoints written atomically and an exact --checkpoint.resume.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -49,9 +50,7 @@ namespace hyper_parallel::train {
 
 // The Trainer's parts (src/train/, not exported): declared here only to be held.
 class CheckpointManager;
-class DataParallelReducer;
 class DumpFolderLock;
-class MasterWeights;
 class MetricsLogger;
 class ModelFlopsUtilization;
 class NonFiniteSteps;
@@ -96,8 +95,11 @@ class Trainer {
   torch::nn::Module& model() { return *model_; }
   const TrainSpec& spec() const { return *spec_; }
   const ParallelDims& parallel_dims() const { return dims_; }
+  // The module as the spec's parallelize left it: what the optimizer updates, and the
+  // data-parallel wrapping and master weights around the module.
+  const ParallelizedModel& parallelized_model() const { return *parallelized_; }
   // parallelism.data_parallel_shard_degree > 1: the sharded parameters; null otherwise.
-  FullyShardedParameters* fully_sharded() const { return fsdp_.get(); }
+  FullyShardedParameters* fully_sharded() const;
   const JobConfig& config() const { return config_; }
 
   // The current step's checkpoint, and the latest one (or checkpoint.load_step) read back:
@@ -113,16 +115,12 @@ class Trainer {
   nlohmann::json build_model(bool on_meta_device);
   // Initial weights (unless read later), dtype and device; returns the device.
   at::Device place_model(bool weights_from_checkpoint);
-  // FSDP or bfloat16 master weights, then AdamW over what they train.
+  // AdamW over what the parallelized model trains.
   void set_up_optimizer();
   // The corpus, this replica's batches and the Validator.
   void open_data();
   // Rank 0: the start-up lines (data, model, layout, loss).
   void log_start();
-  // What the optimizer updates and checkpoints hold: the model's parameters, or their
-  // float32 masters in bfloat16 training; in the model's parameter order.
-  std::vector<at::Tensor> trained_parameters() const;
-  std::vector<std::pair<std::string, at::Tensor>> named_trained_parameters() const;
   // This rank's weights, gradients and AdamW state now (step_metrics.h).
   StateBytes state_bytes() const;
   // What the checkpoint manager saves and loads.
@@ -157,16 +155,14 @@ class Trainer {
   int64_t rank_ = 0;
   bool loss_parallel_enabled_ = false;
   std::optional<DeviceMesh> world_mesh_;  // every rank: dp x tp, or the TP mesh alone; none for one rank
-  std::optional<DeviceMesh> tp_mesh_;
   // The data-parallel ranks of this rank's TP group (replicas, and FSDP's dp_shard):
   // dp > 1 or shard > 1; 2-D ("dp_replicate", "dp_shard") with FSDP.
   std::optional<DeviceMesh> dp_mesh_;
-  int64_t dp_rank_ = 0;                           // among dims_.dp_ranks(): which rows of the batch
-  std::shared_ptr<FullyShardedParameters> fsdp_;  // shard > 1
-  std::unique_ptr<DataParallelReducer> reducer_;  // dp > 1
+  int64_t dp_rank_ = 0;  // among dims_.dp_ranks(): which rows of the batch
   std::unique_ptr<CheckpointManager> checkpoints_;
   std::shared_ptr<torch::nn::Module> model_;
-  std::unique_ptr<MasterWeights> master_;  // bfloat16 training: the float32 weights AdamW updates
+  // model_ with FSDP or DDP and bfloat16's masters around it (the spec's parallelize).
+  std::unique_ptr<ParallelizedModel> parallelized_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<WarmupStableDecay> lr_schedule_;  // [lr_scheduler] over training.steps
   std::unique_ptr<const TrainingCorpus> corpus_;    // training.data, or the synthetic language

@@ -36,9 +36,8 @@
 #include "train/checkpoint/checkpoint_manager.h"
 #include "train/checkpoint/dump_folder_lock.h"
 #include "train/data/corpus.h"
-#include "train/optim/master_weights.h"
 #include "train/optim/non_finite_steps.h"
-#include "train/parallel/data_parallel_reducer.h"
+#include "train/spec/parallelized_model.h"
 #include "train/parallel/parallelism_scope.h"
 #include "train/validator.h"
 #include "train/data/data_identity.h"
@@ -150,26 +149,21 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   ParallelDims::Meshes meshes = dims_.build_meshes(config_.training.device);
   world_mesh_ = meshes.world;
   dp_mesh_ = meshes.dp;
-  tp_mesh_ = meshes.tp;
   dp_rank_ = dims_.dp_rank_of(rank_);
   checkpoints_ = std::make_unique<CheckpointManager>(config_, rank_, world_mesh_, std::move(hf_config), log_);
-  // init_weights(seed) gave every rank the same weights: each shards its own copy, with no
-  // scatter from TP rank 0 (src_data_rank = nullopt).
-  if (dims_.tp_enabled()) spec_->parallelize(*model_, dims_, *tp_mesh_, config_);
-  if (weights_from_checkpoint) materialize_parameters(*model_, device);
-  initial_load();
+  // TP (init_weights(seed) gave every rank the same weights: each shards its own copy, with
+  // no scatter from TP rank 0), the weights read into the TP pieces, then FSDP or DDP and
+  // bfloat16's masters around the module.
+  parallelized_ = spec_->parallelize(model_, dims_, meshes, config_, [&] {
+    if (weights_from_checkpoint) materialize_parameters(*model_, device);
+    initial_load();
+  });
   set_up_optimizer();
   // Before anything is read or written in the dump folder: one job per folder, and
   // folders that cannot take the job's files found now, not at the first save.
   lock_job_folders();
   check_storage();
   open_data();
-  if (dp_mesh_ && !fsdp_) {
-    // bfloat16: the sums go straight into the float32 masters' .grad.
-    reducer_ = std::make_unique<DataParallelReducer>(model_->named_parameters(), *dp_mesh_,
-                                                     config_.parallelism.dp_bucket_mb * (int64_t{1} << 20),
-                                                     master_ ? master_->parameters() : std::vector<at::Tensor>{});
-  }
   if (rank_ == 0 && log_) log_start();
   checkpoints_->set_data_identity(data_identity(config_.training, corpus_->identity()));
   if (config_.checkpoint.enable) checkpoints_->prepare_folder();
@@ -212,20 +206,8 @@ at::Device Trainer::place_model(bool weights_from_checkpoint) {
 
 void Trainer::set_up_optimizer() {
   const auto& t = config_.training;
-  const bool bf16 = dtype_of(t.dtype) == at::kBFloat16;
-  if (dims_.fsdp_enabled()) {
-    // FSDP: the shards are the float32 masters (bfloat16 is the gathered compute copy).
-    FullyShardOptions fsdp_options;
-    fsdp_options.reshard_after_forward = config_.parallelism.fsdp_reshard_after_forward;
-    if (bf16) fsdp_options.reduce_dtype = t.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
-    fsdp_ = std::make_shared<FullyShardedParameters>(spec_->shard_groups(*model_), *world_mesh_, fsdp_options);
-    as_causal_lm(*model_).set_block_hooks(fsdp_);
-  } else if (bf16) {
-    // bfloat16 parameters train through float32 master copies (master_weights.h).
-    master_ = std::make_unique<MasterWeights>(model_->named_parameters());
-  }
   optimizer_ = std::make_unique<torch::optim::AdamW>(
-      trained_parameters(),
+      parallelized_->trained_parameters(),
       torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(t.weight_decay));
   non_finite_ = std::make_unique<NonFiniteSteps>(t.max_skipped_steps);
 }
@@ -252,10 +234,7 @@ void Trainer::log_start() {
       *log_ << " (its config.json; its weights are read only with --checkpoint.initial_load_in_hf)";
     }
   }
-  *log_ << "; DP " << dims_.dp_replicate();
-  if (fsdp_) *log_ << " x FSDP " << dims_.dp_shard();
-  *log_ << " x TP " << dims_.tp();
-  if (reducer_) *log_ << " (" << reducer_->bucket_count() << " gradient buckets)";
+  *log_ << "; " << parallelized_->describe();
   if (t.grad_accum_steps > 1) *log_ << ", " << t.grad_accum_steps << " micro-batches per step";
   if (config_.parallelism.sequence_parallel) *log_ << ", sequence parallel";
   *log_ << ", loss parallel " << (loss_parallel_enabled_ ? "on" : "off")
@@ -277,32 +256,6 @@ void Trainer::log_start() {
           << t.seq_len << ", TorchTitan's count); peak " << peak.str() << " TFLOPs per rank " << mfu_->peak().source
           << std::endl;
   }
-}
-
-std::vector<at::Tensor> Trainer::trained_parameters() const {
-  if (fsdp_) {
-    std::vector<at::Tensor> out;
-    for (auto& [name, shard] : named_trained_parameters()) out.push_back(shard);
-    return out;
-  }
-  return master_ ? master_->parameters() : model_->parameters();
-}
-
-std::vector<std::pair<std::string, at::Tensor>> Trainer::named_trained_parameters() const {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  if (fsdp_) {
-    // In the model's parameter order, as without FSDP: AdamW's state is checkpointed by
-    // position, so that a checkpoint resumes with or without FSDP.
-    std::map<std::string, at::Tensor> by_name;
-    for (size_t i = 0; i < fsdp_->shards().size(); ++i) by_name.emplace(fsdp_->names()[i], fsdp_->shards()[i]);
-    for (const auto& p : model_->named_parameters()) out.emplace_back(p.key(), by_name.at(p.key()));
-  } else if (master_) {
-    for (size_t i = 0; i < master_->parameters().size(); ++i)
-      out.emplace_back(master_->names()[i], master_->parameters()[i]);
-  } else {
-    for (const auto& p : model_->named_parameters()) out.emplace_back(p.key(), p.value());
-  }
-  return out;
 }
 
 void Trainer::initial_load() {
@@ -392,7 +345,7 @@ void Trainer::check_storage() {
   // One checkpoint: every rank's weights and AdamW moments (same dtype as the weights they
   // train, float32 masters in bfloat16 training).
   double bytes = 0;
-  for (const auto& p : trained_parameters()) {
+  for (const auto& p : parallelized_->trained_parameters()) {
     const at::Tensor local = local_or_plain(p);
     bytes += 3.0 * static_cast<double>(local.numel()) * static_cast<double>(local.element_size());
   }
@@ -435,19 +388,11 @@ double Trainer::forward_backward(const Batch& batch, StepResult& r) {
     local_sum += scalar_of(loss_sum);
     at::Tensor loss = loss_sum * scale;
     clock.mark(kLoss);
-    // The last backward sends the gradient buckets as they fill (overlapped with it).
-    const bool reduced = reducer_ && m + 1 == micro_batches;
-    if (reduced) reducer_->arm();
-    loss.backward();
-    // FSDP: the micro-batch's gradients, reduce-scattered, added to the shards' .grad.
-    if (fsdp_) fsdp_->finish_backward();
-    // bfloat16: every micro-batch's gradient is summed in float32 on the masters (the
-    // reducer adds the last one, with the other replicas').
-    if (master_ && !reduced) master_->accumulate_gradients();
+    // The data-parallel gradient exchange goes with it (the last micro-batch's: DDP's sums).
+    parallelized_->backward(loss, m + 1 == micro_batches);
     clock.mark(kBackward);
   }
   if (dp_mesh_) {
-    if (reducer_) reducer_->finish();
     at::Tensor sum = at::full({1}, local_sum, counts.options());
     sum_over_mesh_(sum, dp_mesh_);
     local_sum = sum.cpu().item<double>();
@@ -459,7 +404,7 @@ double Trainer::forward_backward(const Batch& batch, StepResult& r) {
 StepResult Trainer::train_step(int64_t step) {
   const auto& t = config_.training;
   StepResult r;
-  const FullyShardStats sharding_before = fsdp_ ? fsdp_->stats() : FullyShardStats{};
+  const std::optional<FullyShardStats> sharding_before = parallelized_->sharding_stats();
   r.step = step;
   const StepMeter meter;
   r.lr = t.lr * lr_schedule_->factor(step);
@@ -471,25 +416,25 @@ StepResult Trainer::train_step(int64_t step) {
   clock.mark(kOptimizer);
   const Batch batch = batches_->batch_at(step - 1);
   r.loss = forward_backward(batch, r);
-  if (fsdp_) {
-    const FullyShardStats now = fsdp_->stats();
+  if (sharding_before) {
+    const FullyShardStats now = *parallelized_->sharding_stats();
     ShardingStep& f = r.sharding.emplace();
-    f.all_gathers = now.all_gathers - sharding_before.all_gathers;
-    f.reduce_scatters = now.reduce_scatters - sharding_before.reduce_scatters;
-    f.bytes_sent = now.bytes_sent - sharding_before.bytes_sent;
-    f.collective_seconds = now.collective_seconds - sharding_before.collective_seconds;
-    f.blocked_seconds = now.blocked_seconds - sharding_before.blocked_seconds;
+    f.all_gathers = now.all_gathers - sharding_before->all_gathers;
+    f.reduce_scatters = now.reduce_scatters - sharding_before->reduce_scatters;
+    f.bytes_sent = now.bytes_sent - sharding_before->bytes_sent;
+    f.collective_seconds = now.collective_seconds - sharding_before->collective_seconds;
+    f.blocked_seconds = now.blocked_seconds - sharding_before->blocked_seconds;
     f.reduce_dtype = t.dtype == "bfloat16" ? t.mixed_precision_reduce : t.dtype;
   }
   clock.restart();
-  r.grad_norm = clip_grad_norm_(trained_parameters(), t.max_norm);
+  r.grad_norm = clip_grad_norm_(parallelized_->trained_parameters(), t.max_norm);
   clock.mark(kClip);
   // Both are reduced over every rank, so every rank decides the same: a NaN or infinite
   // update would poison every weight it touches (and AdamW's moments for good).
   r.non_finite = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
   if (!r.non_finite) {
     optimizer_->step();
-    if (master_) master_->master_to_model();
+    parallelized_->copy_trained_to_model();
   }
   clock.mark(kOptimizer);
   step_ = step;
@@ -528,7 +473,7 @@ std::vector<StepResult> Trainer::train() {
     }
     if (stop.empty() && validator_ && (r.step % config_.validation.freq == 0 || last)) {
       r.val_loss = validator_->validate(*model_);
-      if (fsdp_) fsdp_->reshard();  // the root stays gathered after a forward
+      parallelized_->after_forward_without_backward();
     }
     if (stop.empty() && config_.checkpoint.enable && (r.step % config_.checkpoint.interval == 0 || last)) {
       save_checkpoint();
@@ -591,6 +536,8 @@ void Trainer::plot_metrics() const {
 
 const std::string& Trainer::run_id() const { return checkpoints_->run_id(); }
 
+FullyShardedParameters* Trainer::fully_sharded() const { return parallelized_->fully_sharded(); }
+
 void Trainer::save_checkpoint() const { checkpoints_->save(step_, trained_state()); }
 
 bool Trainer::load_checkpoint() {
@@ -607,17 +554,13 @@ StateBytes Trainer::state_bytes() const {
     return local.storage().nbytes() == 0 ? 0 : local.numel() * static_cast<int64_t>(local.element_size());
   };
   StateBytes s;
-  for (const auto& p : model_->parameters()) {
+  for (const auto& p : parallelized_->stored_parameters()) {
     s.parameters += held(p);
     s.gradients += held(p.grad());
-    s.model_parameters += p.numel();
   }
+  for (const auto& p : model_->parameters()) s.model_parameters += p.numel();
   auto& adamw = optimizer_->state();
-  for (const auto& p : trained_parameters()) {
-    if (master_ || fsdp_) {
-      s.parameters += held(p);
-      s.gradients += held(p.grad());
-    }
+  for (const auto& p : parallelized_->trained_parameters()) {
     const auto it = adamw.find(p.unsafeGetTensorImpl());
     if (it == adamw.end()) continue;
     const auto& state = static_cast<const torch::optim::AdamWParamState&>(*it->second);
@@ -626,6 +569,8 @@ StateBytes Trainer::state_bytes() const {
   return s;
 }
 
-TrainedState Trainer::trained_state() const { return {named_trained_parameters(), optimizer_.get(), master_.get()}; }
+TrainedState Trainer::trained_state() const {
+  return {parallelized_->named_trained_parameters(), optimizer_.get(), parallelized_.get()};
+}
 
 }  // namespace hyper_parallel::train

@@ -41,6 +41,9 @@ ModelFamily gemma2_family() {
   return {
       "gemma2",
       [](const std::string& config) { return Gemma2(Gemma2Args::from_hf_config_file(config)).ptr(); },
+      [](const std::string& json, const std::string& source) {
+        return Gemma2(Gemma2Args::from_hf_config_json(json, source)).ptr();
+      },
       [](torch::nn::Module& m, const DeviceMesh& mesh, bool loss_parallel, bool sequence_parallel) {
         Gemma2 model = as_gemma2(m);
         parallelize_gemma2(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);

@@ -41,6 +41,9 @@ ModelFamily llama_family() {
   return {
       "llama",
       [](const std::string& config) { return Llama(LlamaArgs::from_hf_config_file(config)).ptr(); },
+      [](const std::string& json, const std::string& source) {
+        return Llama(LlamaArgs::from_hf_config_json(json, source)).ptr();
+      },
       [](torch::nn::Module& m, const DeviceMesh& mesh, bool loss_parallel, bool sequence_parallel) {
         Llama model = as_llama(m);
         parallelize_llama(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);

@@ -21,6 +21,9 @@ ModelFamily qwen3_family() {
   return {
       "qwen3",
       [](const std::string& config) { return Llama(qwen3_args_from_hf_config_file(config)).ptr(); },
+      [](const std::string& json, const std::string& source) {
+        return Llama(qwen3_args_from_hf_config_json(json, source)).ptr();
+      },
       [](torch::nn::Module& m, const DeviceMesh& mesh, bool loss_parallel, bool sequence_parallel) {
         Llama model = as_llama(m);
         parallelize_qwen3(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);

@@ -27,6 +27,7 @@
 #include "train/parallel/local_piece.h"
 #include "hyper_parallel_train/saved_model.h"
 #include "hyper_parallel_train/parallel_dims.h"
+#include "train/spec/parallelized_model.h"
 
 namespace hyper_parallel::train {
 
@@ -484,7 +485,7 @@ void CheckpointManager::load_step(int64_t step, const TrainedState& state) {
     at::Tensor dst = local_or_plain(value);
     dst.copy_(values.at("model." + name));
   }
-  if (state.master) state.master->master_to_model();
+  if (state.model) state.model->copy_trained_to_model();
   restore_adamw_state(*state.optimizer, named, values);
   run_id_ = saved.run_id;
 }

@@ -9,6 +9,7 @@
 // one rank is an error on every rank (hyper_parallel/run_then_agree.h).
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -21,7 +22,6 @@
 #include "hyper_parallel/device_mesh.h"
 #include "train/checkpoint/checkpoint_manifest.h"
 #include "hyper_parallel_train/job_config.h"
-#include "train/optim/master_weights.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -29,13 +29,17 @@ class Optimizer;
 
 namespace hyper_parallel::train {
 
+class ParallelizedModel;
+
 // What a checkpoint holds of the training, and where a load puts it.
 struct TrainedState {
   // The parameters the optimizer updates (float32 masters in bfloat16 training), named,
   // in the model's parameter order (AdamW's state is saved by position in it).
   std::vector<std::pair<std::string, at::Tensor>> parameters;
   torch::optim::Optimizer* optimizer = nullptr;  // AdamW
-  MasterWeights* master = nullptr;               // bfloat16 training: the model's weights follow a load
+  // Whose trained parameters they are: its module's weights follow a load (bfloat16
+  // training's masters are copied into the model).
+  ParallelizedModel* model = nullptr;
 };
 
 class CheckpointManager {

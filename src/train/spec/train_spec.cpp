@@ -6,10 +6,6 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/module.h>
 
-#include <unistd.h>
-
-#include <atomic>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -20,6 +16,7 @@
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/model_registry.h"
+#include "train/spec/parallelized_model.h"
 
 namespace hyper_parallel::train {
 namespace {
@@ -100,21 +97,7 @@ std::shared_ptr<torch::nn::Module> build(const ModelFamily& family, ModelConfig&
 std::shared_ptr<torch::nn::Module> rebuild(const ModelFamily& family, const ModelConfig& m,
                                            const std::string& hf_config_json) {
   if (hf_config_json.empty()) return from_sizes(family, m);
-  // Families read a config.json file: the recorded one, written to a scratch folder.
-  static std::atomic<int> counter{0};
-  const std::string folder = compat::join_path(
-      compat::temp_directory(), "hp_saved_model_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-  compat::create_directories(folder);
-  const std::string path = compat::join_path(folder, "config.json");
-  { std::ofstream(path) << hf_config_json; }
-  try {
-    auto module = family.from_hf_config(path);
-    compat::remove_all(folder);
-    return module;
-  } catch (...) {
-    compat::remove_all(folder);
-    throw;
-  }
+  return family.from_hf_config_json(hf_config_json, "the recorded config.json");
 }
 
 // FSDP's groups: parameters named "layers.<i>.…" form block i's group, every other one the root's.
@@ -128,6 +111,16 @@ std::vector<NamedParameters> block_groups(const torch::nn::Module& model) {
     groups.at(group).emplace_back(name, p.value());
   }
   return groups;
+}
+
+// TorchTitan's order: TP, then data parallelism around the TP-sharded module.
+std::unique_ptr<ParallelizedModel> parallelize(const ModelFamily& family, std::shared_ptr<torch::nn::Module> model,
+                                               const ParallelDims& dims, const ParallelDims::Meshes& meshes,
+                                               const JobConfig& job, const std::function<void()>& load_weights) {
+  const auto& p = job.parallelism;
+  if (dims.tp_enabled()) family.parallelize(*model, *meshes.tp, !p.disable_loss_parallel, p.sequence_parallel);
+  if (load_weights) load_weights();
+  return std::make_unique<ParallelizedModel>(std::move(model), dims, meshes, job, block_groups);
 }
 
 // The sum of the batch's token losses. Summed, not averaged: the caller divides by the global
@@ -196,10 +189,10 @@ TrainSpec spec_of(const ModelFamily& family) {
   spec.name = family.name;
   spec.build = [&family](ModelConfig& m) { return build(family, m); };
   spec.rebuild = [&family](const ModelConfig& m, const std::string& json) { return rebuild(family, m, json); };
-  spec.parallelize = [&family](torch::nn::Module& model, const ParallelDims&, const DeviceMesh& tp_mesh,
-                               const JobConfig& job) {
-    const auto& p = job.parallelism;
-    family.parallelize(model, tp_mesh, !p.disable_loss_parallel, p.sequence_parallel);
+  spec.parallelize = [&family](std::shared_ptr<torch::nn::Module> model, const ParallelDims& dims,
+                               const ParallelDims::Meshes& meshes, const JobConfig& job,
+                               const std::function<void()>& load_weights) {
+    return parallelize(family, std::move(model), dims, meshes, job, load_weights);
   };
   spec.shard_groups = block_groups;
   spec.loss = token_loss_sum;
