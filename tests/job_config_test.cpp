@@ -331,7 +331,7 @@ TEST(JobConfig, UnknownSectionAndTopLevelKeyInFileAreErrors) {
   const std::string bad_section = write_temp("bad_section.toml", "[optimizer]\nlr = 1.0\n");
   std::string msg = error_of([&] { load_job_config_file(bad_section); });
   EXPECT_THAT(msg, HasSubstr(bad_section + ": unknown section [optimizer] (known sections: job, "
-                                           "model, training, parallelism, checkpoint, "
+                                           "model, training, parallelism, activation_checkpoint, checkpoint, "
                                            "validation, metrics)"));
 
   const std::string top_level = write_temp("top_level.toml", "dump_folder = \"x\"\n");
@@ -544,7 +544,7 @@ TEST(JobConfig, UsageListsEveryKeyWithTypeAndDefault) {
     EXPECT_THAT(usage, HasSubstr(flag));
     ++keys;
   }
-  EXPECT_EQ(keys, 64);
+  EXPECT_EQ(keys, 67);
   EXPECT_THAT(usage, HasSubstr("--training.max_skipped_steps INT"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.load_step INT"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.allow_data_change BOOL"));

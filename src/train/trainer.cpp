@@ -16,6 +16,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "hyper_parallel/activation_checkpoint.h"
 #include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel/dtensor.h"
@@ -124,6 +125,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   // init_weights(seed) gave every rank the same weights: each shards its own copy, with no
   // scatter from TP rank 0 (src_data_rank = nullopt).
   if (dims_.tp_enabled()) spec_->parallelize(*model_, dims_, *tp_mesh_, config_);
+  apply_activation_checkpointing(*model_, config_.activation_checkpoint);
   if (weights_from_checkpoint) materialize_parameters(*model_, device);
   initial_load();
   set_up_optimizer();
@@ -226,6 +228,9 @@ void Trainer::log_start() {
   if (reducer_) *log_ << " (" << reducer_->bucket_count() << " gradient buckets)";
   if (t.grad_accum_steps > 1) *log_ << ", " << t.grad_accum_steps << " micro-batches per step";
   if (config_.parallelism.sequence_parallel) *log_ << ", sequence parallel";
+  const auto& ac = config_.activation_checkpoint;
+  if (ac.mode != "none")
+    *log_ << ", activation checkpointing " << block_checkpointing(ac.mode, ac.selective_ac_option).str();
   *log_ << ", loss parallel " << (loss_parallel_enabled_ ? "on" : "off")
         << (t.fused_linear_loss ? ", fused linear loss" : "");
   if (t.z_loss_weight > 0) *log_ << ", z-loss " << t.z_loss_weight;

@@ -210,6 +210,11 @@ TrainSpec spec_of(const ModelFamily& family) {
 
 }  // namespace
 
+void apply_activation_checkpointing(torch::nn::Module& model, const ActivationCheckpointJobConfig& config) {
+  as_causal_lm(model).set_block_checkpointing(
+      block_checkpointing(config.mode, config.selective_ac_option, config.preserve_rng_state));
+}
+
 const TrainSpec& train_spec(const std::string& name) {
   static std::mutex mutex;
   static std::map<std::string, TrainSpec> specs;

@@ -73,6 +73,11 @@ struct TrainSpec {
   std::function<std::string(const torch::nn::Module& model)> describe;
 };
 
+// [activation_checkpoint]: which of the model's blocks recompute their activations in
+// backward (activation_checkpoint.h). Applied after TP and before FSDP, as TorchTitan's
+// parallelize does.
+void apply_activation_checkpointing(torch::nn::Module& model, const ActivationCheckpointJobConfig& config);
+
 // The spec of model.name `name`; an unknown name is a std::invalid_argument listing the
 // known ones.
 const TrainSpec& train_spec(const std::string& name);
