@@ -359,9 +359,10 @@ TEST(JobConfig, KeyInTheWrongSectionSuggestsItsSection) {
 TEST(JobConfig, UnknownSectionAndTopLevelKeyInFileAreErrors) {
   const std::string bad_section = write_temp("bad_section.toml", "[optimizer]\nlr = 1.0\n");
   std::string msg = error_of([&] { load_job_config_file(bad_section); });
-  EXPECT_THAT(msg, HasSubstr(bad_section + ": unknown section [optimizer] (known sections: job, "
-                                           "model, training, lr_scheduler, parallelism, checkpoint, "
-                                           "validation, metrics)"));
+  EXPECT_THAT(msg,
+              HasSubstr(bad_section + ": unknown section [optimizer] (known sections: job, "
+                                      "model, training, lr_scheduler, parallelism, activation_checkpoint, checkpoint, "
+                                      "validation, metrics)"));
 
   const std::string top_level = write_temp("top_level.toml", "dump_folder = \"x\"\n");
   msg = error_of([&] { load_job_config_file(top_level); });

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "hyper_parallel/activation_checkpoint.h"
 #include "hyper_parallel/block_hooks.h"
 #include "hyper_parallel/export.h"
 
@@ -53,6 +54,9 @@ class CausalLanguageModel {
   virtual void init_weights(uint64_t seed) = 0;
   // Called around each block's forward and backward (block_hooks.h); nullptr: none.
   virtual void set_block_hooks(std::shared_ptr<BlockHooks> hooks) = 0;
+  // Which blocks recompute their activations in backward (activation_checkpoint.h); none
+  // until set.
+  virtual void set_block_checkpointing(const BlockCheckpointing& policy) = 0;
   // The resolved sizes (n_kv_heads, head_dim and ffn_hidden_dim as the model uses them).
   virtual DecoderSizes sizes() const = 0;
   // > 0: the logits become cap * tanh(logits / cap) before the loss (Gemma 2).

@@ -69,6 +69,11 @@ class DeviceMesh {
   uint64_t next_random_seed() const;
   // Restarts the mesh's random sequence from `seed`; call it with the same seed on every rank.
   void manual_seed(uint64_t seed) const;
+  // How many random ops the mesh's sequence has drawn, and a return to such a position, so
+  // that code run again (activation checkpointing's recompute) draws what it drew the first
+  // time. Sub-meshes share their root's position.
+  uint64_t random_ops_drawn() const;
+  void rewind_random_ops(uint64_t ops_drawn) const;
 
   // Identifies the groups and the caller's place in them: two handles with the same
   // identity issue collectives on the same process groups.

@@ -153,6 +153,7 @@ class Gemma2Impl : public torch::nn::Module, public CausalLanguageModel {
   void tie_head();
   // Called around the forward's blocks (block_hooks.h), e.g. by sharded data parallelism.
   void set_block_hooks(std::shared_ptr<BlockHooks> hooks) override { block_hooks_ = std::move(hooks); }
+  void set_block_checkpointing(const BlockCheckpointing& policy) override { block_checkpointing_ = policy; }
 
   torch::nn::Embedding tok_embeddings{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -163,6 +164,7 @@ class Gemma2Impl : public torch::nn::Module, public CausalLanguageModel {
   Gemma2Args args_;
   at::Tensor rope_cos_, rope_sin_;  // [max_seq_len, head_dim / 2], float32 as transformers computes them
   std::shared_ptr<BlockHooks> block_hooks_;
+  BlockCheckpointing block_checkpointing_;
 };
 TORCH_MODULE(Gemma2);
 

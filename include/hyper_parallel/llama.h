@@ -145,6 +145,7 @@ class LlamaImpl : public torch::nn::Module, public CausalLanguageModel {
   // Called around the forward's blocks (block_hooks.h), e.g. by sharded data
   // parallelism; nullptr: none.
   void set_block_hooks(std::shared_ptr<BlockHooks> hooks) override { block_hooks_ = std::move(hooks); }
+  void set_block_checkpointing(const BlockCheckpointing& policy) override { block_checkpointing_ = policy; }
 
   torch::nn::Embedding tok_embeddings{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -155,6 +156,7 @@ class LlamaImpl : public torch::nn::Module, public CausalLanguageModel {
   LlamaArgs args_;
   at::Tensor rope_cos_, rope_sin_;  // [max_seq_len, head_dim / 2]
   std::shared_ptr<BlockHooks> block_hooks_;
+  BlockCheckpointing block_checkpointing_;
 };
 TORCH_MODULE(Llama);
 

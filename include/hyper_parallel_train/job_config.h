@@ -1,8 +1,9 @@
 // JobConfig: the typed configuration of an hp-train job, TorchTitan-style.
 //
 // A job is described by a TOML file (configs/debug_model.toml is the default) with one
-// table per section ([job], [model], [training], [lr_scheduler], [parallelism], [checkpoint],
-// [validation], [metrics]); any key can then be overridden on the command line:
+// table per section ([job], [model], [training], [lr_scheduler], [parallelism],
+// [activation_checkpoint], [checkpoint], [validation], [metrics]); any key can then be
+// overridden on the command line:
 //
 //   hp-train --config configs/debug_model.toml --training.steps 10 --checkpoint.resume
 //
@@ -119,6 +120,15 @@ struct ValidationConfig {
   int64_t steps = 2;
 };
 
+// [activation_checkpoint]: TorchTitan's keys (activation_checkpoint.h). mode "none" is our
+// default (TorchTitan's is "selective"): recomputing costs a forward per checkpointed block,
+// and on the CPU ranks hp-train mostly runs on memory is not what limits a job.
+struct ActivationCheckpointJobConfig {
+  std::string mode = "none";
+  std::string selective_ac_option = "2";
+  bool preserve_rng_state = true;
+};
+
 // [metrics]: metric logs (and plots). folder is relative to job.dump_folder.
 struct MetricsConfig {
   std::string folder = "metrics";
@@ -131,13 +141,14 @@ struct JobConfig {
   std::string dump_folder = "outputs/run";  // root of everything the run writes
   std::string description;                  // free text, stored and otherwise ignored
 
-  ModelConfig model;                 // [model]
-  TrainingConfig training;           // [training]
-  LrSchedulerConfig lr_scheduler;    // [lr_scheduler]
-  ParallelismJobConfig parallelism;  // [parallelism], same field names as the struct
-  CheckpointConfig checkpoint;       // [checkpoint]
-  ValidationConfig validation;       // [validation]
-  MetricsConfig metrics;             // [metrics]
+  ModelConfig model;                                    // [model]
+  TrainingConfig training;                              // [training]
+  LrSchedulerConfig lr_scheduler;                       // [lr_scheduler]
+  ParallelismJobConfig parallelism;                     // [parallelism], same field names as the struct
+  ActivationCheckpointJobConfig activation_checkpoint;  // [activation_checkpoint]
+  CheckpointConfig checkpoint;                          // [checkpoint]
+  ValidationConfig validation;                          // [validation]
+  MetricsConfig metrics;                                // [metrics]
 
   std::string config_file;  // path it was loaded from, empty if none (not a TOML key)
 };

@@ -59,7 +59,8 @@ struct TrainSpec {
       rebuild;
   // Everything parallel about the module (TorchTitan's parallelize_fn), so the Trainer wires
   // none of it: tensor (and sequence) parallelism over meshes.tp when dims.tp_enabled(),
-  // each rank sharding its own copy of the weights; then `load_weights` (materialising
+  // each rank sharding its own copy of the weights; [activation_checkpoint]'s blocks; then
+  // `load_weights` (materialising
   // meta parameters, reading a checkpoint into the TP pieces: FSDP's shards and the
   // masters copy what it leaves); then FSDP or DDP and bfloat16's float32 master weights
   // (parallelized_model.h).
@@ -86,6 +87,11 @@ struct TrainSpec {
   // One line for logs: the family and its sizes.
   std::function<std::string(const torch::nn::Module& model)> describe;
 };
+
+// [activation_checkpoint]: which of the model's blocks recompute their activations in
+// backward (activation_checkpoint.h). Applied after TP and before FSDP, as TorchTitan's
+// parallelize does.
+void apply_activation_checkpointing(torch::nn::Module& model, const ActivationCheckpointJobConfig& config);
 
 // The spec of model.name `name`; an unknown name is a std::invalid_argument listing the
 // known ones.

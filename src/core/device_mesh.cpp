@@ -169,6 +169,18 @@ void DeviceMesh::manual_seed(uint64_t seed) const {
   r.ops = 0;
 }
 
+uint64_t DeviceMesh::random_ops_drawn() const {
+  MeshRandomState& r = *data().random;
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.ops;
+}
+
+void DeviceMesh::rewind_random_ops(uint64_t ops_drawn) const {
+  MeshRandomState& r = *data().random;
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.ops = ops_drawn;
+}
+
 bool DeviceMesh::operator==(const DeviceMesh& o) const {
   if (data_ == o.data_) return true;
   if (!data_ || !o.data_) return false;

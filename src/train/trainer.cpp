@@ -18,6 +18,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "hyper_parallel/activation_checkpoint.h"
 #include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel/dtensor.h"
@@ -237,6 +238,9 @@ void Trainer::log_start() {
   *log_ << "; " << parallelized_->describe();
   if (t.grad_accum_steps > 1) *log_ << ", " << t.grad_accum_steps << " micro-batches per step";
   if (config_.parallelism.sequence_parallel) *log_ << ", sequence parallel";
+  const auto& ac = config_.activation_checkpoint;
+  if (ac.mode != "none")
+    *log_ << ", activation checkpointing " << block_checkpointing(ac.mode, ac.selective_ac_option).str();
   *log_ << ", loss parallel " << (loss_parallel_enabled_ ? "on" : "off")
         << (t.fused_linear_loss ? ", fused linear loss" : "");
   if (t.z_loss_weight > 0) *log_ << ", z-loss " << t.z_loss_weight;

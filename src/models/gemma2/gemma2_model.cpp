@@ -160,7 +160,10 @@ at::Tensor Gemma2Impl::hidden_states(const at::Tensor& tokens) {
   h = h * at::scalar_tensor(std::sqrt(static_cast<double>(args_.dim)), h.scalar_type()).item<double>();
   for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) {
     if (block_hooks_) block_hooks_->before_block(i);
-    h = layers[i]->as<Gemma2BlockImpl>()->forward(h, rope_cos_, rope_sin_);
+    Gemma2BlockImpl* block = layers[i]->as<Gemma2BlockImpl>();
+    h = run_block(
+        block_checkpointing_, i, *block,
+        [this, block](const at::Tensor& x) { return block->forward(x, rope_cos_, rope_sin_); }, h);
     if (block_hooks_) block_hooks_->after_block(i, h);
   }
   return parallel_forward(norm, h);

@@ -138,7 +138,10 @@ at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens) {
   at::Tensor h = parallel_forward(tok_embeddings, tokens);
   for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) {
     if (block_hooks_) block_hooks_->before_block(i);
-    h = layers[i]->as<TransformerBlockImpl>()->forward(h, rope_cos_, rope_sin_);
+    TransformerBlockImpl* block = layers[i]->as<TransformerBlockImpl>();
+    h = run_block(
+        block_checkpointing_, i, *block,
+        [this, block](const at::Tensor& x) { return block->forward(x, rope_cos_, rope_sin_); }, h);
     if (block_hooks_) block_hooks_->after_block(i, h);
   }
   return parallel_forward(norm, h);

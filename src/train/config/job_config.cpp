@@ -5,6 +5,7 @@
 #include "hyper_parallel_train/job_config.h"
 
 #include "compat/file_system.h"
+#include "hyper_parallel/activation_checkpoint.h"
 #include "hyper_parallel/model_registry.h"
 
 #include <toml++/toml.h>
@@ -202,6 +203,20 @@ std::vector<Field> parallelism_fields() {
   };
 }
 
+std::vector<Field> activation_checkpoint_fields() {
+  return {
+      HP_FIELD(activation_checkpoint, mode,
+               "none | full | selective: which transformer blocks keep only their input and recompute their "
+               "activations in backward (full: all; selective: see selective_ac_option)"),
+      HP_FIELD(activation_checkpoint, selective_ac_option,
+               "selective: a positive integer N, checkpointing every N-th block (blocks N, 2N, ... counting from "
+               "1); TorchTitan's \"op\" (per-operator) is not supported"),
+      HP_FIELD(activation_checkpoint, preserve_rng_state,
+               "the recompute draws the random numbers the forward drew (generator states saved and restored); "
+               "false: a checkpointed block that draws any is an error"),
+  };
+}
+
 std::vector<Field> checkpoint_fields() {
   return {
       HP_FIELD(checkpoint, enable, "save checkpoints during the run"),
@@ -250,7 +265,7 @@ const std::vector<Field>& fields() {
   static const std::vector<Field> table = [] {
     std::vector<Field> all;
     for (auto section : {job_fields, model_fields, training_fields, lr_scheduler_fields, parallelism_fields,
-                         checkpoint_fields, validation_fields, metrics_fields}) {
+                         activation_checkpoint_fields, checkpoint_fields, validation_fields, metrics_fields}) {
       for (Field& f : section()) all.push_back(std::move(f));
     }
     return all;
@@ -954,6 +969,16 @@ void check_parallelism(const JobConfig& cfg, Checks& out) {
                   std::to_string(tp) + "; unset parallelism.disable_loss_parallel or training.fused_linear_loss");
 }
 
+// [activation_checkpoint]: the library's reading of TorchTitan's keys says what is wrong.
+void check_activation_checkpoint(const JobConfig& cfg, Checks& out) {
+  const ActivationCheckpointJobConfig& ac = cfg.activation_checkpoint;
+  try {
+    block_checkpointing(ac.mode, ac.selective_ac_option, ac.preserve_rng_state);
+  } catch (const std::invalid_argument& e) {
+    out.require(false, e.what());
+  }
+}
+
 // [checkpoint], [validation], [metrics].
 void check_outputs(const JobConfig& cfg, Checks& out) {
   const ModelConfig& m = cfg.model;
@@ -1000,6 +1025,7 @@ void validate(const JobConfig& cfg) {
   check_training(cfg, out);
   check_lr_scheduler(cfg.lr_scheduler, out);
   check_parallelism(cfg, out);
+  check_activation_checkpoint(cfg, out);
   check_outputs(cfg, out);
   if (!out.errors.empty()) throw std::invalid_argument("invalid job config: " + join(out.errors, "; "));
 }

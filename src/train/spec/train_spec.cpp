@@ -113,12 +113,14 @@ std::vector<NamedParameters> block_groups(const torch::nn::Module& model) {
   return groups;
 }
 
-// TorchTitan's order: TP, then data parallelism around the TP-sharded module.
+// TorchTitan's order: TP, activation checkpointing, then data parallelism around the
+// TP-sharded module.
 std::unique_ptr<ParallelizedModel> parallelize(const ModelFamily& family, std::shared_ptr<torch::nn::Module> model,
                                                const ParallelDims& dims, const ParallelDims::Meshes& meshes,
                                                const JobConfig& job, const std::function<void()>& load_weights) {
   const auto& p = job.parallelism;
   if (dims.tp_enabled()) family.parallelize(*model, *meshes.tp, !p.disable_loss_parallel, p.sequence_parallel);
+  apply_activation_checkpointing(*model, job.activation_checkpoint);
   if (load_weights) load_weights();
   return std::make_unique<ParallelizedModel>(std::move(model), dims, meshes, job, block_groups);
 }
@@ -205,6 +207,11 @@ TrainSpec spec_of(const ModelFamily& family) {
 }
 
 }  // namespace
+
+void apply_activation_checkpointing(torch::nn::Module& model, const ActivationCheckpointJobConfig& config) {
+  as_causal_lm(model).set_block_checkpointing(
+      block_checkpointing(config.mode, config.selective_ac_option, config.preserve_rng_state));
+}
 
 const TrainSpec& train_spec(const std::string& name) {
   static std::mutex mutex;
