@@ -29,6 +29,7 @@
 #include <string>
 
 #include "bench/memory_probe.h"
+#include "llama_bench_args.h"
 #include "hyper_parallel/activation_checkpoint.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
@@ -38,43 +39,13 @@ namespace F = torch::nn::functional;
 
 namespace {
 
-struct Args {
-  std::map<std::string, int64_t> n = {{"dim", 256}, {"layers", 4}, {"heads", 8}, {"vocab", 8192},
-                                      {"batch", 2}, {"seq", 1024}, {"iters", 2}, {"threads", 1}};
-  std::string device = "cpu";
-};
-
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag.rfind("--", 0) != 0 || i + 1 >= argc) throw std::invalid_argument("expected --NAME VALUE, got " + flag);
-    const std::string name = flag.substr(2), value = argv[++i];
-    if (name == "device") {
-      if (value != "cpu" && value != "cuda")
-        throw std::invalid_argument("--device: expected cpu or cuda, got " + value);
-      a.device = value;
-    } else if (a.n.count(name)) {
-      a.n[name] = std::stoll(value);
-      if (a.n[name] < (name == "threads" ? 0 : 1)) throw std::invalid_argument(flag + " must be positive");
-    } else {
-      throw std::invalid_argument("unknown flag " + flag +
-                                  "; expected --dim --layers --heads --vocab --batch --seq --iters --threads --device");
-    }
-  }
-  return a;
-}
+using Args = hp::bench::LlamaBenchArgs;
+using hp::bench::max_over_ranks;
 
 struct Measure {
   double saved_mb = 0, peak_mb = 0, ms = 0, loss = 0, grad_norm = 0;
   hp::CollectiveCounts collectives;
 };
-
-double max_over_ranks(const hp::DeviceMesh& mesh, double v) {
-  at::Tensor t = at::scalar_tensor(v, at::kDouble).to(mesh.device());
-  mesh.comm(0).all_reduce_(t, hp::ReduceOp::Max);
-  return t.item<double>();
-}
 
 double grad_norm(hp::Llama& model) {
   double sum = 0;
@@ -91,12 +62,7 @@ struct Setup {
 };
 
 Setup build(const Args& a, const hp::DeviceMesh& mesh, const hp::BlockCheckpointing& policy) {
-  hp::LlamaArgs la;
-  la.dim = a.n.at("dim");
-  la.n_layers = a.n.at("layers");
-  la.n_heads = a.n.at("heads");
-  la.vocab_size = a.n.at("vocab");
-  la.max_seq_len = a.n.at("seq");
+  const hp::LlamaArgs la = a.llama();
   Setup s;
   s.model = hp::Llama(la);
   s.model->init_weights(1);
@@ -142,7 +108,9 @@ void step(Setup& s, const hp::DeviceMesh& mesh, bool warm_up, Measure& m) {
 int main(int argc, char** argv) {
   Args a;
   try {
-    a = parse(argc, argv);
+    Args defaults;
+    defaults.n["seq"] = 1024;
+    a = hp::bench::parse_llama_bench_args(argc, argv, defaults);
   } catch (const std::exception& e) {
     std::cerr << "hp-bench-ac: " << e.what() << std::endl;
     return 2;

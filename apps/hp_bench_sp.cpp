@@ -25,6 +25,7 @@
 #include <string>
 
 #include "bench/memory_probe.h"
+#include "llama_bench_args.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
 
@@ -33,50 +34,15 @@ namespace F = torch::nn::functional;
 
 namespace {
 
-struct Args {
-  std::map<std::string, int64_t> n = {{"dim", 256}, {"layers", 4}, {"heads", 8}, {"vocab", 8192},
-                                      {"batch", 2}, {"seq", 512},  {"iters", 2}, {"threads", 1}};
-  std::string device = "cpu";
-};
-
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag.rfind("--", 0) != 0 || i + 1 >= argc) throw std::invalid_argument("expected --NAME VALUE, got " + flag);
-    const std::string name = flag.substr(2), value = argv[++i];
-    if (name == "device") {
-      if (value != "cpu" && value != "cuda")
-        throw std::invalid_argument("--device: expected cpu or cuda, got " + value);
-      a.device = value;
-    } else if (a.n.count(name)) {
-      a.n[name] = std::stoll(value);
-      if (a.n[name] < (name == "threads" ? 0 : 1)) throw std::invalid_argument(flag + " must be positive");
-    } else {
-      throw std::invalid_argument("unknown flag " + flag +
-                                  "; expected --dim --layers --heads --vocab --batch --seq --iters --threads --device");
-    }
-  }
-  return a;
-}
+using Args = hp::bench::LlamaBenchArgs;
+using hp::bench::max_over_ranks;
 
 struct Measure {
   double saved_mb = 0, peak_mb = 0, ms = 0, loss = 0;
 };
 
-double max_over_ranks(const hp::DeviceMesh& mesh, double v) {
-  at::Tensor t = at::scalar_tensor(v, at::kDouble).to(mesh.device());
-  mesh.comm(0).all_reduce_(t, hp::ReduceOp::Max);
-  return t.item<double>();
-}
-
 Measure measure(const Args& a, const hp::DeviceMesh& mesh, bool sequence_parallel) {
-  hp::LlamaArgs la;
-  la.dim = a.n.at("dim");
-  la.n_layers = a.n.at("layers");
-  la.n_heads = a.n.at("heads");
-  la.vocab_size = a.n.at("vocab");
-  la.max_seq_len = a.n.at("seq");
+  const hp::LlamaArgs la = a.llama();
   hp::Llama model(la);
   model->init_weights(1);
   model->to(mesh.device());
@@ -120,7 +86,7 @@ Measure measure(const Args& a, const hp::DeviceMesh& mesh, bool sequence_paralle
 int main(int argc, char** argv) {
   Args a;
   try {
-    a = parse(argc, argv);
+    a = hp::bench::parse_llama_bench_args(argc, argv, Args{});
   } catch (const std::exception& e) {
     std::cerr << "hp-bench-sp: " << e.what() << std::endl;
     return 2;
