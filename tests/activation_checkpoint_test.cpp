@@ -403,7 +403,7 @@ train::JobConfig ac_job(int64_t shard, int64_t tp, const std::string& dtype, con
   c.training.batch_size = 4;
   c.training.seq_len = 12;
   c.training.steps = 5;
-  c.training.warmup_steps = 2;
+  c.lr_scheduler.warmup_steps = 2;
   c.training.dtype = dtype;
   c.training.grad_accum_steps = 2;
   c.parallelism.tensor_parallel_degree = tp;
