@@ -573,7 +573,7 @@ TEST(JobConfig, UsageListsEveryKeyWithTypeAndDefault) {
     EXPECT_THAT(usage, HasSubstr(flag));
     ++keys;
   }
-  EXPECT_EQ(keys, 67);
+  EXPECT_EQ(keys, 70);
   EXPECT_THAT(usage, HasSubstr("--training.max_skipped_steps INT"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.load_step INT"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.allow_data_change BOOL"));

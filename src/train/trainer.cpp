@@ -118,7 +118,7 @@ double Validator::validate(torch::nn::Module& model) const {
 }
 
 Trainer::Trainer(JobConfig config, std::ostream* log)
-    : config_(std::move(config)), log_(log), spec_(&train_spec(config_.model.name)), train_context_(false) {
+    : config_(std::move(config)), spec_(&train_spec(config_.model.name)), log_(log), train_context_(false) {
   // Large CPU buffers from a cache of huge-page-backed blocks that outlives each step: no
   // fresh-page faults after the first step, whatever the environment says.
   if (config_.training.device == "cpu" && config_.training.caching_allocator) install_caching_cpu_allocator();
