@@ -106,26 +106,13 @@ void step(Setup& s, const hp::DeviceMesh& mesh, bool warm_up, Measure& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args a;
-  try {
-    Args defaults;
-    defaults.n["seq"] = 1024;
-    a = hp::bench::parse_llama_bench_args(argc, argv, defaults);
-  } catch (const std::exception& e) {
-    std::cerr << "hp-bench-ac: " << e.what() << std::endl;
-    return 2;
-  }
-  if (!std::getenv("WORLD_SIZE")) {
-    std::cerr << "hp-bench-ac: run it through hp-run (e.g. hp-run --nproc-per-node 2 hp-bench-ac)" << std::endl;
-    return 2;
-  }
-  if (a.n.at("threads") > 0) at::set_num_threads(static_cast<int>(a.n.at("threads")));
-  if (a.device == "cpu") hp_memory_probe_install();
-  hp::InitOptions init;
-  init.device_type = a.device;
-  hp::init_process_group(init);
-  const int64_t tp = hp::get_world_size();
-  auto mesh = hp::init_device_mesh(a.device, {tp}, {"tp"});
+  Args defaults;
+  defaults.n["seq"] = 1024;
+  const auto bench = hp::bench::start_llama_bench("hp-bench-ac", argc, argv, defaults);
+  if (!bench) return 2;
+  const Args& a = bench->args;
+  const hp::DeviceMesh& mesh = bench->mesh;
+  const int64_t tp = mesh.size();
   const std::pair<const char*, hp::BlockCheckpointing> modes[] = {
       {"none", hp::block_checkpointing("none", "2")},
       {"full", hp::block_checkpointing("full", "2")},

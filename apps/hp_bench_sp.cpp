@@ -84,24 +84,11 @@ Measure measure(const Args& a, const hp::DeviceMesh& mesh, bool sequence_paralle
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args a;
-  try {
-    a = hp::bench::parse_llama_bench_args(argc, argv, Args{});
-  } catch (const std::exception& e) {
-    std::cerr << "hp-bench-sp: " << e.what() << std::endl;
-    return 2;
-  }
-  if (!std::getenv("WORLD_SIZE")) {
-    std::cerr << "hp-bench-sp: run it through hp-run (e.g. hp-run --nproc-per-node 2 hp-bench-sp)" << std::endl;
-    return 2;
-  }
-  if (a.n.at("threads") > 0) at::set_num_threads(static_cast<int>(a.n.at("threads")));
-  if (a.device == "cpu") hp_memory_probe_install();
-  hp::InitOptions init;
-  init.device_type = a.device;
-  hp::init_process_group(init);
-  const int64_t tp = hp::get_world_size();
-  auto mesh = hp::init_device_mesh(a.device, {tp}, {"tp"});
+  const auto bench = hp::bench::start_llama_bench("hp-bench-sp", argc, argv, Args{});
+  if (!bench) return 2;
+  const Args& a = bench->args;
+  const hp::DeviceMesh& mesh = bench->mesh;
+  const int64_t tp = mesh.size();
   const Measure plain = measure(a, mesh, false);
   const Measure sp = measure(a, mesh, true);
   if (mesh.get_rank() == 0) {

@@ -1,15 +1,20 @@
-// The command line of the per-rank memory benchmarks over a Llama (hp-bench-sp, hp-bench-ac):
-// --dim --layers --heads --vocab --batch --seq --iters --threads (whole numbers) and
-// --device cpu|cuda; and the largest of a figure over the ranks, which they report.
+// The start of the per-rank memory benchmarks over a Llama (hp-bench-sp, hp-bench-ac): their
+// command line (--dim --layers --heads --vocab --batch --seq --iters --threads, whole
+// numbers, and --device cpu|cuda), their TP mesh over every rank of hp-run, and the largest
+// of a figure over the ranks, which they report.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
 #include <map>
 #include <stdexcept>
 #include <string>
 
+#include "bench/memory_probe.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/llama.h"
 
@@ -51,6 +56,35 @@ inline LlamaBenchArgs parse_llama_bench_args(int argc, char** argv, LlamaBenchAr
     }
   }
   return a;
+}
+
+// A benchmark started by hp-run: `defaults` with the flags given, the intra-op threads set,
+// the memory probe installed (CPU) and a 1-D "tp" mesh over every rank. nullopt, after
+// saying why on stderr, for a bad flag or a start outside hp-run (the program exits 2).
+struct LlamaBench {
+  LlamaBenchArgs args;
+  DeviceMesh mesh;
+};
+inline std::optional<LlamaBench> start_llama_bench(const std::string& program, int argc, char** argv,
+                                                   const LlamaBenchArgs& defaults) {
+  LlamaBenchArgs a;
+  try {
+    a = parse_llama_bench_args(argc, argv, defaults);
+  } catch (const std::exception& e) {
+    std::cerr << program << ": " << e.what() << std::endl;
+    return std::nullopt;
+  }
+  if (!std::getenv("WORLD_SIZE")) {
+    std::cerr << program << ": run it through hp-run (e.g. hp-run --nproc-per-node 2 " << program << ")" << std::endl;
+    return std::nullopt;
+  }
+  if (a.n.at("threads") > 0) at::set_num_threads(static_cast<int>(a.n.at("threads")));
+  if (a.device == "cpu") hp_memory_probe_install();
+  InitOptions init;
+  init.device_type = a.device;
+  init_process_group(init);
+  DeviceMesh mesh = init_device_mesh(a.device, {get_world_size()}, {"tp"});
+  return LlamaBench{std::move(a), std::move(mesh)};
 }
 
 // The largest `v` over the ranks of `mesh` (its first dim).
