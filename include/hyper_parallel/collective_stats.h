@@ -5,6 +5,8 @@
 // transfer plus any wait for the slowest rank).
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include "hyper_parallel/export.h"
 
@@ -12,10 +14,19 @@ HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
+// The kinds of collective a Communicator issues (CollectiveCounts' fields, in that order).
+enum class CollectiveKind { AllReduce, AllGather, ReduceScatter, Broadcast, AllToAll, Barrier, Scatter };
+inline constexpr size_t kCollectiveKinds = 7;
+inline constexpr const char* kCollectiveKindNames[kCollectiveKinds] = {
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "barrier", "scatter"};
+
 struct CollectiveTally {
   int64_t count = 0;
   int64_t bytes = 0;
   double seconds = 0;
+  // count and bytes by kind (CollectiveKind's order): what a dry run reports per step.
+  std::array<int64_t, kCollectiveKinds> kind_count{};
+  std::array<int64_t, kCollectiveKinds> kind_bytes{};
 };
 
 // Since this thread started: take differences around a region.

@@ -21,18 +21,27 @@ HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
+// LargeWeights: linear and embedding weights only (a model then materialized and loaded).
+// Everything: the norms' weights and the buffers too, so that no tensor of the model holds
+// memory (hp-dry-run's model, which is never materialized).
+enum class MetaScope { LargeWeights, Everything };
+
 class ParametersOnMeta {
  public:
-  ParametersOnMeta();
+  explicit ParametersOnMeta(MetaScope scope = MetaScope::LargeWeights);
   ~ParametersOnMeta();
   ParametersOnMeta(const ParametersOnMeta&) = delete;
   ParametersOnMeta& operator=(const ParametersOnMeta&) = delete;
 
  private:
   bool previous_;
+  MetaScope previous_scope_;
 };
 // Whether a ParametersOnMeta lives on this thread.
 bool parameters_on_meta();
+// A norm's weight or a buffer as a module creates it: on the meta device (same shape and
+// dtype) inside ParametersOnMeta(MetaScope::Everything), `t` itself otherwise.
+at::Tensor on_meta_when_everything_is(const at::Tensor& t);
 
 // torch::nn::Linear without bias, and torch::nn::Embedding, as LibTorch builds them, or
 // inside ParametersOnMeta with their weight on the meta device (a 1 x 1 module whose weight

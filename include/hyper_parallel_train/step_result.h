@@ -45,11 +45,13 @@ struct ShardingStep {
 
 // What this rank keeps from step to step, in bytes of its live tensors: the weights (the
 // model's, plus the float32 masters or FSDP's shards), their gradients and AdamW's
-// moments; and the whole model's parameter count, for the formulas they are held against.
+// moments; `masters` is the part of `parameters` that is masters or shards; and the whole
+// model's parameter count, for the formulas they are held against.
 struct StateBytes {
   int64_t parameters = 0;
   int64_t gradients = 0;
   int64_t optimizer = 0;
+  int64_t masters = 0;
   int64_t model_parameters = 0;
 };
 

@@ -12,6 +12,8 @@
 
 #include <initializer_list>
 
+#include "compat/fake_backend.h"
+
 namespace hyper_parallel::compat {
 
 namespace {
@@ -55,6 +57,12 @@ ProcessGroupPtr make_process_group(const std::string& backend, const StorePtr& s
     return wrap_backend(store, rank, size, gloo, {c10::DeviceType::CPU, c10::DeviceType::CUDA},
                         c10d::ProcessGroup::BackendType::GLOO);
   }
+  if (backend == "fake") {
+    // Collectives that complete at once and move nothing: one process plays rank `rank`.
+    return wrap_backend(store, rank, size, make_fake_backend(rank, size),
+                        {c10::DeviceType::CPU, c10::DeviceType::CUDA, c10::DeviceType::Meta},
+                        c10d::ProcessGroup::BackendType::CUSTOM);
+  }
 #if defined(USE_C10D_NCCL)
   if (backend == "nccl") {
     auto opts = c10d::ProcessGroupNCCL::Options::create();
@@ -63,8 +71,8 @@ ProcessGroupPtr make_process_group(const std::string& backend, const StorePtr& s
     return wrap_backend(store, rank, size, nccl, {c10::DeviceType::CUDA}, c10d::ProcessGroup::BackendType::NCCL);
   }
 #endif
-  TORCH_CHECK(false, "unknown or unavailable process-group backend '", backend, "': expected 'gloo'",
-              has_nccl() ? " or 'nccl'" : " (this LibTorch has no NCCL)");
+  TORCH_CHECK(false, "unknown or unavailable process-group backend '", backend, "': expected 'gloo', ",
+              has_nccl() ? "'nccl' " : "", "or 'fake'", has_nccl() ? "" : " (this LibTorch has no NCCL)");
 }
 
 bool has_native_reduce_scatter(const ProcessGroupPtr& pg, c10::DeviceType device) {

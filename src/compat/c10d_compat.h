@@ -24,7 +24,10 @@ bool has_nccl();
 std::string default_backend_for(const std::string& device_type);
 
 // Creates a process group of `size` members in which the caller is `rank`.
-// All members must call it with a store that gives them the same namespace.
+// All members must call it with a store that gives them the same namespace. "fake"
+// (fake_backend.h): collectives complete at once and move nothing; no other member exists.
+// "fake": c10d's FakeProcessGroup, which completes every collective at once without moving
+// data; the caller is then the only member that exists (a dry run of a large world).
 ProcessGroupPtr make_process_group(const std::string& backend, const StorePtr& store, int rank, int size,
                                    std::chrono::milliseconds timeout);
 

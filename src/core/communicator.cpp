@@ -28,14 +28,19 @@ namespace {
 thread_local CollectiveCounts tls_counts;
 thread_local CollectiveTally tls_tally;
 
+// Counts one collective sent to a process group, with the bytes this rank sends.
+void tally_issue(CollectiveKind kind, int64_t bytes) {
+  ++tls_tally.count;
+  tls_tally.bytes += bytes;
+  ++tls_tally.kind_count[static_cast<size_t>(kind)];
+  tls_tally.kind_bytes[static_cast<size_t>(kind)] += bytes;
+}
+
 // Tallies one collective sent to a process group: from construction (before the copies
 // it needs) to destruction (after its wait).
 class Tallied {
  public:
-  explicit Tallied(int64_t bytes) : start_(std::chrono::steady_clock::now()) {
-    ++tls_tally.count;
-    tls_tally.bytes += bytes;
-  }
+  Tallied(CollectiveKind kind, int64_t bytes) : start_(std::chrono::steady_clock::now()) { tally_issue(kind, bytes); }
   ~Tallied() { tls_tally.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
   Tallied(const Tallied&) = delete;
   Tallied& operator=(const Tallied&) = delete;
@@ -171,7 +176,7 @@ void Communicator::all_reduce_(at::Tensor& t, ReduceOp op) const {
   ++tls_counts.all_reduce;
   if (size() == 1) return;
   check_device(pg_, t, "all_reduce");
-  Tallied tally(bytes_of(t));
+  Tallied tally(CollectiveKind::AllReduce, bytes_of(t));
   // c10d requires dense contiguous buffers; reduce a contiguous copy when needed.
   at::Tensor buf = needs_float_wire(pg_, t) ? t.to(at::kFloat) : t.is_contiguous() ? t : t.contiguous();
   std::vector<at::Tensor> v{buf};
@@ -209,8 +214,9 @@ void PendingCollective::issued(Kind kind, const Communicator& comm, c10::intrusi
   issued_ = at;
   send_ = std::move(send);
   recv_ = std::move(recv);
-  ++tls_tally.count;
-  tls_tally.bytes += bytes_of(send_);  // what this member sends
+  static constexpr CollectiveKind kKinds[] = {CollectiveKind::AllReduce, CollectiveKind::AllGather,
+                                              CollectiveKind::ReduceScatter};
+  tally_issue(kKinds[static_cast<int>(kind)], bytes_of(send_));  // what this member sends
   // Stamped on the backend's thread at completion: the transfer time is known even when
   // nobody waited for it.
   completed_ns_ = std::make_shared<std::atomic<int64_t>>(-1);
@@ -353,7 +359,7 @@ at::Tensor Communicator::all_gather(const at::Tensor& local, int64_t dim, const 
   ++tls_counts.all_gather;
   if (size() == 1) return local;
   check_device(pg_, local, "all_gather");
-  Tallied tally(bytes_of(local));
+  Tallied tally(CollectiveKind::AllGather, bytes_of(local));
   // Gloo needs equal-sized buffers: pad every piece to the largest along `dim`, then trim.
   // The pieces travel in their own layout (no transposing copy of a piece sharded along an
   // inner dim, as the logits are along the vocabulary) and are concatenated along `dim`, as
@@ -403,7 +409,7 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& full, int64_t dim, Red
   check_device(pg_, full, "reduce_scatter");
   if (compat::has_native_reduce_scatter(pg_, full.device().type()) && op != ReduceOp::Avg) {
     ++tls_counts.reduce_scatter;
-    Tallied tally(bytes_of(full));
+    Tallied tally(CollectiveKind::ReduceScatter, bytes_of(full));
     std::vector<at::Tensor> inputs = padded_chunks(full, dim, size());
     at::Tensor out = at::empty_like(inputs[0]);
     std::vector<at::Tensor> outs{out};
@@ -424,7 +430,7 @@ void Communicator::broadcast_(at::Tensor& t, int64_t root) const {
   ++tls_counts.broadcast;
   if (size() == 1) return;
   check_device(pg_, t, "broadcast");
-  Tallied tally(bytes_of(t));
+  Tallied tally(CollectiveKind::Broadcast, bytes_of(t));
   at::Tensor buf = needs_float_wire(pg_, t) ? t.to(at::kFloat) : t.is_contiguous() ? t : t.contiguous();
   std::vector<at::Tensor> v{buf};
   c10d::BroadcastOptions opts;
@@ -446,7 +452,7 @@ at::Tensor Communicator::scatter(const at::Tensor& full, int64_t dim, int64_t ro
   piece_shape.insert(piece_shape.begin(), chunk_range(full.size(dim), size(), 0).length);
   at::Tensor out = at::empty(piece_shape, full.options());
   if (out.numel() == 0) return out.narrow(0, 0, mine.length).movedim(0, dim).contiguous();  // nothing to send
-  Tallied tally(rank_ == root ? bytes_of(full) : bytes_of(out));
+  Tallied tally(CollectiveKind::Scatter, rank_ == root ? bytes_of(full) : bytes_of(out));
   std::vector<std::vector<at::Tensor>> in_lists;
   if (rank_ == root) in_lists.push_back(padded_chunks(full, dim, size()));
   std::vector<at::Tensor> outs{out};
@@ -461,7 +467,7 @@ at::Tensor Communicator::scatter(const at::Tensor& full, int64_t dim, int64_t ro
 void Communicator::barrier() const {
   ++tls_counts.barrier;
   if (size() == 1) return;
-  Tallied tally(0);
+  Tallied tally(CollectiveKind::Barrier, 0);
   wait_for(pg_->barrier(), *this, "barrier");
 }
 

@@ -51,9 +51,9 @@ constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
 std::string validated_backend(const InitOptions& options) {
   const char* env = std::getenv("HP_BACKEND");
   const std::string backend = env && *env ? env : options.backend;
-  TORCH_CHECK(backend == "auto" || backend == "gloo" || backend == "nccl",
+  TORCH_CHECK(backend == "auto" || backend == "gloo" || backend == "nccl" || backend == "fake",
               env && *env ? "HP_BACKEND='" : "InitOptions::backend='", backend,
-              "' is not valid: expected auto, gloo or nccl");
+              "' is not valid: expected auto, gloo, nccl or fake");
   return backend;
 }
 

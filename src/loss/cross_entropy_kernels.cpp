@@ -140,6 +140,7 @@ void check_no_target_or_weight_grad(const at::Tensor& target, const c10::optiona
 }
 
 void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore_index) {
+  if (target.is_meta()) return;  // a dry run's targets: shapes, no ids to check
   at::Tensor bad = target.ne(ignore_index).logical_and(target.lt(0).logical_or(target.ge(num_classes)));
   if (bad.any().item<bool>()) {
     const int64_t value = target.masked_select(bad).view({-1})[0].item<int64_t>();

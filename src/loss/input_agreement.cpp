@@ -65,7 +65,7 @@ InputAgreement::InputAgreement(std::string op, const at::Tensor& target, const s
   // A target laid out like the logits (probabilities, sharded) legitimately differs between
   // ranks: only plain and replicated targets are compared.
   const auto* impl = dtensor_impl(target);
-  if (compare_ && !own_ && (!impl || impl->layout().is_replicated())) {
+  if (compare_ && !own_ && !target.is_meta() && (!impl || impl->layout().is_replicated())) {
     target_hash_ = bytes_hash(impl ? impl->local() : target);
   }
 }
@@ -78,6 +78,12 @@ void InputAgreement::write_record(const at::Tensor& record) const {
 }
 
 void InputAgreement::settle(const at::Tensor& records, const Communicator* comm) const {
+  // A dry run's records are meta tensors (hp-dry-run): shapes only, no refusal to read.
+  // This rank's own refusal still stops it.
+  if (records.is_meta()) {
+    if (own_) std::rethrow_exception(own_);
+    return;
+  }
   const at::Tensor r = records.to(at::kCPU, at::kDouble).contiguous();
   const int64_t n = r.size(0);
   const double* v = r.data_ptr<double>();

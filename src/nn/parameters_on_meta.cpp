@@ -14,14 +14,27 @@ namespace hyper_parallel {
 
 namespace {
 thread_local bool tls_parameters_on_meta = false;
+thread_local MetaScope tls_meta_scope = MetaScope::LargeWeights;
 
 // In the default dtype, as LibTorch's own modules create their weights.
 at::Tensor meta_weight(std::vector<int64_t> shape) { return at::empty(shape, at::TensorOptions().device(at::kMeta)); }
 }  // namespace
 
-ParametersOnMeta::ParametersOnMeta() : previous_(tls_parameters_on_meta) { tls_parameters_on_meta = true; }
-ParametersOnMeta::~ParametersOnMeta() { tls_parameters_on_meta = previous_; }
+ParametersOnMeta::ParametersOnMeta(MetaScope scope)
+    : previous_(tls_parameters_on_meta), previous_scope_(tls_meta_scope) {
+  tls_parameters_on_meta = true;
+  tls_meta_scope = scope;
+}
+ParametersOnMeta::~ParametersOnMeta() {
+  tls_parameters_on_meta = previous_;
+  tls_meta_scope = previous_scope_;
+}
 bool parameters_on_meta() { return tls_parameters_on_meta; }
+
+at::Tensor on_meta_when_everything_is(const at::Tensor& t) {
+  if (!tls_parameters_on_meta || tls_meta_scope != MetaScope::Everything) return t;
+  return at::empty(t.sizes(), t.options().device(at::kMeta));
+}
 
 torch::nn::Linear new_linear(int64_t in_features, int64_t out_features) {
   if (!parameters_on_meta()) return torch::nn::Linear(torch::nn::LinearOptions(in_features, out_features).bias(false));

@@ -33,6 +33,7 @@
 #include "hyper_parallel/fully_shard.h"
 #include "train/checkpoint/checkpoint_io.h"
 #include "train/checkpoint/fault_injection.h"
+#include "train/metrics/state_bytes.h"
 #include "train/metrics/step_metrics.h"
 #include "train/checkpoint/checkpoint_manager.h"
 #include "train/checkpoint/dump_folder_lock.h"
@@ -551,26 +552,7 @@ bool Trainer::load_checkpoint() {
 }
 
 StateBytes Trainer::state_bytes() const {
-  // Bytes a tensor's local piece holds now (FSDP's gathered parameters: none between steps).
-  auto held = [](const at::Tensor& t) -> int64_t {
-    if (!t.defined()) return 0;
-    const at::Tensor local = local_or_plain(t);
-    return local.storage().nbytes() == 0 ? 0 : local.numel() * static_cast<int64_t>(local.element_size());
-  };
-  StateBytes s;
-  for (const auto& p : parallelized_->stored_parameters()) {
-    s.parameters += held(p);
-    s.gradients += held(p.grad());
-  }
-  for (const auto& p : model_->parameters()) s.model_parameters += p.numel();
-  auto& adamw = optimizer_->state();
-  for (const auto& p : parallelized_->trained_parameters()) {
-    const auto it = adamw.find(p.unsafeGetTensorImpl());
-    if (it == adamw.end()) continue;
-    const auto& state = static_cast<const torch::optim::AdamWParamState&>(*it->second);
-    s.optimizer += held(state.exp_avg()) + held(state.exp_avg_sq());
-  }
-  return s;
+  return measure_state_bytes(*parallelized_, *optimizer_);
 }
 
 TrainedState Trainer::trained_state() const {

@@ -17,7 +17,7 @@ at::Tensor soft_cap(const at::Tensor& x, double cap) { return cap > 0 ? at::tanh
 
 Gemma2RMSNormImpl::Gemma2RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   // Real even under ParametersOnMeta (dim elements; TP leaves norms unsharded), like Llama's.
-  weight = register_parameter("weight", at::zeros({dim}));
+  weight = register_parameter("weight", on_meta_when_everything_is(at::zeros({dim})));
 }
 
 at::Tensor Gemma2RMSNormImpl::forward(const at::Tensor& x) {
@@ -144,8 +144,8 @@ Gemma2Impl::Gemma2Impl(const Gemma2Args& a) : args_(a) {
   rope.max_seq_len = a.max_seq_len;
   rope.rope_tables_like_hf = true;
   auto [cos, sin] = llama_rope_tables(rope);
-  rope_cos_ = register_buffer("rope_cos", cos);
-  rope_sin_ = register_buffer("rope_sin", sin);
+  rope_cos_ = register_buffer("rope_cos", on_meta_when_everything_is(cos));
+  rope_sin_ = register_buffer("rope_sin", on_meta_when_everything_is(sin));
 }
 
 at::Tensor Gemma2Impl::forward(const at::Tensor& tokens) { return parallel_forward(output, hidden_states(tokens)); }

@@ -16,9 +16,9 @@
 namespace hyper_parallel {
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
-  // Real even under ParametersOnMeta: dim elements, and TP leaves norms as plain tensors,
+  // Real under ParametersOnMeta (unless MetaScope::Everything): dim elements, and TP leaves norms as plain tensors,
   // which materialize_parameters cannot turn from meta in place.
-  weight = register_parameter("weight", at::ones({dim}));
+  weight = register_parameter("weight", on_meta_when_everything_is(at::ones({dim})));
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
@@ -125,8 +125,8 @@ LlamaImpl::LlamaImpl(const LlamaArgs& a) : args_(a) {
   // the head at the sharded parameter.
   if (a.tie_word_embeddings) tie_head();
   auto [cos, sin] = llama_rope_tables(a);
-  rope_cos_ = register_buffer("rope_cos", cos);
-  rope_sin_ = register_buffer("rope_sin", sin);
+  rope_cos_ = register_buffer("rope_cos", on_meta_when_everything_is(cos));
+  rope_sin_ = register_buffer("rope_sin", on_meta_when_everything_is(sin));
 }
 
 at::Tensor LlamaImpl::forward(const at::Tensor& tokens) { return parallel_forward(output, hidden_states(tokens)); }

@@ -21,7 +21,9 @@ constexpr int64_t kNormChunk = int64_t{1} << 13;
 
 double squared_norm_fp64(const at::Tensor& t) {
   at::NoGradGuard no_grad;
-  if (t.numel() == 0) return 0.0;
+  // A meta tensor (hp-dry-run) has a shape and no values: it adds nothing, and clipping
+  // still issues its collectives.
+  if (t.numel() == 0 || t.is_meta()) return 0.0;
   const at::Tensor flat = t.is_contiguous() ? t.reshape({-1}) : t.contiguous().reshape({-1});
   if (flat.scalar_type() == at::kDouble) return at::dot(flat, flat).item<double>();
   // fp64 accumulation without a full fp64 copy: each chunk is widened into one reused

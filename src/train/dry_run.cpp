@@ -1,0 +1,252 @@
+#include "train/dry_run.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/optim/adamw.h>
+
+#include <memory>
+#include <optional>
+#include <stdexcept>
+
+#include "compat/meta_kernels.h"
+#include "core/collective_stats.h"
+#include "hyper_parallel/causal_lm.h"
+#include "hyper_parallel/distributed.h"
+#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/fully_shard.h"
+#include "hyper_parallel/parameters_on_meta.h"
+#include "train/data/batches.h"
+#include "train/optim/master_weights.h"
+#include "train/optim/optim_utils.h"
+#include "train/parallel/data_parallel_reducer.h"
+#include "train/parallel/local_piece.h"
+#include "train/parallel/parallelism_scope.h"
+#include "train/parallel/train_context.h"
+#include "train/spec/train_spec.h"
+
+namespace hyper_parallel::train {
+
+namespace {
+
+at::ScalarType training_dtype(const std::string& name) {
+  if (name == "float64") return at::kDouble;
+  if (name == "bfloat16") return at::kBFloat16;
+  return at::kFloat;
+}
+
+// A job as the Trainer sets it up (trainer.cpp: build_model, place_model, the meshes,
+// parallelize, set_up_optimizer, the DDP reducer), without data, checkpoints or metrics.
+// Members in the order they must be released: the scope last.
+struct BuiltJob {
+  JobConfig config;
+  const TrainSpec* spec = nullptr;
+  ParallelDims dims{1, 1, 1};
+  std::optional<ParallelismScope> scope;
+  ParallelDims::Meshes meshes;
+  TrainContext context{false};
+  std::shared_ptr<torch::nn::Module> model;
+  std::shared_ptr<FullyShardedParameters> fsdp;
+  std::unique_ptr<MasterWeights> master;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::unique_ptr<DataParallelReducer> reducer;
+
+  // What the optimizer updates when it is not the model's own parameters.
+  std::vector<at::Tensor> trained_copies() const {
+    if (fsdp) return fsdp->shards();
+    if (master) return master->parameters();
+    return {};
+  }
+  at::Device device() const { return as_causal_lm(*model).head_weight().device(); }
+  // This rank's rows of one micro-batch: the replica's share of the global batch, split in
+  // grad_accum_steps.
+  Batch micro_batch_rows() const {
+    const auto& t = config.training;
+    const int64_t rows = t.batch_size / dims.dp_ranks() / t.grad_accum_steps;
+    const at::TensorOptions o = at::TensorOptions().dtype(at::kLong).device(device());
+    // Token 1 everywhere: ids only need to be in range (a meta tensor holds none).
+    return {at::ones({rows, t.seq_len}, o), at::ones({rows, t.seq_len}, o)};
+  }
+};
+
+void set_up_optimizer(BuiltJob& job) {
+  const auto& t = job.config.training;
+  const bool bf16 = training_dtype(t.dtype) == at::kBFloat16;
+  if (job.dims.fsdp_enabled()) {
+    FullyShardOptions options;
+    options.reshard_after_forward = job.config.parallelism.fsdp_reshard_after_forward;
+    if (bf16) options.reduce_dtype = t.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
+    job.fsdp = std::make_shared<FullyShardedParameters>(job.spec->shard_groups(*job.model), *job.meshes.world, options);
+    as_causal_lm(*job.model).set_block_hooks(job.fsdp);
+  } else if (bf16) {
+    job.master = std::make_unique<MasterWeights>(job.model->named_parameters());
+  }
+  std::vector<at::Tensor> trained = job.trained_copies();
+  if (trained.empty()) trained = job.model->parameters();
+  job.optimizer = std::make_unique<torch::optim::AdamW>(
+      trained, torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(t.weight_decay));
+  if (job.meshes.dp && !job.fsdp) {
+    job.reducer = std::make_unique<DataParallelReducer>(
+        job.model->named_parameters(), *job.meshes.dp, job.config.parallelism.dp_bucket_mb * (int64_t{1} << 20),
+        job.master ? job.master->parameters() : std::vector<at::Tensor>{});
+  }
+}
+
+// On meta: every weight, buffer and moment is shapes only. Otherwise real weights
+// (init_weights of training.seed) on the world's device.
+std::unique_ptr<BuiltJob> build_job(JobConfig config, bool on_meta) {
+  auto job = std::make_unique<BuiltJob>();
+  job->config = std::move(config);
+  JobConfig& c = job->config;
+  job->spec = &train_spec(c.model.name);
+  {
+    std::optional<ParametersOnMeta> meta;
+    if (on_meta) meta.emplace(MetaScope::Everything);
+    job->model = job->spec->build(c.model);
+  }
+  validate(c);
+  job->dims = ParallelDims::of(c.parallelism);
+  job->dims.check_world_size(get_world_size());
+  const bool loss_parallel = job->dims.tp_enabled() && !c.parallelism.disable_loss_parallel;
+  job->scope.emplace(c.parallelism);
+  job->context = get_train_context(loss_parallel, job->spec->loss_terms(*job->model, c.training));
+  const at::ScalarType dtype = training_dtype(c.training.dtype);
+  if (on_meta) {
+    job->model->to(dtype);
+  } else {
+    as_causal_lm(*job->model).init_weights(static_cast<uint64_t>(c.training.seed));
+    job->model->to(current_world().device, dtype);
+  }
+  job->meshes = job->dims.build_meshes(c.training.device);
+  if (job->dims.tp_enabled()) job->spec->parallelize(*job->model, job->dims, *job->meshes.tp, c);
+  set_up_optimizer(*job);
+  return job;
+}
+
+void sum_over_dp_mesh(at::Tensor& values, const std::optional<DeviceMesh>& mesh) {
+  if (!mesh) return;
+  for (int64_t d = 0; d < mesh->ndim(); ++d) mesh->comm(d).all_reduce_(values, ReduceOp::Sum);
+}
+
+// One micro-batch's forward and loss, as Trainer::forward_backward computes it.
+at::Tensor micro_batch_loss(BuiltJob& job, const Batch& rows) {
+  auto guard = job.context();
+  return job.spec->loss(*job.model, rows, job.context, LossCall{job.config.training.fused_linear_loss, nullptr});
+}
+
+void micro_batch_backward(BuiltJob& job, const at::Tensor& loss, bool last) {
+  const bool reduced = job.reducer && last;
+  if (reduced) job.reducer->arm();
+  {
+    auto guard = job.context();
+    loss.backward();
+  }
+  if (job.fsdp) job.fsdp->finish_backward();
+  if (job.master && !reduced) job.master->accumulate_gradients();
+}
+
+// One optimizer step with the collectives of Trainer::train_step: the global token count,
+// every micro-batch, the gradient exchange, the loss sum for the log, clipping, AdamW.
+void run_step(BuiltJob& job) {
+  const auto& t = job.config.training;
+  job.optimizer->zero_grad();
+  at::Tensor counts = at::ones({1}, at::TensorOptions().dtype(at::kDouble).device(current_world().device));
+  sum_over_dp_mesh(counts, job.meshes.dp);
+  const Batch rows = job.micro_batch_rows();
+  for (int64_t m = 0; m < t.grad_accum_steps; ++m) {
+    micro_batch_backward(job, micro_batch_loss(job, rows), m + 1 == t.grad_accum_steps);
+  }
+  if (job.meshes.dp) {
+    if (job.reducer) job.reducer->finish();
+    at::Tensor sum = at::ones({1}, counts.options());
+    sum_over_dp_mesh(sum, job.meshes.dp);
+  }
+  std::vector<at::Tensor> trained = job.trained_copies();
+  if (trained.empty()) trained = job.model->parameters();
+  clip_grad_norm_(trained, t.max_norm);
+  job.optimizer->step();
+  if (job.master) job.master->master_to_model();
+}
+
+int64_t checkpoint_bytes(const BuiltJob& job, const StateBytes& state) {
+  // The trained weights (masters or shards, or the model's own) and AdamW's moments.
+  const std::vector<at::Tensor> copies = job.trained_copies();
+  if (!copies.empty()) return state.masters + state.optimizer;
+  return state.parameters + state.optimizer;
+}
+
+// This thread's own world for the duration of a dry run or measurement.
+class FakeWorld {
+ public:
+  FakeWorld(int64_t rank, int64_t world_size) {
+    TORCH_CHECK(!is_initialized(), "dry run: a process group is already initialised on this thread");
+    // A world of one rank creates no process group, and runs on meta tensors too.
+    compat::register_missing_meta_kernels();
+    InitOptions init;
+    init.backend = "fake";
+    init.per_thread = true;
+    init_process_group(c10::make_intrusive<c10d::HashStore>(), rank, world_size, init);
+  }
+  ~FakeWorld() { destroy_process_group(); }
+  FakeWorld(const FakeWorld&) = delete;
+  FakeWorld& operator=(const FakeWorld&) = delete;
+};
+
+}  // namespace
+
+DryRunRank dry_run_rank(JobConfig config, int64_t world_size, int64_t rank) {
+  TORCH_CHECK(config.training.device == "cpu", "hp-dry-run: training.device = ", config.training.device,
+              ": the dry run builds the job on the meta device; run it with training.device = cpu (the bytes are the "
+              "same on a GPU)");
+  ParallelDims::of(config.parallelism).check_world_size(world_size);
+  TORCH_CHECK(rank >= 0 && rank < world_size, "hp-dry-run: rank ", rank, " is not in [0, ", world_size, ")");
+  FakeWorld world(rank, world_size);
+  DryRunRank out;
+  out.rank = rank;
+  {
+    std::unique_ptr<BuiltJob> job = build_job(std::move(config), /*on_meta=*/true);
+    const CollectiveTally before = collective_tally();
+    run_step(*job);
+    const CollectiveTally after = collective_tally();
+    for (size_t k = 0; k < kCollectiveKinds; ++k) {
+      const int64_t count = after.kind_count[k] - before.kind_count[k];
+      if (count > 0)
+        out.collectives.push_back({kCollectiveKindNames[k], count, after.kind_bytes[k] - before.kind_bytes[k]});
+    }
+    out.state = measure_state_bytes(*job->model, job->trained_copies(), *job->optimizer);
+    out.checkpoint_bytes = checkpoint_bytes(*job, out.state);
+    out.sizes = as_causal_lm(*job->model).sizes();
+    out.model = job->spec->describe(*job->model);
+  }
+  return out;
+}
+
+MeasuredActivations measure_activations(JobConfig config, const std::function<int64_t()>& allocated_bytes,
+                                        const std::function<void()>& reset_peak,
+                                        const std::function<int64_t()>& peak_bytes) {
+  std::unique_ptr<BuiltJob> job = build_job(std::move(config), /*on_meta=*/false);
+  // Bytes of the model's parameters whose storage is held now (FSDP gathers and frees them).
+  auto gathered = [&] {
+    int64_t bytes = 0;
+    for (const auto& p : job->model->parameters()) {
+      const at::Tensor local = local_or_plain(p);
+      bytes += local.storage().nbytes() == 0 ? 0 : local.numel() * static_cast<int64_t>(local.element_size());
+    }
+    return bytes;
+  };
+  const Batch rows = job->micro_batch_rows();
+  MeasuredActivations m;
+  for (int pass = 0; pass < 2; ++pass) {  // the first one warms up: gradients exist after it
+    const int64_t before = allocated_bytes();
+    const int64_t gathered_before = gathered();
+    reset_peak();
+    at::Tensor loss = micro_batch_loss(*job, rows);
+    m.saved = allocated_bytes() - before - (gathered() - gathered_before);
+    micro_batch_backward(*job, loss, /*last=*/true);
+    if (job->reducer) job->reducer->finish();
+    loss = at::Tensor();
+    m.peak = peak_bytes() - before;
+  }
+  return m;
+}
+
+}  // namespace hyper_parallel::train

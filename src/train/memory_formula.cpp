@@ -1,0 +1,159 @@
+#include "train/memory_formula.h"
+
+#include <c10/util/Exception.h>
+
+#include <stdexcept>
+#include <vector>
+
+#include "hyper_parallel/communicator.h"
+
+namespace hyper_parallel::train {
+
+namespace {
+
+int64_t bytes_per_element(const std::string& dtype) {
+  if (dtype == "float64") return 8;
+  if (dtype == "bfloat16") return 2;
+  return 4;
+}
+
+// A parameter: its global shape and the dim TP shards (-1: replicated).
+struct ParameterShape {
+  std::vector<int64_t> shape;
+  int64_t tp_dim = -1;
+};
+
+// Llama's parameters and the TP plan's placements (llama_parallelize.cpp): embeddings and
+// head sharded along the vocabulary, q/k/v/w1/w3 column-wise (dim 0), wo/w2 row-wise (dim 1).
+std::vector<ParameterShape> llama_parameters(const DecoderSizes& s) {
+  const int64_t heads = s.n_heads * s.head_dim, kv = s.n_kv_heads * s.head_dim;
+  std::vector<ParameterShape> out{{{s.vocab_size, s.dim}, 0}};
+  for (int64_t i = 0; i < s.n_layers; ++i) {
+    out.push_back({{heads, s.dim}, 0});
+    out.push_back({{kv, s.dim}, 0});
+    out.push_back({{kv, s.dim}, 0});
+    out.push_back({{s.dim, heads}, 1});
+    out.push_back({{s.ffn_hidden_dim, s.dim}, 0});
+    out.push_back({{s.dim, s.ffn_hidden_dim}, 1});
+    out.push_back({{s.ffn_hidden_dim, s.dim}, 0});
+    out.push_back({{s.dim}, -1});
+    out.push_back({{s.dim}, -1});
+  }
+  out.push_back({{s.dim}, -1});
+  if (!s.tie_word_embeddings) out.push_back({{s.vocab_size, s.dim}, 0});
+  return out;
+}
+
+int64_t element_count(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
+
+StateBytes state_bytes_formula(const std::string& family, const DecoderSizes& sizes, const JobConfig& job,
+                               const ParallelDims& dims, int64_t rank) {
+  if (family != "llama") {
+    throw std::invalid_argument("the state formula knows the llama family's parameters, not model.name = \"" + family +
+                                "\"");
+  }
+  const int64_t e = bytes_per_element(job.training.dtype);
+  const bool reduced = e < 4;  // bfloat16: float32 masters (or float32 FSDP shards)
+  const int64_t tp_rank = dims.tp_rank_of(rank), shard = dims.shard_of(rank);
+  StateBytes s;
+  int64_t local = 0, sharded = 0;  // elements: TP piece; its FSDP chunk
+  for (const ParameterShape& p : llama_parameters(sizes)) {
+    std::vector<int64_t> piece = p.shape;
+    if (p.tp_dim >= 0) piece[p.tp_dim] = chunk_range(piece[p.tp_dim], dims.tp(), tp_rank).length;
+    const int64_t n = element_count(piece);
+    local += n;
+    s.model_parameters += element_count(p.shape);
+    sharded += chunk_range(piece[0], dims.dp_shard(), shard).length * (n / piece[0]);
+  }
+  if (dims.fsdp_enabled()) {
+    // The model's parameters hold no storage between steps; the shards are the masters.
+    const int64_t se = reduced ? 4 : e;
+    s.masters = sharded * se;
+    s.gradients = sharded * se;
+    s.optimizer = 2 * sharded * se;
+  } else {
+    s.masters = reduced ? local * 4 : 0;
+    s.gradients = local * (reduced ? 4 : e);  // bfloat16: the masters' float32 gradients only
+    s.optimizer = 2 * local * (reduced ? 4 : e);
+    s.parameters = local * e;
+  }
+  s.parameters += s.masters;
+  return s;
+}
+
+int64_t checkpoint_bytes_formula(const StateBytes& state) {
+  // Trained weights: the masters when there are, else the model's parameters.
+  return (state.masters > 0 ? state.masters : state.parameters) + state.optimizer;
+}
+
+ActivationCheckpointing ActivationCheckpointing::parse(const std::string& text) {
+  ActivationCheckpointing ac;
+  if (text == "none") return ac;
+  if (text == "full") {
+    ac.mode = Mode::Full;
+    return ac;
+  }
+  const std::string prefix = "selective:";
+  if (text.rfind(prefix, 0) == 0) {
+    const std::string n = text.substr(prefix.size());
+    if (!n.empty() && n.find_first_not_of("0123456789") == std::string::npos && std::stoll(n) >= 1) {
+      ac.mode = Mode::Selective;
+      ac.every = std::stoll(n);
+      return ac;
+    }
+  }
+  throw std::invalid_argument("--ac '" + text + "': expected none, full or selective:N (N >= 1: every N-th block)");
+}
+
+std::string ActivationCheckpointing::str() const {
+  if (mode == Mode::Full) return "full";
+  if (mode == Mode::Selective) return "selective:" + std::to_string(every);
+  return "none";
+}
+
+ActivationBytes activation_bytes_formula(const DecoderSizes& s, const JobConfig& job, const ParallelDims& dims,
+                                         ActivationCheckpointing ac) {
+  const auto& t = job.training;
+  const int64_t e = bytes_per_element(t.dtype);
+  const int64_t f = std::max<int64_t>(e, 4);  // norms and logits are widened to float32
+  const int64_t tp = dims.tp();
+  const int64_t rows = t.batch_size / dims.dp_ranks() / t.grad_accum_steps;
+  const int64_t seq = t.seq_len, tokens = rows * seq;
+  const bool sp = job.parallelism.sequence_parallel && tp > 1;
+  const int64_t residual_tokens = sp ? chunk_range(seq, tp, 0).length * rows : tokens;
+  const int64_t heads = s.n_heads / tp, kv_heads = s.n_kv_heads / tp, ffn = s.ffn_hidden_dim / tp;
+  // RMSNorm keeps its input widened to float32 (f) and its normalised output (e); the
+  // linears after it keep their input (the norm's output times its weight, whole sequence).
+  const int64_t norm = residual_tokens * s.dim * (f + e);
+  const int64_t linear_input = tokens * s.dim * e;
+  // Attention: q and k before RoPE, the contiguous q, k, v the matmuls keep, the softmax
+  // output [rows, heads, seq, seq], the causal mask (bool), wo's input.
+  const int64_t head_elems = tokens * s.head_dim;
+  const int64_t attention =
+      head_elems * e * (heads + kv_heads + 3 * heads + heads) + rows * heads * seq * seq * e + seq * seq;
+  // SwiGLU: silu's input, its output, w3's output, w2's input (their product).
+  const int64_t mlp = 4 * tokens * ffn * e;
+  ActivationBytes a;
+  a.per_block = 2 * norm + 2 * linear_input + attention + mlp;
+  a.checkpointed_block = residual_tokens * s.dim * e;
+  if (ac.mode == ActivationCheckpointing::Mode::Full) a.checkpointed_blocks = s.n_layers;
+  if (ac.mode == ActivationCheckpointing::Mode::Selective) a.checkpointed_blocks = s.n_layers / ac.every;
+  // Outside the blocks: the token ids the embedding keeps (int64), the final norm, the
+  // head's input, and the logits the loss keeps (float32; its vocabulary piece under loss
+  // parallel; none with the fused linear loss).
+  const bool loss_parallel = tp > 1 && !job.parallelism.disable_loss_parallel;
+  const int64_t vocab = loss_parallel ? chunk_range(s.vocab_size, tp, 0).length : s.vocab_size;
+  const int64_t logits = t.fused_linear_loss ? 0 : tokens * vocab * f;
+  a.outside_blocks = tokens * 8 + norm + linear_input + logits;
+  a.held_after_forward = (s.n_layers - a.checkpointed_blocks) * a.per_block +
+                         a.checkpointed_blocks * a.checkpointed_block + a.outside_blocks;
+  return a;
+}
+
+}  // namespace hyper_parallel::train

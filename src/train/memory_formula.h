@@ -1,0 +1,55 @@
+// memory_formula.h — what one rank of a Llama job holds, in closed form: its state after a
+// step (parameters, masters, gradients, AdamW's moments: the StateBytes hp-train logs), its
+// checkpoint, and the activations one micro-batch keeps for backward, with or without
+// activation checkpointing. hp-dry-run prints these beside what the job, built on meta
+// tensors, holds (dry_run.h); docs/training.md ("Dry run") gives the formulas and what they
+// leave out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "hyper_parallel/causal_lm.h"
+#include "train/config/job_config.h"
+#include "train/config/parallel_dims.h"
+#include "train/metrics/state_bytes.h"
+
+namespace hyper_parallel::train {
+
+// The state of rank `rank`: every parameter's piece (torch.chunk over tp along its TP dim,
+// then over dp_shard along dim 0 under FSDP) times the bytes of what holds it. Only the
+// llama family (sizes: its parameter list); another is a std::invalid_argument.
+StateBytes state_bytes_formula(const std::string& family, const DecoderSizes& sizes, const JobConfig& job,
+                               const ParallelDims& dims, int64_t rank);
+
+// The checkpoint of that rank: trained weights and two AdamW moments.
+int64_t checkpoint_bytes_formula(const StateBytes& state);
+
+// Activation checkpointing as TorchTitan's activation_checkpoint.mode: none, full (every
+// block keeps only its input and recomputes the rest in backward), or selective every N
+// blocks (TorchTitan's layer-wise selective_ac_option N: blocks N, 2N, ... are
+// checkpointed). Parsed from "none", "full" or "selective:N".
+struct ActivationCheckpointing {
+  enum class Mode { None, Full, Selective };
+  Mode mode = Mode::None;
+  int64_t every = 0;  // Selective: N
+  static ActivationCheckpointing parse(const std::string& text);
+  std::string str() const;
+};
+
+struct ActivationBytes {
+  int64_t per_block = 0;           // one transformer block without checkpointing
+  int64_t checkpointed_block = 0;  // what a checkpointed block keeps: its input
+  int64_t checkpointed_blocks = 0;
+  int64_t outside_blocks = 0;  // embeddings, final norm, head input, the loss's logits
+  // Held when a micro-batch's forward and loss return; the backward of a checkpointed
+  // block adds one block's recomputed activations (per_block) while it runs.
+  int64_t held_after_forward = 0;
+};
+
+// One micro-batch (training.batch_size / dp ranks / grad_accum_steps rows of seq_len) on
+// one rank, in training.dtype, for the model's eager attention.
+ActivationBytes activation_bytes_formula(const DecoderSizes& sizes, const JobConfig& job, const ParallelDims& dims,
+                                         ActivationCheckpointing ac);
+
+}  // namespace hyper_parallel::train

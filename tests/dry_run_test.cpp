@@ -1,0 +1,137 @@
+// hp-dry-run's pieces (train/dry_run.h, train/memory_formula.h): a job of 64 ranks built
+// in one process on meta tensors holds, at every rank position asked, exactly the state the
+// closed-form formula gives; its step issues the collectives a real step issues; a world
+// the degrees do not multiply to is refused as hp-train refuses it.
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "compat/file_system.h"
+#include "harness/rank_harness.h"
+#include "train/config/job_config.h"
+#include "train/dry_run.h"
+#include "train/memory_formula.h"
+#include "train/trainer.h"
+
+namespace dry_run_test {
+
+using namespace hyper_parallel;
+using namespace hyper_parallel::train;
+
+namespace {
+
+JobConfig small_job(int64_t dp, int64_t shard, int64_t tp, const std::string& dtype) {
+  JobConfig c;
+  c.dump_folder = compat::join_path(compat::temp_directory(), "hp_dry_run_test_" + std::to_string(::getpid()));
+  c.model.dim = 40;  // rows uneven over 16 shards
+  c.model.n_layers = 2;
+  c.model.n_heads = 2;
+  c.model.vocab_size = 515;  // uneven over 2 ranks
+  c.model.multiple_of = 16;
+  c.model.max_seq_len = 16;
+  c.training.batch_size = 64 * 2;
+  c.training.seq_len = 8;
+  c.training.dtype = dtype;
+  c.parallelism.tensor_parallel_degree = tp;
+  c.parallelism.data_parallel_degree = dp;
+  c.parallelism.data_parallel_shard_degree = shard;
+  c.validation.enable = false;
+  c.checkpoint.enable = false;
+  c.metrics.enable_plot = false;
+  return c;
+}
+
+void expect_state_is_the_formula(const JobConfig& job, int64_t world, std::initializer_list<int64_t> ranks) {
+  const ParallelDims dims = ParallelDims::of(job.parallelism);
+  for (int64_t rank : ranks) {
+    SCOPED_TRACE("rank " + std::to_string(rank) + " of " + dims.describe() + ", " + job.training.dtype);
+    const DryRunRank r = dry_run_rank(job, world, rank);
+    const StateBytes f = state_bytes_formula(job.model.name, r.sizes, job, dims, rank);
+    if (rank == 0) EXPECT_GT(f.optimizer, 0);
+    EXPECT_EQ(r.state.parameters, f.parameters);
+    EXPECT_EQ(r.state.masters, f.masters);
+    EXPECT_EQ(r.state.gradients, f.gradients);
+    EXPECT_EQ(r.state.optimizer, f.optimizer);
+    EXPECT_EQ(r.state.model_parameters, f.model_parameters);
+    EXPECT_EQ(r.checkpoint_bytes, checkpoint_bytes_formula(f));
+  }
+}
+
+}  // namespace
+
+TEST(DryRun, FsdpStateOfEveryRankPositionEqualsTheFormulaAt64Ranks) {
+  // fsdp 64: torch.chunk gives the 515 vocabulary rows in 9s to ranks 0-57 (rank 57: 2),
+  // the 40-row norms and attention weights to ranks 0-39, the 112-row MLP weights to ranks
+  // 0-55: rank 63 holds nothing at all. dp 2 x fsdp 32 (HSDP); bfloat16 with float32 shards.
+  expect_state_is_the_formula(small_job(1, 64, 1, "float32"), 64, {0, 1, 57, 63});
+  expect_state_is_the_formula(small_job(2, 32, 1, "float32"), 64, {0, 31, 32, 63});
+  expect_state_is_the_formula(small_job(1, 64, 1, "bfloat16"), 64, {0, 63});
+}
+
+TEST(DryRun, OneRankStateEqualsTheFormula) {
+  expect_state_is_the_formula(small_job(1, 1, 1, "float32"), 1, {0});
+  expect_state_is_the_formula(small_job(1, 1, 1, "bfloat16"), 1, {0});
+}
+
+TEST(DryRun, StepIssuesTheCollectivesOfARealStep) {
+  // fsdp 4, two micro-batches: hp-train's step on four threads over Gloo counts its
+  // collectives and bytes (the phases of its metrics); the dry run of rank 0 counts the same.
+  JobConfig job = small_job(1, 4, 1, "float32");
+  job.training.batch_size = 8;
+  job.training.grad_accum_steps = 2;
+  job.training.max_norm = 0.5;
+  StepResult real;
+  std::mutex m;
+  hyper_parallel::testing::run_ranks(4, [&](int64_t rank) {
+    Trainer trainer(job);
+    const StepResult r = trainer.train_step(1);
+    std::lock_guard<std::mutex> lock(m);
+    if (rank == 0) real = r;
+  });
+  int64_t count = 0, bytes = 0;
+  for (const auto& p : real.phases) {
+    count += p.collectives;
+    bytes += p.collective_bytes;
+  }
+  const DryRunRank dry = dry_run_rank(job, 4, 0);
+  int64_t dry_count = 0, dry_bytes = 0;
+  for (const auto& c : dry.collectives) {
+    dry_count += c.count;
+    dry_bytes += c.bytes;
+  }
+  EXPECT_GT(count, 0);
+  EXPECT_EQ(dry_count, count);
+  EXPECT_EQ(dry_bytes, bytes);
+  EXPECT_EQ(dry.state.parameters, real.state.parameters);
+  EXPECT_EQ(dry.state.gradients, real.state.gradients);
+  EXPECT_EQ(dry.state.optimizer, real.state.optimizer);
+}
+
+TEST(DryRun, AWorldTheDegreesDoNotMultiplyToIsRefused) {
+  try {
+    dry_run_rank(small_job(2, 32, 1, "float32"), 32, 0);
+    FAIL() << "expected a refusal";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("= 64 ranks, but the job has 32"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DryRun, ActivationCheckpointingModesParseAndScale) {
+  EXPECT_EQ(ActivationCheckpointing::parse("selective:2").every, 2);
+  EXPECT_THROW(ActivationCheckpointing::parse("selective:0"), std::invalid_argument);
+  EXPECT_THROW(ActivationCheckpointing::parse("op"), std::invalid_argument);
+  JobConfig job = small_job(1, 1, 1, "float32");
+  job.model.n_layers = 4;
+  DecoderSizes s;
+  s.dim = 40, s.n_layers = 4, s.n_heads = 2, s.n_kv_heads = 2, s.head_dim = 20, s.vocab_size = 515;
+  s.ffn_hidden_dim = 112;
+  const ParallelDims dims(1, 1, 1);
+  const auto none = activation_bytes_formula(s, job, dims, ActivationCheckpointing::parse("none"));
+  const auto full = activation_bytes_formula(s, job, dims, ActivationCheckpointing::parse("full"));
+  const auto half = activation_bytes_formula(s, job, dims, ActivationCheckpointing::parse("selective:2"));
+  EXPECT_EQ(none.held_after_forward, 4 * none.per_block + none.outside_blocks);
+  EXPECT_EQ(full.held_after_forward, 4 * full.checkpointed_block + none.outside_blocks);
+  EXPECT_EQ(half.held_after_forward, 2 * none.per_block + 2 * half.checkpointed_block + none.outside_blocks);
+}
+
+}  // namespace dry_run_test
