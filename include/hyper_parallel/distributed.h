@@ -28,8 +28,9 @@ class Communicator;
 
 struct InitOptions {
   // "auto" picks gloo for cpu and nccl for cuda. "gloo" with device type "cuda" lets
-  // several ranks share one GPU (NCCL refuses two ranks on one device); HP_BACKEND
-  // overrides this field when set.
+  // several ranks share one GPU (NCCL refuses two ranks on one device). "fake": collectives
+  // that complete at once and move nothing (hp-dry-run plays one rank of a large world).
+  // HP_BACKEND overrides this field when set.
   std::string backend = "auto";
   // "cpu" or "cuda". With "cuda" each rank uses cuda:(LOCAL_RANK mod #GPUs) and makes it
   // the current device.
