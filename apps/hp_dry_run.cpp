@@ -2,14 +2,14 @@
 // (TorchTitan's COMM_MODE=fake_backend dry run). It takes exactly hp-train's config (TOML +
 // --section.key overrides) plus the world to play:
 //
-//   hp-dry-run --world-size 64 [--ranks 0,63] [--ac none|full|selective:N] [--json] \
-//       --config FILE [--section.key VALUE ...]
+//   hp-dry-run --world-size 64 [--ranks 0,63] [--json] --config FILE [--section.key VALUE ...]
 //
 // For each rank asked (default 0): the job built on meta tensors over a fake process group
 // (src/train/dry_run.h) and one step run through it: parameter, master, gradient and AdamW
 // bytes as hp-train's metrics log them, the checkpoint's size, the step's collectives by
 // kind; beside them the closed-form state (src/train/memory_formula.h), and the activations
-// of one micro-batch by formula, without activation checkpointing and with --ac.
+// of one micro-batch by formula with each activation_checkpoint.mode (none, full, and
+// selective every selective_ac_option-th block); the step itself runs the job's mode.
 //
 //   hp-run --nproc-per-node N hp-dry-run --measure --config FILE ...
 //
@@ -26,8 +26,9 @@
 #include <vector>
 
 #include "bench/memory_probe.h"
+#include "hyper_parallel/activation_checkpoint.h"
 #include "hyper_parallel/distributed.h"
-#include "train/config/job_config.h"
+#include "hyper_parallel_train/job_config.h"
 #include "train/dry_run.h"
 #include "train/memory_formula.h"
 #include "train/metrics/progress.h"
@@ -40,7 +41,6 @@ namespace {
 struct DryRunArgs {
   int64_t world_size = 0;
   std::vector<int64_t> ranks{0};
-  train::ActivationCheckpointing ac = train::ActivationCheckpointing::parse("full");
   bool json = false;
   bool measure = false;
   std::vector<std::string> job_args;  // everything else: hp-train's
@@ -71,8 +71,6 @@ DryRunArgs parse_args(int argc, char** argv) {
       a.ranks.clear();
       std::stringstream list(value());
       for (std::string r; std::getline(list, r, ',');) a.ranks.push_back(parse_count(flag, r));
-    } else if (flag == "--ac") {
-      a.ac = train::ActivationCheckpointing::parse(value());
     } else if (flag == "--json") {
       a.json = true;
     } else if (flag == "--measure") {
@@ -116,8 +114,16 @@ int run_dry(const DryRunArgs& a, const train::JobConfig& cfg) {
     const train::DryRunRank r = train::dry_run_rank(cfg, a.world_size, rank);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const train::StateBytes formula = train::state_bytes_formula(cfg.model.name, r.sizes, cfg, dims, rank);
-    const auto none = train::activation_bytes_formula(r.sizes, cfg, dims, train::ActivationCheckpointing{});
-    const auto with_ac = train::activation_bytes_formula(r.sizes, cfg, dims, a.ac);
+    // Each mode's activations; the job's own [activation_checkpoint] is what the step ran.
+    const std::string& every = cfg.activation_checkpoint.selective_ac_option;
+    const std::vector<std::pair<std::string, hp::BlockCheckpointing>> modes = {
+        {"none", hp::block_checkpointing("none", every)},
+        {"full", hp::block_checkpointing("full", every)},
+        {"selective", hp::block_checkpointing("selective", every)}};
+    nlohmann::json activations = nlohmann::json::object();
+    for (const auto& [mode, policy] : modes) {
+      activations[mode] = activations_json(train::activation_bytes_formula(r.sizes, cfg, dims, policy));
+    }
     nlohmann::json collectives = nlohmann::json::object();
     for (const auto& c : r.collectives) collectives[c.kind] = {{"count", c.count}, {"bytes", c.bytes}};
     out.push_back({{"rank", rank},
@@ -128,9 +134,8 @@ int run_dry(const DryRunArgs& a, const train::JobConfig& cfg) {
                    {"checkpoint_bytes", r.checkpoint_bytes},
                    {"checkpoint_formula", train::checkpoint_bytes_formula(formula)},
                    {"collectives_per_step", collectives},
-                   {"activations", activations_json(none)},
-                   {"activations_ac", activations_json(with_ac)},
-                   {"ac", a.ac.str()}});
+                   {"activations", activations},
+                   {"activation_checkpoint", cfg.activation_checkpoint.mode}});
     if (a.json) continue;
     if (rank == a.ranks.front()) {
       std::printf("hp-dry-run: %s; %s = %lld ranks; %s; batch %lld x %lld, %lld micro-batch(es) per step\n",
@@ -148,12 +153,14 @@ int run_dry(const DryRunArgs& a, const train::JobConfig& cfg) {
     print_row("state", r.state.parameters + r.state.gradients + r.state.optimizer,
               formula.parameters + formula.gradients + formula.optimizer);
     print_row("checkpoint", r.checkpoint_bytes, train::checkpoint_bytes_formula(formula));
-    std::printf(
-        "  activations per micro-batch (formula): %.3f GiB without AC (%.1f MiB per block x %lld, %.1f MiB "
-        "outside); %.3f GiB with --ac %s (+ %.1f MiB while a checkpointed block recomputes)\n",
-        gib(none.held_after_forward), none.per_block / 1048576.0, static_cast<long long>(r.sizes.n_layers),
-        none.outside_blocks / 1048576.0, gib(with_ac.held_after_forward), a.ac.str().c_str(),
-        with_ac.checkpointed_blocks > 0 ? with_ac.per_block / 1048576.0 : 0.0);
+    std::printf("  activations per micro-batch (formula; + one block's %.1f MiB while a checkpointed block "
+                "recomputes):\n",
+                activations["none"]["per_block"].get<int64_t>() / 1048576.0);
+    for (const auto& [mode, policy] : modes) {
+      std::printf("    %-26s %10.3f GiB%s\n", policy.str().c_str(),
+                  gib(activations[mode]["held_after_forward"].get<int64_t>()),
+                  mode == cfg.activation_checkpoint.mode ? "  (this job's activation_checkpoint.mode)" : "");
+    }
     std::printf("  collectives per step (bytes this rank sends):\n");
     for (const auto& c : r.collectives) {
       std::printf("    %-16s %8lld  %12.3f GiB\n", c.kind.c_str(), static_cast<long long>(c.count), gib(c.bytes));
@@ -187,7 +194,7 @@ int main(int argc, char** argv) {
     bool help = false;
     train::JobConfig cfg = train::parse_job_config(a.job_args, &help);
     if (help) {
-      std::cout << "usage: hp-dry-run --world-size N [--ranks R,R...] [--ac none|full|selective:N] [--json] "
+      std::cout << "usage: hp-dry-run --world-size N [--ranks R,R...] [--json] "
                    "[--config FILE] [--section.key VALUE ...]\n"
                    "       hp-run --nproc-per-node N hp-dry-run --measure [--config FILE] [--section.key VALUE ...]\n\n"
                 << train::job_config_usage();

@@ -3,7 +3,8 @@
 #   state       parameters + masters + gradients + AdamW bytes of rank 0 after a step:
 #               hp-dry-run (meta tensors, fake world) against what hp-train logs
 #               (metrics.jsonl "state_bytes") after 2 real steps; bound 5 %
-#   activations one micro-batch's activations by formula (memory_formula.h, no AC)
+#   activations one micro-batch's activations by formula (memory_formula.h, the job's
+#               activation_checkpoint.mode)
 #               against what LibTorch allocated and still held when the forward and loss
 #               returned (hp-dry-run --measure: the same job for real, through the memory
 #               probe, bench/memory_probe.h; FSDP's gathered parameters taken out), rank 0;
@@ -21,11 +22,16 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 model=(--config "$HP_ROOT/configs/debug_model.toml" --model.dim 256 --model.n_layers 4 --model.n_heads 8
        --model.vocab_size 8192 --model.max_seq_len 256 --training.seq_len 256 --training.batch_size 8
-       --training.warmup_steps 1 --validation.enable false --metrics.enable_plot false)
+       --lr_scheduler.warmup_steps 1 --validation.enable false --metrics.enable_plot false)
+tp1=(--parallelism.tensor_parallel_degree 1)
 jobs=(
-  "tp 1, float32|1|--parallelism.tensor_parallel_degree 1"
-  "fsdp 2, float32|2|--parallelism.tensor_parallel_degree 1 --parallelism.data_parallel_shard_degree 2"
-  "fsdp 2, bfloat16|2|--parallelism.tensor_parallel_degree 1 --parallelism.data_parallel_shard_degree 2 --training.dtype bfloat16"
+  "tp 1, float32|1|${tp1[*]}"
+  "tp 1, float32, AC full|1|${tp1[*]} --activation_checkpoint.mode full"
+  "fsdp 2, float32|2|${tp1[*]} --parallelism.data_parallel_shard_degree 2"
+  "fsdp 2, bfloat16, AC selective 2|2|${tp1[*]} --parallelism.data_parallel_shard_degree 2 --training.dtype bfloat16 --activation_checkpoint.mode selective"
+  "dp 2, bfloat16|2|${tp1[*]} --parallelism.data_parallel_degree 2 --training.dtype bfloat16"
+  "tp 2, float32|2|--parallelism.tensor_parallel_degree 2"
+  "tp 2 + sp, float32|2|--parallelism.tensor_parallel_degree 2 --parallelism.sequence_parallel true"
 )
 echo "| job | ranks | state predicted MiB | state measured MiB | error | activations predicted MiB | activations measured MiB | error | checkpoint predicted MiB | rank-0 file MiB |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
@@ -36,7 +42,7 @@ for entry in "${jobs[@]}"; do
   i=$((i + 1))
   read -ra job <<<"$flags"
   dump="$work/run$i"
-  OMP_NUM_THREADS=1 "$bin/hp-dry-run" --world-size "$ranks" --ac none --json "${model[@]}" "${job[@]}" \
+  OMP_NUM_THREADS=1 "$bin/hp-dry-run" --world-size "$ranks" --json "${model[@]}" "${job[@]}" \
     >"$work/dry$i.json" 2>"$work/dry$i.log" || { echo "| $name | dry run failed: $(tail -1 "$work/dry$i.log") |"; status=1; continue; }
   OMP_NUM_THREADS=1 "$bin/hp-run" --nproc-per-node "$ranks" "$bin/hp-dry-run" --measure "${model[@]}" "${job[@]}" \
     >"$work/measure$i.log" 2>&1 || { echo "| $name | measurement failed: $(tail -1 "$work/measure$i.log") |"; status=1; continue; }
@@ -53,7 +59,7 @@ state_predicted = state["parameters"] + state["gradients"] + state["optimizer"]
 logged = [json.loads(l) for l in open(os.path.join(dump, "metrics", "metrics.jsonl"))][-1]["state_bytes"]
 state_measured = logged["parameters"] + logged["gradients"] + logged["optimizer"]
 measured = [json.loads(l.split("]: ", 1)[-1]) for l in open(measure) if '"saved"' in l][-1]
-act_predicted = predicted["activations"]["held_after_forward"]
+act_predicted = predicted["activations"][predicted["activation_checkpoint"]]["held_after_forward"]
 state_error = state_predicted / state_measured - 1
 act_error = act_predicted / measured["saved"] - 1
 files = glob.glob(os.path.join(dump, "checkpoints", "step-2", "rank-0.pt"))

@@ -8,10 +8,11 @@
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
-#include "train/config/job_config.h"
+#include "hyper_parallel/activation_checkpoint.h"
+#include "hyper_parallel_train/job_config.h"
 #include "train/dry_run.h"
 #include "train/memory_formula.h"
-#include "train/trainer.h"
+#include "hyper_parallel_train/trainer.h"
 
 namespace dry_run_test {
 
@@ -116,22 +117,22 @@ TEST(DryRun, AWorldTheDegreesDoNotMultiplyToIsRefused) {
   }
 }
 
-TEST(DryRun, ActivationCheckpointingModesParseAndScale) {
-  EXPECT_EQ(ActivationCheckpointing::parse("selective:2").every, 2);
-  EXPECT_THROW(ActivationCheckpointing::parse("selective:0"), std::invalid_argument);
-  EXPECT_THROW(ActivationCheckpointing::parse("op"), std::invalid_argument);
+TEST(DryRun, ActivationFormulaCountsTheBlocksEachModeCheckpoints) {
   JobConfig job = small_job(1, 1, 1, "float32");
   job.model.n_layers = 4;
   DecoderSizes s;
   s.dim = 40, s.n_layers = 4, s.n_heads = 2, s.n_kv_heads = 2, s.head_dim = 20, s.vocab_size = 515;
   s.ffn_hidden_dim = 112;
   const ParallelDims dims(1, 1, 1);
-  const auto none = activation_bytes_formula(s, job, dims, ActivationCheckpointing::parse("none"));
-  const auto full = activation_bytes_formula(s, job, dims, ActivationCheckpointing::parse("full"));
-  const auto half = activation_bytes_formula(s, job, dims, ActivationCheckpointing::parse("selective:2"));
+  const auto none = activation_bytes_formula(s, job, dims, block_checkpointing("none", "2"));
+  const auto full = activation_bytes_formula(s, job, dims, block_checkpointing("full", "2"));
+  const auto half = activation_bytes_formula(s, job, dims, block_checkpointing("selective", "2"));
   EXPECT_EQ(none.held_after_forward, 4 * none.per_block + none.outside_blocks);
   EXPECT_EQ(full.held_after_forward, 4 * full.checkpointed_block + none.outside_blocks);
   EXPECT_EQ(half.held_after_forward, 2 * none.per_block + 2 * half.checkpointed_block + none.outside_blocks);
+  // Every third of four blocks: TorchTitan's count checkpoints block 2 (of 0..3) only.
+  const auto third = activation_bytes_formula(s, job, dims, block_checkpointing("selective", "3"));
+  EXPECT_EQ(third.checkpointed_blocks, 1);
 }
 
 }  // namespace dry_run_test

@@ -23,7 +23,8 @@ namespace hyper_parallel {
 
 // LargeWeights: linear and embedding weights only (a model then materialized and loaded).
 // Everything: the norms' weights and the buffers too, so that no tensor of the model holds
-// memory (hp-dry-run's model, which is never materialized).
+// memory (hp-dry-run's model, which is never materialized); it also registers the meta
+// kernels LibTorch's C++ build lacks for a training step (compat/meta_kernels.h).
 enum class MetaScope { LargeWeights, Everything };
 
 class ParametersOnMeta {

@@ -13,6 +13,7 @@
 #include <initializer_list>
 
 #include "compat/fake_backend.h"
+#include "compat/meta_kernels.h"
 
 namespace hyper_parallel::compat {
 
@@ -58,7 +59,9 @@ ProcessGroupPtr make_process_group(const std::string& backend, const StorePtr& s
                         c10d::ProcessGroup::BackendType::GLOO);
   }
   if (backend == "fake") {
-    // Collectives that complete at once and move nothing: one process plays rank `rank`.
+    // Collectives that complete at once and move nothing: one process plays rank `rank`,
+    // on meta tensors (what the step runs on them needs kernels LibTorch may lack).
+    register_missing_meta_kernels();
     return wrap_backend(store, rank, size, make_fake_backend(rank, size),
                         {c10::DeviceType::CPU, c10::DeviceType::CUDA, c10::DeviceType::Meta},
                         c10d::ProcessGroup::BackendType::CUSTOM);

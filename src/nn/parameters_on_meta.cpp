@@ -6,6 +6,7 @@
 #include <set>
 #include <vector>
 
+#include "compat/meta_kernels.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/module_utils.h"
@@ -24,6 +25,8 @@ ParametersOnMeta::ParametersOnMeta(MetaScope scope)
     : previous_(tls_parameters_on_meta), previous_scope_(tls_meta_scope) {
   tls_parameters_on_meta = true;
   tls_meta_scope = scope;
+  // A model all on meta is one a step is run on (hp-dry-run): the kernels that needs.
+  if (scope == MetaScope::Everything) compat::register_missing_meta_kernels();
 }
 ParametersOnMeta::~ParametersOnMeta() {
   tls_parameters_on_meta = previous_;

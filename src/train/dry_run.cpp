@@ -8,35 +8,29 @@
 #include <optional>
 #include <stdexcept>
 
-#include "compat/meta_kernels.h"
-#include "core/collective_stats.h"
+#include "hyper_parallel/collective_stats.h"
 #include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/fully_shard.h"
 #include "hyper_parallel/parameters_on_meta.h"
+#include "train/config/training_dtype.h"
 #include "train/data/batches.h"
-#include "train/optim/master_weights.h"
 #include "train/optim/optim_utils.h"
-#include "train/parallel/data_parallel_reducer.h"
+#include "train/spec/parallelized_model.h"
+#include "train/metrics/state_bytes.h"
 #include "train/parallel/local_piece.h"
 #include "train/parallel/parallelism_scope.h"
-#include "train/parallel/train_context.h"
-#include "train/spec/train_spec.h"
+#include "hyper_parallel_train/train_context.h"
+#include "hyper_parallel_train/train_spec.h"
 
 namespace hyper_parallel::train {
 
 namespace {
 
-at::ScalarType training_dtype(const std::string& name) {
-  if (name == "float64") return at::kDouble;
-  if (name == "bfloat16") return at::kBFloat16;
-  return at::kFloat;
-}
-
-// A job as the Trainer sets it up (trainer.cpp: build_model, place_model, the meshes,
-// parallelize, set_up_optimizer, the DDP reducer), without data, checkpoints or metrics.
-// Members in the order they must be released: the scope last.
+// A job as the Trainer sets it up (trainer.cpp: build_model, place_model, the meshes, the
+// spec's parallelize, set_up_optimizer), without data, checkpoints or metrics. Members in
+// the order they must be released: the scope last.
 struct BuiltJob {
   JobConfig config;
   const TrainSpec* spec = nullptr;
@@ -45,17 +39,9 @@ struct BuiltJob {
   ParallelDims::Meshes meshes;
   TrainContext context{false};
   std::shared_ptr<torch::nn::Module> model;
-  std::shared_ptr<FullyShardedParameters> fsdp;
-  std::unique_ptr<MasterWeights> master;
+  std::unique_ptr<ParallelizedModel> parallelized;
   std::unique_ptr<torch::optim::AdamW> optimizer;
-  std::unique_ptr<DataParallelReducer> reducer;
 
-  // What the optimizer updates when it is not the model's own parameters.
-  std::vector<at::Tensor> trained_copies() const {
-    if (fsdp) return fsdp->shards();
-    if (master) return master->parameters();
-    return {};
-  }
   at::Device device() const { return as_causal_lm(*model).head_weight().device(); }
   // This rank's rows of one micro-batch: the replica's share of the global batch, split in
   // grad_accum_steps.
@@ -67,29 +53,6 @@ struct BuiltJob {
     return {at::ones({rows, t.seq_len}, o), at::ones({rows, t.seq_len}, o)};
   }
 };
-
-void set_up_optimizer(BuiltJob& job) {
-  const auto& t = job.config.training;
-  const bool bf16 = training_dtype(t.dtype) == at::kBFloat16;
-  if (job.dims.fsdp_enabled()) {
-    FullyShardOptions options;
-    options.reshard_after_forward = job.config.parallelism.fsdp_reshard_after_forward;
-    if (bf16) options.reduce_dtype = t.mixed_precision_reduce == "bfloat16" ? at::kBFloat16 : at::kFloat;
-    job.fsdp = std::make_shared<FullyShardedParameters>(job.spec->shard_groups(*job.model), *job.meshes.world, options);
-    as_causal_lm(*job.model).set_block_hooks(job.fsdp);
-  } else if (bf16) {
-    job.master = std::make_unique<MasterWeights>(job.model->named_parameters());
-  }
-  std::vector<at::Tensor> trained = job.trained_copies();
-  if (trained.empty()) trained = job.model->parameters();
-  job.optimizer = std::make_unique<torch::optim::AdamW>(
-      trained, torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(t.weight_decay));
-  if (job.meshes.dp && !job.fsdp) {
-    job.reducer = std::make_unique<DataParallelReducer>(
-        job.model->named_parameters(), *job.meshes.dp, job.config.parallelism.dp_bucket_mb * (int64_t{1} << 20),
-        job.master ? job.master->parameters() : std::vector<at::Tensor>{});
-  }
-}
 
 // On meta: every weight, buffer and moment is shapes only. Otherwise real weights
 // (init_weights of training.seed) on the world's device.
@@ -117,8 +80,11 @@ std::unique_ptr<BuiltJob> build_job(JobConfig config, bool on_meta) {
     job->model->to(current_world().device, dtype);
   }
   job->meshes = job->dims.build_meshes(c.training.device);
-  if (job->dims.tp_enabled()) job->spec->parallelize(*job->model, job->dims, *job->meshes.tp, c);
-  set_up_optimizer(*job);
+  job->parallelized = job->spec->parallelize(job->model, job->dims, job->meshes, c, {});
+  const auto& t = c.training;
+  job->optimizer = std::make_unique<torch::optim::AdamW>(
+      job->parallelized->trained_parameters(),
+      torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(t.weight_decay));
   return job;
 }
 
@@ -134,14 +100,8 @@ at::Tensor micro_batch_loss(BuiltJob& job, const Batch& rows) {
 }
 
 void micro_batch_backward(BuiltJob& job, const at::Tensor& loss, bool last) {
-  const bool reduced = job.reducer && last;
-  if (reduced) job.reducer->arm();
-  {
-    auto guard = job.context();
-    loss.backward();
-  }
-  if (job.fsdp) job.fsdp->finish_backward();
-  if (job.master && !reduced) job.master->accumulate_gradients();
+  auto guard = job.context();
+  job.parallelized->backward(loss, last);
 }
 
 // One optimizer step with the collectives of Trainer::train_step: the global token count,
@@ -156,22 +116,17 @@ void run_step(BuiltJob& job) {
     micro_batch_backward(job, micro_batch_loss(job, rows), m + 1 == t.grad_accum_steps);
   }
   if (job.meshes.dp) {
-    if (job.reducer) job.reducer->finish();
     at::Tensor sum = at::ones({1}, counts.options());
     sum_over_dp_mesh(sum, job.meshes.dp);
   }
-  std::vector<at::Tensor> trained = job.trained_copies();
-  if (trained.empty()) trained = job.model->parameters();
-  clip_grad_norm_(trained, t.max_norm);
+  clip_grad_norm_(job.parallelized->trained_parameters(), t.max_norm);
   job.optimizer->step();
-  if (job.master) job.master->master_to_model();
+  job.parallelized->copy_trained_to_model();
 }
 
-int64_t checkpoint_bytes(const BuiltJob& job, const StateBytes& state) {
+int64_t checkpoint_bytes(const StateBytes& state) {
   // The trained weights (masters or shards, or the model's own) and AdamW's moments.
-  const std::vector<at::Tensor> copies = job.trained_copies();
-  if (!copies.empty()) return state.masters + state.optimizer;
-  return state.parameters + state.optimizer;
+  return (state.masters > 0 ? state.masters : state.parameters) + state.optimizer;
 }
 
 // This thread's own world for the duration of a dry run or measurement.
@@ -179,8 +134,6 @@ class FakeWorld {
  public:
   FakeWorld(int64_t rank, int64_t world_size) {
     TORCH_CHECK(!is_initialized(), "dry run: a process group is already initialised on this thread");
-    // A world of one rank creates no process group, and runs on meta tensors too.
-    compat::register_missing_meta_kernels();
     InitOptions init;
     init.backend = "fake";
     init.per_thread = true;
@@ -212,8 +165,8 @@ DryRunRank dry_run_rank(JobConfig config, int64_t world_size, int64_t rank) {
       if (count > 0)
         out.collectives.push_back({kCollectiveKindNames[k], count, after.kind_bytes[k] - before.kind_bytes[k]});
     }
-    out.state = measure_state_bytes(*job->model, job->trained_copies(), *job->optimizer);
-    out.checkpoint_bytes = checkpoint_bytes(*job, out.state);
+    out.state = measure_state_bytes(*job->parallelized, *job->optimizer);
+    out.checkpoint_bytes = checkpoint_bytes(out.state);
     out.sizes = as_causal_lm(*job->model).sizes();
     out.model = job->spec->describe(*job->model);
   }
@@ -242,7 +195,6 @@ MeasuredActivations measure_activations(JobConfig config, const std::function<in
     at::Tensor loss = micro_batch_loss(*job, rows);
     m.saved = allocated_bytes() - before - (gathered() - gathered_before);
     micro_batch_backward(*job, loss, /*last=*/true);
-    if (job->reducer) job->reducer->finish();
     loss = at::Tensor();
     m.peak = peak_bytes() - before;
   }

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "hyper_parallel/causal_lm.h"
-#include "train/config/job_config.h"
-#include "train/config/parallel_dims.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/parallel_dims.h"
 #include "train/metrics/state_bytes.h"
 
 namespace hyper_parallel::train {

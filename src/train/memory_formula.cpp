@@ -6,15 +6,14 @@
 #include <vector>
 
 #include "hyper_parallel/communicator.h"
+#include "train/config/training_dtype.h"
 
 namespace hyper_parallel::train {
 
 namespace {
 
 int64_t bytes_per_element(const std::string& dtype) {
-  if (dtype == "float64") return 8;
-  if (dtype == "bfloat16") return 2;
-  return 4;
+  return static_cast<int64_t>(c10::elementSize(training_dtype(dtype)));
 }
 
 // A parameter: its global shape and the dim TP shards (-1: replicated).
@@ -92,33 +91,8 @@ int64_t checkpoint_bytes_formula(const StateBytes& state) {
   return (state.masters > 0 ? state.masters : state.parameters) + state.optimizer;
 }
 
-ActivationCheckpointing ActivationCheckpointing::parse(const std::string& text) {
-  ActivationCheckpointing ac;
-  if (text == "none") return ac;
-  if (text == "full") {
-    ac.mode = Mode::Full;
-    return ac;
-  }
-  const std::string prefix = "selective:";
-  if (text.rfind(prefix, 0) == 0) {
-    const std::string n = text.substr(prefix.size());
-    if (!n.empty() && n.find_first_not_of("0123456789") == std::string::npos && std::stoll(n) >= 1) {
-      ac.mode = Mode::Selective;
-      ac.every = std::stoll(n);
-      return ac;
-    }
-  }
-  throw std::invalid_argument("--ac '" + text + "': expected none, full or selective:N (N >= 1: every N-th block)");
-}
-
-std::string ActivationCheckpointing::str() const {
-  if (mode == Mode::Full) return "full";
-  if (mode == Mode::Selective) return "selective:" + std::to_string(every);
-  return "none";
-}
-
 ActivationBytes activation_bytes_formula(const DecoderSizes& s, const JobConfig& job, const ParallelDims& dims,
-                                         ActivationCheckpointing ac) {
+                                         const BlockCheckpointing& ac) {
   const auto& t = job.training;
   const int64_t e = bytes_per_element(t.dtype);
   const int64_t f = std::max<int64_t>(e, 4);  // norms and logits are widened to float32
@@ -142,8 +116,7 @@ ActivationBytes activation_bytes_formula(const DecoderSizes& s, const JobConfig&
   ActivationBytes a;
   a.per_block = 2 * norm + 2 * linear_input + attention + mlp;
   a.checkpointed_block = residual_tokens * s.dim * e;
-  if (ac.mode == ActivationCheckpointing::Mode::Full) a.checkpointed_blocks = s.n_layers;
-  if (ac.mode == ActivationCheckpointing::Mode::Selective) a.checkpointed_blocks = s.n_layers / ac.every;
+  for (int64_t block = 0; block < s.n_layers; ++block) a.checkpointed_blocks += ac.checkpoints(block) ? 1 : 0;
   // Outside the blocks: the token ids the embedding keeps (int64), the final norm, the
   // head's input, and the logits the loss keeps (float32; its vocabulary piece under loss
   // parallel; none with the fused linear loss).

@@ -9,9 +9,10 @@
 #include <cstdint>
 #include <string>
 
+#include "hyper_parallel/activation_checkpoint.h"
 #include "hyper_parallel/causal_lm.h"
-#include "train/config/job_config.h"
-#include "train/config/parallel_dims.h"
+#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/parallel_dims.h"
 #include "train/metrics/state_bytes.h"
 
 namespace hyper_parallel::train {
@@ -25,18 +26,6 @@ StateBytes state_bytes_formula(const std::string& family, const DecoderSizes& si
 // The checkpoint of that rank: trained weights and two AdamW moments.
 int64_t checkpoint_bytes_formula(const StateBytes& state);
 
-// Activation checkpointing as TorchTitan's activation_checkpoint.mode: none, full (every
-// block keeps only its input and recomputes the rest in backward), or selective every N
-// blocks (TorchTitan's layer-wise selective_ac_option N: blocks N, 2N, ... are
-// checkpointed). Parsed from "none", "full" or "selective:N".
-struct ActivationCheckpointing {
-  enum class Mode { None, Full, Selective };
-  Mode mode = Mode::None;
-  int64_t every = 0;  // Selective: N
-  static ActivationCheckpointing parse(const std::string& text);
-  std::string str() const;
-};
-
 struct ActivationBytes {
   int64_t per_block = 0;           // one transformer block without checkpointing
   int64_t checkpointed_block = 0;  // what a checkpointed block keeps: its input
@@ -48,8 +37,9 @@ struct ActivationBytes {
 };
 
 // One micro-batch (training.batch_size / dp ranks / grad_accum_steps rows of seq_len) on
-// one rank, in training.dtype, for the model's eager attention.
+// one rank, in training.dtype, for the model's eager attention; `ac` says which blocks
+// recompute theirs in backward ([activation_checkpoint], block_checkpointing()).
 ActivationBytes activation_bytes_formula(const DecoderSizes& sizes, const JobConfig& job, const ParallelDims& dims,
-                                         ActivationCheckpointing ac);
+                                         const BlockCheckpointing& ac);
 
 }  // namespace hyper_parallel::train

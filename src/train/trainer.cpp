@@ -32,6 +32,7 @@
 #include "hyper_parallel/run_then_agree.h"
 #include "hyper_parallel/fully_shard.h"
 #include "train/checkpoint/checkpoint_io.h"
+#include "train/config/training_dtype.h"
 #include "train/checkpoint/fault_injection.h"
 #include "train/metrics/state_bytes.h"
 #include "train/metrics/step_metrics.h"
@@ -54,12 +55,6 @@
 namespace hyper_parallel::train {
 
 namespace {
-
-at::ScalarType dtype_of(const std::string& name) {
-  if (name == "float64") return at::kDouble;
-  if (name == "bfloat16") return at::kBFloat16;
-  return at::kFloat;
-}
 
 // Targets that count (not ignore_index).
 int64_t counted_tokens(const Batch& batch) { return batch.target.ne(kIgnoreIndex).sum().item<int64_t>(); }
@@ -145,7 +140,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
     // Counted on the whole model, before any sharding; the peak measured (or given) once.
     mfu_ = std::make_unique<ModelFlopsUtilization>(
         spec_->flops_per_token(*model_, config_.training.seq_len), is_initialized() ? get_world_size() : 1,
-        peak_flops(config_.metrics.peak_tflops, dtype_of(config_.training.dtype), device));
+        peak_flops(config_.metrics.peak_tflops, training_dtype(config_.training.dtype), device));
   }
   // The world as (dp_replicate, dp_shard, tp) meshes (parallel_dims.h).
   ParallelDims::Meshes meshes = dims_.build_meshes(config_.training.device);
@@ -197,7 +192,7 @@ at::Device Trainer::place_model(bool weights_from_checkpoint) {
               " but the process group was "
               "initialised for ",
               device, "; initialise it with InitOptions{.device_type = \"", config_.training.device, "\"}");
-  const at::ScalarType dtype = dtype_of(config_.training.dtype);
+  const at::ScalarType dtype = training_dtype(config_.training.dtype);
   if (weights_from_checkpoint) {
     model_->to(dtype);  // meta parameters get their device when materialized
   } else {
