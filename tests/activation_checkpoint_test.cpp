@@ -390,10 +390,12 @@ TEST(ActivationCheckpoint, TorchTitansKeysChooseTheBlocksAndOpIsRefused) {
 
 namespace {
 
-train::JobConfig ac_job(int64_t shard, int64_t tp, const std::string& dtype, const std::string& mode) {
+train::JobConfig ac_job(int64_t shard, int64_t tp, const std::string& dtype, const std::string& mode,
+                        int64_t replicas = 1) {
   train::JobConfig c;
   c.dump_folder = compat::join_path(compat::temp_directory(), "hp_ac_test_" + std::to_string(::getpid()) + "_" +
-                                                                  std::to_string(shard) + std::to_string(tp) + dtype);
+                                                                  std::to_string(replicas) + std::to_string(shard) +
+                                                                  std::to_string(tp) + dtype);
   c.model.dim = 32;
   c.model.n_layers = 4;
   c.model.n_heads = 4;
@@ -408,6 +410,7 @@ train::JobConfig ac_job(int64_t shard, int64_t tp, const std::string& dtype, con
   c.training.grad_accum_steps = 2;
   c.parallelism.tensor_parallel_degree = tp;
   c.parallelism.data_parallel_shard_degree = shard;
+  c.parallelism.data_parallel_degree = replicas;
   c.activation_checkpoint.mode = mode;
   c.validation.enable = false;
   c.checkpoint.enable = false;
@@ -416,7 +419,8 @@ train::JobConfig ac_job(int64_t shard, int64_t tp, const std::string& dtype, con
 }
 
 std::vector<train::StepResult> train_job(const train::JobConfig& job) {
-  const int64_t world = job.parallelism.tensor_parallel_degree * job.parallelism.data_parallel_shard_degree;
+  const int64_t world = job.parallelism.tensor_parallel_degree * job.parallelism.data_parallel_shard_degree *
+                        job.parallelism.data_parallel_degree;
   std::vector<train::StepResult> out;
   std::mutex m;
   run_ranks(world, [&](int64_t rank) {
@@ -454,6 +458,23 @@ TEST(ActivationCheckpointTrainer, FullAndSelectiveTrainAsNoneAtTp2AndWithFsdpAnd
               << what << ", step " << i + 1;
         }
       }
+    }
+  }
+}
+
+// Replicas without FSDP (DDP's bucketed reducer, dp 2 x TP 2), in float64 and in bfloat16
+// with masters. The reducer took each parameter's gradient from a tensor hook, which the
+// recompute's autograd::grad also fires (it captures the parameters' gradients): "got two
+// gradients in one backward". It now reads .grad after accumulation (post-accumulate hook).
+TEST(ActivationCheckpointTrainer, ReplicasTrainAsNone) {
+  for (const std::string dtype : {"float64", "bfloat16"}) {
+    const auto none = train_job(ac_job(1, 2, dtype, "none", 2));
+    ASSERT_EQ(none.size(), 5u);
+    const auto full = train_job(ac_job(1, 2, dtype, "full", 2));
+    ASSERT_EQ(full.size(), none.size()) << dtype;
+    for (size_t i = 0; i < none.size(); ++i) {
+      EXPECT_LE(std::abs(full[i].loss - none[i].loss), 1e-12 * std::abs(none[i].loss)) << dtype << ", step " << i + 1;
+      EXPECT_LE(std::abs(full[i].grad_norm - none[i].grad_norm), 1e-12 * none[i].grad_norm) << dtype << ", step " << i + 1;
     }
   }
 }

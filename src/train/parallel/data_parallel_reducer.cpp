@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
+#include "compat/autograd_compat.h"
 #include "hyper_parallel/pending_collective.h"
 #include "train/parallel/local_piece.h"
 
@@ -24,7 +25,6 @@ struct DataParallelReducer::Impl {
     size_t bucket = 0;
     int64_t offset = 0, numel = 0;
     bool ready = false;
-    unsigned hook = 0;
   };
   struct Bucket {
     at::TensorOptions options;  // of the wire: the gradients' dtype, float32 for bfloat16
@@ -41,8 +41,10 @@ struct DataParallelReducer::Impl {
   size_t next_to_send = 0;
   bool armed = false;
 
-  // Called from the parameter's hook with its gradient of this backward.
-  void on_gradient(size_t i, const at::Tensor& grad) {
+  // Called when this backward has accumulated into the parameter's .grad (not from a tensor
+  // hook, which an activation checkpoint's recompute fires as well when it captures the
+  // parameters' gradients).
+  void on_gradient(size_t i) {
     if (!armed) return;
     at::NoGradGuard no_grad;
     Slot& s = slots[i];
@@ -51,11 +53,12 @@ struct DataParallelReducer::Impl {
                 "a parameter used twice must be so in one graph (DataParallelReducer sends each once)");
     Bucket& b = buckets[s.bucket];
     at::Tensor dst = b.flat.narrow(0, s.offset, s.numel);
-    dst.copy_(local_or_plain(grad).reshape({-1}));
-    // Accumulated micro-batches: the holder's .grad has their sum (when the holder is the
-    // parameter, this gradient is added to it after the hook).
-    const at::Tensor accumulated = s.holder.grad();
-    if (accumulated.defined()) dst.add_(local_or_plain(accumulated).reshape({-1}));
+    // The parameter's .grad: this backward's gradient plus, when the parameter holds them,
+    // the earlier micro-batches'. Another holder (the float32 masters) has those in its own.
+    dst.copy_(local_or_plain(s.param.grad()).reshape({-1}));
+    if (!s.holder.is_same(s.param) && s.holder.grad().defined()) {
+      dst.add_(local_or_plain(s.holder.grad()).reshape({-1}));
+    }
     s.ready = true;
     ++b.ready;
     send_ready_buckets();
@@ -117,7 +120,7 @@ DataParallelReducer::DataParallelReducer(const torch::OrderedDict<std::string, a
   for (auto& b : m.buckets) b.flat = at::empty({b.numel}, b.options);
   for (size_t k = 0; k < m.slots.size(); ++k) {
     Impl* impl = impl_.get();
-    m.slots[k].hook = m.slots[k].param.register_hook([impl, k](const at::Tensor& grad) { impl->on_gradient(k, grad); });
+    compat::set_post_accumulate_grad_hook(m.slots[k].param, [impl, k](const at::Tensor&) { impl->on_gradient(k); });
   }
 }
 
@@ -128,7 +131,7 @@ DataParallelReducer::~DataParallelReducer() {
     } catch (...) {
     }
   }
-  for (auto& s : impl_->slots) s.param.remove_hook(s.hook);
+  for (auto& s : impl_->slots) compat::set_post_accumulate_grad_hook(s.param, nullptr);
 }
 
 int64_t DataParallelReducer::bucket_count() const { return static_cast<int64_t>(impl_->buckets.size()); }

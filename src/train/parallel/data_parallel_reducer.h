@@ -1,7 +1,8 @@
 // Data parallelism's gradient exchange, as PyTorch's DDP does it: parameters are grouped
 // into buckets of about `bucket_bytes`, in reverse registration order (roughly the order
-// backward produces their gradients). A hook on each parameter copies its gradient into
-// its bucket's flat buffer; once a bucket is complete it is summed over the replicas
+// backward produces their gradients). A post-accumulate-grad hook on each parameter (run
+// once its .grad is written, as DDP hooks the gradient accumulator) copies it into its
+// bucket's flat buffer; once a bucket is complete it is summed over the replicas
 // asynchronously while backward goes on. finish() waits for the buckets and writes the sums
 // back into the parameters' .grad.
 //
@@ -14,8 +15,9 @@
 // the global loss. Buckets are sent in a fixed order (bucket i after buckets < i), the same
 // on every replica, whatever order the hooks run in. Bucket buffers of bfloat16 gradients
 // are float32 (Gloo cannot sum bfloat16; it is also the more exact sum).
-// With gradient accumulation only the last micro-batch's backward is armed: its hooks add
-// the gradient already accumulated in .grad, so the exchange still overlaps that backward.
+// With gradient accumulation only the last micro-batch's backward is armed: its hooks read
+// .grad, the earlier micro-batches' gradients included, so the exchange still overlaps
+// that backward.
 // Gradient holders (bfloat16 training's float32 masters) keep that accumulated gradient
 // and receive the sum in their own .grad, so a bfloat16 model's sums stay float32.
 #pragma once
