@@ -1,14 +1,23 @@
 // hp-dry-run's pieces (train/dry_run.h, train/memory_formula.h): a job of 64 ranks built
 // in one process on meta tensors holds, at every rank position asked, exactly the state the
 // closed-form formula gives; its step issues the collectives a real step issues; a world
-// the degrees do not multiply to is refused as hp-train refuses it.
+// the degrees do not multiply to is refused as hp-train refuses it; TP's DTensors on meta
+// tensors keep their own kernels.
 #include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <mutex>
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/activation_checkpoint.h"
+#include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/distributed.h"
+#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/loss_parallel.h"
+#include "hyper_parallel/parameters_on_meta.h"
 #include "hyper_parallel_train/job_config.h"
 #include "train/dry_run.h"
 #include "train/memory_formula.h"
@@ -69,18 +78,28 @@ TEST(DryRun, FsdpStateOfEveryRankPositionEqualsTheFormulaAt64Ranks) {
   expect_state_is_the_formula(small_job(1, 64, 1, "bfloat16"), 64, {0, 63});
 }
 
+TEST(DryRun, TensorParallelStateEqualsTheFormula) {
+  // TP 2 and 3 (uneven: 515 vocabulary rows, 112 MLP rows), with sequence parallelism,
+  // bfloat16 masters, replicas and FSDP beside it.
+  JobConfig tp3 = small_job(1, 1, 3, "float32");
+  tp3.model.n_heads = 3;
+  tp3.model.dim = 48;
+  tp3.model.ffn_hidden_dim = 96;
+  expect_state_is_the_formula(tp3, 3, {0, 2});
+  JobConfig sp = small_job(2, 1, 2, "bfloat16");
+  sp.parallelism.sequence_parallel = true;
+  expect_state_is_the_formula(sp, 4, {0, 3});
+  expect_state_is_the_formula(small_job(1, 4, 2, "bfloat16"), 8, {0, 7});
+}
+
 TEST(DryRun, OneRankStateEqualsTheFormula) {
   expect_state_is_the_formula(small_job(1, 1, 1, "float32"), 1, {0});
   expect_state_is_the_formula(small_job(1, 1, 1, "bfloat16"), 1, {0});
 }
 
-TEST(DryRun, StepIssuesTheCollectivesOfARealStep) {
-  // fsdp 4, two micro-batches: hp-train's step on four threads over Gloo counts its
-  // collectives and bytes (the phases of its metrics); the dry run of rank 0 counts the same.
-  JobConfig job = small_job(1, 4, 1, "float32");
-  job.training.batch_size = 8;
-  job.training.grad_accum_steps = 2;
-  job.training.max_norm = 0.5;
+// hp-train's step on four threads over Gloo counts its collectives and bytes (the phases of
+// its metrics); the dry run of rank 0 counts the same, and holds the same state.
+void expect_the_collectives_of_a_real_step(const JobConfig& job) {
   StepResult real;
   std::mutex m;
   hyper_parallel::testing::run_ranks(4, [&](int64_t rank) {
@@ -106,6 +125,56 @@ TEST(DryRun, StepIssuesTheCollectivesOfARealStep) {
   EXPECT_EQ(dry.state.parameters, real.state.parameters);
   EXPECT_EQ(dry.state.gradients, real.state.gradients);
   EXPECT_EQ(dry.state.optimizer, real.state.optimizer);
+}
+
+TEST(DryRun, StepIssuesTheCollectivesOfARealStep) {
+  // fsdp 4, two micro-batches.
+  JobConfig job = small_job(1, 4, 1, "float32");
+  job.training.batch_size = 8;
+  job.training.grad_accum_steps = 2;
+  job.training.max_norm = 0.5;
+  expect_the_collectives_of_a_real_step(job);
+}
+
+TEST(DryRun, TensorParallelStepIssuesTheCollectivesOfARealStep) {
+  // dp 2 x tp 2 with sequence parallelism, bfloat16 (masters; DDP's buckets), loss
+  // parallel, every block checkpointed: the TP collectives of forward, backward and the
+  // recompute, and the replicas' gradient all-reduces.
+  JobConfig job = small_job(2, 1, 2, "bfloat16");
+  job.training.batch_size = 4;
+  job.parallelism.sequence_parallel = true;
+  job.activation_checkpoint.mode = "full";
+  expect_the_collectives_of_a_real_step(job);
+}
+
+TEST(DryRun, MetaDTensorsKeepTheirKernelsBesideAMetaTargetAndAMetaDevice) {
+  // Meta ranks above PrivateUse1 (the DTensor's backend) when a call's dispatch key is
+  // chosen: without the routes compat/meta_kernels.cpp adds, cross_entropy under
+  // loss_parallel decomposed into meta kernels (a plain loss), and _to_copy's backward to
+  // bfloat16 gave a plain gradient; the backward then stopped at from_local.
+  { ParametersOnMeta everything(MetaScope::Everything); }  // registers the routes
+  InitOptions init;
+  init.backend = "fake";
+  init.per_thread = true;
+  init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 2, init);
+  {
+    const DeviceMesh mesh = init_device_mesh("cpu", {2}, {"tp"});
+    const at::TensorOptions meta = at::TensorOptions().device(at::kMeta).dtype(at::kBFloat16);
+    const at::Tensor weight =
+        distribute_tensor(at::empty({16, 8}, meta), mesh, {Placement::shard(0)}).detach().requires_grad_();
+    const at::Tensor input = at::empty({4, 8}, meta).requires_grad_();
+    const at::Tensor logits =
+        at::matmul(DTensor::from_local(input, mesh, {Placement::replicate()}), weight.t()).to(at::kFloat);
+    EXPECT_TRUE(is_dtensor(logits.to(weight.options())));  // to(options): a meta device argument
+    auto guard = loss_parallel();
+    const at::Tensor loss = at::cross_entropy_loss(logits, at::zeros({4}, meta.dtype(at::kLong)), {}, at::Reduction::Sum);
+    EXPECT_TRUE(is_dtensor(loss));
+    loss.backward();
+    EXPECT_TRUE(is_dtensor(weight.grad()));
+    EXPECT_EQ(weight.grad().scalar_type(), at::kBFloat16);
+    EXPECT_EQ(input.grad().sizes(), input.sizes());
+  }
+  destroy_process_group();
 }
 
 TEST(DryRun, AWorldTheDegreesDoNotMultiplyToIsRefused) {

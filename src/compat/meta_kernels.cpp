@@ -59,6 +59,61 @@ void collective_on_fake_group(const c10::OperatorHandle& op, torch::jit::Stack* 
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 }
 
+// A call's dispatch key comes from the highest backend among its tensors, and Meta ranks
+// above PrivateUse1, the backend of a DTensor: a DTensor holding meta tensors met by a
+// plain meta tensor (cross_entropy's target) would go to the meta kernels, which take the
+// DTensor for a plain tensor of its global shape. Such a call goes to the DTensor's
+// kernels instead; any other goes to the kernel AutogradMeta had before this one was
+// registered over it (the same Autograd or CompositeImplicitAutograd kernel AutogradOther
+// has).
+void dtensor_before_meta_tensor(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  bool dtensor = false;
+  for (const c10::IValue& v : torch::jit::last(*stack, op.schema().arguments().size())) {
+    if (v.isTensor()) dtensor |= v.toTensor().key_set().has_backend(c10::BackendComponent::PrivateUse1Bit);
+  }
+  if (dtensor) return op.redispatchBoxed(keys.remove_backend(c10::BackendComponent::MetaBit), stack);
+  op.redispatchBoxed(keys.remove(c10::DispatchKey::AutogradFunctionality).add(c10::DispatchKey::AutogradOther), stack);
+}
+
+// The same for a meta device argument, which BackendSelect adds to the tensors' keys: a
+// DTensor converted with to(options) (as _to_copy's backward converts a gradient) goes to
+// the DTensor's kernels, which convert its local tensor. Any other call is dispatched as
+// LibTorch's BackendSelect kernel does: by the tensors and the dtype, layout and device.
+void dtensor_before_meta_device(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const auto& schema = op.schema().arguments();
+  const auto args = torch::jit::last(*stack, schema.size());
+  c10::DispatchKeySet tensors;
+  std::optional<at::ScalarType> dtype;
+  std::optional<at::Layout> layout;
+  std::optional<at::Device> device;
+  for (size_t i = 0; i < schema.size(); ++i) {
+    const c10::IValue& v = args[i];
+    if (v.isTensor()) tensors = tensors | v.toTensor().key_set();
+    if (v.isNone()) continue;
+    if (schema[i].name() == "dtype") dtype = v.toScalarType();
+    if (schema[i].name() == "layout") layout = v.toLayout();
+    if (schema[i].name() == "device") device = v.toDevice();
+  }
+  if (!tensors.has_backend(c10::BackendComponent::PrivateUse1Bit)) {
+    tensors = tensors | c10::DispatchKeySet(c10::computeDispatchKey(dtype, layout, device));
+  }
+  op.redispatchBoxed(tensors & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect),
+                     stack);
+}
+
+// The override of _to_copy's BackendSelect kernel is meant: its warning is dropped, any
+// other warning passes to the handler that was installed.
+class OverrideWarningFilter : public c10::WarningHandler {
+ public:
+  explicit OverrideWarningFilter(c10::WarningHandler* next) : next_(next) {}
+  void process(const c10::Warning& warning) override {
+    if (warning.msg().find("Overriding a previously registered kernel") == std::string::npos) next_->process(warning);
+  }
+
+ private:
+  c10::WarningHandler* next_;
+};
+
 bool has_meta_kernel(const char* name, const char* overload) {
   const auto op = c10::Dispatcher::singleton().findSchema({name, overload});
   TORCH_CHECK(op, "register_missing_meta_kernels: LibTorch has no operator ", name, ".", overload);
@@ -84,6 +139,16 @@ void register_missing_meta_kernels() {
     if (!has_meta_kernel("aten::logical_or", "")) aten->impl("logical_or", TORCH_FN(logical_binary));
     if (!has_meta_kernel("aten::logical_not", "")) aten->impl("logical_not", TORCH_FN(logical_not));
     if (!has_meta_kernel("aten::dot", "")) aten->impl("dot", TORCH_FN(dot));
+    static auto autograd_meta = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                                                 c10::DispatchKey::AutogradMeta, __FILE__, __LINE__);
+    autograd_meta->impl("cross_entropy_loss", torch::CppFunction::makeFromBoxedFunction<&dtensor_before_meta_tensor>());
+    static auto backend_select = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                                                  c10::DispatchKey::BackendSelect, __FILE__, __LINE__);
+    {
+      OverrideWarningFilter filter(c10::WarningUtils::get_warning_handler());
+      c10::WarningUtils::WarningHandlerGuard guard(&filter);
+      backend_select->impl("_to_copy", torch::CppFunction::makeFromBoxedFunction<&dtensor_before_meta_device>());
+    }
     for (const char* name : {"allreduce_", "allgather_", "reduce_scatter_", "broadcast_", "scatter_"}) {
       if (!has_meta_kernel((std::string("c10d::") + name).c_str(), ""))
         c10d->impl(name, torch::CppFunction::makeFromBoxedFunction<&collective_on_fake_group>());

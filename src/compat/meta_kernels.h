@@ -4,7 +4,9 @@
 // whole step on meta tensors and needs them: where, index_select (the embeddings),
 // embedding_dense_backward, abs (logsumexp, isfinite), logical_and/or/not, dot; and the
 // c10d collectives, which on a fake process group (fake_backend.h) pass meta tensors to
-// the fake backend (a real group refuses them).
+// the fake backend (a real group refuses them); and two routes to the DTensor's kernels
+// that Meta's rank above PrivateUse1 in dispatch would bypass (cross_entropy_loss with a
+// meta target, _to_copy to the meta device).
 #pragma once
 
 namespace hyper_parallel::compat {
