@@ -153,9 +153,10 @@ int run_dry(const DryRunArgs& a, const train::JobConfig& cfg) {
     print_row("state", r.state.parameters + r.state.gradients + r.state.optimizer,
               formula.parameters + formula.gradients + formula.optimizer);
     print_row("checkpoint", r.checkpoint_bytes, train::checkpoint_bytes_formula(formula));
-    std::printf("  activations per micro-batch (formula; + one block's %.1f MiB while a checkpointed block "
-                "recomputes):\n",
-                activations["none"]["per_block"].get<int64_t>() / 1048576.0);
+    std::printf(
+        "  activations per micro-batch (formula; + one block's %.1f MiB while a checkpointed block "
+        "recomputes):\n",
+        activations["none"]["per_block"].get<int64_t>() / 1048576.0);
     for (const auto& [mode, policy] : modes) {
       std::printf("    %-26s %10.3f GiB%s\n", policy.str().c_str(),
                   gib(activations[mode]["held_after_forward"].get<int64_t>()),

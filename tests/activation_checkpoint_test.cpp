@@ -474,7 +474,8 @@ TEST(ActivationCheckpointTrainer, ReplicasTrainAsNone) {
     ASSERT_EQ(full.size(), none.size()) << dtype;
     for (size_t i = 0; i < none.size(); ++i) {
       EXPECT_LE(std::abs(full[i].loss - none[i].loss), 1e-12 * std::abs(none[i].loss)) << dtype << ", step " << i + 1;
-      EXPECT_LE(std::abs(full[i].grad_norm - none[i].grad_norm), 1e-12 * none[i].grad_norm) << dtype << ", step " << i + 1;
+      EXPECT_LE(std::abs(full[i].grad_norm - none[i].grad_norm), 1e-12 * none[i].grad_norm)
+          << dtype << ", step " << i + 1;
     }
   }
 }

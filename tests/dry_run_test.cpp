@@ -167,7 +167,8 @@ TEST(DryRun, MetaDTensorsKeepTheirKernelsBesideAMetaTargetAndAMetaDevice) {
         at::matmul(DTensor::from_local(input, mesh, {Placement::replicate()}), weight.t()).to(at::kFloat);
     EXPECT_TRUE(is_dtensor(logits.to(weight.options())));  // to(options): a meta device argument
     auto guard = loss_parallel();
-    const at::Tensor loss = at::cross_entropy_loss(logits, at::zeros({4}, meta.dtype(at::kLong)), {}, at::Reduction::Sum);
+    const at::Tensor loss =
+        at::cross_entropy_loss(logits, at::zeros({4}, meta.dtype(at::kLong)), {}, at::Reduction::Sum);
     EXPECT_TRUE(is_dtensor(loss));
     loss.backward();
     EXPECT_TRUE(is_dtensor(weight.grad()));

@@ -101,16 +101,16 @@ ActivationBytes activation_bytes_formula(const DecoderSizes& s, const JobConfig&
   const int64_t seq = t.seq_len, tokens = rows * seq;
   const bool sp = job.parallelism.sequence_parallel && tp > 1;
   const int64_t residual_tokens = sp ? chunk_range(seq, tp, 0).length * rows : tokens;
-  const int64_t heads = s.n_heads / tp, kv_heads = s.n_kv_heads / tp, ffn = s.ffn_hidden_dim / tp;
+  const int64_t heads = s.n_heads / tp, ffn = s.ffn_hidden_dim / tp;
   // RMSNorm keeps its input widened to float32 (f) and its normalised output (e); the
   // linears after it keep their input (the norm's output times its weight, whole sequence).
   const int64_t norm = residual_tokens * s.dim * (f + e);
   const int64_t linear_input = tokens * s.dim * e;
-  // Attention: q and k before RoPE, the contiguous q, k, v the matmuls keep, the softmax
-  // output [rows, heads, seq, seq], the causal mask (bool), wo's input.
+  // Attention: the contiguous q, k, v the matmuls keep (k and v repeated to every query
+  // head), the softmax output [rows, heads, seq, seq], the causal mask (bool), wo's input.
+  // RoPE keeps nothing: its cos and sin need no gradient, so autograd saves neither factor.
   const int64_t head_elems = tokens * s.head_dim;
-  const int64_t attention =
-      head_elems * e * (heads + kv_heads + 3 * heads + heads) + rows * heads * seq * seq * e + seq * seq;
+  const int64_t attention = head_elems * e * (3 * heads + heads) + rows * heads * seq * seq * e + seq * seq;
   // SwiGLU: silu's input, its output, w3's output, w2's input (their product).
   const int64_t mlp = 4 * tokens * ffn * e;
   ActivationBytes a;

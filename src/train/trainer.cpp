@@ -546,9 +546,7 @@ bool Trainer::load_checkpoint() {
   return step.has_value();
 }
 
-StateBytes Trainer::state_bytes() const {
-  return measure_state_bytes(*parallelized_, *optimizer_);
-}
+StateBytes Trainer::state_bytes() const { return measure_state_bytes(*parallelized_, *optimizer_); }
 
 TrainedState Trainer::trained_state() const {
   return {parallelized_->named_trained_parameters(), optimizer_.get(), parallelized_.get()};
