@@ -191,36 +191,40 @@ bool CheckpointManager::has_resume_point() const {
 
 void CheckpointManager::prepare_folder() const {
   const std::string& folder = folder_;
+  // Two agreed phases: every rank reads the folder (and refuses an earlier run's checkpoints
+  // with its own message) before rank 0 deletes anything in it. Deleting while another rank
+  // read made that rank fail to open the marker rank 0 had just unlinked.
+  bool overwrite_earlier_run = false;
+  run_then_agree("reading the checkpoint folder", world_mesh_, [&] {
+    if (config_.checkpoint.resume) return;
+    std::optional<int64_t> latest = read_latest_marker(folder);
+    const auto complete = step_folders(folder, /*complete=*/true);
+    const auto steps = step_folders(folder, /*complete=*/false);
+    if ((latest || !complete.empty()) && !config_.checkpoint.overwrite) {
+      throw std::runtime_error(
+          "checkpoint folder '" + folder + "' already holds checkpoints of an earlier run (" +
+          (latest ? "latest: step " + std::to_string(*latest) : std::to_string(complete.size()) + " saved step(s)") +
+          "); starting a fresh run there would lose its resume point. Pass --checkpoint.resume to continue "
+          "that run, or --checkpoint.overwrite to delete its checkpoints and start over");
+    }
+    overwrite_earlier_run = config_.checkpoint.overwrite && (latest || !steps.empty());
+  });
   run_then_agree("preparing the checkpoint folder", world_mesh_, [&] {
-    if (rank_ == 0) {
-      const auto removed = remove_temp_files(folder);
-      if (!removed.empty() && log_) {
-        *log_ << "hp-train: removed " << removed.size() << " temporary file(s) of an interrupted save, e.g. "
-              << removed.front() << std::endl;
-      }
+    if (rank_ != 0) return;
+    const auto removed = remove_temp_files(folder);
+    if (!removed.empty() && log_) {
+      *log_ << "hp-train: removed " << removed.size() << " temporary file(s) of an interrupted save, e.g. "
+            << removed.front() << std::endl;
     }
-    if (!config_.checkpoint.resume) {
-      std::optional<int64_t> latest = read_latest_marker(folder);
-      const auto complete = step_folders(folder, /*complete=*/true);
-      const auto steps = step_folders(folder, /*complete=*/false);
-      if ((latest || !complete.empty()) && !config_.checkpoint.overwrite) {
-        throw std::runtime_error(
-            "checkpoint folder '" + folder + "' already holds checkpoints of an earlier run (" +
-            (latest ? "latest: step " + std::to_string(*latest) : std::to_string(complete.size()) + " saved step(s)") +
-            "); starting a fresh run there would lose its resume point. Pass --checkpoint.resume to continue "
-            "that run, or --checkpoint.overwrite to delete its checkpoints and start over");
-      }
-      if (config_.checkpoint.overwrite && (latest || !steps.empty()) && rank_ == 0) {
-        if (::unlink(compat::join_path(folder, "latest").c_str()) != 0 && errno != ENOENT) {
-          throw std::runtime_error("--checkpoint.overwrite: cannot remove '" + compat::join_path(folder, "latest") +
-                                   "': " + std::strerror(errno));
-        }
-        for (const auto& step : steps) compat::remove_all(compat::join_path(folder, step));
-        if (log_) {
-          *log_ << "hp-train: --checkpoint.overwrite: deleted the earlier run's checkpoints in " << folder << std::endl;
-        }
-      }
+    if (!overwrite_earlier_run) return;
+    if (::unlink(compat::join_path(folder, "latest").c_str()) != 0 && errno != ENOENT) {
+      throw std::runtime_error("--checkpoint.overwrite: cannot remove '" + compat::join_path(folder, "latest") +
+                               "': " + std::strerror(errno));
     }
+    for (const auto& step : step_folders(folder, /*complete=*/false))
+      compat::remove_all(compat::join_path(folder, step));
+    if (log_)
+      *log_ << "hp-train: --checkpoint.overwrite: deleted the earlier run's checkpoints in " << folder << std::endl;
   });
 }
 
