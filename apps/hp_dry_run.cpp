@@ -25,7 +25,9 @@
 #include <string>
 #include <vector>
 
+#if HP_DRY_RUN_MEASURE
 #include "bench/memory_probe.h"
+#endif
 #include "hyper_parallel/activation_checkpoint.h"
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel_train/job_config.h"
@@ -171,12 +173,16 @@ int run_dry(const DryRunArgs& a, const train::JobConfig& cfg) {
   return 0;
 }
 
-int run_measure(const DryRunArgs& a, train::JobConfig cfg) {
+int run_measure([[maybe_unused]] const train::JobConfig& cfg) {
+#if !HP_DRY_RUN_MEASURE
+  throw std::invalid_argument(
+      "--measure reads the allocator through the memory probe, which this build has not (the sanitizer build "
+      "builds no benchmarks); run build/bin/hp-dry-run");
+#else
   hp_memory_probe_install();
   hp::InitOptions init;
   init.device_type = cfg.training.device;
   hp::init_process_group(init);  // from hp-run's environment
-  const train::ParallelDims dims = train::ParallelDims::of(cfg.parallelism);
   const train::MeasuredActivations m = train::measure_activations(
       cfg, hp_memory_probe_current_bytes, hp_memory_probe_reset_peak, hp_memory_probe_peak_bytes);
   if (hp::get_rank() == 0) {
@@ -185,6 +191,7 @@ int run_measure(const DryRunArgs& a, train::JobConfig cfg) {
   }
   hp::destroy_process_group();
   return 0;
+#endif
 }
 
 }  // namespace
@@ -201,7 +208,7 @@ int main(int argc, char** argv) {
                 << train::job_config_usage();
       return 0;
     }
-    return a.measure ? run_measure(a, cfg) : run_dry(a, cfg);
+    return a.measure ? run_measure(cfg) : run_dry(a, cfg);
   } catch (const c10::Error& e) {
     std::cerr << "hp-dry-run: " << e.what_without_backtrace() << std::endl;
   } catch (const std::exception& e) {
