@@ -33,6 +33,7 @@
 #include "hyper_parallel_train/job_config.h"
 #include "train/dry_run.h"
 #include "train/memory_formula.h"
+#include "train/metrics/state_bytes.h"
 #include "train/metrics/progress.h"
 
 namespace hp = hyper_parallel;
@@ -134,7 +135,7 @@ int run_dry(const DryRunArgs& a, const train::JobConfig& cfg) {
                    {"state", state_json(r.state)},
                    {"state_formula", state_json(formula)},
                    {"checkpoint_bytes", r.checkpoint_bytes},
-                   {"checkpoint_formula", train::checkpoint_bytes_formula(formula)},
+                   {"checkpoint_formula", train::checkpoint_bytes(formula)},
                    {"collectives_per_step", collectives},
                    {"activations", activations},
                    {"activation_checkpoint", cfg.activation_checkpoint.mode}});
@@ -154,7 +155,7 @@ int run_dry(const DryRunArgs& a, const train::JobConfig& cfg) {
     print_row("optimizer (AdamW)", r.state.optimizer, formula.optimizer);
     print_row("state", r.state.parameters + r.state.gradients + r.state.optimizer,
               formula.parameters + formula.gradients + formula.optimizer);
-    print_row("checkpoint", r.checkpoint_bytes, train::checkpoint_bytes_formula(formula));
+    print_row("checkpoint", r.checkpoint_bytes, train::checkpoint_bytes(formula));
     std::printf(
         "  activations per micro-batch (formula; + one block's %.1f MiB while a checkpointed block "
         "recomputes):\n",

@@ -10,10 +10,10 @@
 #include <torch/torch.h>
 
 #include <map>
-#include <mutex>
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
+#include "harness/train_steps.h"
 #include "hyper_parallel/activation_checkpoint.h"
 #include "hyper_parallel/fully_shard.h"
 #include "hyper_parallel/hyper_parallel.h"
@@ -26,6 +26,7 @@ namespace activation_checkpoint_test {
 using namespace hyper_parallel;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
+using hyper_parallel::testing::train_steps;
 namespace F = torch::nn::functional;
 
 namespace {
@@ -390,6 +391,9 @@ TEST(ActivationCheckpoint, TorchTitansKeysChooseTheBlocksAndOpIsRefused) {
 
 namespace {
 
+// The Trainer-level jobs run this many steps.
+constexpr int64_t kAcSteps = 5;
+
 train::JobConfig ac_job(int64_t shard, int64_t tp, const std::string& dtype, const std::string& mode,
                         int64_t replicas = 1) {
   train::JobConfig c;
@@ -404,7 +408,7 @@ train::JobConfig ac_job(int64_t shard, int64_t tp, const std::string& dtype, con
   c.model.max_seq_len = 16;
   c.training.batch_size = 4;
   c.training.seq_len = 12;
-  c.training.steps = 5;
+  c.training.steps = kAcSteps;
   c.lr_scheduler.warmup_steps = 2;
   c.training.dtype = dtype;
   c.training.grad_accum_steps = 2;
@@ -418,21 +422,6 @@ train::JobConfig ac_job(int64_t shard, int64_t tp, const std::string& dtype, con
   return c;
 }
 
-std::vector<train::StepResult> train_job(const train::JobConfig& job) {
-  const int64_t world = job.parallelism.tensor_parallel_degree * job.parallelism.data_parallel_shard_degree *
-                        job.parallelism.data_parallel_degree;
-  std::vector<train::StepResult> out;
-  std::mutex m;
-  run_ranks(world, [&](int64_t rank) {
-    train::Trainer trainer(job);
-    std::vector<train::StepResult> steps;
-    for (int64_t s = 1; s <= job.training.steps; ++s) steps.push_back(trainer.train_step(s));
-    std::lock_guard<std::mutex> lock(m);
-    if (rank == 0) out = steps;
-  });
-  return out;
-}
-
 }  // namespace
 
 // hp-train with [activation_checkpoint] mode full and selective (every 2nd of 4 blocks)
@@ -442,11 +431,11 @@ std::vector<train::StepResult> train_job(const train::JobConfig& job) {
 TEST(ActivationCheckpointTrainer, FullAndSelectiveTrainAsNoneAtTp2AndWithFsdpAndInBfloat16) {
   for (const auto& [shard, tp, dtype] :
        {std::tuple<int64_t, int64_t, std::string>{1, 2, "float64"}, {2, 2, "float64"}, {1, 2, "bfloat16"}}) {
-    const auto none = train_job(ac_job(shard, tp, dtype, "none"));
+    const auto none = train_steps(ac_job(shard, tp, dtype, "none"), 1, kAcSteps);
     ASSERT_EQ(none.size(), 5u);
     for (const std::string mode : {"full", "selective"}) {
       const std::string what = dtype + ", FSDP " + std::to_string(shard) + " x TP " + std::to_string(tp) + ", " + mode;
-      const auto got = train_job(ac_job(shard, tp, dtype, mode));
+      const auto got = train_steps(ac_job(shard, tp, dtype, mode), 1, kAcSteps);
       ASSERT_EQ(got.size(), none.size()) << what;
       for (size_t i = 0; i < none.size(); ++i) {
         if (dtype == "bfloat16") {
@@ -468,9 +457,9 @@ TEST(ActivationCheckpointTrainer, FullAndSelectiveTrainAsNoneAtTp2AndWithFsdpAnd
 // gradients in one backward". It now reads .grad after accumulation (post-accumulate hook).
 TEST(ActivationCheckpointTrainer, ReplicasTrainAsNone) {
   for (const std::string dtype : {"float64", "bfloat16"}) {
-    const auto none = train_job(ac_job(1, 2, dtype, "none", 2));
+    const auto none = train_steps(ac_job(1, 2, dtype, "none", 2), 1, kAcSteps);
     ASSERT_EQ(none.size(), 5u);
-    const auto full = train_job(ac_job(1, 2, dtype, "full", 2));
+    const auto full = train_steps(ac_job(1, 2, dtype, "full", 2), 1, kAcSteps);
     ASSERT_EQ(full.size(), none.size()) << dtype;
     for (size_t i = 0; i < none.size(); ++i) {
       EXPECT_LE(std::abs(full[i].loss - none[i].loss), 1e-12 * std::abs(none[i].loss)) << dtype << ", step " << i + 1;

@@ -8,10 +8,10 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include <mutex>
+#include <vector>
 
 #include "compat/file_system.h"
-#include "harness/rank_harness.h"
+#include "harness/train_steps.h"
 #include "hyper_parallel/activation_checkpoint.h"
 #include "hyper_parallel/device_mesh.h"
 #include "hyper_parallel/distributed.h"
@@ -21,6 +21,7 @@
 #include "hyper_parallel_train/job_config.h"
 #include "train/dry_run.h"
 #include "train/memory_formula.h"
+#include "train/metrics/state_bytes.h"
 #include "hyper_parallel_train/trainer.h"
 
 namespace dry_run_test {
@@ -63,7 +64,7 @@ void expect_state_is_the_formula(const JobConfig& job, int64_t world, std::initi
     EXPECT_EQ(r.state.gradients, f.gradients);
     EXPECT_EQ(r.state.optimizer, f.optimizer);
     EXPECT_EQ(r.state.model_parameters, f.model_parameters);
-    EXPECT_EQ(r.checkpoint_bytes, checkpoint_bytes_formula(f));
+    EXPECT_EQ(r.checkpoint_bytes, checkpoint_bytes(f));
   }
 }
 
@@ -100,20 +101,15 @@ TEST(DryRun, OneRankStateEqualsTheFormula) {
 // hp-train's step on four threads over Gloo counts its collectives and bytes (the phases of
 // its metrics); the dry run of rank 0 counts the same, and holds the same state.
 void expect_the_collectives_of_a_real_step(const JobConfig& job) {
-  StepResult real;
-  std::mutex m;
-  hyper_parallel::testing::run_ranks(4, [&](int64_t rank) {
-    Trainer trainer(job);
-    const StepResult r = trainer.train_step(1);
-    std::lock_guard<std::mutex> lock(m);
-    if (rank == 0) real = r;
-  });
+  const std::vector<StepResult> steps = hyper_parallel::testing::train_steps(job, 1, 1);
+  ASSERT_EQ(steps.size(), 1u);
+  const StepResult& real = steps[0];
   int64_t count = 0, bytes = 0;
   for (const auto& p : real.phases) {
     count += p.collectives;
     bytes += p.collective_bytes;
   }
-  const DryRunRank dry = dry_run_rank(job, 4, 0);
+  const DryRunRank dry = dry_run_rank(job, ParallelDims::of(job.parallelism).world_size(), 0);
   int64_t dry_count = 0, dry_bytes = 0;
   for (const auto& c : dry.collectives) {
     dry_count += c.count;

@@ -19,7 +19,7 @@
 #include "train/optim/optim_utils.h"
 #include "train/spec/parallelized_model.h"
 #include "train/metrics/state_bytes.h"
-#include "train/parallel/local_piece.h"
+#include "train/parallel/mesh_sum.h"
 #include "train/parallel/parallelism_scope.h"
 #include "hyper_parallel_train/train_context.h"
 #include "hyper_parallel_train/train_spec.h"
@@ -88,11 +88,6 @@ std::unique_ptr<BuiltJob> build_job(JobConfig config, bool on_meta) {
   return job;
 }
 
-void sum_over_dp_mesh(at::Tensor& values, const std::optional<DeviceMesh>& mesh) {
-  if (!mesh) return;
-  for (int64_t d = 0; d < mesh->ndim(); ++d) mesh->comm(d).all_reduce_(values, ReduceOp::Sum);
-}
-
 // One micro-batch's forward and loss, as Trainer::forward_backward computes it.
 at::Tensor micro_batch_loss(BuiltJob& job, const Batch& rows) {
   auto guard = job.context();
@@ -110,23 +105,18 @@ void run_step(BuiltJob& job) {
   const auto& t = job.config.training;
   job.optimizer->zero_grad();
   at::Tensor counts = at::ones({1}, at::TensorOptions().dtype(at::kDouble).device(current_world().device));
-  sum_over_dp_mesh(counts, job.meshes.dp);
+  sum_over_mesh(counts, job.meshes.dp);
   const Batch rows = job.micro_batch_rows();
   for (int64_t m = 0; m < t.grad_accum_steps; ++m) {
     micro_batch_backward(job, micro_batch_loss(job, rows), m + 1 == t.grad_accum_steps);
   }
   if (job.meshes.dp) {
     at::Tensor sum = at::ones({1}, counts.options());
-    sum_over_dp_mesh(sum, job.meshes.dp);
+    sum_over_mesh(sum, job.meshes.dp);
   }
   clip_grad_norm_(job.parallelized->trained_parameters(), t.max_norm);
   job.optimizer->step();
   job.parallelized->copy_trained_to_model();
-}
-
-int64_t checkpoint_bytes(const StateBytes& state) {
-  // The trained weights (masters or shards, or the model's own) and AdamW's moments.
-  return (state.masters > 0 ? state.masters : state.parameters) + state.optimizer;
 }
 
 // This thread's own world for the duration of a dry run or measurement.
@@ -180,10 +170,7 @@ MeasuredActivations measure_activations(JobConfig config, const std::function<in
   // Bytes of the model's parameters whose storage is held now (FSDP gathers and frees them).
   auto gathered = [&] {
     int64_t bytes = 0;
-    for (const auto& p : job->model->parameters()) {
-      const at::Tensor local = local_or_plain(p);
-      bytes += local.storage().nbytes() == 0 ? 0 : local.numel() * static_cast<int64_t>(local.element_size());
-    }
+    for (const auto& p : job->model->parameters()) bytes += held_bytes(p);
     return bytes;
   };
   const Batch rows = job->micro_batch_rows();

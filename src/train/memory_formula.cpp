@@ -86,11 +86,6 @@ StateBytes state_bytes_formula(const std::string& family, const DecoderSizes& si
   return s;
 }
 
-int64_t checkpoint_bytes_formula(const StateBytes& state) {
-  // Trained weights: the masters when there are, else the model's parameters.
-  return (state.masters > 0 ? state.masters : state.parameters) + state.optimizer;
-}
-
 ActivationBytes activation_bytes_formula(const DecoderSizes& s, const JobConfig& job, const ParallelDims& dims,
                                          const BlockCheckpointing& ac) {
   const auto& t = job.training;

@@ -1,9 +1,9 @@
 // memory_formula.h — what one rank of a Llama job holds, in closed form: its state after a
-// step (parameters, masters, gradients, AdamW's moments: the StateBytes hp-train logs), its
-// checkpoint, and the activations one micro-batch keeps for backward, with or without
-// activation checkpointing. hp-dry-run prints these beside what the job, built on meta
-// tensors, holds (dry_run.h); docs/training.md ("Dry run") gives the formulas and what they
-// leave out.
+// step (parameters, masters, gradients, AdamW's moments: the StateBytes hp-train logs; its
+// checkpoint follows, checkpoint_bytes in metrics/state_bytes.h), and the activations one
+// micro-batch keeps for backward, with or without activation checkpointing. hp-dry-run prints these beside what the
+// job, built on meta tensors, holds (dry_run.h); docs/training.md ("Dry run") gives the formulas and what they leave
+// out.
 #pragma once
 
 #include <cstdint>
@@ -22,9 +22,6 @@ namespace hyper_parallel::train {
 // llama family (sizes: its parameter list); another is a std::invalid_argument.
 StateBytes state_bytes_formula(const std::string& family, const DecoderSizes& sizes, const JobConfig& job,
                                const ParallelDims& dims, int64_t rank);
-
-// The checkpoint of that rank: trained weights and two AdamW moments.
-int64_t checkpoint_bytes_formula(const StateBytes& state);
 
 struct ActivationBytes {
   int64_t per_block = 0;           // one transformer block without checkpointing

@@ -45,6 +45,7 @@
 #include "train/validator.h"
 #include "train/data/data_identity.h"
 #include "train/parallel/local_piece.h"
+#include "train/parallel/mesh_sum.h"
 #include "train/metrics/metrics.h"
 #include "train/metrics/mfu.h"
 #include "train/optim/lr_scheduler.h"
@@ -58,12 +59,6 @@ namespace {
 
 // Targets that count (not ignore_index).
 int64_t counted_tokens(const Batch& batch) { return batch.target.ne(kIgnoreIndex).sum().item<int64_t>(); }
-
-// Sums `values` (on `mesh`'s device) over every rank of `mesh` (all its dims).
-void sum_over_mesh_(at::Tensor& values, const std::optional<DeviceMesh>& mesh) {
-  if (!mesh) return;
-  for (int64_t d = 0; d < mesh->ndim(); ++d) mesh->comm(d).all_reduce_(values, ReduceOp::Sum);
-}
 
 // 27.3 MFLOPs, 48.2 GFLOPs: three significant digits.
 std::string format_flops(double flops) {
@@ -103,7 +98,7 @@ double Validator::validate(torch::nn::Module& model) const {
   }
   if (dp_mesh_) {
     sums = sums.to(dp_mesh_->device());
-    sum_over_mesh_(sums, dp_mesh_);
+    sum_over_mesh(sums, dp_mesh_);
     sums = sums.cpu();
   }
   double total = 0;
@@ -351,7 +346,7 @@ void Trainer::check_storage() {
   }
   at::Tensor total =
       at::full({1}, bytes, at::TensorOptions().dtype(at::kDouble).device(as_causal_lm(*model_).head_weight().device()));
-  sum_over_mesh_(total, world_mesh_);
+  sum_over_mesh(total, world_mesh_);
   const auto free = free_bytes(checkpoints_->folder());
   if (rank_ == 0 && log_ && free) {
     if (auto warning = room_warning(checkpoints_->folder(), *free, static_cast<int64_t>(total.cpu().item<double>()))) {
@@ -373,7 +368,7 @@ double Trainer::forward_backward(const Batch& batch, StepResult& r) {
   at::Tensor counts =
       at::full({1}, static_cast<double>(counted_tokens(batch)),
                at::TensorOptions().dtype(at::kDouble).device(as_causal_lm(*model_).head_weight().device()));
-  sum_over_mesh_(counts, dp_mesh_);
+  sum_over_mesh(counts, dp_mesh_);
   const double global_tokens = counts.cpu().item<double>();
   clock.mark(kLoss);
   // A step whose targets are all ignored has loss 0 and zero gradients (not 0 / 0).
@@ -394,7 +389,7 @@ double Trainer::forward_backward(const Batch& batch, StepResult& r) {
   }
   if (dp_mesh_) {
     at::Tensor sum = at::full({1}, local_sum, counts.options());
-    sum_over_mesh_(sum, dp_mesh_);
+    sum_over_mesh(sum, dp_mesh_);
     local_sum = sum.cpu().item<double>();
     clock.mark(kBackward);
   }

@@ -8,15 +8,11 @@
 
 namespace hyper_parallel::train {
 
-namespace {
-
 int64_t held_bytes(const at::Tensor& t) {
   if (!t.defined()) return 0;
   const at::Tensor local = local_or_plain(t);
   return local.storage().nbytes() == 0 ? 0 : local.numel() * static_cast<int64_t>(local.element_size());
 }
-
-}  // namespace
 
 StateBytes measure_state_bytes(const ParallelizedModel& model, const torch::optim::AdamW& optimizer) {
   StateBytes s;
@@ -38,6 +34,10 @@ StateBytes measure_state_bytes(const ParallelizedModel& model, const torch::opti
     s.optimizer += held_bytes(state.exp_avg()) + held_bytes(state.exp_avg_sq());
   }
   return s;
+}
+
+int64_t checkpoint_bytes(const StateBytes& state) {
+  return (state.masters > 0 ? state.masters : state.parameters) + state.optimizer;
 }
 
 }  // namespace hyper_parallel::train
