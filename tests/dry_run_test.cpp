@@ -183,6 +183,23 @@ TEST(DryRun, AWorldTheDegreesDoNotMultiplyToIsRefused) {
   }
 }
 
+TEST(DryRun, ARankOutsideTheWorldAndACudaJobAreRefused) {
+  try {
+    dry_run_rank(small_job(1, 4, 1, "float32"), 4, 4);
+    FAIL() << "expected a refusal";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 4 is not in [0, 4)"), std::string::npos) << e.what();
+  }
+  JobConfig cuda = small_job(1, 4, 1, "float32");
+  cuda.training.device = "cuda";
+  try {
+    dry_run_rank(cuda, 4, 0);
+    FAIL() << "expected a refusal";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("run it with training.device = cpu"), std::string::npos) << e.what();
+  }
+}
+
 TEST(DryRun, ActivationFormulaCountsTheBlocksEachModeCheckpoints) {
   JobConfig job = small_job(1, 1, 1, "float32");
   job.model.n_layers = 4;
