@@ -35,7 +35,7 @@ HP_PACKAGES=(
   libtomlplusplus-dev nlohmann-json3-dev gnuplot-nox
   clang lld  # the sanitizer + libFuzzer build (hp_build_sanitized)
   clang-format  # the format check (scripts/check_format.sh)
-  python3-dev  # Python.h for the hyper_parallel extension module (python/)
+  python3-dev  # Python.h for the hyper_parallel_cpp extension module (python/)
 )
 
 hp_sudo() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }

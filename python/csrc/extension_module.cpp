@@ -1,4 +1,4 @@
-// hyper_parallel._C: the C++ library's vocabulary-parallel kernels (hyper_parallel/vocab_parallel.h)
+// hyper_parallel_cpp._C: the C++ library's vocabulary-parallel kernels (hyper_parallel/vocab_parallel.h)
 // for the Python package, over the process groups of torch.distributed. Only bindings live
 // here: every kernel is the library's, the same the C++ loss_parallel runs.
 #include <c10/util/Exception.h>
@@ -69,7 +69,7 @@ hp::FusedLinearCrossEntropyOptions linear_options(const std::optional<at::Tensor
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "HyperParallel's C++ kernels (the hyper_parallel package calls these; use its Python API)";
+  m.doc() = "HyperParallel's C++ kernels (the hyper_parallel_cpp package calls these; use its Python API)";
 
   // The library's errors, as the Python classes the spec names (their bases: ValueError and
   // NotImplementedError); c10's typed errors as the Python types PyTorch raises for them.

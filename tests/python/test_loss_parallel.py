@@ -1,4 +1,4 @@
-"""hyper_parallel.loss_parallel on PyTorch's DTensor against one process's F.cross_entropy
+"""hyper_parallel_cpp.loss_parallel on PyTorch's DTensor against one process's F.cross_entropy
 (float64, 1e-12) and PyTorch's own loss_parallel, TP 1-4 (3 and 4 shard 13 classes unevenly)."""
 
 import itertools
@@ -11,8 +11,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import loss_parallel as torch_loss_parallel
 
-import hyper_parallel as hp
-from hyper_parallel import _C
+import hyper_parallel_cpp as hp
+from hyper_parallel_cpp import _C
 from ranks import assert_close, run_ranks
 
 CLASSES = 13

@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor import DTensor
 
-import hyper_parallel as hp
+import hyper_parallel_cpp as hp
 from ranks import run_ranks
 
 CLASSES = 11

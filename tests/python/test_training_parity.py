@@ -12,7 +12,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, loss_parallel as torch_loss_parallel,
                                                parallelize_module)
 
-import hyper_parallel as hp
+import hyper_parallel_cpp as hp
 from ranks import run_ranks
 
 VOCAB, DIM, STEPS = 37, 12, 20  # 4 * DIM splits evenly at TP 2 and 3 (PyTorch needs that), VOCAB does not

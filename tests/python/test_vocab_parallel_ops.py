@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import hyper_parallel as hp
-from hyper_parallel import _C
+import hyper_parallel_cpp as hp
+from hyper_parallel_cpp import _C
 from ranks import assert_close, run_ranks
 
 VOCAB = 13

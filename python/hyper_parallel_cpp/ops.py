@@ -39,7 +39,7 @@ def _rows(t: Tensor, class_dim: int) -> int:
 # --- cross-entropy ------------------------------------------------------------------------
 
 
-@torch.library.custom_op("hyper_parallel::cross_entropy", mutates_args=())
+@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_cross_entropy", mutates_args=())
 def _cross_entropy(
     logits: Tensor,
     target: Tensor,
@@ -85,7 +85,7 @@ def _(logits, target, weight, group_name, vocab_size, class_dim, ignore_index, r
     return loss, stat, stat.clone(), row_weight, torch.empty([], dtype=torch.int64)
 
 
-@torch.library.custom_op("hyper_parallel::cross_entropy_backward", mutates_args=())
+@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_cross_entropy_backward", mutates_args=())
 def _cross_entropy_backward(
     grad: Tensor,
     logits: Tensor,
@@ -136,7 +136,7 @@ _cross_entropy.register_autograd(_cross_entropy_grad, setup_context=_cross_entro
 # --- log_softmax and nll_loss ---------------------------------------------------------------
 
 
-@torch.library.custom_op("hyper_parallel::log_softmax", mutates_args=())
+@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_log_softmax", mutates_args=())
 def _log_softmax(local: Tensor, class_dim: int, group_name: str, vocab_size: int) -> Tensor:
     return _C.log_softmax(local, class_dim, group_name, vocab_size, None)
 
@@ -146,7 +146,7 @@ def _(local, class_dim, group_name, vocab_size):
     return torch.empty_like(local)
 
 
-@torch.library.custom_op("hyper_parallel::log_softmax_backward", mutates_args=())
+@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_log_softmax_backward", mutates_args=())
 def _log_softmax_backward(grad: Tensor, output: Tensor, class_dim: int, group_name: str, vocab_size: int) -> Tensor:
     return _C.log_softmax_backward(grad, output, class_dim, group_name, vocab_size, output.dtype)
 
@@ -170,7 +170,7 @@ def _log_softmax_grad(ctx, grad):
 _log_softmax.register_autograd(_log_softmax_grad, setup_context=_log_softmax_setup)
 
 
-@torch.library.custom_op("hyper_parallel::nll_loss", mutates_args=())
+@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_nll_loss", mutates_args=())
 def _nll_loss(
     logp: Tensor,
     target: Tensor,
@@ -191,7 +191,7 @@ def _(logp, target, weight, class_dim, reduction, ignore_index, group_name, voca
     return out, logp.new_empty([])
 
 
-@torch.library.custom_op("hyper_parallel::nll_loss_backward", mutates_args=())
+@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_nll_loss_backward", mutates_args=())
 def _nll_loss_backward(
     grad: Tensor,
     logp: Tensor,
@@ -230,7 +230,7 @@ _nll_loss.register_autograd(_nll_loss_grad, setup_context=_nll_loss_setup)
 # --- fused linear + cross-entropy (the logits never exist) ---------------------------------
 
 
-@torch.library.custom_op("hyper_parallel::linear_cross_entropy", mutates_args=())
+@torch.library.custom_op("hyper_parallel_cpp::fused_linear_cross_entropy", mutates_args=())
 def _linear_cross_entropy(
     hidden: Tensor,
     local_weight: Tensor,
@@ -262,7 +262,7 @@ def _(hidden, local_weight, target, weight, group_name, vocab_size, ignore_index
             torch.empty([], dtype=torch.int64))
 
 
-@torch.library.custom_op("hyper_parallel::linear_cross_entropy_backward", mutates_args=())
+@torch.library.custom_op("hyper_parallel_cpp::fused_linear_cross_entropy_backward", mutates_args=())
 def _linear_cross_entropy_backward(
     grad: Tensor,
     hidden: Tensor,

@@ -53,7 +53,7 @@ class _Active:
     options: LossParallelOptions
 
 
-_active: ContextVar[Optional[_Active]] = ContextVar("hyper_parallel.loss_parallel", default=None)
+_active: ContextVar[Optional[_Active]] = ContextVar("hyper_parallel_cpp.loss_parallel", default=None)
 
 _BUILT_IN_NAMES = frozenset({"cross_entropy", "log_softmax", "nll_loss"})
 _extra_names_lock = threading.Lock()

@@ -31,7 +31,7 @@ def _find_torch():
     if explicit:
         found = _torch_of(explicit, os.environ)
         if not found:
-            raise RuntimeError(f"hyper_parallel: HYPER_PARALLEL_TORCH_PYTHON={explicit} cannot import torch")
+            raise RuntimeError(f"hyper_parallel_cpp: HYPER_PARALLEL_TORCH_PYTHON={explicit} cannot import torch")
         return found
     found = _torch_of(sys.executable, os.environ)
     if found:
@@ -41,7 +41,7 @@ def _find_torch():
     if found:
         return found
     raise RuntimeError(
-        "hyper_parallel builds against the torch of the environment it is installed into, and "
+        "hyper_parallel_cpp builds against the torch of the environment it is installed into, and "
         f"{sys.executable} has none: install torch first (pip install torch), or name a Python that "
         "has it with HYPER_PARALLEL_TORCH_PYTHON, or build with pip install --no-build-isolation .")
 
@@ -51,7 +51,7 @@ def _settings(config_settings):
     settings = dict(config_settings or {})
     settings.setdefault("cmake.define.CMAKE_PREFIX_PATH", prefix)
     settings.setdefault("cmake.define.HP_PYTHON", python)
-    print(f"hyper_parallel: building against torch {version} ({prefix})", file=sys.stderr)
+    print(f"hyper_parallel_cpp: building against torch {version} ({prefix})", file=sys.stderr)
     # Compiles from a clone hit the clone's ccache entries (scripts/common.sh sets the same).
     os.environ.setdefault("CCACHE_BASEDIR", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     os.environ.setdefault("CCACHE_NOHASHDIR", "1")

@@ -1,4 +1,4 @@
-"""hyper_parallel: HyperParallel C++'s vocabulary-parallel losses for PyTorch.
+"""hyper_parallel_cpp: HyperParallel C++'s vocabulary-parallel losses for PyTorch.
 
 - ``loss_parallel()``: a drop-in for ``torch.distributed.tensor.parallel.loss_parallel`` on
   PyTorch's DTensor, exact for every option of ``F.cross_entropy`` (docs/python.md).

@@ -1,14 +1,14 @@
 """Side-by-side benchmark of the Python front end, every figure from one run:
 
-    torchrun --nproc-per-node 2 -m hyper_parallel.bench --tokens 4096 --vocab 32000 --dtype float32
+    torchrun --nproc-per-node 2 -m hyper_parallel_cpp.bench --tokens 4096 --vocab 32000 --dtype float32
 
 Per rank, cross-entropy forward + backward on [tokens, vocab] logits sharded along the
 vocabulary (median of --iters after a warm-up), and the peak memory the step allocated
 beyond its inputs (LibTorch's CPU allocator, counted by the library's memory probe; on a GPU
 torch.cuda's statistics):
 
-  ours (loss_parallel)   hyper_parallel.loss_parallel() + F.cross_entropy on the DTensor
-  ours (functional)      hyper_parallel.vocab_parallel_cross_entropy on the local piece
+  ours (loss_parallel)   hyper_parallel_cpp.loss_parallel() + F.cross_entropy on the DTensor
+  ours (functional)      hyper_parallel_cpp.vocab_parallel_cross_entropy on the local piece
   PyTorch loss_parallel  torch.distributed.tensor.parallel.loss_parallel, the same DTensor
   compiled gather        the logits all-gathered, then torch.compile'd F.cross_entropy
 
@@ -29,14 +29,14 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.parallel import loss_parallel as torch_loss_parallel
 
-import hyper_parallel as hp
-from hyper_parallel import _C
+import hyper_parallel_cpp as hp
+from hyper_parallel_cpp import _C
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m hyper_parallel.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m hyper_parallel_cpp.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
