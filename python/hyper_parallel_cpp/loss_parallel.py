@@ -82,6 +82,32 @@ def register_loss_parallel_op_names(*names: str) -> None:
         _extra_names = _extra_names | frozenset(names)
 
 
+# Tensor subclasses of other frameworks whose own dispatchers route loss_parallel's functions to
+# our kernels (integrations/): the mode leaves calls on them to that dispatcher, and their meshes
+# are accepted as loss_parallel(mesh=...).
+_foreign_dtensor_types: tuple = ()
+_foreign_mesh_types: tuple = ()
+
+
+def register_foreign_dtensor(dtensor_type: type, mesh_type: type) -> None:
+    """For integrations: calls on `dtensor_type` pass through the mode to its own dispatcher."""
+    global _foreign_dtensor_types, _foreign_mesh_types
+    if dtensor_type not in _foreign_dtensor_types:
+        _foreign_dtensor_types += (dtensor_type,)
+        _foreign_mesh_types += (mesh_type,)
+
+
+def active_options() -> Optional[LossParallelOptions]:
+    """The options of the calling context's loss_parallel(), or None outside it."""
+    state = _active.get()
+    return None if state is None else state.options
+
+
+def _is_foreign(args, kwargs) -> bool:
+    return bool(_foreign_dtensor_types) and any(
+        isinstance(v, _foreign_dtensor_types) for v in list(args) + list(kwargs.values()))
+
+
 _warned: set = set()
 
 
@@ -116,7 +142,7 @@ def loss_parallel(
     """
     if logit_softcap < 0:
         raise ValueError(f"loss_parallel: logit_softcap must be >= 0 (0: off), got {logit_softcap}")
-    if mesh is not None and not isinstance(mesh, DeviceMesh):
+    if mesh is not None and not isinstance(mesh, (DeviceMesh,) + _foreign_mesh_types):
         raise TypeError(f"loss_parallel: mesh must be a DeviceMesh or None, got {type(mesh).__name__}")
     if parallelism_config().disable_loss_parallel:
         _warn_once("disabled", "loss_parallel(): ParallelismConfig.disable_loss_parallel is set, so this "
@@ -469,7 +495,7 @@ class _LossParallelMode(TorchFunctionMode):
                     f"kernel")
             return func(*args, **kwargs)
         state = _active.get()
-        if state is not None:
+        if state is not None and not _is_foreign(args, kwargs):
             result = route(state.options, args, kwargs, func)
             if result is not NotImplemented:
                 return result

@@ -1,0 +1,424 @@
+"""loss_parallel on HyperParallel's own DTensor (mindspore-ai/hyper-parallel), through its dispatcher.
+
+After ``install()``, inside ``hyper_parallel_cpp.loss_parallel()`` (the context that serves PyTorch's
+DTensor), ``F.cross_entropy`` / ``nn.CrossEntropyLoss``, ``F.nll_loss`` and ``log_softmax`` on
+HyperParallel DTensors sharded along the class dim run our kernels on the local piece, over the
+process group of the mesh axis that shards the classes: cross-entropy in one all-gather forward and
+none backward, with every option of the PyTorch path.
+
+How it plugs in (the spec's scheme A, in HyperParallel's terms): its DTensor sends every torch
+function to ``OpDispatcher.dispatch``, which looks the function's bare name up in the table its
+YAML files fill (``layout_infer_ops``) and in the ``DistributedOp`` registry. ``install()`` adds,
+in memory, one ``DistributedOp`` and one table entry per name. The dispatcher caches (output
+layout, implementation) per name and input layouts for the life of the process, and its key holds
+no context flag: so nothing here decides by the context at inference time. The implementation
+returned checks the context, the options and the sizes each time it runs.
+
+Outside the context, class-sharded logits raise ``LossParallelLayoutError`` naming loss_parallel
+(or, with ``ParallelismConfig.loss_parallel_fallback_on_layout_error``, are all-gathered with a
+warning and the loss computed whole); logits replicated on every mesh axis get the ordinary loss on
+every rank, which is exact. Any other layout is an error that names it.
+"""
+
+import importlib
+import inspect
+import threading
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .. import ops
+from ..config import parallelism_config
+from ..errors import LossParallelLayoutError, LossParallelUnsupportedError
+
+# The module, not the function the package exports under the same name.
+lp = importlib.import_module("..loss_parallel", __package__)
+
+# The bare names HyperParallel's dispatcher keys F.cross_entropy (and nn.CrossEntropyLoss, which
+# calls it), F.nll_loss and every log_softmax spelling by.
+ROUTED_NAMES = ("cross_entropy", "nll_loss", "log_softmax")
+
+_lock = threading.Lock()
+_installed = False
+
+_CROSS_ENTROPY = inspect.signature(F.cross_entropy)
+_NLL_LOSS = inspect.signature(F.nll_loss)
+
+
+def is_installed() -> bool:
+    return _installed
+
+
+def install() -> None:
+    """Routes HyperParallel's dispatcher to our kernels for ROUTED_NAMES. Opt-in and idempotent.
+
+    Raises ImportError naming what is missing when HyperParallel is not importable, and
+    RuntimeError when this HyperParallel already has a rule of its own for one of the names or
+    ships its own loss_parallel (either would decide those calls before or instead of ours)."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        try:
+            import hyper_parallel  # noqa: F401
+        except ImportError as e:
+            raise ImportError(
+                "hyper_parallel_cpp.integrations.hyperparallel.install(): HyperParallel is not importable "
+                f"({e}). It is not on PyPI: put a checkout of mindspore-ai/hyper-parallel on PYTHONPATH") from e
+        _refuse_own_loss_parallel()
+        hp = _HyperParallel.load()
+        for name in ROUTED_NAMES:
+            if name in hp.dispatcher.layout_infer_ops or hp.get_distributed_op(name) is not None:
+                raise RuntimeError(
+                    f"hyper_parallel_cpp.integrations.hyperparallel.install(): this HyperParallel already has a "
+                    f"rule for '{name}' ({hp.dispatcher.layout_infer_ops.get(name)}); refusing to replace it")
+        route_class = _route_class(hp)
+        for name in ROUTED_NAMES:
+            route_class(name)  # DistributedOp.__init__ registers it under `name`
+            hp.dispatcher.layout_infer_ops[name] = {"distributed_op_class": route_class.__name__,
+                                                    "distributed_op_module": __name__}
+            hp.layout_cache.pop(name, None)
+        lp.register_foreign_dtensor(hp.DTensor, hp.DeviceMesh)
+        _installed = True
+
+
+@dataclass
+class _HyperParallel:
+    """The parts of HyperParallel the route uses, imported on install()."""
+    DTensor: type
+    DeviceMesh: type
+    DistributedOp: type
+    dispatcher: Any
+    layout_cache: dict
+    get_distributed_op: Any
+
+    @staticmethod
+    def load() -> "_HyperParallel":
+        try:
+            from hyper_parallel.core.device_mesh import DeviceMesh
+            from hyper_parallel.core.dtensor import DTensor
+            from hyper_parallel.core.shard._op_dispatch import _OP_DISPATCHER, LayoutCacheManager
+            from hyper_parallel.core.shard.ops.parallel_ops import DistributedOp
+            from hyper_parallel.core.shard.ops.parallel_ops_register import get_distributed_op
+        except ImportError as e:
+            raise ImportError(
+                "hyper_parallel_cpp.integrations.hyperparallel.install(): this HyperParallel lacks a part the route "
+                f"plugs into ({e}); the route is tested against the tree whose dispatcher is "
+                "hyper_parallel.core.shard._op_dispatch") from e
+        return _HyperParallel(DTensor, DeviceMesh, DistributedOp, _OP_DISPATCHER,
+                              LayoutCacheManager.get_instance().get_layout_cache(), get_distributed_op)
+
+
+def _refuse_own_loss_parallel() -> None:
+    # Detected by what the tree contains, not by a version: newer HyperParallel dispatchers send
+    # cross-entropy names to their own kernel inside their own context before any DistributedOp.
+    found = []
+    try:
+        module = importlib.import_module("hyper_parallel.core.tensor_parallel.loss_parallel")
+        if hasattr(module, "loss_parallel"):
+            found.append("hyper_parallel.core.tensor_parallel.loss_parallel.loss_parallel")
+    except ModuleNotFoundError:
+        pass
+    if found:
+        raise RuntimeError(
+            "hyper_parallel_cpp.integrations.hyperparallel.install(): this HyperParallel ships its own "
+            f"loss_parallel ({', '.join(found)}); its dispatcher decides cross-entropy calls inside its context "
+            "before any registered rule, so the two would split the calls between them. Use HyperParallel's "
+            "loss_parallel() with this tree, or our route with a HyperParallel tree without its own")
+
+
+# --- layouts -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _ClassAxis:
+    """Where the classes of a HyperParallel DTensor live: the mesh axis that shards them."""
+    group_name: str
+    size: int  # ranks on the axis
+    rank: int  # this rank's piece
+
+
+def _describe(layout) -> str:
+    return f"placements {list(layout.placements)} on a mesh {tuple(layout.mesh.mesh_shape)} " \
+           f"{tuple(layout.mesh.mesh_dim_names or ())}"
+
+
+def _expected(class_dim: int) -> str:
+    return (f"a HyperParallel DTensor sharded along its class dim {class_dim} by one mesh axis "
+            f"(placements [Shard({class_dim})] on the tensor-parallel mesh)")
+
+
+def _class_axes(layout, class_dim: int, ndim: int) -> List[int]:
+    return [i for i, p in enumerate(layout.placements) if p.is_shard() and p.dim % ndim == class_dim]
+
+
+def _all_replicated(layout) -> bool:
+    return all(p.is_replicate() for p in layout.placements)
+
+
+def _class_axis(layout, class_dim: int, ndim: int, op: str, options: lp.LossParallelOptions) -> _ClassAxis:
+    """The class axis of logits inside the context, or the named error for a layout it cannot take
+    (raised alike on every rank: it depends on the layout only)."""
+    if layout is None:
+        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the input to be {_expected(class_dim)}, "
+                                      f"got a plain tensor")
+    if any(p.is_partial() for p in layout.placements):
+        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the input to be {_expected(class_dim)}, "
+                                      f"got {_describe(layout)} (reduce the Partial first)")
+    axes = _class_axes(layout, class_dim, ndim)
+    if not axes:
+        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the input to be {_expected(class_dim)}, "
+                                      f"got {_describe(layout)}: the class dim {class_dim} is not sharded")
+    if len(axes) > 1:
+        raise LossParallelUnsupportedError(f"{op} under loss_parallel: the class dim is sharded by {len(axes)} mesh "
+                                           f"axes ({_describe(layout)}); expected exactly one")
+    axis = axes[0]
+    mesh = layout.mesh
+    if mesh.ndim > 1:
+        if options.effective_strict():
+            raise LossParallelLayoutError(f"{op} under loss_parallel (strict): expected {_expected(class_dim)}, got "
+                                          f"{_describe(layout)}. Use the 1-D tensor-parallel sub-mesh or strict=False")
+        others = [p for i, p in enumerate(layout.placements) if i != axis and not p.is_replicate()]
+        if others:
+            raise LossParallelLayoutError(
+                f"{op} under loss_parallel (strict=False): expected every mesh axis but the class axis to be "
+                f"Replicate, got {_describe(layout)}; put the logits on the tensor-parallel sub-mesh "
+                f"(DTensor.from_local(local, mesh['tp'], [Shard({class_dim})]))")
+    if options.mesh is not None and options.mesh is not mesh:
+        axis_ranks = _axis_ranks(mesh, axis)
+        if not (options.mesh.ndim == 1 and list(options.mesh.rank_list) == axis_ranks):
+            raise LossParallelLayoutError(f"{op} under loss_parallel(mesh={options.mesh}): expected the input on "
+                                          f"that mesh, got {_describe(layout)}")
+    group = mesh.get_group(axis)
+    coordinate = _coordinate(mesh, axis)
+    if dist.get_rank(group) != coordinate:
+        raise LossParallelLayoutError(
+            f"{op} under loss_parallel: the mesh axis {axis} orders its ranks {_axis_ranks(mesh, axis)} differently "
+            f"from its process group {dist.get_process_group_ranks(group)}; expected a mesh whose rank list "
+            f"increases along each axis")
+    return _ClassAxis(group.group_name, mesh.mesh_shape[axis], coordinate)
+
+
+def _coordinate(mesh, axis: int) -> int:
+    index = list(mesh.rank_list).index(dist.get_rank())
+    for i in range(mesh.ndim - 1, axis, -1):
+        index //= mesh.mesh_shape[i]
+    return index % mesh.mesh_shape[axis]
+
+
+def _axis_ranks(mesh, axis: int) -> List[int]:
+    ranks = torch.tensor(list(mesh.rank_list)).reshape(tuple(mesh.mesh_shape))
+    me = list(mesh.rank_list).index(dist.get_rank())
+    coords = list(torch.unravel_index(torch.tensor(me), tuple(mesh.mesh_shape)))
+    coords[axis] = slice(None)
+    return ranks[tuple(coords)].flatten().tolist()
+
+
+def _named_layouts(signature: inspect.Signature, layouts, args, kwargs) -> dict:
+    """The input layouts by parameter name: the dispatcher lists one per positional argument, then
+    one per keyword in order."""
+    positions = signature.bind(*range(len(args)), **{k: len(args) + i for i, k in enumerate(kwargs)}).arguments
+    return {name: layouts[i] if i < len(layouts) else None for name, i in positions.items()}
+
+
+def _replicated_value(value, layout, what: str, op: str):
+    if layout is not None and not _all_replicated(layout):
+        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the {what} to be replicated (a plain "
+                                      f"tensor or a DTensor with [Replicate()]), got {_describe(layout)}")
+    return value
+
+
+# --- the route -----------------------------------------------------------------------------------
+
+
+class _Replicated:
+    """An output layout for the dispatcher to wrap a loss with: Replicate on every axis of `mesh`."""
+
+    def __init__(self, mesh, replicate):
+        self.mesh = mesh
+        self.placements = tuple(replicate() for _ in range(mesh.ndim))
+
+
+def _route_class(hp: _HyperParallel) -> type:
+    from hyper_parallel.core.placement_types import Replicate
+
+    class VocabParallelRoute(hp.DistributedOp):
+        """HyperParallel's rule for one of ROUTED_NAMES: our kernels inside loss_parallel()."""
+
+        def infer_layout(self, layouts, extra_args):
+            x = layouts[0] if layouts else None
+            if x is None:
+                return None  # the implementation raises: the logits are not a DTensor
+            # A loss is replicated on the logits' mesh; log_softmax keeps its input's layout.
+            return x if self.op_name == "log_softmax" else _Replicated(x.mesh, Replicate)
+
+        def get_expand_impl(self, func, output_layout, layouts, extra_args):
+            layouts = list(layouts)
+            run = {"cross_entropy": _cross_entropy, "nll_loss": _nll_loss, "log_softmax": _log_softmax}[self.op_name]
+            return lambda *args, **kwargs: run(func, layouts, args, kwargs)
+
+    return VocabParallelRoute
+
+
+def _outside_context(func, layouts, args, kwargs, op: str, x, class_dim: int, ndim: int):
+    """A call the context does not own: exact whole-tensor arithmetic, or a named error."""
+    if x is None:
+        raise LossParallelLayoutError(f"{op}: expected the input to be a HyperParallel DTensor, got a plain tensor "
+                                      f"beside DTensor arguments")
+    if _all_replicated(x) and all(lay is None or _all_replicated(lay) for lay in layouts):
+        return func(*args, **kwargs)  # every rank holds everything: the ordinary op is exact
+    if any(p.is_partial() for p in x.placements):
+        raise LossParallelLayoutError(f"{op} on HyperParallel DTensor input: expected no Partial placement, got "
+                                      f"{_describe(x)} (reduce it first)")
+    axes = _class_axes(x, class_dim, ndim)
+    if axes and lp.active_options() is None:
+        config = parallelism_config()
+        if config.loss_parallel_fallback_on_layout_error:
+            lp._warn_once("hyperparallel-gather:" + op,
+                          f"{op} on class-sharded HyperParallel DTensor logits outside loss_parallel: all-gathering "
+                          f"the classes (loss_parallel_fallback_on_layout_error is set)")
+            return _gathered(func, layouts, args, kwargs, x, class_dim, ndim)
+        raise LossParallelLayoutError(
+            f"{op} on HyperParallel DTensor logits sharded along the class dim ({_describe(x)}) outside "
+            f"loss_parallel: each rank holds only its piece of the classes. Call it inside `with "
+            f"hyper_parallel_cpp.loss_parallel():` (integrations.hyperparallel installed)")
+    raise LossParallelLayoutError(f"{op} on HyperParallel DTensor input laid out as {_describe(x)}: no exact rule "
+                                  f"for this layout; expected {_expected(class_dim)} inside loss_parallel, or "
+                                  f"every input replicated")
+
+
+class _GatherClasses(torch.autograd.Function):
+    """The whole class dim from every rank's even piece; backward keeps this rank's piece of the
+    gradient (the result is replicated, so no collective)."""
+
+    @staticmethod
+    def forward(ctx, local, class_dim, axis):
+        pieces = [torch.empty_like(local) for _ in range(axis.size)]
+        dist.all_gather(pieces, local.contiguous(), group=_group(axis))
+        ctx.args = (class_dim, axis.rank * local.shape[class_dim], local.shape[class_dim])
+        return torch.cat(pieces, class_dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        class_dim, start, length = ctx.args
+        return grad.narrow(class_dim, start, length), None, None
+
+
+def _group(axis: _ClassAxis):
+    return torch.distributed.distributed_c10d._resolve_process_group(axis.group_name)
+
+
+def _gathered(func, layouts, args, kwargs, x, class_dim: int, ndim: int):
+    axis = _class_axis(x, class_dim, ndim, getattr(func, "__name__", "loss"), lp.LossParallelOptions(strict=False))
+
+    def whole(value, layout):
+        if layout is x or (layout is not None and list(layout.placements) == list(x.placements)):
+            return _GatherClasses.apply(value, class_dim, axis)
+        return value
+
+    n = len(args)
+    args = [whole(a, layouts[i] if i < len(layouts) else None) for i, a in enumerate(args)]
+    kwargs = {k: whole(v, layouts[n + i] if n + i < len(layouts) else None) for i, (k, v) in enumerate(kwargs.items())}
+    return func(*args, **kwargs)
+
+
+def _cross_entropy(func, layouts, args, kwargs):
+    op = "cross_entropy"
+    named = _named_layouts(_CROSS_ENTROPY, layouts, args, kwargs)
+    a = _CROSS_ENTROPY.bind(*args, **kwargs).arguments
+    logits, target, weight = a["input"], a["target"], a.get("weight")
+    ndim = logits.dim()
+    class_dim = 1 if ndim >= 2 else 0
+    options = lp.active_options()
+    x = named.get("input")
+    if options is None or x is None or not _class_axes(x, class_dim, ndim):
+        if options is not None and options.effective_strict():
+            _class_axis(x, class_dim, ndim, op, options)  # raises the context's error for this layout
+        return _outside_context(func, layouts, args, kwargs, op, x, class_dim, ndim)
+    axis = _class_axis(x, class_dim, ndim, op, options)
+    if options.gradient_in_forward:
+        raise LossParallelUnsupportedError("cross_entropy under loss_parallel(gradient_in_forward=True) on "
+                                           "HyperParallel's DTensor: not available on this route; leave it off")
+    reduction = lp._legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
+    if target.is_floating_point():
+        target = _probability_target_local(target, named.get("target"), x, logits, class_dim, axis, op)
+    else:
+        target = _replicated_value(target, named.get("target"), "target", op)
+    if weight is not None:
+        weight = _replicated_value(weight, named.get("weight"), "class weight", op)
+    loss, *_ = ops._cross_entropy(
+        logits, target, weight, axis.group_name, logits.shape[class_dim] * axis.size, class_dim,
+        int(a.get("ignore_index", -100)), ops.reduction_code(reduction, op), float(a.get("label_smoothing", 0.0)),
+        options.z_loss_weight, options.logit_softcap)
+    return loss
+
+
+def _probability_target_local(target, layout, x, logits, class_dim: int, axis: _ClassAxis, op: str):
+    if layout is not None and list(layout.placements) == list(x.placements):
+        return target  # laid out like the logits: already this rank's classes
+    if layout is not None and not _all_replicated(layout):
+        raise LossParallelLayoutError(f"{op} under loss_parallel: expected probability targets replicated or laid out "
+                                      f"like the logits ({list(x.placements)}), got {_describe(layout)}")
+    local = logits.shape[class_dim]
+    whole = list(logits.shape)
+    whole[class_dim] = local * axis.size
+    if list(target.shape) != whole:
+        raise ValueError(f"{op}: probability targets must have the logits' shape {whole}, got {list(target.shape)}")
+    return target.narrow(class_dim, axis.rank * local, local)
+
+
+def _nll_loss(func, layouts, args, kwargs):
+    op = "nll_loss"
+    named = _named_layouts(_NLL_LOSS, layouts, args, kwargs)
+    a = _NLL_LOSS.bind(*args, **kwargs).arguments
+    logp, target, weight = a["input"], a["target"], a.get("weight")
+    ndim = logp.dim()
+    class_dim = 1 if ndim >= 2 else 0
+    options = lp.active_options()
+    x = named.get("input")
+    if options is None or x is None or not _class_axes(x, class_dim, ndim):
+        if options is not None and options.effective_strict():
+            _class_axis(x, class_dim, ndim, op, options)
+        return _outside_context(func, layouts, args, kwargs, op, x, class_dim, ndim)
+    axis = _class_axis(x, class_dim, ndim, op, options)
+    lp._reject_cross_entropy_only_options(options, op)
+    if target.is_floating_point():
+        raise LossParallelUnsupportedError("nll_loss under loss_parallel: expected class-index targets (as "
+                                           "F.nll_loss), got floating-point ones")
+    target = _replicated_value(target, named.get("target"), "target", op)
+    if weight is not None:
+        weight = _replicated_value(weight, named.get("weight"), "class weight", op)
+    reduction = lp._legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
+    out, _ = ops._nll_loss(logp, target, weight, class_dim, ops.reduction_code(reduction, op),
+                           int(a.get("ignore_index", -100)), axis.group_name, logp.shape[class_dim] * axis.size)
+    return out
+
+
+def _log_softmax(func, layouts, args, kwargs):
+    op = "log_softmax"
+    local, dim, dtype = lp._log_softmax_args(func, args, kwargs)
+    x = layouts[0] if layouts else None
+    if x is None or dim is None or not isinstance(dim, int):
+        raise LossParallelLayoutError(f"{op} on HyperParallel DTensors: expected the input as a DTensor and an "
+                                      f"integer dim, got {type(local).__name__} and dim={dim!r}")
+    ndim = local.dim()
+    dim = dim % max(ndim, 1)
+    if any(p.is_partial() for p in x.placements):
+        raise LossParallelLayoutError(f"{op} on HyperParallel DTensor input: expected no Partial placement, got "
+                                      f"{_describe(x)} (reduce it first)")
+    if not _class_axes(x, dim, ndim):
+        return func(*args, **kwargs)  # no mesh axis splits `dim`: each rank's rows are whole
+    options = lp.active_options()
+    if options is None:
+        return _outside_context(func, layouts, args, kwargs, op, x, dim, ndim)
+    axis = _class_axis(x, dim, ndim, op, options)
+    lp._reject_cross_entropy_only_options(options, op)
+    if dtype is not None:
+        local = local.to(dtype)
+    return ops._log_softmax(local, dim, axis.group_name, local.shape[dim] * axis.size)
+
+
+__all__ = ["ROUTED_NAMES", "install", "is_installed"]
