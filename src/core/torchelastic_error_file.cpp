@@ -37,8 +37,9 @@ bool write_torchelastic_error_file(const std::string& path, const std::string& m
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << "{\"message\": {\"message\": " << json_string(message) << ", \"extraInfo\": {\"py_callstack\": "
-        << json_string(message) << ", \"timestamp\": \"" << seconds << "\"}}}\n";
+    out << "{\"message\": {\"message\": " << json_string(message)
+        << ", \"extraInfo\": {\"py_callstack\": " << json_string(message) << ", \"timestamp\": \"" << seconds
+        << "\"}}}\n";
     if (!out.flush()) return false;
   }
   return std::rename(tmp.c_str(), path.c_str()) == 0;

@@ -10,7 +10,7 @@ namespace hyper_parallel::ce_kernel {
 
 namespace {
 
-enum class Variant { Default, Avx2, Avx512 };
+enum class Variant { Default, Avx2, Avx512, Avx512Bf16 };
 
 Variant chosen() {
   static const Variant v = [] {
@@ -21,6 +21,10 @@ Variant chosen() {
     // ATen's AVX512 kernels ask for these four, as the flags this variant is built with.
     if (wanted != "avx2" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+#if defined(HP_CE_HAVE_AVX512_BF16)
+      // ATEN_CPU_CAPABILITY=avx512 keeps the plain AVX512 variant (tests compare the two).
+      if (wanted != "avx512" && __builtin_cpu_supports("avx512bf16")) return Variant::Avx512Bf16;
+#endif
       return Variant::Avx512;
     }
 #endif
@@ -34,21 +38,28 @@ Variant chosen() {
 
 }  // namespace
 
-#define HP_CE_DISPATCH(call)             \
-  switch (chosen()) {                    \
-    case Variant::Avx512:                \
-      HP_CE_AVX512(return AVX512::call;) \
-    case Variant::Avx2:                  \
-      HP_CE_AVX2(return AVX2::call;)     \
-    case Variant::Default:               \
-      break;                             \
-  }                                      \
+#define HP_CE_DISPATCH(call)                       \
+  switch (chosen()) {                              \
+    case Variant::Avx512Bf16:                      \
+      HP_CE_AVX512_BF16(return AVX512_BF16::call;) \
+    case Variant::Avx512:                          \
+      HP_CE_AVX512(return AVX512::call;)           \
+    case Variant::Avx2:                            \
+      HP_CE_AVX2(return AVX2::call;)               \
+    case Variant::Default:                         \
+      break;                                       \
+  }                                                \
   return DEFAULT::call;
 
 #if defined(HP_CE_HAVE_AVX512)
 #define HP_CE_AVX512(x) x
 #else
 #define HP_CE_AVX512(x)
+#endif
+#if defined(HP_CE_HAVE_AVX512_BF16)
+#define HP_CE_AVX512_BF16(x) x
+#else
+#define HP_CE_AVX512_BF16(x)
 #endif
 #if defined(HP_CE_HAVE_AVX2)
 #define HP_CE_AVX2(x) x
@@ -64,6 +75,8 @@ void exp_values(const float* x, float* out, int64_t n) { HP_CE_DISPATCH(exp_valu
 
 const char* capability_name() {
   switch (chosen()) {
+    case Variant::Avx512Bf16:
+      return "AVX512_BF16";
     case Variant::Avx512:
       return "AVX512";
     case Variant::Avx2:

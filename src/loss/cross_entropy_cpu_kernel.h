@@ -1,6 +1,6 @@
 // The fused cross-entropy CPU kernels on raw rows (internal): one pass over the logits
 // in forward (per-row statistics), one pass in backward (read logits, write gradient).
-// Compiled once per CPU capability (DEFAULT, AVX2, AVX512 on x86) and dispatched at run
+// Compiled once per CPU capability (DEFAULT, AVX2, AVX512, AVX512_BF16 on x86) and dispatched at run
 // time like ATen's own kernels, so the library does not require AVX at build time.
 #pragma once
 
@@ -64,7 +64,7 @@ struct BackwardArgs {
 void forward_stats(const ForwardArgs& args);
 void backward(const BackwardArgs& args);
 
-// Which variant runs here ("DEFAULT", "AVX2", "AVX512"): benchmarks print it.
+// Which variant runs here ("DEFAULT", "AVX2", "AVX512", "AVX512_BF16"): benchmarks print it.
 const char* capability_name();
 
 // The per-capability entry points (cross_entropy_cpu_kernel_impl.h instantiates them).
@@ -82,6 +82,9 @@ HP_CE_DECLARE(AVX2)
 #endif
 #if defined(HP_CE_HAVE_AVX512)
 HP_CE_DECLARE(AVX512)
+#endif
+#if defined(HP_CE_HAVE_AVX512_BF16)
+HP_CE_DECLARE(AVX512_BF16)
 #endif
 #undef HP_CE_DECLARE
 
