@@ -51,8 +51,11 @@ class ParallelDims {
   // The rank holding `piece` in `replica`.
   int64_t rank_of(int64_t replica, int64_t piece) const { return replica * pieces() + piece; }
 
-  // Refuses (c10::Error) a world of another size, naming the config keys and what to launch.
-  void check_world_size(int64_t world_size) const;
+  // How the ranks of a job come to be, for the remedy a wrong world size names.
+  enum class Ranks { Launched, Played };  // by a launcher (hp-run, torchrun); by hp-dry-run
+  // Refuses (c10::Error) a world of another size, naming the config keys and what to launch
+  // (or, for a dry run, which --world-size to play).
+  void check_world_size(int64_t world_size, Ranks ranks = Ranks::Launched) const;
   // "dp 2 x fsdp 2 x tp 2"; the shard degree only when FSDP is on ("dp 1 x tp 4").
   std::string describe() const;
 

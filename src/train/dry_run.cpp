@@ -140,7 +140,7 @@ DryRunRank dry_run_rank(JobConfig config, int64_t world_size, int64_t rank) {
   TORCH_CHECK(config.training.device == "cpu", "hp-dry-run: training.device = ", config.training.device,
               ": the dry run builds the job on the meta device; run it with training.device = cpu (the bytes are the "
               "same on a GPU)");
-  ParallelDims::of(config.parallelism).check_world_size(world_size);
+  ParallelDims::of(config.parallelism).check_world_size(world_size, ParallelDims::Ranks::Played);
   TORCH_CHECK(rank >= 0 && rank < world_size, "hp-dry-run: rank ", rank, " is not in [0, ", world_size, ")");
   FakeWorld world(rank, world_size);
   DryRunRank out;
