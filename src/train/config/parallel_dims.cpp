@@ -28,11 +28,11 @@ ParallelDims ParallelDims::of(const ParallelismJobConfig& p) {
 void ParallelDims::check_world_size(int64_t world_size, Ranks ranks) const {
   const bool fsdp = fsdp_enabled();
   const int64_t want = this->world_size();
-  const std::string remedy =
-      ranks == Ranks::Played
-          ? "play " + std::to_string(want) + " ranks (--world-size " + std::to_string(want) + ")"
-          : "launch " + std::to_string(want) + " ranks (hp-run --nproc-per-node " + std::to_string(want) +
-                ", or --nnodes N with N x nproc-per-node = " + std::to_string(want) + ")";
+  const std::string remedy = ranks == Ranks::Played
+                                 ? "play " + std::to_string(want) + " ranks (--world-size " + std::to_string(want) + ")"
+                                 : "launch " + std::to_string(want) + " ranks (hp-run --nproc-per-node " +
+                                       std::to_string(want) +
+                                       ", or --nnodes N with N x nproc-per-node = " + std::to_string(want) + ")";
   TORCH_CHECK(world_size == want, "parallelism.data_parallel_degree x ", fsdp ? "data_parallel_shard_degree x " : "",
               "tensor_parallel_degree = ", dp_replicate_, " x ", fsdp ? std::to_string(dp_shard_) + " x " : "", tp_,
               " = ", want, " ranks, but the job has ", world_size, "; ", remedy, " or change the degrees");
