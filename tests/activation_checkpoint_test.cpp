@@ -451,6 +451,17 @@ TEST(ActivationCheckpointTrainer, FullAndSelectiveTrainAsNoneAtTp2AndWithFsdpAnd
   }
 }
 
+// What a policy does to a model of n blocks, as hp-train and hp-dry-run log it: a selective
+// option larger than the block count checkpoints nothing, and says so (it read "1 block in 5").
+TEST(ActivationCheckpoint, ItsDescriptionCountsTheBlocksOfTheModel) {
+  EXPECT_EQ(block_checkpointing("none", "2").str(4), "none");
+  EXPECT_EQ(block_checkpointing("full", "2").str(4), "full (4 of 4 blocks)");
+  EXPECT_EQ(block_checkpointing("selective", "2").str(5), "selective (every 2nd block: 2 of 5 blocks)");
+  EXPECT_EQ(block_checkpointing("selective", "3").str(6), "selective (every 3rd block: 2 of 6 blocks)");
+  EXPECT_EQ(block_checkpointing("selective", "5").str(2),
+            "selective (every 5th block: none of 2 blocks; selective_ac_option exceeds the block count)");
+}
+
 // Replicas without FSDP (DDP's bucketed reducer, dp 2 x TP 2), in float64 and in bfloat16
 // with masters. The reducer took each parameter's gradient from a tensor hook, which the
 // recompute's autograd::grad also fires (it captures the parameters' gradients): "got two

@@ -74,6 +74,9 @@ struct BlockCheckpointing {
 
   bool checkpoints(int64_t block) const;
   std::string str() const;  // "none", "full", "selective (1 block in 2)"
+  // What it does to a model of `blocks` blocks: "full (4 of 4 blocks)", "selective (every 2nd
+  // block: 2 of 5 blocks)", and says so when an option larger than the count picks none.
+  std::string str(int64_t blocks) const;
 };
 
 // From TorchTitan's keys: mode "none" | "full" | "selective", and selective_ac_option a positive

@@ -360,6 +360,19 @@ std::string BlockCheckpointing::str() const {
   return "?";
 }
 
+std::string BlockCheckpointing::str(int64_t blocks) const {
+  if (mode == ActivationCheckpointMode::kNone) return "none";
+  int64_t picked = 0;
+  for (int64_t b = 0; b < blocks; ++b) picked += checkpoints(b) ? 1 : 0;
+  const std::string of = " of " + std::to_string(blocks) + " blocks";
+  if (mode == ActivationCheckpointMode::kFull) return "full (" + std::to_string(picked) + of + ")";
+  const int64_t last = every % 100 / 10 == 1 ? 0 : every % 10;  // 11th, 12th, 13th
+  const char* suffix = last == 1 ? "st" : last == 2 ? "nd" : last == 3 ? "rd" : "th";
+  const std::string which = "every " + std::to_string(every) + suffix + " block: ";
+  if (picked == 0) return "selective (" + which + "none" + of + "; selective_ac_option exceeds the block count)";
+  return "selective (" + which + std::to_string(picked) + of + ")";
+}
+
 BlockCheckpointing block_checkpointing(const std::string& mode, const std::string& selective_ac_option,
                                        bool preserve_rng_state) {
   BlockCheckpointing b;

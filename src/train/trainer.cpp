@@ -231,7 +231,8 @@ void Trainer::log_start() {
   if (config_.parallelism.sequence_parallel) *log_ << ", sequence parallel";
   const auto& ac = config_.activation_checkpoint;
   if (ac.mode != "none")
-    *log_ << ", activation checkpointing " << block_checkpointing(ac.mode, ac.selective_ac_option).str();
+    *log_ << ", activation checkpointing "
+          << block_checkpointing(ac.mode, ac.selective_ac_option).str(config_.model.n_layers);
   *log_ << ", loss parallel " << (loss_parallel_enabled_ ? "on" : "off")
         << (t.fused_linear_loss ? ", fused linear loss" : "");
   if (t.z_loss_weight > 0) *log_ << ", z-loss " << t.z_loss_weight;
