@@ -325,20 +325,41 @@ def _gathered(func, layouts, args, kwargs, x, class_dim: int, ndim: int):
     return func(*args, **kwargs)
 
 
-def _cross_entropy(func, layouts, args, kwargs):
-    op = "cross_entropy"
-    named = _named_layouts(_CROSS_ENTROPY, layouts, args, kwargs)
-    a = _CROSS_ENTROPY.bind(*args, **kwargs).arguments
-    logits, target, weight = a["input"], a["target"], a.get("weight")
-    ndim = logits.dim()
-    class_dim = 1 if ndim >= 2 else 0
+@dataclass
+class _LossCall:
+    """A loss call (cross_entropy, nll_loss) the context owns: its arguments by name (local
+    values), their layouts by name, and where the classes live."""
+    arguments: dict
+    layouts: dict
+    class_dim: int
+    axis: _ClassAxis
+    options: lp.LossParallelOptions
+
+
+def _loss_call(op: str, signature: inspect.Signature, func, layouts, args, kwargs):
+    """The call's _LossCall, or (outside the context or for logits it does not own) the call's
+    result by _outside_context, or the context's named error for the logits' layout."""
+    named = _named_layouts(signature, layouts, args, kwargs)
+    a = signature.bind(*args, **kwargs).arguments
+    ndim = a["input"].dim()
+    class_dim = 1 if ndim >= 2 else 0  # where F.cross_entropy / F.nll_loss read the classes
     options = lp.active_options()
     x = named.get("input")
     if options is None or x is None or not _class_axes(x, class_dim, ndim):
         if options is not None and options.effective_strict():
             _class_axis(x, class_dim, ndim, op, options)  # raises the context's error for this layout
         return _outside_context(func, layouts, args, kwargs, op, x, class_dim, ndim)
-    axis = _class_axis(x, class_dim, ndim, op, options)
+    return _LossCall(a, named, class_dim, _class_axis(x, class_dim, ndim, op, options), options)
+
+
+def _cross_entropy(func, layouts, args, kwargs):
+    op = "cross_entropy"
+    call = _loss_call(op, _CROSS_ENTROPY, func, layouts, args, kwargs)
+    if not isinstance(call, _LossCall):
+        return call
+    a, named, class_dim, axis, options = call.arguments, call.layouts, call.class_dim, call.axis, call.options
+    logits, target, weight = a["input"], a["target"], a.get("weight")
+    x = named["input"]
     if options.gradient_in_forward:
         raise LossParallelUnsupportedError("cross_entropy under loss_parallel(gradient_in_forward=True) on "
                                            "HyperParallel's DTensor: not available on this route; leave it off")
@@ -372,18 +393,11 @@ def _probability_target_local(target, layout, x, logits, class_dim: int, axis: _
 
 def _nll_loss(func, layouts, args, kwargs):
     op = "nll_loss"
-    named = _named_layouts(_NLL_LOSS, layouts, args, kwargs)
-    a = _NLL_LOSS.bind(*args, **kwargs).arguments
+    call = _loss_call(op, _NLL_LOSS, func, layouts, args, kwargs)
+    if not isinstance(call, _LossCall):
+        return call
+    a, named, class_dim, axis, options = call.arguments, call.layouts, call.class_dim, call.axis, call.options
     logp, target, weight = a["input"], a["target"], a.get("weight")
-    ndim = logp.dim()
-    class_dim = 1 if ndim >= 2 else 0
-    options = lp.active_options()
-    x = named.get("input")
-    if options is None or x is None or not _class_axes(x, class_dim, ndim):
-        if options is not None and options.effective_strict():
-            _class_axis(x, class_dim, ndim, op, options)
-        return _outside_context(func, layouts, args, kwargs, op, x, class_dim, ndim)
-    axis = _class_axis(x, class_dim, ndim, op, options)
     lp._reject_cross_entropy_only_options(options, op)
     if target.is_floating_point():
         raise LossParallelUnsupportedError("nll_loss under loss_parallel: expected class-index targets (as "
