@@ -8,7 +8,8 @@
 //
 // Forward computes the logits one block (token chunk x vocabulary block) at a time and
 // keeps per-token statistics only (max, sum of exp, target logit, smoothing sum); the
-// ranks exchange them in ONE all-gather for the whole forward. Backward recomputes each
+// ranks exchange them in ONE all-gather for the whole forward, after a small fixed-size one
+// in which they agree on the call (tokens, dtype, vocabulary, options). Backward recomputes each
 // block's logits, turns them into d loss / d logits in place and accumulates the
 // gradients of hidden and weight from it; one all-reduce of the hidden's gradient.
 #pragma once
@@ -54,7 +55,7 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
 // The same on plain local pieces and a communicator, as forward/backward with explicit saved
 // values (vocab_parallel.h's style; the Python package's op calls these): hidden [tokens, dim]
 // and target [tokens] the same on every member, local_weight this member's torch.chunk rows
-// of the [V, dim] head. vocab_size < 0: learnt from the members (one all-gather more).
+// of the [V, dim] head. vocab_size < 0: learnt from the members' counts in the call's record.
 // Forward returns the loss in hidden's dtype; its checks are the same error on every member.
 at::Tensor vocab_parallel_linear_cross_entropy_forward(const at::Tensor& hidden, const at::Tensor& local_weight,
                                                        const at::Tensor& target, const Communicator* comm,

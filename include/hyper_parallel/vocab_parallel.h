@@ -6,6 +6,9 @@
 //                   member), no collective backward; backward needs only what forward returns
 //   log_softmax     two all-reduces forward, one backward (correct for any consumer)
 //   nll_loss        one all-reduce forward, none backward
+// Every forward first all-gathers one small fixed-size record in which the members agree on
+// the call (rows, dtype, vocabulary, options; nll_loss's input checks ride in it): a
+// difference is the same LossParallelLayoutError on every member, never a Gloo abort.
 // Functions come in forward/backward pairs with explicit saved values, so that a caller
 // (torch.library's autograd, a compiler) owns the graph.
 #pragma once

@@ -8,8 +8,11 @@ collectives pass it. Every kernel is the C++ library's.
 
 Collectives: cross-entropy one all-gather forward (which also carries the input checks, so
 bad input is the same error on every rank), none backward; log_softmax two all-reduces
-forward, one backward; nll_loss one all-reduce forward, none backward. A ``vocab_size`` of
-None costs one small all-gather more (the pieces' sizes).
+forward, one backward; nll_loss one all-reduce forward, none backward. Each forward first
+all-gathers one small fixed-size record in which the ranks agree on the call (rows, dtype,
+vocabulary, options; nll_loss's checks ride in it), so a difference is the same
+LossParallelLayoutError (a ValueError) on every rank. A ``vocab_size`` of None costs one
+small all-gather more (the pieces' sizes).
 """
 
 from typing import Optional, Tuple, Union

@@ -21,6 +21,7 @@
 #include "loss/cross_entropy_kernels.h"
 #include "loss/fused_cross_entropy.h"
 #include "loss/gradient_buffer.h"
+#include "loss/call_agreement.h"
 #include "loss/input_agreement.h"
 
 namespace hyper_parallel {
@@ -221,6 +222,26 @@ FusedCrossEntropy cross_entropy_of(const Inputs& in, const FusedLinearCrossEntro
   return ce;
 }
 
+// The record agree_on_call compares for this loss: `tokens` rows of `dtype`, this rank's
+// `local_classes` of `vocab_size`, the options, the class weight.
+LossCallRecord linear_call(const std::string& op, int64_t tokens, at::ScalarType dtype, int64_t local_classes,
+                           int64_t vocab_size, const FusedLinearCrossEntropyOptions& o,
+                           const at::Tensor& class_weight) {
+  LossCallRecord call;
+  call.op = op;
+  call.rows = tokens;
+  call.dtype = static_cast<int64_t>(dtype);
+  call.vocab_size = vocab_size;
+  call.local_classes = local_classes;
+  call.reduction = o.reduction;
+  call.ignore_index = o.ignore_index;
+  call.label_smoothing = o.label_smoothing;
+  call.z_loss_weight = o.z_loss_weight;
+  call.logit_softcap = o.logit_softcap;
+  call.class_weight = class_weight;
+  return call;
+}
+
 // Forward: the per-token statistics of this rank's classes, one logits block at a time, then
 // the one all-gather (carrying `agreement`'s record when given) and the loss, compute type.
 at::Tensor linear_forward(FusedCrossEntropy& ce, const Inputs& in, const Blocks& blocks,
@@ -356,6 +377,11 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
                                       const FusedLinearCrossEntropyOptions& options) {
   Inputs in = validate(hidden, weight, target, options);
   const at::ScalarType dt = in.h.scalar_type();
+  // The call's record before the statistics' all-gather, which is sized by tokens (one
+  // all-gather more): ranks whose tokens, dtype, vocabulary or options differ are named.
+  agree_on_call(linear_call(kOp, in.h.size(0), dt, in.shard.local, in.shard.total, options,
+                            in.class_weight.value_or(at::Tensor())),
+                in.shard.comm, in.h.device());
   const Blocks blocks = block_sizes(options, in.h.size(0), in.w.size(0), dt);
   FusedCrossEntropy ce = cross_entropy_of(in, options);
   at::Tensor loss = linear_forward(ce, in, blocks, nullptr).to(dt);
@@ -384,11 +410,25 @@ at::Tensor vocab_parallel_linear_cross_entropy_forward(const at::Tensor& hidden,
                                                        int64_t vocab_size,
                                                        const FusedLinearCrossEntropyOptions& options,
                                                        VocabCrossEntropySaved* saved) {
+  const std::string op = "vocab_parallel_linear_cross_entropy";
+  // The call's record first; its all-gather also gives the members' class counts, so an
+  // unknown vocabulary costs no collective of its own.
+  const at::Tensor class_weight =
+      options.class_weight && options.class_weight->defined() ? *options.class_weight : at::Tensor();
+  const int64_t local_classes = local_weight.dim() == 2 ? local_weight.size(0) : 0;
+  const std::vector<int64_t> counts =
+      agree_on_call(linear_call(op, hidden.dim() >= 1 ? hidden.size(0) : 0, hidden.scalar_type(), local_classes,
+                                vocab_size, options, class_weight),
+                    comm, hidden.device());
   VocabPiece piece;
-  if (vocab_size < 0) piece = vocab_piece(comm, local_weight.size(0), -1);
+  if (vocab_size < 0) {
+    // A dry run knows no counts: its pieces are even.
+    const int64_t n = comm ? comm->size() : 1;
+    piece = vocab_piece(comm, local_classes, counts.empty() ? local_classes * n : check_vocab_pieces(counts, -1));
+  }
   Inputs in;
   // Every check inside the agreement: one rank's refusal is the same error on every rank.
-  const InputAgreement agreement("vocab_parallel_linear_cross_entropy", target, [&] {
+  const InputAgreement agreement(op, target, [&] {
     if (vocab_size >= 0) piece = vocab_piece(comm, local_weight.size(0), vocab_size);
     in = local_inputs(hidden, local_weight, target, options, comm, piece);
   });
