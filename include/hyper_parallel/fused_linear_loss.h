@@ -39,12 +39,17 @@ struct FusedLinearCrossEntropyOptions {
   // of 4096 classes for bf16/fp16, whose weight gradient is accumulated per block in fp32).
   int64_t chunk_tokens = 0;  // tokens per chunk
   int64_t vocab_block = 0;   // of this rank's classes per block (whole shard for fp32/64)
+  // The loss's dtype; unset: hidden's. The loss is computed in float32 for bfloat16/float16
+  // hidden either way: ask for float32 to keep a sum of many token losses from being
+  // rounded to 8 bits (and the backward from being scaled by a rounded 1 / count).
+  std::optional<at::ScalarType> loss_dtype;
 };
 
 // hidden: [tokens, dim], a plain tensor (the same on every TP rank) or a Replicate DTensor
 // on the weight's mesh. weight: [V, dim], a Shard(0) DTensor on a 1-D mesh (the TP head) or
 // a plain tensor (one process). target: [tokens] class indices, plain or Replicate.
-// Returns the loss ([tokens] for None, a scalar otherwise) in hidden's dtype: a Replicate
+// Returns the loss ([tokens] for None, a scalar otherwise) in hidden's dtype (or
+// options.loss_dtype): a Replicate
 // DTensor when weight is a DTensor. hidden's gradient is its type's: plain for plain,
 // Replicate for Replicate. Bad input raises LossParallelLayoutError (layouts),
 // LossParallelUnsupportedError (probability targets, gradients of target or class weight)

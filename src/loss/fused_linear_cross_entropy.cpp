@@ -384,7 +384,7 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
                 in.shard.comm, in.h.device());
   const Blocks blocks = block_sizes(options, in.h.size(0), in.w.size(0), dt);
   FusedCrossEntropy ce = cross_entropy_of(in, options);
-  at::Tensor loss = linear_forward(ce, in, blocks, nullptr).to(dt);
+  at::Tensor loss = linear_forward(ce, in, blocks, nullptr).to(options.loss_dtype.value_or(dt));
   if (in.weight_layout) {
     const DeviceMesh& mesh = in.weight_layout->mesh();
     std::vector<int64_t> shape = loss.sizes().vec();
