@@ -238,4 +238,36 @@ TEST(LossAgreement, TheFusedLinearLossNamesAnOptionOnOneRankOnly) {
                           "ignore_index", "vocab_parallel_linear_cross_entropy");
 }
 
+// The DTensor form's input checks used to run on each rank alone: a target out of range on
+// rank 1 raised there while rank 0 went on into the loss's collectives, out of step.
+TEST(LossAgreement, TheFusedLinearLossSettlesARefusalOnOneRankEverywhere) {
+  const at::Tensor hidden = random_tensor({kRows, 4}, 12), head = random_tensor({kVocab, 4}, 13);
+  std::vector<std::string> errors(kRanks);
+  std::vector<double> after(kRanks);
+  run_ranks(
+      kRanks,
+      [&](int64_t rank) {
+        auto mesh = init_device_mesh("cpu", {kRanks});
+        const at::Tensor w = distribute_tensor(head, mesh, {Shard(0)});
+        at::Tensor bad = targets(kRows).clone();
+        if (rank == 1) bad[2] = kVocab + 4;
+        try {
+          fused_linear_cross_entropy(hidden, w, bad);
+          errors[rank] = "no error";
+        } catch (const std::exception& e) {
+          errors[rank] = message_of(e);
+        }
+        // A caller that catches the error and goes on finds the ranks in step.
+        after[rank] = to_local(fused_linear_cross_entropy(hidden, w, targets(kRows))).item<double>();
+      },
+      std::chrono::seconds(10));
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("refused on rank(s) 1"), std::string::npos) << e;
+    EXPECT_NE(e.find("out of bounds"), std::string::npos) << e;
+    EXPECT_EQ(e, errors[0]);
+  }
+  const double want = at::cross_entropy_loss(at::matmul(hidden, head.t()), targets(kRows)).item<double>();
+  for (double a : after) EXPECT_NEAR(a, want, 1e-12);
+}
+
 }  // namespace loss_agreement_test

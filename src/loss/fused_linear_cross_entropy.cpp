@@ -375,13 +375,25 @@ struct FusedLinearCrossEntropyBackward : Node {
 
 at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
                                       const FusedLinearCrossEntropyOptions& options) {
-  Inputs in = validate(hidden, weight, target, options);
+  // The checks ride in the call's record, which comes before the statistics' all-gather
+  // (sized by tokens; one all-gather more): a refusal on one rank is the same error on every
+  // rank, and ranks whose tokens, dtype, vocabulary or options differ are named.
+  Inputs in;
+  const InputAgreement agreement(kOp, target, [&] { in = validate(hidden, weight, target, options); });
+  if (agreement.refused()) {
+    // What a refusing rank still knows: the weight's group, so that it meets the others.
+    const auto* impl = dtensor_impl(weight);
+    const bool tp_head = impl && impl->layout().mesh().ndim() == 1;
+    in.shard.comm = tp_head ? &impl->layout().mesh().comm(0) : nullptr;
+  }
+  const c10::Device device = !agreement.refused()   ? in.h.device()
+                             : !hidden.defined()    ? c10::Device(c10::kCPU)
+                             : dtensor_impl(hidden) ? local_of(hidden).device()
+                                                    : hidden.device();
+  agree_on_call(linear_call(kOp, in.h.defined() ? in.h.size(0) : 0, in.h.defined() ? in.h.scalar_type() : at::kFloat,
+                            in.shard.local, in.shard.total, options, in.class_weight.value_or(at::Tensor())),
+                in.shard.comm, device, &agreement);
   const at::ScalarType dt = in.h.scalar_type();
-  // The call's record before the statistics' all-gather, which is sized by tokens (one
-  // all-gather more): ranks whose tokens, dtype, vocabulary or options differ are named.
-  agree_on_call(linear_call(kOp, in.h.size(0), dt, in.shard.local, in.shard.total, options,
-                            in.class_weight.value_or(at::Tensor())),
-                in.shard.comm, in.h.device());
   const Blocks blocks = block_sizes(options, in.h.size(0), in.w.size(0), dt);
   FusedCrossEntropy ce = cross_entropy_of(in, options);
   at::Tensor loss = linear_forward(ce, in, blocks, nullptr).to(options.loss_dtype.value_or(dt));
