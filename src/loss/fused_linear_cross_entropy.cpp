@@ -464,6 +464,7 @@ at::Tensor vocab_parallel_linear_cross_entropy_forward(const at::Tensor& hidden,
     saved->row_max = ce.row_max;
     saved->log_sum = ce.log_sum;
     saved->row_weight = at::Tensor();
+    saved->vocab_size = piece.total;
   }
   return loss;
 }

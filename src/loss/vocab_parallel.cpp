@@ -190,6 +190,7 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
     saved->log_sum = ce.log_sum;
     saved->row_weight = ce.soft ? ce.row_weight : at::Tensor();
     saved->grad_rows = ce.grad_rows;
+    saved->vocab_size = piece.total;
   }
   return loss;
 }
