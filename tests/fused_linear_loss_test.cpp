@@ -319,6 +319,8 @@ TEST(FusedLinearCrossEntropy, BadInputRaisesTheSameClearErrorOnEveryRank) {
       o.class_weight = torch::ones({9}, at::kDouble);
       fused_linear_cross_entropy(hidden, w, target, o);
     }));
+    // int32 class indices: refused as PyTorch's cross_entropy and ours refuse them.
+    got.push_back(error_of<c10::Error>([&] { fused_linear_cross_entropy(hidden, w, target.to(at::kInt)); }));
     std::lock_guard<std::mutex> lock(mu);
     messages[rank] = got;
   });
@@ -331,6 +333,7 @@ TEST(FusedLinearCrossEntropy, BadInputRaisesTheSameClearErrorOnEveryRank) {
       "probability targets are not supported",
       "expected hidden and weight of one floating dtype",
       "expected a class weight of shape [10]",
+      "expected target dtype to be Long or Byte, but got Int",
   };
   for (size_t i = 0; i < expected_parts.size(); ++i) {
     EXPECT_NE(messages[0][i].find(expected_parts[i]), std::string::npos) << messages[0][i];

@@ -91,8 +91,8 @@ std::string describe(const at::Tensor& t) {
   return "a plain tensor of shape " + c10::str(t.sizes());
 }
 
-// What validate() and local_inputs() both refuse: probability targets, and gradients the loss
-// does not give (of the target or the class weights).
+// What validate() and local_inputs() both refuse: probability targets, indices that are not
+// int64 or uint8, and gradients the loss does not give (of the target or the class weights).
 void check_index_target_without_grads(const at::Tensor& target, const FusedLinearCrossEntropyOptions& o,
                                       const std::string& op) {
   if (target.is_floating_point()) {
@@ -100,6 +100,9 @@ void check_index_target_without_grads(const at::Tensor& target, const FusedLinea
                                        ": probability targets are not supported (they are [tokens, V], "
                                        "what this loss exists to avoid); give class indices [tokens]");
   }
+  // As PyTorch's cross_entropy and ours: class indices are int64 (or uint8), not int32.
+  TORCH_CHECK(target.scalar_type() == at::kLong || target.scalar_type() == at::kByte, op,
+              ": expected target dtype to be Long or Byte, but got ", target.scalar_type());
   check_no_target_or_weight_grad(target, o.class_weight, op);
 }
 

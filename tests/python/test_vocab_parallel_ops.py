@@ -252,3 +252,5 @@ def test_the_fused_linear_ops_bad_input_is_named():
         hp.fused_linear_cross_entropy(hidden, head, torch.zeros(4, dtype=torch.long), label_smoothing=1.5)
     with pytest.raises(IndexError, match=f"Target {VOCAB} is out of bounds"):
         hp.fused_linear_cross_entropy(hidden, head, torch.full((4,), VOCAB, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="expected target dtype to be Long or Byte, but got Int"):
+        hp.fused_linear_cross_entropy(hidden, head, torch.zeros(4, dtype=torch.int32))
