@@ -322,6 +322,11 @@ def group_name_of(group: GroupLike) -> str:
         if not dist.is_available() or not dist.is_initialized():
             return ""
         group = dist.group.WORLD
+    if not hasattr(group, "group_name"):
+        # dist.new_group hands ranks outside the group a placeholder (GroupMember.NON_GROUP_MEMBER).
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        raise ValueError(f"this rank ({rank}) is not a member of the process group it was given ({group!r}): "
+                         "expected a process group this rank belongs to, its name, or None (the default group)")
     return group.group_name
 
 

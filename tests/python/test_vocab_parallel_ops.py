@@ -254,3 +254,19 @@ def test_the_fused_linear_ops_bad_input_is_named():
         hp.fused_linear_cross_entropy(hidden, head, torch.full((4,), VOCAB, dtype=torch.long))
     with pytest.raises(RuntimeError, match="expected target dtype to be Long or Byte, but got Int"):
         hp.fused_linear_cross_entropy(hidden, head, torch.zeros(4, dtype=torch.int32))
+
+
+def a_rank_outside_the_group(rank, world):
+    only_0 = dist.new_group([0])  # every rank takes part in creating it; rank 1 is not in it
+    logits = torch.randn(3, VOCAB, dtype=torch.float64)
+    target = torch.zeros(3, dtype=torch.long)
+    if rank == 0:
+        hp.vocab_parallel_cross_entropy(logits, target, only_0)
+    else:
+        with pytest.raises(ValueError, match=r"this rank \(1\) is not a member of the process group"):
+            hp.vocab_parallel_cross_entropy(logits, target, only_0)
+
+
+def test_a_rank_outside_the_group_is_told_so():
+    # It got "'int' object has no attribute 'group_name'" (issue 55, item 8).
+    run_ranks(2, a_rank_outside_the_group)
