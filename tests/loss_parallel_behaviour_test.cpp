@@ -56,7 +56,8 @@ TEST(LossParallelKernels, LogSoftmaxIsDistributedAndExact) {
     reset_collective_counts();
     at::Tensor lp = torch::log_softmax(x, 1);
     EXPECT_EQ(collective_counts().all_reduce, 2) << "K1: a MAX and a SUM all-reduce";
-    EXPECT_EQ(collective_counts().total(), 2);
+    EXPECT_EQ(collective_counts().all_gather, 1) << "the call's record, before the all-reduces sized by rows";
+    EXPECT_EQ(collective_counts().total(), 3);
     EXPECT_EQ(placements_of(lp), Placements{Shard(1)});
     EXPECT_TRUE(close(full_tensor(lp), torch::log_softmax(full, 1)));
   });
@@ -82,6 +83,7 @@ TEST(LossParallelKernels, NllOverLogSoftmaxMatchesAndItsBackwardIsCorrect) {
       reset_collective_counts();
       at::Tensor loss = F::nll_loss(torch::log_softmax(x, 1), target, opts);
       EXPECT_EQ(collective_counts().all_reduce, 3) << "K1 (2) + K2 (1)";
+      EXPECT_EQ(collective_counts().all_gather, 2) << "each op's call record (nll_loss's settles its checks)";
       EXPECT_TRUE(layout_of(loss).is_replicated());
       EXPECT_TRUE(close(to_local(loss), ref));
       reset_collective_counts();
@@ -125,8 +127,8 @@ TEST(LossParallelKernels, CrossEntropyBackwardIsFusedWithoutCommunication) {
     auto guard = loss_parallel();
     reset_collective_counts();
     at::Tensor loss = F::cross_entropy(x, torch::tensor({1, 2, 3, 7, 0}));
-    EXPECT_EQ(collective_counts().all_gather, 1) << "one all-gather of the per-row statistics";
-    EXPECT_EQ(collective_counts().total(), 1);
+    EXPECT_EQ(collective_counts().all_gather, 2) << "the call's record, then the per-row statistics";
+    EXPECT_EQ(collective_counts().total(), 2);
     reset_collective_counts();
     loss.backward();
     EXPECT_EQ(collective_counts().total(), 0);

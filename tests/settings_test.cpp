@@ -95,4 +95,24 @@ TEST(Settings, BadLauncherVariablesAreNamedByHpTrain) {
   run_command("rm -rf /tmp/hp_settings_" + std::to_string(::getpid()));
 }
 
+// Without MASTER_ADDR a rank other than 0 used to guess 127.0.0.1 and wait out the store's
+// timeout (300 s) on any other machine, then fail without naming the variable.
+TEST(Settings, AMissingMasterAddrWithOtherRanksIsAnImmediateNamedError) {
+  const std::string train =
+      binary_path("hp-train") +
+      " --training.steps 1 --model.dim 32 --model.n_heads 4"
+      " --model.vocab_size 128 --model.max_seq_len 16 --training.seq_len 8"
+      " --metrics.enable_plot false --validation.enable false --job.dump_folder /tmp/hp_settings_addr_" +
+      std::to_string(::getpid());
+  // `timeout` bounds the run where the error is missing (a wait of the store's timeout).
+  auto r = run_command("env -u MASTER_ADDR RANK=1 WORLD_SIZE=2 MASTER_PORT=29517 timeout 30 " + train);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(r.seconds, 20.0) << r.output;
+  EXPECT_NE(r.output.find("MASTER_ADDR is not set"), std::string::npos) << r.output;
+  // One rank alone needs no address: 127.0.0.1 is then right.
+  auto one = run_command("env -u MASTER_ADDR RANK=0 WORLD_SIZE=1 MASTER_PORT=29518 timeout 60 " + train);
+  EXPECT_EQ(one.exit_code, 0) << one.output;
+  run_command("rm -rf /tmp/hp_settings_addr_" + std::to_string(::getpid()));
+}
+
 }  // namespace settings_test

@@ -184,7 +184,7 @@ TEST(TrainStep, EveryCollectiveIsCountedInItsPhase) {
     EXPECT_GT(bytes, 0);
     // 2 layers: the embedding's all-reduce and wo's and w2's per layer.
     EXPECT_EQ(r.phases[0].collectives, 5) << "forward";
-    EXPECT_EQ(r.phases[1].collectives, 1) << "loss: one all-gather";
+    EXPECT_EQ(r.phases[1].collectives, 2) << "loss: the call's record and the statistics' all-gather";
     EXPECT_EQ(r.phases[3].collectives, 1) << "clip: one all-reduce of the sharded squares";
     EXPECT_EQ(r.phases[4].collectives, 0) << "optimizer";
     // q/k/v share one input and w1/w3 another: one all-reduce of the summed Partial input

@@ -8,7 +8,8 @@
 //
 // Forward computes the logits one block (token chunk x vocabulary block) at a time and
 // keeps per-token statistics only (max, sum of exp, target logit, smoothing sum); the
-// ranks exchange them in ONE all-gather for the whole forward. Backward recomputes each
+// ranks exchange them in ONE all-gather for the whole forward, after a small fixed-size one
+// in which they agree on the call (tokens, dtype, vocabulary, options). Backward recomputes each
 // block's logits, turns them into d loss / d logits in place and accumulates the
 // gradients of hidden and weight from it; one all-reduce of the hidden's gradient.
 #pragma once
@@ -38,12 +39,17 @@ struct FusedLinearCrossEntropyOptions {
   // of 4096 classes for bf16/fp16, whose weight gradient is accumulated per block in fp32).
   int64_t chunk_tokens = 0;  // tokens per chunk
   int64_t vocab_block = 0;   // of this rank's classes per block (whole shard for fp32/64)
+  // The loss's dtype; unset: hidden's. The loss is computed in float32 for bfloat16/float16
+  // hidden either way: ask for float32 to keep a sum of many token losses from being
+  // rounded to 8 bits (and the backward from being scaled by a rounded 1 / count).
+  std::optional<at::ScalarType> loss_dtype;
 };
 
 // hidden: [tokens, dim], a plain tensor (the same on every TP rank) or a Replicate DTensor
 // on the weight's mesh. weight: [V, dim], a Shard(0) DTensor on a 1-D mesh (the TP head) or
 // a plain tensor (one process). target: [tokens] class indices, plain or Replicate.
-// Returns the loss ([tokens] for None, a scalar otherwise) in hidden's dtype: a Replicate
+// Returns the loss ([tokens] for None, a scalar otherwise) in hidden's dtype (or
+// options.loss_dtype): a Replicate
 // DTensor when weight is a DTensor. hidden's gradient is its type's: plain for plain,
 // Replicate for Replicate. Bad input raises LossParallelLayoutError (layouts),
 // LossParallelUnsupportedError (probability targets, gradients of target or class weight)
@@ -54,7 +60,7 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
 // The same on plain local pieces and a communicator, as forward/backward with explicit saved
 // values (vocab_parallel.h's style; the Python package's op calls these): hidden [tokens, dim]
 // and target [tokens] the same on every member, local_weight this member's torch.chunk rows
-// of the [V, dim] head. vocab_size < 0: learnt from the members (one all-gather more).
+// of the [V, dim] head. vocab_size < 0: learnt from the members' counts in the call's record.
 // Forward returns the loss in hidden's dtype; its checks are the same error on every member.
 at::Tensor vocab_parallel_linear_cross_entropy_forward(const at::Tensor& hidden, const at::Tensor& local_weight,
                                                        const at::Tensor& target, const Communicator* comm,

@@ -12,6 +12,8 @@
 //   K1 distributed stable log-softmax   (all-reduce MAX + all-reduce SUM)
 //   K2 index NLL with ignore_index, class weights, none/mean/sum (one all-reduce)
 //   K3 the fused cross_entropy           (one all-gather forward, none backward)
+// each after one small fixed-size all-gather in which the ranks agree on the call (rows,
+// dtype, vocabulary, options): a difference is the same LossParallelLayoutError everywhere.
 // A log_softmax whose output feeds anything else (KL, a log-prob gather, a sum) gets the
 // correct backward with one all-reduce. Backward kernels are chosen by the layout of
 // their inputs, not by the guard, so backward may run on any thread.

@@ -6,6 +6,9 @@
 //                   member), no collective backward; backward needs only what forward returns
 //   log_softmax     two all-reduces forward, one backward (correct for any consumer)
 //   nll_loss        one all-reduce forward, none backward
+// Every forward first all-gathers one small fixed-size record in which the members agree on
+// the call (rows, dtype, vocabulary, options; nll_loss's input checks ride in it): a
+// difference is the same LossParallelLayoutError on every member, never a Gloo abort.
 // Functions come in forward/backward pairs with explicit saved values, so that a caller
 // (torch.library's autograd, a compiler) owns the graph.
 #pragma once
@@ -54,6 +57,7 @@ struct VocabCrossEntropySaved {
   at::Tensor row_max, log_sum;  // lse = row_max + log_sum, kept apart (fused_cross_entropy.h)
   at::Tensor row_weight;        // probability targets: sum_c w_c q'_c; index targets: recomputed
   at::Tensor grad_rows;         // gradient_in_forward: the gradient written over the logits' rows
+  int64_t vocab_size = -1;      // forward: the vocabulary it used (learnt when given < 0)
 };
 
 // Cross-entropy of `local_logits` (this member's classes along `class_dim`). target: class

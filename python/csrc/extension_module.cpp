@@ -96,21 +96,31 @@ PYBIND11_MODULE(_C, m) {
       "cross_entropy_forward",
       [](const at::Tensor& logits, int64_t class_dim, const at::Tensor& target, const std::optional<at::Tensor>& weight,
          const std::string& group, int64_t vocab_size, int64_t ignore_index, int64_t reduction, double label_smoothing,
-         double z_loss_weight, double logit_softcap, bool gradient_in_forward) {
-        py::gil_scoped_release no_gil;
+         double z_loss_weight, double logit_softcap, bool gradient_in_forward, bool return_vocab) -> py::tuple {
         hp::VocabCrossEntropySaved saved;
-        hp::VocabCrossEntropyOptions o =
-            ce_options(ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap);
-        o.gradient_in_forward = gradient_in_forward;
-        at::Tensor loss = hp::vocab_parallel_cross_entropy_forward(logits, class_dim, target, defined_or_none(weight),
-                                                                   communicator(group).get(), vocab_size, o, &saved);
+        at::Tensor loss;
+        {
+          py::gil_scoped_release no_gil;
+          hp::VocabCrossEntropyOptions o =
+              ce_options(ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap);
+          o.gradient_in_forward = gradient_in_forward;
+          loss = hp::vocab_parallel_cross_entropy_forward(logits, class_dim, target, defined_or_none(weight),
+                                                          communicator(group).get(), vocab_size, o, &saved);
+        }
         // Probability targets only have a row weight to keep; an empty one stands for none.
         at::Tensor row_weight = saved.row_weight.defined() ? saved.row_weight : saved.row_max.new_empty({0});
         // The gradient written over the logits (gradient_in_forward), or an empty tensor.
         at::Tensor grad_rows = saved.grad_rows.defined() ? saved.grad_rows : saved.row_max.new_empty({0});
-        return std::make_tuple(loss, saved.row_max, saved.log_sum, row_weight, grad_rows);
+        if (return_vocab)
+          return py::make_tuple(loss, saved.row_max, saved.log_sum, row_weight, grad_rows, saved.vocab_size);
+        return py::make_tuple(loss, saved.row_max, saved.log_sum, row_weight, grad_rows);
       },
-      "loss, row_max, log_sum, row_weight, grad_rows: the loss and what its backward needs");
+      py::arg("logits"), py::arg("class_dim"), py::arg("target"), py::arg("weight"), py::arg("group"),
+      py::arg("vocab_size"), py::arg("ignore_index"), py::arg("reduction"), py::arg("label_smoothing"),
+      py::arg("z_loss_weight"), py::arg("logit_softcap"), py::arg("gradient_in_forward"),
+      py::arg("return_vocab") = false,
+      "loss, row_max, log_sum, row_weight, grad_rows (and with return_vocab the vocabulary it used: a vocab_size "
+      "< 0 is learnt in the call's record, no collective of its own): the loss and what its backward needs");
   m.def(
       "cross_entropy_backward",
       [](const at::Tensor& grad, const at::Tensor& logits, int64_t class_dim, const at::Tensor& target,
@@ -134,9 +144,10 @@ PYBIND11_MODULE(_C, m) {
         const at::Tensor loss = hp::vocab_parallel_linear_cross_entropy_forward(
             hidden, local_weight, target, communicator(group).get(), vocab_size,
             linear_options(weight, ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap), &saved);
-        return std::make_tuple(loss, saved.row_max, saved.log_sum);
+        return std::make_tuple(loss, saved.row_max, saved.log_sum, saved.vocab_size);
       },
-      "loss, row_max, log_sum: the loss and what its backward needs");
+      "loss, row_max, log_sum, vocab_size: the loss, what its backward needs and the vocabulary it used (a "
+      "vocab_size < 0 is learnt in the call's record, no collective of its own)");
   m.def("linear_cross_entropy_backward",
         [](const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target,
            const std::optional<at::Tensor>& weight, const at::Tensor& row_max, const at::Tensor& log_sum,

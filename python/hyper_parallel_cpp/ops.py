@@ -8,8 +8,12 @@ collectives pass it. Every kernel is the C++ library's.
 
 Collectives: cross-entropy one all-gather forward (which also carries the input checks, so
 bad input is the same error on every rank), none backward; log_softmax two all-reduces
-forward, one backward; nll_loss one all-reduce forward, none backward. A ``vocab_size`` of
-None costs one small all-gather more (the pieces' sizes).
+forward, one backward; nll_loss one all-reduce forward, none backward. Each forward first
+all-gathers one small fixed-size record in which the ranks agree on the call (rows, dtype,
+vocabulary, options; nll_loss's checks ride in it), so a difference is the same
+LossParallelLayoutError (a ValueError) on every rank. A ``vocab_size`` of None is learnt in
+that record for the cross-entropies, and costs log_softmax and nll_loss one small all-gather
+more (the pieces' sizes).
 """
 
 from typing import Optional, Tuple, Union
@@ -53,11 +57,10 @@ def _cross_entropy(
     z_loss_weight: float,
     logit_softcap: float,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    if vocab_size < 0:
-        vocab_size = _C.vocab_size(logits.shape[class_dim], group_name)
-    loss, row_max, log_sum, row_weight, _ = _C.cross_entropy_forward(
+    # A vocab_size < 0 is learnt from the ranks' class counts in the call's record.
+    loss, row_max, log_sum, row_weight, _, vocab_size = _C.cross_entropy_forward(
         logits, class_dim, target, weight, group_name, vocab_size, ignore_index, reduction,
-        label_smoothing, z_loss_weight, logit_softcap, False,
+        label_smoothing, z_loss_weight, logit_softcap, False, True,
     )
     return loss, row_max, log_sum, row_weight, torch.tensor(vocab_size, dtype=torch.int64)
 
@@ -244,9 +247,8 @@ def _linear_cross_entropy(
     z_loss_weight: float,
     logit_softcap: float,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    if vocab_size < 0:
-        vocab_size = _C.vocab_size(local_weight.shape[0], group_name)
-    loss, row_max, log_sum = _C.linear_cross_entropy_forward(
+    # A vocab_size < 0 is learnt from the ranks' class counts in the call's record.
+    loss, row_max, log_sum, vocab_size = _C.linear_cross_entropy_forward(
         hidden, local_weight, target, weight, group_name, vocab_size, ignore_index, reduction, label_smoothing,
         z_loss_weight, logit_softcap)
     return loss, row_max, log_sum, torch.tensor(vocab_size, dtype=torch.int64)
@@ -320,6 +322,11 @@ def group_name_of(group: GroupLike) -> str:
         if not dist.is_available() or not dist.is_initialized():
             return ""
         group = dist.group.WORLD
+    if not hasattr(group, "group_name"):
+        # dist.new_group hands ranks outside the group a placeholder (GroupMember.NON_GROUP_MEMBER).
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        raise ValueError(f"this rank ({rank}) is not a member of the process group it was given ({group!r}): "
+                         "expected a process group this rank belongs to, its name, or None (the default group)")
     return group.group_name
 
 
@@ -350,8 +357,8 @@ def vocab_parallel_cross_entropy(
     ``Shard(-1)`` gives it). ``target``: class indices of shape ``[...]``, the same on every
     rank, or probabilities of the local logits' shape (this rank's classes). ``weight``:
     ``[V]`` class weights. ``group``: a process group, its name, or None (the default group,
-    or one process when torch.distributed is not initialised). ``vocab_size``: V; None asks
-    the group (one more small collective). Returns the loss as ``F.cross_entropy`` on the
+    or one process when torch.distributed is not initialised). ``vocab_size``: V; None learns
+    it from the ranks' pieces (in the collective that compares the ranks' calls). Returns the loss as ``F.cross_entropy`` on the
     full logits would, and with ``return_lse`` also the log-sum-exp per row (``[...]``, float32
     for 16-bit logits, not differentiable).
 

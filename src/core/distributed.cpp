@@ -128,6 +128,12 @@ void init_process_group(const InitOptions& options) {
   const int64_t rank = env_int("RANK", 0, size - 1, "this process's rank, below WORLD_SIZE");
   const int64_t port = env_int("MASTER_PORT", 1, 65535, "the TCP port of rank 0's store");
   const char* addr = std::getenv("MASTER_ADDR");
+  // With other ranks, 127.0.0.1 is a guess that is wrong on every other machine: such a rank
+  // would wait out the store's timeout and fail without naming the variable.
+  TORCH_CHECK(size == 1 || (addr && *addr),
+              "init_process_group: environment variable MASTER_ADDR is not set: expected the host of rank 0's store "
+              "when WORLD_SIZE (",
+              size, ") > 1", kLaunchHint);
   // Everything else the environment says, before a port is bound.
   default_collective_timeout();
   validated_backend(options);

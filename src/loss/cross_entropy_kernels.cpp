@@ -149,6 +149,33 @@ void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore
   }
 }
 
+void check_nll_inputs(c10::IntArrayRef logp_shape, at::ScalarType logp_dtype, int64_t class_dim,
+                      const at::Tensor& target, const c10::optional<at::Tensor>& weight, int64_t num_classes,
+                      int64_t reduction, int64_t ignore_index, const std::string& op) {
+  TORCH_CHECK_VALUE(reduction >= at::Reduction::None && reduction <= at::Reduction::Sum, op,
+                    ": reduction must be at::Reduction None, Mean or Sum, got ", reduction);
+  // The error types and words are ATen's nll_loss's (RuntimeError, ValueError for the batch).
+  TORCH_CHECK(target.scalar_type() == at::kLong || target.scalar_type() == at::kByte, op,
+              ": expected target dtype to be Long or Byte, but got ", target.scalar_type());
+  std::vector<int64_t> expect = logp_shape.vec();
+  expect.erase(expect.begin() + class_dim);
+  // ATen's own words when only the batch differs.
+  TORCH_CHECK_VALUE(logp_shape.size() < 2 || target.dim() == 0 || target.size(0) == logp_shape[0],
+                    "Expected input batch_size (", logp_shape[0], ") to match target batch_size (", target.size(0),
+                    ").");
+  TORCH_CHECK_VALUE(target.sizes() == c10::IntArrayRef(expect), op, ": expected a target of shape ",
+                    c10::IntArrayRef(expect), " for log-probabilities of shape ", logp_shape, " (class dim ", class_dim,
+                    "), got ", target.sizes());
+  if (weight && weight->defined()) {
+    TORCH_CHECK(weight->dim() == 1 && weight->numel() == num_classes, op,
+                ": weight tensor should be defined either for all ", num_classes,
+                " classes or no classes but got weight tensor of shape: ", weight->sizes());
+    TORCH_CHECK(weight->scalar_type() == logp_dtype, op, ": expected scalar type ", logp_dtype, " but found ",
+                weight->scalar_type(), " (the class weight must have the log-probabilities' dtype)");
+  }
+  check_targets(target, num_classes, ignore_index);
+}
+
 std::pair<at::Tensor, at::Tensor> distributed_nll_forward(const at::Tensor& logp_rows, const at::Tensor& target,
                                                           const c10::optional<at::Tensor>& weight, int64_t reduction,
                                                           int64_t ignore_index, const ClassShard& shard) {

@@ -42,6 +42,14 @@ at::Tensor distributed_log_softmax_backward(const at::Tensor& grad_rows, const a
 
 // Throws c10::IndexError (as ATen does) for a target outside [0, C) other than ignore_index.
 void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore_index);
+// nll_loss's input checks, as strict as ATen's: the target's dtype (Long or Byte) and shape
+// (logp_shape without the class dim; logp_shape may be the global or the local shape, only its
+// other dims are read), the class weight's length (num_classes) and dtype (the log-probs'),
+// the reduction, then the targets' range. Throws what ATen would (c10::ValueError,
+// c10::IndexError ...), naming `op`.
+void check_nll_inputs(c10::IntArrayRef logp_shape, at::ScalarType logp_dtype, int64_t class_dim,
+                      const at::Tensor& target, const c10::optional<at::Tensor>& weight, int64_t num_classes,
+                      int64_t reduction, int64_t ignore_index, const std::string& op);
 // The losses give no gradient to a target or a class weight: asking for one is refused
 // (LossParallelUnsupportedError naming `op`), not dropped.
 void check_no_target_or_weight_grad(const at::Tensor& target, const c10::optional<at::Tensor>& weight,

@@ -9,6 +9,7 @@
 #include "compat/autograd_compat.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor.h"
+#include "loss/call_agreement.h"
 #include "loss/class_sharding.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/fused_cross_entropy.h"
@@ -160,7 +161,6 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   ce.ignore_index = ignore_index;
   ce.label_smoothing = label_smoothing;
   const LossParallelOptions options = current_loss_parallel_options();
-  TORCH_CHECK(options.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: off), got ", options.logit_softcap);
   ce.z_loss_weight = options.z_loss_weight;
   ce.logit_softcap = options.logit_softcap;
   const bool wants_grad = torch::autograd::GradMode::is_enabled() && logits.requires_grad();
@@ -171,6 +171,24 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   ce.gradient_in_forward =
       options.gradient_in_forward && wants_grad && !leaf_values && ce.x_rows.is_alias_of(local_logits) &&
       (ce.x_rows.size(1) <= 1 || ce.x_rows.stride(1) == 1) && local_logits.is_non_overlapping_and_dense();
+  // The call's record before the statistics' all-gather, which is sized by rows (one
+  // all-gather more): ranks whose rows, dtype, vocabulary or options differ are named.
+  LossCallRecord call;
+  call.op = op;
+  call.rows = rows_over_class_dim(local_logits, class_dim);
+  call.dtype = static_cast<int64_t>(local_logits.scalar_type());
+  call.vocab_size = cs.shard.total;
+  call.local_classes = cs.shard.local;
+  call.reduction = reduction;
+  call.ignore_index = ignore_index;
+  call.label_smoothing = label_smoothing;
+  call.z_loss_weight = options.z_loss_weight;
+  call.logit_softcap = options.logit_softcap;
+  call.gradient_in_forward = options.gradient_in_forward;
+  if (weight && weight->defined()) call.class_weight = dtensor_impl(*weight) ? local_of(*weight) : *weight;
+  agree_on_call(call, cs.shard.comm, local_logits.device());
+  // After the agreement: equal options on every rank fail alike.
+  TORCH_CHECK(options.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: off), got ", options.logit_softcap);
   std::vector<int64_t> loss_shape;
   ce.soft = target.is_floating_point();
   const InputAgreement agreement(op, target, [&] {

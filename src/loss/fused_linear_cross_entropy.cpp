@@ -21,6 +21,7 @@
 #include "loss/cross_entropy_kernels.h"
 #include "loss/fused_cross_entropy.h"
 #include "loss/gradient_buffer.h"
+#include "loss/call_agreement.h"
 #include "loss/input_agreement.h"
 
 namespace hyper_parallel {
@@ -90,8 +91,8 @@ std::string describe(const at::Tensor& t) {
   return "a plain tensor of shape " + c10::str(t.sizes());
 }
 
-// What validate() and local_inputs() both refuse: probability targets, and gradients the loss
-// does not give (of the target or the class weights).
+// What validate() and local_inputs() both refuse: probability targets, indices that are not
+// int64 or uint8, and gradients the loss does not give (of the target or the class weights).
 void check_index_target_without_grads(const at::Tensor& target, const FusedLinearCrossEntropyOptions& o,
                                       const std::string& op) {
   if (target.is_floating_point()) {
@@ -99,6 +100,9 @@ void check_index_target_without_grads(const at::Tensor& target, const FusedLinea
                                        ": probability targets are not supported (they are [tokens, V], "
                                        "what this loss exists to avoid); give class indices [tokens]");
   }
+  // As PyTorch's cross_entropy and ours: class indices are int64 (or uint8), not int32.
+  TORCH_CHECK(target.scalar_type() == at::kLong || target.scalar_type() == at::kByte, op,
+              ": expected target dtype to be Long or Byte, but got ", target.scalar_type());
   check_no_target_or_weight_grad(target, o.class_weight, op);
 }
 
@@ -219,6 +223,26 @@ FusedCrossEntropy cross_entropy_of(const Inputs& in, const FusedLinearCrossEntro
   ce.z_loss_weight = options.z_loss_weight;
   ce.logit_softcap = options.logit_softcap;
   return ce;
+}
+
+// The record agree_on_call compares for this loss: `tokens` rows of `dtype`, this rank's
+// `local_classes` of `vocab_size`, the options, the class weight.
+LossCallRecord linear_call(const std::string& op, int64_t tokens, at::ScalarType dtype, int64_t local_classes,
+                           int64_t vocab_size, const FusedLinearCrossEntropyOptions& o,
+                           const at::Tensor& class_weight) {
+  LossCallRecord call;
+  call.op = op;
+  call.rows = tokens;
+  call.dtype = static_cast<int64_t>(dtype);
+  call.vocab_size = vocab_size;
+  call.local_classes = local_classes;
+  call.reduction = o.reduction;
+  call.ignore_index = o.ignore_index;
+  call.label_smoothing = o.label_smoothing;
+  call.z_loss_weight = o.z_loss_weight;
+  call.logit_softcap = o.logit_softcap;
+  call.class_weight = class_weight;
+  return call;
 }
 
 // Forward: the per-token statistics of this rank's classes, one logits block at a time, then
@@ -354,11 +378,28 @@ struct FusedLinearCrossEntropyBackward : Node {
 
 at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
                                       const FusedLinearCrossEntropyOptions& options) {
-  Inputs in = validate(hidden, weight, target, options);
+  // The checks ride in the call's record, which comes before the statistics' all-gather
+  // (sized by tokens; one all-gather more): a refusal on one rank is the same error on every
+  // rank, and ranks whose tokens, dtype, vocabulary or options differ are named.
+  Inputs in;
+  const InputAgreement agreement(kOp, target, [&] { in = validate(hidden, weight, target, options); });
+  if (agreement.refused()) {
+    // What a refusing rank still knows: the weight's group, so that it meets the others.
+    const auto* impl = dtensor_impl(weight);
+    const bool tp_head = impl && impl->layout().mesh().ndim() == 1;
+    in.shard.comm = tp_head ? &impl->layout().mesh().comm(0) : nullptr;
+  }
+  const c10::Device device = !agreement.refused()   ? in.h.device()
+                             : !hidden.defined()    ? c10::Device(c10::kCPU)
+                             : dtensor_impl(hidden) ? local_of(hidden).device()
+                                                    : hidden.device();
+  agree_on_call(linear_call(kOp, in.h.defined() ? in.h.size(0) : 0, in.h.defined() ? in.h.scalar_type() : at::kFloat,
+                            in.shard.local, in.shard.total, options, in.class_weight.value_or(at::Tensor())),
+                in.shard.comm, device, &agreement);
   const at::ScalarType dt = in.h.scalar_type();
   const Blocks blocks = block_sizes(options, in.h.size(0), in.w.size(0), dt);
   FusedCrossEntropy ce = cross_entropy_of(in, options);
-  at::Tensor loss = linear_forward(ce, in, blocks, nullptr).to(dt);
+  at::Tensor loss = linear_forward(ce, in, blocks, nullptr).to(options.loss_dtype.value_or(dt));
   if (in.weight_layout) {
     const DeviceMesh& mesh = in.weight_layout->mesh();
     std::vector<int64_t> shape = loss.sizes().vec();
@@ -384,11 +425,25 @@ at::Tensor vocab_parallel_linear_cross_entropy_forward(const at::Tensor& hidden,
                                                        int64_t vocab_size,
                                                        const FusedLinearCrossEntropyOptions& options,
                                                        VocabCrossEntropySaved* saved) {
+  const std::string op = "vocab_parallel_linear_cross_entropy";
+  // The call's record first; its all-gather also gives the members' class counts, so an
+  // unknown vocabulary costs no collective of its own.
+  const at::Tensor class_weight =
+      options.class_weight && options.class_weight->defined() ? *options.class_weight : at::Tensor();
+  const int64_t local_classes = local_weight.dim() == 2 ? local_weight.size(0) : 0;
+  const std::vector<int64_t> counts =
+      agree_on_call(linear_call(op, hidden.dim() >= 1 ? hidden.size(0) : 0, hidden.scalar_type(), local_classes,
+                                vocab_size, options, class_weight),
+                    comm, hidden.device());
   VocabPiece piece;
-  if (vocab_size < 0) piece = vocab_piece(comm, local_weight.size(0), -1);
+  if (vocab_size < 0) {
+    // A dry run knows no counts: its pieces are even.
+    const int64_t n = comm ? comm->size() : 1;
+    piece = vocab_piece(comm, local_classes, counts.empty() ? local_classes * n : check_vocab_pieces(counts, -1));
+  }
   Inputs in;
   // Every check inside the agreement: one rank's refusal is the same error on every rank.
-  const InputAgreement agreement("vocab_parallel_linear_cross_entropy", target, [&] {
+  const InputAgreement agreement(op, target, [&] {
     if (vocab_size >= 0) piece = vocab_piece(comm, local_weight.size(0), vocab_size);
     in = local_inputs(hidden, local_weight, target, options, comm, piece);
   });
@@ -412,6 +467,7 @@ at::Tensor vocab_parallel_linear_cross_entropy_forward(const at::Tensor& hidden,
     saved->row_max = ce.row_max;
     saved->log_sum = ce.log_sum;
     saved->row_weight = at::Tensor();
+    saved->vocab_size = piece.total;
   }
   return loss;
 }

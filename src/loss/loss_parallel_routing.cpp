@@ -17,8 +17,10 @@
 #include "hyper_parallel/dispatch.h"
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/parallelism_config.h"
+#include "loss/call_agreement.h"
 #include "loss/class_sharding.h"
 #include "loss/cross_entropy_kernels.h"
+#include "loss/input_agreement.h"
 #include "loss/loss_parallel_dispatch.h"
 
 namespace hyper_parallel {
@@ -59,6 +61,22 @@ at::Tensor replicated_dtensor(const at::Tensor& local, const DeviceMesh& mesh) {
   return make_dtensor(local, Layout(mesh, Placements(mesh.ndim(), Placement::replicate()), local.sizes().vec()));
 }
 
+// The record agree_on_call compares for a routed op on class-sharded `local` (with the
+// guard's cross-entropy-only options, so that a guard that differs between ranks is named
+// rather than refused on some ranks only).
+LossCallRecord routed_call(const std::string& op, const at::Tensor& local, int64_t class_dim, const ClassSharding& cs) {
+  const LossParallelOptions o = current_loss_parallel_options();
+  LossCallRecord call;
+  call.op = op;
+  call.rows = rows_over_class_dim(local, class_dim);
+  call.dtype = static_cast<int64_t>(local.scalar_type());
+  call.vocab_size = cs.shard.total;
+  call.local_classes = cs.shard.local;
+  call.z_loss_weight = o.z_loss_weight;
+  call.logit_softcap = o.logit_softcap;
+  return call;
+}
+
 c10::optional<at::Tensor> optional_tensor(const c10::IValue& v) {
   if (v.isNone()) return c10::nullopt;
   const at::Tensor& t = v.toTensor();
@@ -75,6 +93,8 @@ bool log_softmax_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   ClassSharding cs = resolve_class_sharding(&self, dim, "log_softmax", current_loss_parallel_options(),
                                             /*differentiable=*/false);
   const at::Tensor& local = local_of(self);
+  // The call's record before the all-reduces sized by rows (one all-gather more).
+  agree_on_call(routed_call("log_softmax", local, dim, cs), cs.shard.comm, local.device());
   at::Tensor rows = distributed_log_softmax(to_rows(local, dim), cs.shard);
   const at::ScalarType out_type = half_to_float ? at::kFloat : local.scalar_type();
   at::Tensor out = from_rows(rows.to(out_type), local.sizes(), dim);
@@ -109,12 +129,24 @@ bool nll_forward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   const std::string op = "nll_loss";
   ClassSharding cs = resolve_class_sharding(&self, class_dim, op, current_loss_parallel_options(),
                                             /*differentiable=*/false);
-  at::Tensor target = replicated_value(args[1].toTensor(), "target", op);
-  c10::optional<at::Tensor> weight = optional_tensor(args[2]);
-  if (weight) weight = replicated_value(*weight, "class weight", op);
   const int64_t reduction = args[3].toInt();
   const int64_t ignore_index = args[4].toInt();
   const at::Tensor& local = local_of(self);
+  at::Tensor target;
+  c10::optional<at::Tensor> weight = optional_tensor(args[2]);
+  LossCallRecord call = routed_call(op, local, class_dim, cs);
+  call.reduction = reduction;
+  call.ignore_index = ignore_index;
+  // The checks settle in the call's record (one all-gather more): a refusal on one rank is
+  // the same error on every rank, and every rank stays in step.
+  const InputAgreement agreement(op, args[1].toTensor(), [&] {
+    target = replicated_value(args[1].toTensor(), "target", op);
+    if (weight) weight = replicated_value(*weight, "class weight", op);
+    check_nll_inputs(cs.layout.shape(), local.scalar_type(), class_dim, target, weight, cs.shard.total, reduction,
+                     ignore_index, op);
+  });
+  if (weight && !agreement.refused()) call.class_weight = *weight;
+  agree_on_call(call, cs.shard.comm, local.device(), &agreement);
   auto result = distributed_nll_forward(to_rows(local, class_dim), target.reshape({-1}), weight, reduction,
                                         ignore_index, cs.shard);
   at::Tensor out = reduction == at::Reduction::None ? result.first.reshape(target.sizes()) : result.first;

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "loss/call_agreement.h"
 #include "loss/class_sharding.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/fused_cross_entropy.h"
@@ -34,6 +35,17 @@ ClassShard class_shard(const Communicator* comm, const VocabPiece& p) {
   return s;
 }
 
+// The record agree_on_call compares, for `local` (this member's classes along class_dim).
+LossCallRecord loss_call(const std::string& op, const at::Tensor& local, int64_t class_dim, int64_t vocab_size) {
+  LossCallRecord call;
+  call.op = op;
+  call.rows = rows_over_class_dim(local, class_dim);
+  call.dtype = static_cast<int64_t>(local.scalar_type());
+  call.vocab_size = vocab_size;
+  call.local_classes = local.size(class_dim);
+  return call;
+}
+
 int64_t wrap_class_dim(const at::Tensor& t, int64_t class_dim, const char* op) {
   TORCH_CHECK_VALUE(t.dim() >= 1, op, ": expected logits with a class dim, got a 0-dim tensor");
   return c10::maybe_wrap_dim(class_dim, t.dim());
@@ -53,6 +65,23 @@ FusedCrossEntropy settings_of(const at::Tensor& local_logits, int64_t class_dim,
   return ce;
 }
 
+// Agrees on the call (agree_on_call, settling `checks` when given) and returns this member's
+// piece, every member's count checked on every member (the same verdict everywhere). A
+// call.vocab_size < 0 is the vocabulary the counts make up: no collective of its own.
+VocabPiece agreed_piece(const LossCallRecord& call, const Communicator* comm, const at::Device& device,
+                        const InputAgreement* checks = nullptr) {
+  const std::vector<int64_t> counts = agree_on_call(call, comm, device, checks);
+  const int64_t n = comm ? comm->size() : 1, r = comm ? comm->rank() : 0;
+  // A dry run knows no counts: this member's own piece is checked (its pieces even when unknown).
+  const int64_t total = !counts.empty()        ? check_vocab_pieces(counts, call.vocab_size)
+                        : call.vocab_size >= 0 ? call.vocab_size
+                                               : call.local_classes * n;
+  const ChunkRange want = chunk_range(total, n, r);
+  if (want.length != call.local_classes)
+    throw LossParallelLayoutError("vocab_parallel: " + piece_mismatch(comm, call.local_classes, total));
+  return {want.offset, want.length, total};
+}
+
 }  // namespace
 
 VocabPiece vocab_piece(const Communicator* comm, int64_t local_classes, int64_t vocab_size) {
@@ -64,19 +93,9 @@ VocabPiece vocab_piece(const Communicator* comm, int64_t local_classes, int64_t 
     } else {
       const at::Tensor mine = at::full({1}, local_classes, at::TensorOptions().dtype(at::kLong));
       const at::Tensor all = comm->all_gather(mine, 0, std::vector<int64_t>(n, 1));
-      total = all.sum().item<int64_t>();
-      std::string counts;
-      for (int64_t i = 0; i < n; ++i) counts += (i ? ", " : "") + std::to_string(all[i].item<int64_t>());
-      // Every member checks every member's count: the same verdict everywhere.
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t got = all[i].item<int64_t>();
-        if (chunk_range(total, n, i).length != got) {
-          throw LossParallelLayoutError("vocab_parallel: the members' class counts (" + counts +
-                                        ") are not the torch.chunk pieces of " + std::to_string(total) +
-                                        " classes: member " + std::to_string(i) + " holds " + std::to_string(got) +
-                                        ", expected " + std::to_string(chunk_range(total, n, i).length));
-        }
-      }
+      std::vector<int64_t> counts(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) counts[i] = all[i].item<int64_t>();
+      total = check_vocab_pieces(counts, -1);
     }
   }
   const ChunkRange want = chunk_range(total, n, r);
@@ -92,9 +111,23 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
                                                 VocabCrossEntropySaved* saved) {
   const std::string op = "vocab_parallel_cross_entropy";
   const int64_t class_dim = wrap_class_dim(local_logits, class_dim_in, op.c_str());
-  // An unknown vocabulary costs one all-gather of the counts before anything else.
+  // The call's record first (agree_on_call): its all-gather also gives the members' class
+  // counts, so an unknown vocabulary costs no collective of its own.
+  LossCallRecord call = loss_call(op, local_logits, class_dim, vocab_size);
+  call.reduction = options.reduction;
+  call.ignore_index = options.ignore_index;
+  call.label_smoothing = options.label_smoothing;
+  call.z_loss_weight = options.z_loss_weight;
+  call.logit_softcap = options.logit_softcap;
+  call.gradient_in_forward = options.gradient_in_forward;
+  if (weight && weight->defined()) call.class_weight = *weight;
+  const std::vector<int64_t> counts = agree_on_call(call, comm, local_logits.device());
   VocabPiece piece;
-  if (vocab_size < 0) piece = vocab_piece(comm, local_logits.size(class_dim), -1);
+  if (vocab_size < 0) {
+    // A dry run knows no counts: its pieces are even (hp-dry-run passes the vocabulary anyway).
+    const int64_t total = counts.empty() ? call.local_classes * comm->size() : check_vocab_pieces(counts, -1);
+    piece = vocab_piece(comm, call.local_classes, total);
+  }
   const at::ScalarType ct = compute_type(local_logits.scalar_type());
   FusedCrossEntropy ce = settings_of(local_logits, class_dim, target, options);
   ce.gradient_in_forward = options.gradient_in_forward && ce.x_rows.is_alias_of(local_logits) &&
@@ -157,6 +190,7 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
     saved->log_sum = ce.log_sum;
     saved->row_weight = ce.soft ? ce.row_weight : at::Tensor();
     saved->grad_rows = ce.grad_rows;
+    saved->vocab_size = piece.total;
   }
   return loss;
 }
@@ -212,8 +246,11 @@ ClassShard shard_for(const Communicator* comm, const at::Tensor& local, int64_t 
 
 at::Tensor vocab_parallel_log_softmax(const at::Tensor& local, int64_t class_dim_in, const Communicator* comm,
                                       int64_t vocab_size, std::optional<at::ScalarType> out_dtype) {
-  const int64_t class_dim = wrap_class_dim(local, class_dim_in, "vocab_parallel_log_softmax");
-  const ClassShard shard = shard_for(comm, local, class_dim, vocab_size);
+  const std::string op = "vocab_parallel_log_softmax";
+  const int64_t class_dim = wrap_class_dim(local, class_dim_in, op.c_str());
+  // The call's record before the all-reduces sized by rows (one all-gather more).
+  const ClassShard shard =
+      class_shard(comm, agreed_piece(loss_call(op, local, class_dim, vocab_size), comm, local.device()));
   const at::Tensor rows = distributed_log_softmax(to_rows(local, class_dim), shard);
   return from_rows(rows.to(out_dtype.value_or(local.scalar_type())), local.sizes(), class_dim);
 }
@@ -232,11 +269,23 @@ std::vector<at::Tensor> vocab_parallel_nll_loss_forward(const at::Tensor& local_
                                                         const std::optional<at::Tensor>& weight, int64_t reduction,
                                                         int64_t ignore_index, const Communicator* comm,
                                                         int64_t vocab_size) {
-  const int64_t class_dim = wrap_class_dim(local_logp, class_dim_in, "vocab_parallel_nll_loss");
-  check_no_target_or_weight_grad(target, weight, "vocab_parallel_nll_loss");
-  const ClassShard shard = shard_for(comm, local_logp, class_dim, vocab_size);
+  const std::string op = "vocab_parallel_nll_loss";
+  const int64_t class_dim = wrap_class_dim(local_logp, class_dim_in, op.c_str());
+  // The checks need the vocabulary: an unknown one is learnt first (one all-gather more).
+  if (vocab_size < 0) vocab_size = vocab_piece(comm, local_logp.size(class_dim), -1).total;
   c10::optional<at::Tensor> w;
   if (weight && weight->defined()) w = *weight;
+  LossCallRecord call = loss_call(op, local_logp, class_dim, vocab_size);
+  call.reduction = reduction;
+  call.ignore_index = ignore_index;
+  if (w) call.class_weight = *w;
+  // The checks settle in the call's record: a refusal on one member is the same error on all.
+  const InputAgreement agreement(op, target, [&] {
+    check_no_target_or_weight_grad(target, w, op);
+    check_nll_inputs(local_logp.sizes(), local_logp.scalar_type(), class_dim, target, w, vocab_size, reduction,
+                     ignore_index, op);
+  });
+  const ClassShard shard = class_shard(comm, agreed_piece(call, comm, local_logp.device(), &agreement));
   auto result =
       distributed_nll_forward(to_rows(local_logp, class_dim), target.reshape({-1}), w, reduction, ignore_index, shard);
   at::Tensor out = reduction == at::Reduction::None ? result.first.reshape(target.sizes()) : result.first;

@@ -1,0 +1,64 @@
+// The ranks of a loss's group agree on the call itself before any collective sized by it.
+//
+// Every loss kernel's collectives are sized by this rank's rows, and every rank combines the
+// others' statistics under its own options. Ranks whose row counts or dtypes differ would
+// hand Gloo buffers of different sizes (a SIGABRT, no message), and ranks whose options
+// differ would each return a plausible but wrong loss. So each forward first all-gathers one
+// fixed-size record of what must be equal on every rank (the op, the rows, the dtype, the
+// vocabulary this rank believes in, every option that changes the result, a hash of the
+// class weights) and of what may differ (this rank's class count). Every rank reads every
+// record the same way: a difference is the same LossParallelLayoutError on every rank,
+// naming the field and the ranks, before anything sized by rows is sent.
+//
+// Cost: one all-gather of kRecordSize float64 values per forward (latency only); where the
+// vocabulary is learnt from the ranks' class counts it replaces that count's all-gather.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hyper_parallel {
+
+class Communicator;
+class InputAgreement;
+
+// What one rank is about to compute. Fields an op has no use for keep their defaults (they
+// are then equal on every rank).
+struct LossCallRecord {
+  std::string op;             // e.g. "cross_entropy"; ranks in different loss ops disagree on it
+  int64_t rows = 0;           // logits rows: every dim but the class dim, flattened
+  int64_t dtype = -1;         // the logits' (or hidden's) at::ScalarType
+  int64_t vocab_size = -1;    // the global vocabulary this rank assumes (-1: to be learnt)
+  int64_t local_classes = 0;  // this rank's classes (may differ between ranks)
+  int64_t reduction = -1;
+  int64_t ignore_index = 0;
+  double label_smoothing = 0.0;
+  double z_loss_weight = 0.0;
+  double logit_softcap = 0.0;
+  bool gradient_in_forward = false;
+  at::Tensor class_weight;  // hashed when defined (its values, dtype and length)
+};
+
+// The rows a loss sees in `t`: the product of every dim but class_dim (0 classes included).
+int64_t rows_over_class_dim(const at::Tensor& t, int64_t class_dim);
+
+// One fixed-size all-gather of every rank's LossCallRecord on `device` (the logits' device, so
+// that NCCL can carry it; a meta device is a dry run: counted, nothing compared). Throws
+// LossParallelLayoutError on every rank when any compared field differs between ranks.
+// `checks`, when given, rides along and is settled first (the same error on every rank
+// when any rank refused its inputs). Returns every rank's local_classes (this
+// rank's alone for a null or one-member comm; empty for a dry run, which knows none).
+std::vector<int64_t> agree_on_call(const LossCallRecord& mine, const Communicator* comm, const c10::Device& device,
+                                   const InputAgreement* checks = nullptr);
+
+// Throws LossParallelLayoutError, the same on every member, unless `counts` (every member's
+// class count) are torch.chunk's pieces of `vocab_size` classes; vocab_size < 0: of their sum.
+// Returns the vocabulary.
+int64_t check_vocab_pieces(const std::vector<int64_t>& counts, int64_t vocab_size);
+
+}  // namespace hyper_parallel

@@ -1,0 +1,273 @@
+// loss_agreement_test.cpp — every rank agrees on a loss call or every rank refuses it: an
+// option, a row count, a dtype or a vocabulary that differs between the ranks of a loss's
+// group is the same LossParallelLayoutError on every rank, naming what differs and where,
+// on every loss path (the functional kernels, the DTensor route, the fused linear loss),
+// never a wrong value on some ranks or a Gloo abort (which would end this test binary).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness/rank_harness.h"
+#include "hyper_parallel/fused_linear_loss.h"
+#include "hyper_parallel/hyper_parallel.h"
+#include "hyper_parallel/vocab_parallel.h"
+
+namespace loss_agreement_test {
+
+using namespace hyper_parallel;
+using hyper_parallel::testing::random_tensor;
+using hyper_parallel::testing::run_ranks;
+namespace F = torch::nn::functional;
+
+namespace {
+
+constexpr int64_t kRanks = 2, kRows = 6, kVocab = 13;  // pieces 7 and 6
+
+std::string message_of(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+// Runs `call(rank, comm)` on 2 ranks; each rank's LossParallelLayoutError message, or
+// "no error" / "other error: ..." for anything else. Bounded: a hang fails in 10 s.
+std::vector<std::string> layout_errors(const std::function<void(int64_t, const DeviceMesh&)>& call) {
+  std::vector<std::string> got(kRanks);
+  run_ranks(
+      kRanks,
+      [&](int64_t rank) {
+        auto mesh = init_device_mesh("cpu", {kRanks});
+        try {
+          call(rank, mesh);
+          got[rank] = "no error";
+        } catch (const LossParallelLayoutError& e) {
+          got[rank] = e.what();
+        } catch (const std::exception& e) {
+          got[rank] = "other error: " + message_of(e);
+        }
+      },
+      std::chrono::seconds(10));
+  return got;
+}
+
+// Every rank has the same error, which names `field` and rank 1 as the one that differs.
+void expect_named_everywhere(const std::vector<std::string>& errors, const std::string& field,
+                             const std::string& context) {
+  for (size_t r = 0; r < errors.size(); ++r) {
+    EXPECT_NE(errors[r].find("disagree on the " + field), std::string::npos)
+        << context << ", rank " << r << ": " << errors[r];
+    EXPECT_NE(errors[r].find("rank(s) 1: "), std::string::npos) << context << ", rank " << r << ": " << errors[r];
+    EXPECT_EQ(errors[r], errors[0]) << context << ": rank " << r << " differs from rank 0";
+  }
+}
+
+at::Tensor piece(const at::Tensor& full, int64_t rank) {
+  const auto r = chunk_range(full.size(-1), kRanks, rank);
+  return full.narrow(-1, r.offset, r.length).contiguous();
+}
+
+at::Tensor targets(int64_t rows) { return at::arange(rows, at::kLong).remainder(kVocab); }
+
+}  // namespace
+
+TEST(LossAgreement, ACrossEntropyOptionOnOneRankOnlyIsTheSameNamedErrorEverywhere) {
+  const at::Tensor full = random_tensor({kRows, kVocab}, 1);
+  const at::Tensor weight = random_tensor({kVocab}, 2).abs() + 0.5;
+  struct Case {
+    std::string field;
+    std::function<void(VocabCrossEntropyOptions&, std::optional<at::Tensor>&, int64_t&)> on_rank_1;
+  };
+  const std::vector<Case> cases = {
+      {"reduction", [](auto& o, auto&, auto&) { o.reduction = at::Reduction::Sum; }},
+      {"ignore_index", [](auto& o, auto&, auto&) { o.ignore_index = 3; }},
+      {"label_smoothing", [](auto& o, auto&, auto&) { o.label_smoothing = 0.1; }},
+      {"z_loss_weight", [](auto& o, auto&, auto&) { o.z_loss_weight = 1e-4; }},
+      {"logit_softcap", [](auto& o, auto&, auto&) { o.logit_softcap = 5; }},
+      {"gradient_in_forward", [](auto& o, auto&, auto&) { o.gradient_in_forward = true; }},
+      {"class weight", [&](auto&, auto& w, auto&) { w = weight * 2; }},
+      // 14 classes split 7 + 7: rank 0's own piece check passes with either.
+      {"vocabulary size", [](auto&, auto&, auto& v) { v = kVocab + 1; }},
+  };
+  for (const Case& c : cases) {
+    const auto errors = layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+      VocabCrossEntropyOptions o;
+      std::optional<at::Tensor> w = weight;
+      int64_t vocab = kVocab;
+      // The field differs on rank 0 for the vocabulary (rank 0's piece fits both sizes).
+      if (rank == (c.field == "vocabulary size" ? 0 : 1)) c.on_rank_1(o, w, vocab);
+      vocab_parallel_cross_entropy_forward(piece(full, rank).clone(), 1, targets(kRows), w, &mesh.comm(0), vocab, o,
+                                           nullptr);
+    });
+    if (c.field == "vocabulary size") {
+      for (const auto& e : errors) EXPECT_NE(e.find("disagree on the vocabulary size"), std::string::npos) << e;
+    } else {
+      expect_named_everywhere(errors, c.field, c.field);
+    }
+  }
+}
+
+TEST(LossAgreement, RowCountsThatDifferAreTheSameNamedErrorOnEveryPathNotAGlooAbort) {
+  const at::Tensor full = random_tensor({kRows, kVocab}, 3);
+  auto rows_on = [](int64_t rank) { return rank == 1 ? kRows - 2 : kRows; };
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            const int64_t n = rows_on(rank);
+                            vocab_parallel_cross_entropy_forward(piece(full, rank).narrow(0, 0, n), 1, targets(n),
+                                                                 std::nullopt, &mesh.comm(0), kVocab, {}, nullptr);
+                          }),
+                          "row count", "vocab_parallel_cross_entropy");
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            vocab_parallel_log_softmax(piece(full, rank).narrow(0, 0, rows_on(rank)), 1, &mesh.comm(0),
+                                                       kVocab);
+                          }),
+                          "row count", "vocab_parallel_log_softmax");
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            const int64_t n = rows_on(rank);
+                            vocab_parallel_nll_loss_forward(piece(full, rank).narrow(0, 0, n), 1, targets(n),
+                                                            std::nullopt, at::Reduction::None, -100, &mesh.comm(0),
+                                                            kVocab);
+                          }),
+                          "row count", "vocab_parallel_nll_loss");
+  const at::Tensor head = random_tensor({kVocab, 4}, 4);
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            const int64_t n = rows_on(rank);
+                            const auto r = chunk_range(kVocab, kRanks, rank);
+                            vocab_parallel_linear_cross_entropy_forward(random_tensor({n, 4}, 5),
+                                                                        head.narrow(0, r.offset, r.length), targets(n),
+                                                                        &mesh.comm(0), kVocab, {}, nullptr);
+                          }),
+                          "row count", "vocab_parallel_linear_cross_entropy");
+}
+
+TEST(LossAgreement, DtypesThatDifferAreTheSameNamedErrorNotAGlooAbort) {
+  const at::Tensor full = random_tensor({kRows, kVocab}, 6);
+  auto on = [&](int64_t rank) { return rank == 1 ? piece(full, rank).to(at::kFloat) : piece(full, rank); };
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            vocab_parallel_cross_entropy_forward(on(rank), 1, targets(kRows), std::nullopt,
+                                                                 &mesh.comm(0), kVocab, {}, nullptr);
+                          }),
+                          "dtype", "vocab_parallel_cross_entropy");
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            vocab_parallel_log_softmax(on(rank), 1, &mesh.comm(0), kVocab);
+                          }),
+                          "dtype", "vocab_parallel_log_softmax");
+}
+
+TEST(LossAgreement, ALearntVocabularyCostsNoCollectiveMoreThanAGivenOne) {
+  run_ranks(kRanks, [](int64_t rank) {
+    auto mesh = init_device_mesh("cpu", {kRanks});
+    const at::Tensor full = random_tensor({kRows, kVocab}, 7);
+    for (int64_t vocab : {kVocab, int64_t{-1}}) {
+      reset_collective_counts();
+      const at::Tensor loss = vocab_parallel_cross_entropy_forward(piece(full, rank), 1, targets(kRows), std::nullopt,
+                                                                   &mesh.comm(0), vocab, {}, nullptr);
+      EXPECT_EQ(collective_counts().all_gather, 2) << "the call's record, then the per-row statistics";
+      EXPECT_EQ(collective_counts().total(), 2);
+      EXPECT_NEAR(loss.item<double>(), at::cross_entropy_loss(full, targets(kRows)).item<double>(), 1e-12);
+    }
+  });
+}
+
+TEST(LossAgreement, UnderLossParallelAGuardOptionOnOneRankOnlyIsNamedEverywhere) {
+  const at::Tensor full = random_tensor({kRows, kVocab}, 8);
+  for (const std::string field : {"z_loss_weight", "logit_softcap"}) {
+    expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                              LossParallelOptions o;
+                              if (rank == 1) (field == "z_loss_weight" ? o.z_loss_weight : o.logit_softcap) = 5;
+                              auto guard = loss_parallel(o);
+                              F::cross_entropy(distribute_tensor(full, mesh, {Shard(1)}), targets(kRows));
+                            }),
+                            field, "cross_entropy, " + field);
+  }
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            auto guard = loss_parallel();
+                            F::cross_entropy(distribute_tensor(full, mesh, {Shard(1)}), targets(kRows),
+                                             F::CrossEntropyFuncOptions().label_smoothing(rank == 1 ? 0.2 : 0.0));
+                          }),
+                          "label_smoothing", "cross_entropy, label_smoothing");
+}
+
+TEST(LossAgreement, UnderLossParallelPiecesThatImplyDifferentVocabulariesOrRowsAreNamed) {
+  // DTensor::from_local without a shape: each rank takes its own piece times 2 as the
+  // vocabulary (14 on rank 0, 12 on rank 1).
+  const at::Tensor full = random_tensor({kRows, kVocab}, 9);
+  const auto errors = layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+    auto guard = loss_parallel();
+    F::cross_entropy(DTensor::from_local(piece(full, rank), mesh, {Shard(1)}), targets(kRows));
+  });
+  for (const auto& e : errors) EXPECT_NE(e.find("disagree on the vocabulary size"), std::string::npos) << e;
+  for (const auto& e : errors) EXPECT_EQ(e, errors[0]);
+  // Rows that differ, under log_softmax + nll_loss and cross_entropy.
+  auto rows_on = [](int64_t rank) { return rank == 1 ? kRows - 2 : kRows; };
+  auto logits = [&](int64_t rank, const DeviceMesh& mesh) {
+    FromLocalOptions o;
+    o.shape = std::vector<int64_t>{rows_on(rank), kVocab};
+    return DTensor::from_local(piece(full, rank).narrow(0, 0, rows_on(rank)), mesh, {Shard(1)}, o);
+  };
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            auto guard = loss_parallel();
+                            F::cross_entropy(logits(rank, mesh), targets(rows_on(rank)));
+                          }),
+                          "row count", "cross_entropy");
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            auto guard = loss_parallel();
+                            F::log_softmax(logits(rank, mesh), 1);
+                          }),
+                          "row count", "log_softmax");
+}
+
+TEST(LossAgreement, TheFusedLinearLossNamesAnOptionOnOneRankOnly) {
+  const at::Tensor hidden = random_tensor({kRows, 4}, 10), head = random_tensor({kVocab, 4}, 11);
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            FusedLinearCrossEntropyOptions o;
+                            if (rank == 1) o.logit_softcap = 5;
+                            fused_linear_cross_entropy(hidden, distribute_tensor(head, mesh, {Shard(0)}),
+                                                       targets(kRows), o);
+                          }),
+                          "logit_softcap", "fused_linear_cross_entropy");
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            FusedLinearCrossEntropyOptions o;
+                            if (rank == 1) o.ignore_index = 2;
+                            const auto r = chunk_range(kVocab, kRanks, rank);
+                            vocab_parallel_linear_cross_entropy_forward(hidden, head.narrow(0, r.offset, r.length),
+                                                                        targets(kRows), &mesh.comm(0), kVocab, o,
+                                                                        nullptr);
+                          }),
+                          "ignore_index", "vocab_parallel_linear_cross_entropy");
+}
+
+// The DTensor form's input checks used to run on each rank alone: a target out of range on
+// rank 1 raised there while rank 0 went on into the loss's collectives, out of step.
+TEST(LossAgreement, TheFusedLinearLossSettlesARefusalOnOneRankEverywhere) {
+  const at::Tensor hidden = random_tensor({kRows, 4}, 12), head = random_tensor({kVocab, 4}, 13);
+  std::vector<std::string> errors(kRanks);
+  std::vector<double> after(kRanks);
+  run_ranks(
+      kRanks,
+      [&](int64_t rank) {
+        auto mesh = init_device_mesh("cpu", {kRanks});
+        const at::Tensor w = distribute_tensor(head, mesh, {Shard(0)});
+        at::Tensor bad = targets(kRows).clone();
+        if (rank == 1) bad[2] = kVocab + 4;
+        try {
+          fused_linear_cross_entropy(hidden, w, bad);
+          errors[rank] = "no error";
+        } catch (const std::exception& e) {
+          errors[rank] = message_of(e);
+        }
+        // A caller that catches the error and goes on finds the ranks in step.
+        after[rank] = to_local(fused_linear_cross_entropy(hidden, w, targets(kRows))).item<double>();
+      },
+      std::chrono::seconds(10));
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("refused on rank(s) 1"), std::string::npos) << e;
+    EXPECT_NE(e.find("out of bounds"), std::string::npos) << e;
+    EXPECT_EQ(e, errors[0]);
+  }
+  const double want = at::cross_entropy_loss(at::matmul(hidden, head.t()), targets(kRows)).item<double>();
+  for (double a : after) EXPECT_NEAR(a, want, 1e-12);
+}
+
+}  // namespace loss_agreement_test

@@ -1,0 +1,150 @@
+"""Every rank agrees or every rank refuses (issue 55): options, row counts, dtypes and the
+vocabulary that differ between the two ranks of a TP 2 group are the same named
+LossParallelLayoutError (a ValueError) on both, on every loss path of the package, and nll_loss
+is as strict as PyTorch's with its checks settled on every rank. The ranks are processes: a
+rank that dies (a Gloo abort when the gathers' sizes differ) fails the test."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+import hyper_parallel_cpp as hp
+from ranks import run_ranks
+
+VOCAB = 13  # pieces 7 and 6
+ROWS = 6
+
+
+def _same(rank, full):
+    dist.broadcast(full, 0)
+    return full
+
+
+def _expect_named(field, fn):
+    """fn raises LossParallelLayoutError naming `field` and rank 1, the same text on every rank."""
+    with pytest.raises(hp.LossParallelLayoutError, match=rf"disagree on the {field}.*rank\(s\) 1: ") as info:
+        fn()
+    assert isinstance(info.value, ValueError)
+    texts = [None] * dist.get_world_size()
+    dist.all_gather_object(texts, str(info.value))
+    assert all(t == texts[0] for t in texts), texts
+
+
+def options_that_differ(rank, world):
+    mesh = init_device_mesh("cpu", (world,))
+    logits = _same(rank, torch.randn(ROWS, VOCAB, dtype=torch.float64))
+    target = torch.arange(ROWS) % VOCAB
+    x = distribute_tensor(logits, mesh, [Shard(1)])
+    piece = torch.chunk(logits, world, dim=-1)[rank]
+    weight = torch.rand(VOCAB, dtype=torch.float64) + 0.5
+    dist.broadcast(weight, 0)
+    one = rank == 1
+    # Under loss_parallel on PyTorch's DTensor: the guard's options and F.cross_entropy's.
+    for field, options in [("logit_softcap", {"logit_softcap": 5.0}), ("z_loss_weight", {"z_loss_weight": 1e-3})]:
+        def call(options=options):
+            with hp.loss_parallel(**(options if one else {})):
+                F.cross_entropy(x, target)
+        _expect_named(field, call)
+    for field, kwargs in [("label_smoothing", {"label_smoothing": 0.1}), ("reduction", {"reduction": "sum"}),
+                          ("ignore_index", {"ignore_index": 3}), ("class weight", {"weight": weight * 2})]:
+        def call(kwargs=kwargs):
+            with hp.loss_parallel():
+                F.cross_entropy(x, target, **(kwargs if one else {"weight": weight} if "weight" in kwargs else {}))
+        _expect_named(field, call)
+    # The functional op: a vocabulary of V + 1 passes rank 0's own piece check (7 of 14).
+    with pytest.raises(hp.LossParallelLayoutError, match=r"disagree on the vocabulary size"):
+        hp.vocab_parallel_cross_entropy(piece, target, vocab_size=VOCAB + 1 if rank == 0 else VOCAB)
+    _expect_named("logit_softcap",
+                  lambda: hp.vocab_parallel_cross_entropy(piece, target, logit_softcap=5.0 if one else 0.0))
+    # After all of that the group still works, exactly.
+    with hp.loss_parallel():
+        loss = F.cross_entropy(x, target)
+    torch.testing.assert_close(loss.full_tensor(), F.cross_entropy(logits, target), rtol=1e-12, atol=1e-12)
+
+
+def test_options_that_differ_between_ranks_are_the_same_named_error():
+    run_ranks(2, options_that_differ)
+
+
+def rows_dtypes_and_vocabularies_that_differ(rank, world):
+    mesh = init_device_mesh("cpu", (world,))
+    logits = _same(rank, torch.randn(ROWS, VOCAB, dtype=torch.float64))
+    piece = torch.chunk(logits, world, dim=-1)[rank]
+    rows = ROWS - 2 if rank == 1 else ROWS
+    target = torch.arange(rows) % VOCAB
+    short = piece[:rows]
+    _expect_named("row count", lambda: hp.vocab_parallel_cross_entropy(short, target))
+    _expect_named("row count", lambda: hp.vocab_parallel_log_softmax(short))
+    _expect_named("row count", lambda: hp.vocab_parallel_nll_loss(short, target, reduction="none"))
+    head = _same(rank, torch.randn(VOCAB, 4, dtype=torch.float64))
+    hidden = torch.randn(rows, 4, dtype=torch.float64)
+    _expect_named("row count",
+                  lambda: hp.fused_linear_cross_entropy(hidden, torch.chunk(head, world)[rank], target))
+    x = DTensor.from_local(short, mesh, [Shard(1)], shape=(rows, VOCAB), stride=(VOCAB, 1))
+    with hp.loss_parallel():
+        _expect_named("row count", lambda: F.cross_entropy(x, target))
+        _expect_named("row count", lambda: F.log_softmax(x, 1))
+    # dtypes
+    mixed = piece.float() if rank == 1 else piece
+    full_target = torch.arange(ROWS) % VOCAB
+    _expect_named("dtype", lambda: hp.vocab_parallel_cross_entropy(mixed, full_target))
+    _expect_named("dtype", lambda: hp.vocab_parallel_log_softmax(mixed))
+    # from_local without shape=: rank 0 takes 14 classes, rank 1 12.
+    uneven = DTensor.from_local(piece, mesh, [Shard(1)])
+    with hp.loss_parallel():
+        with pytest.raises(hp.LossParallelLayoutError, match=r"disagree on the vocabulary size"):
+            F.cross_entropy(uneven, full_target)
+    # And the group still works.
+    with hp.loss_parallel():
+        loss = F.cross_entropy(distribute_tensor(logits, mesh, [Shard(1)]), full_target)
+    torch.testing.assert_close(loss.full_tensor(), F.cross_entropy(logits, full_target), rtol=1e-12, atol=1e-12)
+
+
+def test_rows_dtypes_and_vocabularies_that_differ_are_the_same_named_error_not_a_dead_rank():
+    run_ranks(2, rows_dtypes_and_vocabularies_that_differ)
+
+
+def nll_loss_as_strict_as_pytorchs(rank, world):
+    mesh = init_device_mesh("cpu", (world,))
+    logp = _same(rank, torch.randn(ROWS, VOCAB, dtype=torch.float64)).log_softmax(1)
+    target = torch.arange(ROWS) % VOCAB
+    x = distribute_tensor(logp, mesh, [Shard(1)])
+    piece = torch.chunk(logp, world, dim=-1)[rank]
+    cases = [
+        (ValueError, r"Expected input batch_size \(6\) to match target batch_size \(3\)", target[:3], None),
+        (ValueError, r"Expected input batch_size \(6\) to match target batch_size \(2\)", target.view(2, 3), None),
+        (RuntimeError, r"expected target dtype to be Long or Byte, but got Int", target.int(), None),
+        (RuntimeError, r"weight tensor should be defined either for all 13 classes",
+         target, torch.ones(VOCAB - 1, dtype=torch.float64)),
+        (RuntimeError, r"weight tensor should be defined either for all 13 classes",
+         target, torch.ones(VOCAB + 3, dtype=torch.float64)),
+        (RuntimeError, r"expected scalar type Double but found Float", target, torch.ones(VOCAB)),
+    ]
+    for exc, match, t, w in cases:
+        with pytest.raises(exc, match=match):
+            F.nll_loss(logp, t, weight=w)  # PyTorch itself
+        with pytest.raises(exc, match=match):
+            hp.vocab_parallel_nll_loss(piece, t, weight=w)
+        with pytest.raises(exc, match=match):
+            with hp.loss_parallel():
+                F.nll_loss(x, t, weight=w)
+    # A target out of range on rank 1 only: the same error on both, and a loop that catches
+    # it and goes on finds both ranks in step.
+    bad = target.clone()
+    if rank == 1:
+        bad[2] = VOCAB + 4
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match=rf"refused on rank\(s\) 1 .*Target {VOCAB + 4} is out of bounds"):
+            hp.vocab_parallel_nll_loss(piece, bad)
+        with pytest.raises(RuntimeError, match=rf"refused on rank\(s\) 1 .*Target {VOCAB + 4} is out of bounds"):
+            with hp.loss_parallel():
+                F.nll_loss(x, bad)
+        torch.testing.assert_close(hp.vocab_parallel_nll_loss(piece, target), F.nll_loss(logp, target),
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_nll_loss_is_as_strict_as_pytorchs_and_settles_its_checks_on_every_rank():
+    run_ranks(2, nll_loss_as_strict_as_pytorchs)
