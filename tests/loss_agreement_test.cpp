@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/job_errors.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/hyper_parallel.h"
@@ -19,6 +20,7 @@
 namespace loss_agreement_test {
 
 using namespace hyper_parallel;
+using hyper_parallel::testing::error_text;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
 namespace F = torch::nn::functional;
@@ -26,11 +28,6 @@ namespace F = torch::nn::functional;
 namespace {
 
 constexpr int64_t kRanks = 2, kRows = 6, kVocab = 13;  // pieces 7 and 6
-
-std::string message_of(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
 
 // Runs `call(rank, comm)` on 2 ranks; each rank's LossParallelLayoutError message, or
 // "no error" / "other error: ..." for anything else. Bounded: a hang fails in 10 s.
@@ -46,7 +43,7 @@ std::vector<std::string> layout_errors(const std::function<void(int64_t, const D
         } catch (const LossParallelLayoutError& e) {
           got[rank] = e.what();
         } catch (const std::exception& e) {
-          got[rank] = "other error: " + message_of(e);
+          got[rank] = "other error: " + error_text(e);
         }
       },
       std::chrono::seconds(10));
@@ -255,7 +252,7 @@ TEST(LossAgreement, TheFusedLinearLossSettlesARefusalOnOneRankEverywhere) {
           fused_linear_cross_entropy(hidden, w, bad);
           errors[rank] = "no error";
         } catch (const std::exception& e) {
-          errors[rank] = message_of(e);
+          errors[rank] = error_text(e);
         }
         // A caller that catches the error and goes on finds the ranks in step.
         after[rank] = to_local(fused_linear_cross_entropy(hidden, w, targets(kRows))).item<double>();

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/job_errors.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/vocab_parallel.h"
@@ -18,6 +19,7 @@
 namespace nll_loss_inputs_test {
 
 using namespace hyper_parallel;
+using hyper_parallel::testing::error_text;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
 namespace F = torch::nn::functional;
@@ -25,11 +27,6 @@ namespace F = torch::nn::functional;
 namespace {
 
 constexpr int64_t kRanks = 2, kRows = 6, kVocab = 9;
-
-std::string message_of(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
 
 at::Tensor logp() { return at::log_softmax(random_tensor({kRows, kVocab}, 1), 1); }
 
@@ -51,7 +48,7 @@ std::vector<std::string> errors_of(const std::function<void(int64_t, const Devic
           call(rank, mesh);
           got[rank] = "no error";
         } catch (const std::exception& e) {
-          got[rank] = message_of(e);
+          got[rank] = error_text(e);
         }
       },
       std::chrono::seconds(10));
@@ -114,7 +111,7 @@ TEST(NllLossInputs, ARefusalOnOneRankIsTheSameErrorAndTheRanksStayInStep) {
       vocab_parallel_nll_loss_forward(piece(logp(), rank), 1, rank == 1 ? bad : good_target(), std::nullopt,
                                       at::Reduction::Mean, -100, &mesh.comm(0), kVocab);
     } catch (const std::exception& e) {
-      first = message_of(e);
+      first = error_text(e);
     }
     // The loop goes on, as a training loop that catches the error would: the next calls must
     // meet every rank at the same collective.
@@ -125,7 +122,7 @@ TEST(NllLossInputs, ARefusalOnOneRankIsTheSameErrorAndTheRanksStayInStep) {
     try {
       F::nll_loss(distribute_tensor(logp(), mesh, {Shard(1)}), rank == 1 ? bad : good_target());
     } catch (const std::exception& e) {
-      first += " | " + message_of(e);
+      first += " | " + error_text(e);
     }
     full_tensor(F::nll_loss(distribute_tensor(logp(), mesh, {Shard(1)}), good_target()));
     throw std::runtime_error(first);
