@@ -218,4 +218,46 @@ TEST(LossParallelExact, LanguageModelShapedInputs) {
   }
 }
 
+// More ranks than classes: DTensor's Shard leaves the last ranks an empty piece (V = 2 at
+// TP 3; V = 5 at TP 4), which still takes part in every collective.
+TEST(LossParallelExact, EmptyVocabularyPieces) {
+  for (auto [vocab, tp] : {std::pair<int64_t, int64_t>{2, 3}, std::pair<int64_t, int64_t>{5, 4}}) {
+    std::vector<Case> cases;
+    for (int64_t r : {at::Reduction::None, at::Reduction::Mean}) {
+      cases.push_back(Case{{6, vocab}, r, true, 0.1});
+      Case soft{{6, vocab}, r};
+      soft.target = Target::Soft;
+      cases.push_back(soft);
+    }
+    std::vector<Data> data;
+    std::vector<Reference> refs;
+    std::vector<at::Tensor> seeds;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      data.push_back(make_data(cases[i], 300 + i));
+      at::Tensor probe =
+          F::cross_entropy(data.back().logits, data.back().target, options_for(cases[i], data.back().weight));
+      seeds.push_back(random_tensor(probe.sizes(), 400 + i));
+      refs.push_back(reference(cases[i], data.back(), seeds.back()));
+    }
+    run_ranks(tp, [&, tp = tp](int64_t) {
+      auto mesh = init_device_mesh("cpu", {tp});
+      for (size_t i = 0; i < cases.size(); ++i) check_case(mesh, cases[i], data[i], refs[i], seeds[i], at::kDouble);
+      // log_softmax and nll_loss under the same context.
+      const at::Tensor full = data[0].logits;
+      at::Tensor logits = distribute_tensor(full, mesh, {Shard(1)}).set_requires_grad(true);
+      auto guard = loss_parallel();
+      at::Tensor lp = torch::log_softmax(logits, 1);
+      at::Tensor nll = F::nll_loss(lp, data[0].target);
+      nll.backward();
+      const at::Tensor ref_x = full.clone().set_requires_grad(true);
+      at::Tensor ref_nll = F::nll_loss(torch::log_softmax(ref_x, 1), data[0].target);
+      ref_nll.backward();
+      EXPECT_LE(rel_err(to_local(nll), ref_nll.detach()), 1e-12);
+      const Layout& l = layout_of(logits);
+      EXPECT_LE(rel_err(to_local(logits.grad()), ref_x.grad().narrow(1, l.local_offset()[1], l.local_shape()[1])),
+                1e-12);
+    });
+  }
+}
+
 }  // namespace loss_parallel_test

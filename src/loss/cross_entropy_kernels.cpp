@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 
 #include <limits>
 #include <string>
@@ -87,7 +88,10 @@ at::ScalarType compute_type(at::ScalarType t) { return (t == at::kHalf || t == a
 at::Tensor to_rows(const at::Tensor& x, int64_t class_dim) {
   if (x.dim() == 1) return x.unsqueeze(0);
   at::Tensor moved = class_dim == x.dim() - 1 ? x : x.movedim(class_dim, -1);
-  return moved.reshape({-1, x.size(class_dim)});
+  // The row count spelt out: a rank whose piece of the classes is empty has 0 elements, and
+  // reshape cannot infer -1 from them.
+  const int64_t rows = c10::multiply_integers(moved.sizes().slice(0, x.dim() - 1));
+  return moved.reshape({rows, x.size(class_dim)});
 }
 
 at::Tensor from_rows(const at::Tensor& rows, c10::IntArrayRef shape, int64_t class_dim) {

@@ -148,3 +148,77 @@ def nll_loss_as_strict_as_pytorchs(rank, world):
 
 def test_nll_loss_is_as_strict_as_pytorchs_and_settles_its_checks_on_every_rank():
     run_ranks(2, nll_loss_as_strict_as_pytorchs)
+
+
+def _chunk(full, rank, world):
+    """This rank's torch.chunk piece of the last dim (empty past the last chunk), as Shard(-1)."""
+    pieces = torch.chunk(full, world, dim=-1)
+    return pieces[rank] if rank < len(pieces) else full.narrow(-1, full.shape[-1], 0)
+
+
+def _close(got, want, what):
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-12, atol=1e-12, msg=what)
+
+
+def empty_vocabulary_pieces(rank, world):
+    # V = 2 over 3 ranks: torch.chunk (and DTensor's Shard) give 1, 1, 0.
+    vocab = 2
+    gen = torch.Generator().manual_seed(3)
+    full = torch.randn(ROWS, vocab, dtype=torch.float64, generator=gen) * 3
+    target = torch.randint(0, vocab, (ROWS,), generator=gen)
+    seed = torch.randn(ROWS, dtype=torch.float64, generator=gen)
+    coef = torch.randn(ROWS, vocab, dtype=torch.float64, generator=gen)
+    group = dist.group.WORLD
+    ref_x = full.clone().requires_grad_()
+    ref = F.cross_entropy(ref_x, target, reduction="none", label_smoothing=0.1)
+    ref_grad, = torch.autograd.grad((ref * seed).sum(), ref_x)
+    ref_lp = torch.log_softmax(ref_x, -1)
+    ref_lp_grad, = torch.autograd.grad((ref_lp * coef).sum(), ref_x)
+    for given in (vocab, None):
+        x = _chunk(full, rank, world).clone().requires_grad_()
+        loss = hp.vocab_parallel_cross_entropy(x, target, group, vocab_size=given, reduction="none",
+                                               label_smoothing=0.1)
+        (loss * seed).sum().backward()
+        _close(loss, ref, f"cross-entropy vocab_size={given}")
+        _close(x.grad, _chunk(ref_grad, rank, world), f"cross-entropy gradient vocab_size={given}")
+
+        x = _chunk(full, rank, world).clone().requires_grad_()
+        lp = hp.vocab_parallel_log_softmax(x, group, vocab_size=given)
+        (lp * _chunk(coef, rank, world)).sum().backward()
+        _close(lp, _chunk(ref_lp, rank, world), f"log_softmax vocab_size={given}")
+        _close(x.grad, _chunk(ref_lp_grad, rank, world), f"log_softmax gradient vocab_size={given}")
+        nll = hp.vocab_parallel_nll_loss(lp.detach(), target, group, vocab_size=given)
+        _close(nll, F.nll_loss(ref_lp, target), f"nll_loss vocab_size={given}")
+
+    # The same through PyTorch's DTensor under loss_parallel.
+    mesh = init_device_mesh("cpu", (world,))
+    ref_grad, = torch.autograd.grad((F.cross_entropy(ref_x, target, reduction="none") * seed).sum(), ref_x)
+    x = distribute_tensor(full, mesh, [Shard(1)]).requires_grad_()
+    assert x.to_local().shape[1] == (0 if rank == 2 else 1)
+    with hp.loss_parallel():
+        loss = F.cross_entropy(x, target, reduction="none")
+        (loss.to_local() * seed).sum().backward()
+    _close(loss.full_tensor(), F.cross_entropy(full, target, reduction="none"), "DTensor cross-entropy")
+    _close(x.grad.to_local(), _chunk(ref_grad, rank, world), "DTensor cross-entropy gradient")
+    with hp.loss_parallel():
+        lp = F.log_softmax(distribute_tensor(full, mesh, [Shard(1)]), -1)
+        nll = F.nll_loss(lp, target)
+    _close(lp.to_local(), _chunk(torch.log_softmax(full, -1), rank, world), "DTensor log_softmax")
+    _close(nll.full_tensor() if isinstance(nll, DTensor) else nll, F.nll_loss(torch.log_softmax(full, -1), target),
+           "DTensor nll_loss")
+
+    # And the fused linear head: its rows are the classes, so the third rank holds none.
+    hidden = torch.randn(ROWS, 4, dtype=torch.float64, generator=gen).requires_grad_()
+    head = torch.randn(vocab, 4, dtype=torch.float64, generator=gen)
+    ref = F.cross_entropy(hidden @ head.T, target)
+    ref_h, = torch.autograd.grad(ref, hidden)
+    local = torch.chunk(head, world, 0)[rank] if rank < 2 else head[:0]
+    loss = hp.fused_linear_cross_entropy(hidden, local, target, group)
+    got_h, = torch.autograd.grad(loss, hidden)
+    _close(loss, ref, "fused linear cross-entropy")
+    _close(got_h, ref_h, "fused linear hidden gradient")
+
+
+def test_empty_vocabulary_pieces_are_exact_on_every_python_path():
+    run_ranks(3, empty_vocabulary_pieces)
