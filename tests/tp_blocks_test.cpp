@@ -152,13 +152,16 @@ TEST_P(TensorParallelAttention, ShardedHeadsMatchOneProcess) {
 INSTANTIATE_TEST_SUITE_P(Degrees, TensorParallelBlocks, ::testing::Values(2, 3, 4));
 INSTANTIATE_TEST_SUITE_P(Degrees, TensorParallelAttention, ::testing::Values(2, 4));
 
+// Uneven shards (11 rows at TP 2, 3), and more ranks than rows (5 at TP 4: 2, 2, 1, 0; 2 at
+// TP 3: 1, 1, 0), where a rank holds no row and still takes part in every collective.
 TEST(TensorParallelBlocks, VocabParallelEmbeddingMatchesOneProcess) {
-  for (int64_t tp : {2, 3}) {
-    for (int64_t padding_idx : {int64_t{-1}, int64_t{5}}) {
-      run_ranks(tp, [tp, padding_idx](int64_t) {
+  for (auto [vocab, tp] : {std::pair<int64_t, int64_t>{11, 2}, {11, 3}, {5, 4}, {2, 3}}) {
+    for (int64_t padding_idx : {int64_t{-1}, vocab / 2}) {
+      run_ranks(tp, [tp = tp, vocab = vocab, padding_idx](int64_t) {
+        SCOPED_TRACE("V " + std::to_string(vocab) + " TP " + std::to_string(tp));
         auto mesh = init_device_mesh("cpu", {tp});
-        at::Tensor table = hyper_parallel::testing::random_tensor({11, 4}, 5);  // uneven shards
-        at::Tensor ids = torch::tensor({{0, 3, 10, 7}, {5, 5, 1, 9}}, torch::kLong);
+        at::Tensor table = hyper_parallel::testing::random_tensor({vocab, 4}, 5);
+        at::Tensor ids = torch::tensor({{0, 3, 10, 7}, {5, 5, 1, 9}}, torch::kLong).remainder(vocab);
         at::Tensor c = hyper_parallel::testing::random_tensor({2, 4, 4}, 6);
         at::Tensor ref_w = table.clone().set_requires_grad(true);
         (at::embedding(ref_w, ids, padding_idx) * c).sum().backward();

@@ -114,6 +114,34 @@ TEST(Trainer, FusedLinearLossTrainsAsTheUnfusedHeadAtTp1Tp2Tp4) {
   }
 }
 
+// A vocabulary of 4 words at TP 3: torch.chunk gives the embedding and the head 2, 2 and 0
+// rows, so rank 2 holds no word and still joins every collective. Float64: the same losses as
+// TP 1, through the unfused head + loss_parallel and the fused linear loss.
+TEST(Trainer, ARankWithNoWordOfTheVocabularyTrainsAsTp1) {
+  const std::string dir = fresh_dir("tiny_vocab");
+  compat::create_directories(dir);
+  const std::string text = compat::join_path(dir, "words.txt");
+  {
+    std::ofstream f(text);
+    for (int i = 0; i < 100; ++i) f << "a b c a b c a a b b c c a b c\n";
+  }
+  auto job = [&](int64_t tp, bool fused) {
+    JobConfig c = tiny_job(compat::join_path(dir, std::to_string(tp) + (fused ? "f" : "")), tp, false, 3);
+    c.model.vocab_size = 4;  // <pad>, <unk> and two of the text's three words
+    c.model.n_heads = 3;
+    c.model.dim = 48;
+    c.model.ffn_hidden_dim = 96;
+    c.training.dtype = "float64";
+    c.training.data = text;
+    c.training.fused_linear_loss = fused;
+    return c;
+  };
+  const auto tp1 = train_on(1, job(1, false));
+  for (bool fused : {false, true}) {
+    expect_same_curves(train_on(3, job(3, fused)), tp1, 1e-12, fused ? "fused linear loss, TP 3" : "TP 3");
+  }
+}
+
 // [training] z_loss_weight and logit_softcap reach every loss path: the loss_parallel
 // kernel (TP 2), the fused head + loss (TP 1 and 2) and the plain cross-entropy on whole
 // logits (TP 1, and TP 2 without loss parallel), which must train alike. Float32, 1e-4

@@ -5,8 +5,11 @@
 #include <ATen/ops/lt.h>
 #include <ATen/ops/sub.h>
 #include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
+
+#include <algorithm>
 
 #include "dispatch/op_param_choice.h"
 
@@ -119,7 +122,9 @@ void EmbeddingOp::expand(const OpCall& call, const ShardingDecision& d, torch::j
     const at::Tensor grad = local[0].toTensor();
     local[0] = grad.masked_fill(owned.mask.logical_not().unsqueeze(-1), 0);
     local[1] = owned.local_ids;
-    local[2] = rows;
+    // A rank with no rows (more ranks than vocabulary) scatters its zeros into one scratch
+    // row, which finalize drops: ATen cannot scatter into a table of no rows.
+    local[2] = std::max<int64_t>(rows, 1);
     const int64_t padding = local[3].toInt();
     local[3] = padding >= offset && padding < offset + rows ? padding - offset : int64_t{-1};
     return;
@@ -127,10 +132,19 @@ void EmbeddingOp::expand(const OpCall& call, const ShardingDecision& d, torch::j
   if (d.expand_tag != kVocabParallel) return;
   const Layout& weight = *call.tensors().at(0).layout;
   local[1] = own(local[1].toTensor(), weight.local_offset()[0], weight.local_shape()[0]).local_ids;
+  // A rank with no rows looks its ids up in one zero row (finalize zeroes the result anyway):
+  // ATen cannot index a table of no rows.
+  const at::Tensor table = local[0].toTensor();
+  if (table.size(0) == 0) local[0] = at::zeros({1, table.size(1)}, table.options());
 }
 
 void EmbeddingOp::finalize(const OpCall& call, const ShardingDecision& d, const torch::jit::Stack& local_args,
                            torch::jit::Stack& results) const {
+  if (d.expand_tag == kVocabParallelBackward) {
+    const int64_t rows = d.output_layouts.at(0).at(0).local_shape()[0];
+    if (rows == 0) results[0] = results[0].toTensor().narrow(0, 0, 0);  // the scratch row dropped
+    return;
+  }
   if (d.expand_tag != kVocabParallel) return;
   const Layout& weight = *call.tensors().at(0).layout;
   const OwnedIds owned = own(local_args[1].toTensor(), weight.local_offset()[0], weight.local_shape()[0]);
