@@ -321,6 +321,12 @@ TEST(FusedLinearCrossEntropy, BadInputRaisesTheSameClearErrorOnEveryRank) {
     }));
     // int32 class indices: refused as PyTorch's cross_entropy and ours refuse them.
     got.push_back(error_of<c10::Error>([&] { fused_linear_cross_entropy(hidden, w, target.to(at::kInt)); }));
+    // A float32 class weight for float64 hidden states: refused, as F.cross_entropy refuses it.
+    got.push_back(error_of<c10::Error>([&] {
+      FusedLinearCrossEntropyOptions o;
+      o.class_weight = torch::ones({10}, at::kFloat);
+      fused_linear_cross_entropy(hidden, w, target, o);
+    }));
     std::lock_guard<std::mutex> lock(mu);
     messages[rank] = got;
   });
@@ -334,6 +340,7 @@ TEST(FusedLinearCrossEntropy, BadInputRaisesTheSameClearErrorOnEveryRank) {
       "expected hidden and weight of one floating dtype",
       "expected a class weight of shape [10]",
       "expected target dtype to be Long or Byte, but got Int",
+      "expected scalar type Double but found Float",
   };
   for (size_t i = 0; i < expected_parts.size(); ++i) {
     EXPECT_NE(messages[0][i].find(expected_parts[i]), std::string::npos) << messages[0][i];

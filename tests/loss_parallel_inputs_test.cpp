@@ -148,6 +148,18 @@ TEST_P(LossParallelInputs, AClassWeightOfTheWrongLengthIsTheSameErrorEverywhere)
                     "class weight of shape");
 }
 
+// PyTorch's cross_entropy refuses a class weight of another dtype than the logits rather
+// than converting it.
+TEST_P(LossParallelInputs, AClassWeightOfAnotherDtypeIsRefusedAsPyTorchRefusesIt) {
+  expect_same_error(errors_on(GetParam(),
+                              [](int64_t, const DeviceMesh& m) {
+                                return F::cross_entropy(
+                                    logits_on(m), good_target(),
+                                    F::CrossEntropyFuncOptions().weight(torch::ones({kClasses}, torch::kFloat)));
+                              }),
+                    "expected scalar type Double but found Float");
+}
+
 TEST_P(LossParallelInputs, NanAndInfLogitsGiveTheReferenceValues) {
   const double inf = std::numeric_limits<double>::infinity();
   for (double bad : {std::numeric_limits<double>::quiet_NaN(), inf, -inf}) {

@@ -143,6 +143,12 @@ void check_no_target_or_weight_grad(const at::Tensor& target, const c10::optiona
   }
 }
 
+void check_class_weight_dtype(at::ScalarType input, const at::Tensor& weight, const std::string& input_name,
+                              const std::string& op) {
+  TORCH_CHECK(weight.scalar_type() == input, op, ": expected scalar type ", input, " but found ", weight.scalar_type(),
+              " (the class weight must have the ", input_name, "' dtype)");
+}
+
 void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore_index) {
   if (target.is_meta()) return;  // a dry run's targets: shapes, no ids to check
   at::Tensor bad = target.ne(ignore_index).logical_and(target.lt(0).logical_or(target.ge(num_classes)));
@@ -174,8 +180,7 @@ void check_nll_inputs(c10::IntArrayRef logp_shape, at::ScalarType logp_dtype, in
     TORCH_CHECK(weight->dim() == 1 && weight->numel() == num_classes, op,
                 ": weight tensor should be defined either for all ", num_classes,
                 " classes or no classes but got weight tensor of shape: ", weight->sizes());
-    TORCH_CHECK(weight->scalar_type() == logp_dtype, op, ": expected scalar type ", logp_dtype, " but found ",
-                weight->scalar_type(), " (the class weight must have the log-probabilities' dtype)");
+    check_class_weight_dtype(logp_dtype, *weight, "log-probabilities", op);
   }
   check_targets(target, num_classes, ignore_index);
 }

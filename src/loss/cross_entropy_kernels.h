@@ -50,6 +50,10 @@ void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore
 void check_nll_inputs(c10::IntArrayRef logp_shape, at::ScalarType logp_dtype, int64_t class_dim,
                       const at::Tensor& target, const c10::optional<at::Tensor>& weight, int64_t num_classes,
                       int64_t reduction, int64_t ignore_index, const std::string& op);
+// As PyTorch's cross_entropy and nll_loss: a class weight of another dtype than `input` (the
+// logits, log-probabilities or hidden states, named by `input_name`) is refused, not converted.
+void check_class_weight_dtype(at::ScalarType input, const at::Tensor& weight, const std::string& input_name,
+                              const std::string& op);
 // The losses give no gradient to a target or a class weight: asking for one is refused
 // (LossParallelUnsupportedError naming `op`), not dropped.
 void check_no_target_or_weight_grad(const at::Tensor& target, const c10::optional<at::Tensor>& weight,

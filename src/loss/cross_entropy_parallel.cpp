@@ -202,6 +202,7 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
       at::Tensor w = replicated_value(*weight, "class weight", op);
       TORCH_CHECK(w.dim() == 1 && w.size(0) == cs.shard.total, op, ": expected a class weight of shape [",
                   cs.shard.total, "], got ", w.sizes());
+      check_class_weight_dtype(local_logits.scalar_type(), w, "logits", op);
       ce.weight = w.to(ct);
     }
     if (ce.soft) {

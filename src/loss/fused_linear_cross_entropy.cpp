@@ -171,6 +171,7 @@ Inputs validate(const at::Tensor& hidden, const at::Tensor& weight, const at::Te
     at::Tensor cw = replicated_value(*o.class_weight, "class weight", op);
     TORCH_CHECK(cw.dim() == 1 && cw.size(0) == in.shard.total, op, ": expected a class weight of shape [",
                 in.shard.total, "], got ", describe(*o.class_weight));
+    check_class_weight_dtype(in.h.scalar_type(), cw, "hidden states", op);
     in.class_weight = cw.to(in.h.device(), compute_type(in.h.scalar_type()));
   }
   return in;
@@ -205,6 +206,7 @@ Inputs local_inputs(const at::Tensor& hidden, const at::Tensor& local_weight, co
     const at::Tensor& cw = *o.class_weight;
     TORCH_CHECK_VALUE(cw.dim() == 1 && cw.size(0) == piece.total, op, ": expected a class weight of shape [",
                       piece.total, "], got ", cw.sizes());
+    check_class_weight_dtype(hidden.scalar_type(), cw, "hidden states", op);
     TORCH_CHECK(cw.device() == hidden.device(), op, ": the class weight is on ", cw.device(), ", hidden on ",
                 hidden.device());
     in.class_weight = cw.to(compute_type(hidden.scalar_type()));

@@ -152,6 +152,7 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
       check_on_logits_device(local_logits.device(), weight->device(), "class weight", op);
       TORCH_CHECK_VALUE(weight->dim() == 1 && weight->size(0) == piece.total, op,
                         ": expected a class weight of shape [", piece.total, "], got ", weight->sizes());
+      check_class_weight_dtype(local_logits.scalar_type(), *weight, "logits", op);
       ce.weight = weight->to(ct);
     }
     if (ce.soft) {

@@ -270,3 +270,20 @@ def a_rank_outside_the_group(rank, world):
 def test_a_rank_outside_the_group_is_told_so():
     # It got "'int' object has no attribute 'group_name'" (issue 55, item 8).
     run_ranks(2, a_rank_outside_the_group)
+
+
+def test_a_class_weight_of_another_dtype_is_refused_as_pytorch_refuses_it():
+    """F.cross_entropy refuses a float32 class weight for float64 (or bfloat16) logits rather than
+    converting it; so do the ops. One process (no group)."""
+    gen = torch.Generator().manual_seed(37)
+    target = torch.randint(0, VOCAB, (4,), generator=gen)
+    for dtype, found in ((torch.float64, "Double but found Float"), (torch.bfloat16, "BFloat16 but found Float")):
+        x = torch.randn(4, VOCAB, generator=gen).to(dtype)
+        hidden = torch.randn(4, 8, generator=gen).to(dtype)
+        head = torch.randn(VOCAB, 8, generator=gen).to(dtype)
+        weight = torch.rand(VOCAB, generator=gen) + 0.5
+        for call in (lambda: F.cross_entropy(x, target, weight=weight),  # PyTorch itself
+                     lambda: hp.vocab_parallel_cross_entropy(x, target, weight=weight),
+                     lambda: hp.fused_linear_cross_entropy(hidden, head, target, weight=weight)):
+            with pytest.raises(RuntimeError, match=f"expected scalar type {found}"):
+                call()
