@@ -267,4 +267,33 @@ TEST(LossAgreement, TheFusedLinearLossSettlesARefusalOnOneRankEverywhere) {
   for (double a : after) EXPECT_NEAR(a, want, 1e-12);
 }
 
+// Every rank passes the same vocab_size, one too many: rank 1's piece (6 classes) is not its
+// torch.chunk piece of 14 (7). The message names the op once, says no "under loss_parallel"
+// for an op called outside it, and guesses nothing about inputs that differ between ranks.
+TEST(LossAgreement, ARefusalOnSomeRanksSaysWhereWithoutGuessingWhy) {
+  const at::Tensor full = random_tensor({kRows, kVocab}, 14);
+  std::vector<std::string> errors(kRanks);
+  run_ranks(
+      kRanks,
+      [&](int64_t rank) {
+        auto mesh = init_device_mesh("cpu", {kRanks});
+        try {
+          vocab_parallel_cross_entropy_forward(piece(full, rank), 1, targets(kRows), std::nullopt, &mesh.comm(0),
+                                               kVocab + 1, {}, nullptr);
+          errors[rank] = "no error";
+        } catch (const std::exception& e) {
+          errors[rank] = error_text(e);
+        }
+      },
+      std::chrono::seconds(10));
+  const std::string want =
+      "vocab_parallel_cross_entropy: the inputs were refused on rank(s) 1 of the loss's group; on rank 1: expected "
+      "member 1 of 2 to hold classes [7, 14)";
+  for (const auto& e : errors) {
+    EXPECT_EQ(e.rfind(want, 0), 0u) << e;
+    EXPECT_EQ(e.find("differs between ranks?"), std::string::npos) << e;
+    EXPECT_EQ(e, errors[0]);
+  }
+}
+
 }  // namespace loss_agreement_test

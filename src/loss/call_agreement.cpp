@@ -116,6 +116,10 @@ std::string readable(Slot slot, double v) {
 
 }  // namespace
 
+std::string loss_call_site(const std::string& op) {
+  return op.rfind("vocab_parallel_", 0) == 0 ? op : op + " under loss_parallel";
+}
+
 int64_t rows_over_class_dim(const at::Tensor& t, int64_t class_dim) {
   int64_t rows = 1;
   for (int64_t d = 0; d < t.dim(); ++d) {
@@ -204,7 +208,7 @@ std::vector<int64_t> agree_on_call(const LossCallRecord& mine, const Communicato
       groups += (groups.empty() ? "" : "; ") + std::string("rank(s) ") + ranks + ": " + readable(s.slot, x);
     }
     // The same words on every rank, so ranks in different ops do not name their own.
-    const std::string who = s.slot == kOpHash ? std::string("loss_parallel") : mine.op + " under loss_parallel";
+    const std::string who = s.slot == kOpHash ? std::string("loss_parallel") : loss_call_site(mine.op);
     throw LossParallelLayoutError(who + ": the ranks of the loss's group disagree on the " + s.what + " (" + groups +
                                   "); every rank must make the same call, with the same options and inputs of the "
                                   "same shape and dtype");

@@ -44,6 +44,10 @@ struct LossCallRecord {
   at::Tensor class_weight;  // hashed when defined (its values, dtype and length)
 };
 
+// How errors name the call: "<op> under loss_parallel" for the DTensor route's ops, the bare
+// name for the functions on local pieces (vocab_parallel_*), which no context surrounds.
+std::string loss_call_site(const std::string& op);
+
 // The rows a loss sees in `t`: the product of every dim but class_dim (0 classes included).
 int64_t rows_over_class_dim(const at::Tensor& t, int64_t class_dim);
 

@@ -10,6 +10,7 @@
 
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/communicator.h"
+#include "loss/call_agreement.h"
 
 namespace hyper_parallel {
 
@@ -47,6 +48,14 @@ std::vector<std::string> exchange_messages(const std::string& own, const Communi
   std::vector<std::string> out;
   for (int64_t r = 0; r < n; ++r) out.emplace_back(reinterpret_cast<const char*>(all.data_ptr<uint8_t>() + r * kSlot));
   return out;
+}
+
+// A refused rank's message without the op's name, which the settled error already leads with.
+std::string without_prefix(const std::string& message, const std::string& op) {
+  for (const std::string& p : {loss_call_site(op) + ": ", op + ": ", std::string("vocab_parallel: ")}) {
+    if (message.rfind(p, 0) == 0) return message.substr(p.size());
+  }
+  return message;
 }
 
 }  // namespace
@@ -101,17 +110,19 @@ void InputAgreement::settle(const at::Tensor& records, const Communicator* comm)
         std::all_of(refused.begin(), refused.end(), [&](int64_t p) { return messages[p] == first; });
     // Inputs equal on every rank fail equally everywhere: keep the error's own type then.
     if (own_ && everywhere_alike) std::rethrow_exception(own_);
-    TORCH_CHECK(false, op_, " under loss_parallel: the inputs were refused on rank(s) ", join_ranks(refused),
-                " of the loss's group (an input that should be replicated differs between ranks?); on rank ",
-                refused.front(), ": ", first);
+    // Where, not a guess at why: the same value on every rank can be wrong on some (a
+    // vocab_size that fits rank 0's piece only), so no input is said to differ unless compared.
+    TORCH_CHECK(false, loss_call_site(op_), ": the inputs were refused on rank(s) ", join_ranks(refused),
+                " of the loss's group; on rank ", refused.front(), ": ", without_prefix(first, op_),
+                compare_ ? "" : " (HYPER_PARALLEL_CHECK_REPLICATED=1 also compares the ranks' targets)");
   }
   if (!compare_) return;
   std::vector<int64_t> differ;
   for (int64_t p = 1; p < n; ++p) {
     if (!std::equal(v + p * kRecordSize + 1, v + (p + 1) * kRecordSize, v + 1)) differ.push_back(p);
   }
-  TORCH_CHECK(differ.empty(), op_,
-              " under loss_parallel (HYPER_PARALLEL_CHECK_REPLICATED=1): the target differs "
+  TORCH_CHECK(differ.empty(), loss_call_site(op_),
+              " (HYPER_PARALLEL_CHECK_REPLICATED=1): the target differs "
               "between ranks: rank(s) ",
               join_ranks(differ),
               " of the loss's group hold a different target than "
