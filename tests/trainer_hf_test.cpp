@@ -111,6 +111,21 @@ TEST(TrainerHf, ModelSizesComeFromConfigJsonAndAConflictingSizeIsAnErrorNamingBo
   EXPECT_THAT(messages[0], ::testing::Not(HasSubstr("model.dim")));
   EXPECT_THAT(messages[0], ::testing::Not(HasSubstr("model.norm_eps")));
 
+  // A relative folder that is not there: read from the working directory (every path of a
+  // job config is, as TorchTitan's), which the error names, so running elsewhere is explained.
+  JobConfig elsewhere = job;
+  elsewhere.model.hf_assets_path = "configs/no_such_model";
+  run_ranks(1, [&](int64_t) {
+    try {
+      Trainer trainer(elsewhere);
+      ADD_FAILURE() << "expected an error";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("no config.json there (configs/no_such_model/config.json, relative to the "
+                                      "working directory " +
+                                      compat::current_directory() + ")"));
+    }
+  });
+
   job.model.vocab_size = 32000;
   job.training.steps = 1;
   run_ranks(2, [&](int64_t) {

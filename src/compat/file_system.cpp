@@ -92,6 +92,15 @@ std::string parent_path(const std::string& path) {
   return p.substr(0, slash);
 }
 
+std::string current_directory() {
+  std::vector<char> buf(4096);
+  while (!::getcwd(buf.data(), buf.size())) {
+    if (errno != ERANGE) return ".";  // removed or unreadable: relative paths still mean "here"
+    buf.resize(buf.size() * 2);
+  }
+  return buf.data();
+}
+
 std::string temp_directory() {
   const char* t = std::getenv("TMPDIR");
   return t && *t ? t : "/tmp";

@@ -29,6 +29,8 @@ std::vector<std::string> list_directory_recursive(const std::string& path);
 std::string join_path(const std::string& a, const std::string& b);
 // "a/b/c" -> "a/b"; "c" -> ""; "/c" -> "/".
 std::string parent_path(const std::string& path);
+// The process's working directory, which relative paths are read from.
+std::string current_directory();
 // $TMPDIR, else /tmp.
 std::string temp_directory();
 

@@ -107,7 +107,8 @@ std::vector<Field> model_fields() {
       HP_FIELD(model, max_seq_len, "longest sequence the RoPE tables cover"),
       HP_FIELD(model, hf_assets_path,
                "Hugging Face model folder: the model is built from its config.json, which sets the sizes above (one "
-               "set to another value is an error); empty: the sizes above"),
+               "set to another value is an error); empty: the sizes above. Relative: to the working directory, as "
+               "every path of a job config"),
   };
 }
 

@@ -69,7 +69,11 @@ std::shared_ptr<torch::nn::Module> build(const ModelFamily& family, ModelConfig&
   if (m.hf_assets_path.empty()) return from_sizes(family, m);
   const std::string config = compat::join_path(m.hf_assets_path, "config.json");
   if (!compat::path_exists(config)) {
+    // Every relative path of a job config is read from the working directory (TorchTitan's
+    // rule, and what to_toml round-trips): say which one, for a run started elsewhere.
+    const bool relative = m.hf_assets_path.rfind('/', 0) != 0;
     throw std::invalid_argument("model.hf_assets_path = \"" + m.hf_assets_path + "\": no config.json there (" + config +
+                                (relative ? ", relative to the working directory " + compat::current_directory() : "") +
                                 ")");
   }
   std::shared_ptr<torch::nn::Module> module = family.from_hf_config(config);
