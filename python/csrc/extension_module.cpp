@@ -66,6 +66,18 @@ hp::FusedLinearCrossEntropyOptions linear_options(const std::optional<at::Tensor
   return o;
 }
 
+// The C++ loss_parallel guard with the Python context's cross-entropy-only options, engaged
+// only when one is set (empty otherwise: the record then holds the defaults).
+std::optional<hp::LossParallelGuard> cross_entropy_only_guard(double z_loss_weight, double logit_softcap) {
+  std::optional<hp::LossParallelGuard> guard;
+  if (z_loss_weight == 0 && logit_softcap == 0) return guard;
+  hp::LossParallelOptions o;
+  o.z_loss_weight = z_loss_weight;
+  o.logit_softcap = logit_softcap;
+  guard.emplace(o);
+  return guard;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -168,25 +180,39 @@ PYBIND11_MODULE(_C, m) {
         return hp::vocab_piece(communicator(group).get(), local_classes, -1).total;
       },
       "The vocabulary the members' torch.chunk pieces make up (one all-gather)");
-  m.def("log_softmax", [](const at::Tensor& local, int64_t class_dim, const std::string& group, int64_t vocab_size,
-                          std::optional<at::ScalarType> dtype) {
-    py::gil_scoped_release no_gil;
-    return hp::vocab_parallel_log_softmax(local, class_dim, communicator(group).get(), vocab_size, dtype);
-  });
+  // guard_z_loss_weight / guard_logit_softcap: the Python loss_parallel context's cross-entropy-only
+  // options, set by its log_softmax and nll_loss routes. Non-zero, they open the C++ guard for the
+  // call, whose record then carries them: compared between ranks, then refused on every rank.
+  m.def(
+      "log_softmax",
+      [](const at::Tensor& local, int64_t class_dim, const std::string& group, int64_t vocab_size,
+         std::optional<at::ScalarType> dtype, double guard_z_loss_weight, double guard_logit_softcap) {
+        py::gil_scoped_release no_gil;
+        const auto guard = cross_entropy_only_guard(guard_z_loss_weight, guard_logit_softcap);
+        return hp::vocab_parallel_log_softmax(local, class_dim, communicator(group).get(), vocab_size, dtype);
+      },
+      py::arg("local"), py::arg("class_dim"), py::arg("group"), py::arg("vocab_size"), py::arg("dtype"),
+      py::arg("guard_z_loss_weight") = 0.0, py::arg("guard_logit_softcap") = 0.0);
   m.def("log_softmax_backward", [](const at::Tensor& grad, const at::Tensor& output, int64_t class_dim,
                                    const std::string& group, int64_t vocab_size, at::ScalarType input_dtype) {
     py::gil_scoped_release no_gil;
     return hp::vocab_parallel_log_softmax_backward(grad, output, class_dim, communicator(group).get(), vocab_size,
                                                    input_dtype);
   });
-  m.def("nll_loss_forward",
-        [](const at::Tensor& logp, int64_t class_dim, const at::Tensor& target, const std::optional<at::Tensor>& weight,
-           int64_t reduction, int64_t ignore_index, const std::string& group, int64_t vocab_size) {
-          py::gil_scoped_release no_gil;
-          auto r = hp::vocab_parallel_nll_loss_forward(logp, class_dim, target, defined_or_none(weight), reduction,
-                                                       ignore_index, communicator(group).get(), vocab_size);
-          return std::make_tuple(r[0], r[1]);
-        });
+  m.def(
+      "nll_loss_forward",
+      [](const at::Tensor& logp, int64_t class_dim, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+         int64_t reduction, int64_t ignore_index, const std::string& group, int64_t vocab_size,
+         double guard_z_loss_weight, double guard_logit_softcap) {
+        py::gil_scoped_release no_gil;
+        const auto guard = cross_entropy_only_guard(guard_z_loss_weight, guard_logit_softcap);
+        auto r = hp::vocab_parallel_nll_loss_forward(logp, class_dim, target, defined_or_none(weight), reduction,
+                                                     ignore_index, communicator(group).get(), vocab_size);
+        return std::make_tuple(r[0], r[1]);
+      },
+      py::arg("logp"), py::arg("class_dim"), py::arg("target"), py::arg("weight"), py::arg("reduction"),
+      py::arg("ignore_index"), py::arg("group"), py::arg("vocab_size"), py::arg("guard_z_loss_weight") = 0.0,
+      py::arg("guard_logit_softcap") = 0.0);
   m.def("nll_loss_backward", [](const at::Tensor& grad, const at::Tensor& logp, int64_t class_dim,
                                 const at::Tensor& target, const std::optional<at::Tensor>& weight, int64_t reduction,
                                 int64_t ignore_index, const at::Tensor& total_weight, const std::string& group,

@@ -407,6 +407,21 @@ def _reject_cross_entropy_only_options(options: LossParallelOptions, op: str) ->
             f": those options apply to cross_entropy only; {op} would silently ignore them")
 
 
+def _settle_cross_entropy_only_options(options: LossParallelOptions, op: str, forward) -> None:
+    """log_softmax and nll_loss refuse z-loss and soft-cap, on every rank alike: ``forward(z, cap)``
+    runs the op's C++ forward with them in the call's record, which names a context that differs
+    between ranks on all of them and otherwise refuses the options on all of them."""
+    if options.z_loss_weight == 0 and options.logit_softcap == 0:
+        return
+    forward(options.z_loss_weight, options.logit_softcap)
+    _reject_cross_entropy_only_options(options, op)  # reached only where the C++ guard is off
+
+
+def _nll_forward_order(logp, target, weight, class_dim, reduction, ignore_index):
+    """The nll_loss op's leading arguments in _C.nll_loss_forward's order."""
+    return logp, class_dim, target, weight, reduction, ignore_index
+
+
 def _log_softmax_args(func, args, kwargs) -> Tuple[Any, Optional[int], Optional[torch.dtype]]:
     # F.log_softmax(input, dim=None, _stacklevel=3, dtype=None); torch.log_softmax(input, dim, dtype=None)
     # and Tensor.log_softmax(dim, dtype=None).
@@ -427,14 +442,16 @@ def _log_softmax(options: LossParallelOptions, args, kwargs, func=None):
     if not _is_class_sharded(logits, dim):
         return NotImplemented
     op = "log_softmax"
-    _reject_cross_entropy_only_options(options, op)
     cs = _resolve_or_fallback(logits, dim, op, options)
     if cs is None:
+        _reject_cross_entropy_only_options(options, op)
         return _gathered(func, logits.device_mesh, args, kwargs)
     t = cs.logits
     local = t.to_local()
     if dtype is not None:
         local = local.to(dtype)
+    _settle_cross_entropy_only_options(
+        options, op, lambda z, cap: _C.log_softmax(local, dim, cs.group_name, cs.vocab_size, None, z, cap))
     out = ops._log_softmax(local, dim, cs.group_name, cs.vocab_size)
     return DTensor.from_local(out, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
 
@@ -446,9 +463,9 @@ def _nll_loss(options: LossParallelOptions, args, kwargs):
     if not _is_class_sharded(logp, class_dim):
         return NotImplemented
     op = "nll_loss"
-    _reject_cross_entropy_only_options(options, op)
     cs = _resolve_or_fallback(logp, class_dim, op, options)
     if cs is None:
+        _reject_cross_entropy_only_options(options, op)
         return _gathered(F.nll_loss, logp.device_mesh, args, kwargs)
     mesh = cs.logits.device_mesh
     if target.is_floating_point():
@@ -457,9 +474,11 @@ def _nll_loss(options: LossParallelOptions, args, kwargs):
     reduction = _legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
     target_local = _replicated_local(target, "target", op, mesh)
     weight_local = None if weight is None else _replicated_local(weight, "class weight", op, mesh)
-    out, _ = ops._nll_loss(cs.logits.to_local(), target_local, weight_local, class_dim,
-                           ops.reduction_code(reduction, op), int(a.get("ignore_index", -100)), cs.group_name,
-                           cs.vocab_size)
+    nll_args = (cs.logits.to_local(), target_local, weight_local, class_dim, ops.reduction_code(reduction, op),
+                int(a.get("ignore_index", -100)))
+    _settle_cross_entropy_only_options(
+        options, op, lambda z, cap: _C.nll_loss_forward(*_nll_forward_order(*nll_args), cs.group_name, cs.vocab_size, z, cap))
+    out, _ = ops._nll_loss(*nll_args, cs.group_name, cs.vocab_size)
     return _replicated_result(out, mesh)
 
 

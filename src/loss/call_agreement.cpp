@@ -120,6 +120,13 @@ std::string loss_call_site(const std::string& op) {
   return op.rfind("vocab_parallel_", 0) == 0 ? op : op + " under loss_parallel";
 }
 
+void record_guard_cross_entropy_options(LossCallRecord& call) {
+  if (!is_loss_parallel_active()) return;
+  const LossParallelOptions o = current_loss_parallel_options();
+  call.z_loss_weight = o.z_loss_weight;
+  call.logit_softcap = o.logit_softcap;
+}
+
 int64_t rows_over_class_dim(const at::Tensor& t, int64_t class_dim) {
   int64_t rows = 1;
   for (int64_t d = 0; d < t.dim(); ++d) {

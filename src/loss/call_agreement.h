@@ -48,6 +48,11 @@ struct LossCallRecord {
 // name for the functions on local pieces (vocab_parallel_*), which no context surrounds.
 std::string loss_call_site(const std::string& op);
 
+// For log_softmax and nll_loss: the loss_parallel guard's cross-entropy-only options (z-loss,
+// soft-cap) into `call`, so that a guard that differs between ranks is named on every rank;
+// where every rank has them, they are refused after the record (on every rank alike).
+void record_guard_cross_entropy_options(LossCallRecord& call);
+
 // The rows a loss sees in `t`: the product of every dim but class_dim (0 classes included).
 int64_t rows_over_class_dim(const at::Tensor& t, int64_t class_dim);
 

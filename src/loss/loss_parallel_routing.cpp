@@ -65,15 +65,13 @@ at::Tensor replicated_dtensor(const at::Tensor& local, const DeviceMesh& mesh) {
 // guard's cross-entropy-only options, so that a guard that differs between ranks is named
 // rather than refused on some ranks only).
 LossCallRecord routed_call(const std::string& op, const at::Tensor& local, int64_t class_dim, const ClassSharding& cs) {
-  const LossParallelOptions o = current_loss_parallel_options();
   LossCallRecord call;
   call.op = op;
   call.rows = rows_over_class_dim(local, class_dim);
   call.dtype = static_cast<int64_t>(local.scalar_type());
   call.vocab_size = cs.shard.total;
   call.local_classes = cs.shard.local;
-  call.z_loss_weight = o.z_loss_weight;
-  call.logit_softcap = o.logit_softcap;
+  record_guard_cross_entropy_options(call);
   return call;
 }
 

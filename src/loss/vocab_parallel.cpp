@@ -250,8 +250,9 @@ at::Tensor vocab_parallel_log_softmax(const at::Tensor& local, int64_t class_dim
   const std::string op = "vocab_parallel_log_softmax";
   const int64_t class_dim = wrap_class_dim(local, class_dim_in, op.c_str());
   // The call's record before the all-reduces sized by rows (one all-gather more).
-  const ClassShard shard =
-      class_shard(comm, agreed_piece(loss_call(op, local, class_dim, vocab_size), comm, local.device()));
+  LossCallRecord call = loss_call(op, local, class_dim, vocab_size);
+  record_guard_cross_entropy_options(call);
+  const ClassShard shard = class_shard(comm, agreed_piece(call, comm, local.device()));
   const at::Tensor rows = distributed_log_softmax(to_rows(local, class_dim), shard);
   return from_rows(rows.to(out_dtype.value_or(local.scalar_type())), local.sizes(), class_dim);
 }
@@ -280,6 +281,7 @@ std::vector<at::Tensor> vocab_parallel_nll_loss_forward(const at::Tensor& local_
   call.reduction = reduction;
   call.ignore_index = ignore_index;
   if (w) call.class_weight = *w;
+  record_guard_cross_entropy_options(call);
   // The checks settle in the call's record: a refusal on one member is the same error on all.
   const InputAgreement agreement(op, target, [&] {
     check_no_target_or_weight_grad(target, w, op);

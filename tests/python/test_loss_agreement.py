@@ -48,6 +48,16 @@ def options_that_differ(rank, world):
             with hp.loss_parallel(**(options if one else {})):
                 F.cross_entropy(x, target)
         _expect_named(field, call)
+        # log_softmax and nll_loss refuse those options: on every rank, as a difference, not
+        # on rank 1 alone while rank 0 goes on into the collectives.
+        def log_softmax(options=options):
+            with hp.loss_parallel(**(options if one else {})):
+                F.log_softmax(x, 1)
+        _expect_named(field, log_softmax)
+        def nll_loss(options=options):
+            with hp.loss_parallel(**(options if one else {})):
+                F.nll_loss(x, target)
+        _expect_named(field, nll_loss)
     for field, kwargs in [("label_smoothing", {"label_smoothing": 0.1}), ("reduction", {"reduction": "sum"}),
                           ("ignore_index", {"ignore_index": 3}), ("class weight", {"weight": weight * 2})]:
         def call(kwargs=kwargs):

@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import ops
+from .._extension import _C
 from ..config import parallelism_config
 from ..errors import LossParallelLayoutError, LossParallelUnsupportedError
 
@@ -398,7 +399,6 @@ def _nll_loss(func, layouts, args, kwargs):
         return call
     a, named, class_dim, axis, options = call.arguments, call.layouts, call.class_dim, call.axis, call.options
     logp, target, weight = a["input"], a["target"], a.get("weight")
-    lp._reject_cross_entropy_only_options(options, op)
     if target.is_floating_point():
         raise LossParallelUnsupportedError("nll_loss under loss_parallel: expected class-index targets (as "
                                            "F.nll_loss), got floating-point ones")
@@ -406,8 +406,10 @@ def _nll_loss(func, layouts, args, kwargs):
     if weight is not None:
         weight = _replicated_value(weight, named.get("weight"), "class weight", op)
     reduction = lp._legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
-    out, _ = ops._nll_loss(logp, target, weight, class_dim, ops.reduction_code(reduction, op),
-                           int(a.get("ignore_index", -100)), axis.group_name, logp.shape[class_dim] * axis.size)
+    nll_args = (logp, target, weight, class_dim, ops.reduction_code(reduction, op), int(a.get("ignore_index", -100)),
+                axis.group_name, logp.shape[class_dim] * axis.size)
+    lp._settle_cross_entropy_only_options(options, op, lambda z, cap: _C.nll_loss_forward(*lp._nll_forward_order(*nll_args[:6]), *nll_args[6:], z, cap))
+    out, _ = ops._nll_loss(*nll_args)
     return out
 
 
@@ -429,10 +431,12 @@ def _log_softmax(func, layouts, args, kwargs):
     if options is None:
         return _outside_context(func, layouts, args, kwargs, op, x, dim, ndim)
     axis = _class_axis(x, dim, ndim, op, options)
-    lp._reject_cross_entropy_only_options(options, op)
     if dtype is not None:
         local = local.to(dtype)
-    return ops._log_softmax(local, dim, axis.group_name, local.shape[dim] * axis.size)
+    vocab_size = local.shape[dim] * axis.size
+    lp._settle_cross_entropy_only_options(
+        options, op, lambda z, cap: _C.log_softmax(local, dim, axis.group_name, vocab_size, None, z, cap))
+    return ops._log_softmax(local, dim, axis.group_name, vocab_size)
 
 
 __all__ = ["ROUTED_NAMES", "install", "is_installed"]
