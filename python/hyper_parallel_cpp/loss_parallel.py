@@ -417,11 +417,6 @@ def _settle_cross_entropy_only_options(options: LossParallelOptions, op: str, fo
     _reject_cross_entropy_only_options(options, op)  # reached only where the C++ guard is off
 
 
-def _nll_forward_order(logp, target, weight, class_dim, reduction, ignore_index):
-    """The nll_loss op's leading arguments in _C.nll_loss_forward's order."""
-    return logp, class_dim, target, weight, reduction, ignore_index
-
-
 def _log_softmax_args(func, args, kwargs) -> Tuple[Any, Optional[int], Optional[torch.dtype]]:
     # F.log_softmax(input, dim=None, _stacklevel=3, dtype=None); torch.log_softmax(input, dim, dtype=None)
     # and Tensor.log_softmax(dim, dtype=None).
@@ -474,11 +469,12 @@ def _nll_loss(options: LossParallelOptions, args, kwargs):
     reduction = _legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
     target_local = _replicated_local(target, "target", op, mesh)
     weight_local = None if weight is None else _replicated_local(weight, "class weight", op, mesh)
-    nll_args = (cs.logits.to_local(), target_local, weight_local, class_dim, ops.reduction_code(reduction, op),
-                int(a.get("ignore_index", -100)))
-    _settle_cross_entropy_only_options(
-        options, op, lambda z, cap: _C.nll_loss_forward(*_nll_forward_order(*nll_args), cs.group_name, cs.vocab_size, z, cap))
-    out, _ = ops._nll_loss(*nll_args, cs.group_name, cs.vocab_size)
+    local = cs.logits.to_local()
+    code, ignore_index = ops.reduction_code(reduction, op), int(a.get("ignore_index", -100))
+    _settle_cross_entropy_only_options(options, op, lambda z, cap: _C.nll_loss_forward(
+        local, class_dim, target_local, weight_local, code, ignore_index, cs.group_name, cs.vocab_size, z, cap))
+    out, _ = ops._nll_loss(local, target_local, weight_local, class_dim, code, ignore_index, cs.group_name,
+                           cs.vocab_size)
     return _replicated_result(out, mesh)
 
 

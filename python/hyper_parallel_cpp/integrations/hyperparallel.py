@@ -406,10 +406,11 @@ def _nll_loss(func, layouts, args, kwargs):
     if weight is not None:
         weight = _replicated_value(weight, named.get("weight"), "class weight", op)
     reduction = lp._legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
-    nll_args = (logp, target, weight, class_dim, ops.reduction_code(reduction, op), int(a.get("ignore_index", -100)),
-                axis.group_name, logp.shape[class_dim] * axis.size)
-    lp._settle_cross_entropy_only_options(options, op, lambda z, cap: _C.nll_loss_forward(*lp._nll_forward_order(*nll_args[:6]), *nll_args[6:], z, cap))
-    out, _ = ops._nll_loss(*nll_args)
+    code, ignore_index = ops.reduction_code(reduction, op), int(a.get("ignore_index", -100))
+    vocab_size = logp.shape[class_dim] * axis.size
+    lp._settle_cross_entropy_only_options(options, op, lambda z, cap: _C.nll_loss_forward(
+        logp, class_dim, target, weight, code, ignore_index, axis.group_name, vocab_size, z, cap))
+    out, _ = ops._nll_loss(logp, target, weight, class_dim, code, ignore_index, axis.group_name, vocab_size)
     return out
 
 
