@@ -358,9 +358,9 @@ def vocab_parallel_cross_entropy(
     rank, or probabilities of the local logits' shape (this rank's classes). ``weight``:
     ``[V]`` class weights. ``group``: a process group, its name, or None (the default group,
     or one process when torch.distributed is not initialised). ``vocab_size``: V; None learns
-    it from the ranks' pieces (in the collective that compares the ranks' calls). Returns the loss as ``F.cross_entropy`` on the
-    full logits would, and with ``return_lse`` also the log-sum-exp per row (``[...]``, float32
-    for 16-bit logits, not differentiable).
+    it from the ranks' pieces (in the collective that compares the ranks' calls). Returns the
+    loss as ``F.cross_entropy`` on the full logits would, and with ``return_lse`` also the
+    log-sum-exp per row (``[...]``, float32 for 16-bit logits, not differentiable).
 
     ``z_loss_weight`` adds ``z * lse**2`` per counted row (its mean over counted rows with
     'mean'); ``logit_softcap`` > 0 replaces each logit x by ``cap * tanh(x / cap)`` first.
