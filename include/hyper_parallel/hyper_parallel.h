@@ -1,5 +1,6 @@
 // HyperParallel C++: tensor parallelism for LibTorch. One include for the DTensor runtime:
-// meshes, placements, DTensors and their dispatcher, parallel styles and loss_parallel.
+// meshes, placements, DTensors and their dispatcher, parallel styles, loss_parallel and the
+// per-token log-probabilities (vocab_logprobs.h).
 // The rest is included on its own where it is used: FSDP (fully_shard.h, block_hooks.h),
 // the models and their Hugging Face I/O (llama.h, qwen3.h, model_registry.h,
 // hf_checkpoint.h, parameters_on_meta.h), the vocabulary-parallel kernels
@@ -23,5 +24,6 @@
 #include "hyper_parallel/parallelism_config.h"
 #include "hyper_parallel/placement.h"
 #include "hyper_parallel/sharding_strategy.h"
+#include "hyper_parallel/vocab_logprobs.h"
 
 namespace hp = hyper_parallel;

@@ -27,6 +27,8 @@ enum Slot : int64_t {
   kZLoss,
   kSoftcap,
   kGradientInForward,
+  kTemperature,
+  kEntropy,
   kWeightHashLow,
   kWeightHashHigh,
   kLocalClasses,  // not compared: the pieces may differ
@@ -49,6 +51,8 @@ constexpr SlotName kCompared[] = {
     {kZLoss, "z_loss_weight"},
     {kSoftcap, "logit_softcap"},
     {kGradientInForward, "gradient_in_forward"},
+    {kTemperature, "temperature"},
+    {kEntropy, "return_entropy"},
     {kWeightHashLow, "class weight"},
     {kWeightHashHigh, "class weight"},
 };
@@ -78,7 +82,9 @@ constexpr const char* kLossOps[] = {"cross_entropy",
                                     "vocab_parallel_log_softmax",
                                     "vocab_parallel_nll_loss",
                                     "vocab_parallel_linear_cross_entropy",
-                                    "fused_linear_cross_entropy"};
+                                    "fused_linear_cross_entropy",
+                                    "vocab_parallel_logprobs",
+                                    "vocab_parallel_linear_logprobs"};
 
 std::string op_name_of(double hash) {
   for (const char* op : kLossOps) {
@@ -98,6 +104,7 @@ std::string readable(Slot slot, double v) {
       return r == 0 ? "none" : r == 1 ? "mean" : r == 2 ? "sum" : std::to_string(r);
     }
     case kGradientInForward:
+    case kEntropy:
       return v != 0 ? "true" : "false";
     case kWeightHashLow:
     case kWeightHashHigh:
@@ -178,6 +185,8 @@ std::vector<int64_t> agree_on_call(const LossCallRecord& mine, const Communicato
   v[kZLoss] = mine.z_loss_weight;
   v[kSoftcap] = mine.logit_softcap;
   v[kGradientInForward] = mine.gradient_in_forward ? 1.0 : 0.0;
+  v[kTemperature] = mine.temperature;
+  v[kEntropy] = mine.entropy ? 1.0 : 0.0;
   v[kWeightHashLow] = static_cast<double>(wh & 0xffffffffull);
   v[kWeightHashHigh] = static_cast<double>(wh >> 32);
   v[kLocalClasses] = static_cast<double>(mine.local_classes);

@@ -41,7 +41,9 @@ struct LossCallRecord {
   double z_loss_weight = 0.0;
   double logit_softcap = 0.0;
   bool gradient_in_forward = false;
-  at::Tensor class_weight;  // hashed when defined (its values, dtype and length)
+  double temperature = 1.0;  // the log-probabilities'
+  bool entropy = false;      // the log-probabilities': whether the entropy is computed too
+  at::Tensor class_weight;   // hashed when defined (its values, dtype and length)
 };
 
 // How errors name the call: "<op> under loss_parallel" for the DTensor route's ops, the bare

@@ -253,6 +253,11 @@ inline int64_t grain_rows(int64_t cols) {
 
 constexpr int64_t kBlock = 2048;  // classes per block: 8 KiB of float in L1
 
+// The entropy's terms exp(d) * (...d...) for d = y - max <= 0 take d clamped to this: below it
+// exp(d) is exactly 0 in float and double, so the product is 0 where an unclamped -inf (a
+// masked logit) would make it NaN, and a finite factor times -1000 cannot overflow.
+constexpr double kZeroProbabilityDifference = -1000;
+
 template <typename scalar_t>
 void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
   using IO = Io<scalar_t>;
@@ -271,8 +276,13 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
   auto* stats = static_cast<acc_t*>(args.stats);
   const acc_t q_scale = static_cast<acc_t>(args.q_scale), q_shift = static_cast<acc_t>(args.q_shift);
   const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
+  // A temperature scales every logit as it is loaded (never a logits-sized pass of its own).
+  const acc_t inv_t = static_cast<acc_t>(args.inv_temperature);
+  const bool scaled = inv_t != acc_t(1);
+  const Vec vinv_t(inv_t);
+  const bool entropy = args.entropy_sum;
   const int64_t C = args.cols;
-  // Without probability targets or a smoothing sum, buf feeds only the max and the sum of
+  // Without probability targets or a smoothing sum, buf feeds only the max and the sums of
   // exps, so its order within a block is free (Io::load2_in_any_order).
   const bool any_order = !q_all && !args.smoothing_sum;
   for (int64_t r = r0; r < r1; ++r) {
@@ -281,6 +291,8 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
     acc_t m = ninf;
     Vec vs(0), v1(0), v2(0);
     acc_t s_tail = 0, t1 = 0, t2 = 0;
+    Vec vh(0);  // entropy_sum: sum of exp(y - m) (y - m), relative to the running max m
+    acc_t h_tail = 0;
     acc_t u = 0;  // the weight summed into v2 so far (running_logsumexp.h: relative sums)
     for (int64_t c0 = 0; c0 < C; c0 += kBlock) {
       const int64_t n = std::min(kBlock, C - c0);
@@ -297,6 +309,10 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
           a = vcap * (a / vcap).tanh();
           b = vcap * (b / vcap).tanh();
         }
+        if (scaled) {
+          a = a * vinv_t;
+          b = b * vinv_t;
+        }
         a.store(buf + j);
         b.store(buf + j + VS);
         vm = at::vec::maximum(vm, at::vec::maximum(a, b));
@@ -305,13 +321,18 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
       acc_t bm = ninf;
       for (int64_t l = 0; l < VS; ++l) bm = (std::isnan(lanes[l]) || lanes[l] > bm) ? lanes[l] : bm;
       for (int64_t j = nv; j < n; ++j) {
-        buf[j] = softcapped(static_cast<acc_t>(x[c0 + j]), cap);
+        buf[j] = softcapped(static_cast<acc_t>(x[c0 + j]), cap) * inv_t;
         bm = (std::isnan(buf[j]) || buf[j] > bm) ? buf[j] : bm;
       }
       // A larger (or NaN) block max rescales what was summed so far, and moves the
       // reference the relative sum v2 is kept against.
       if (!(bm <= m)) {
         const acc_t f = std::exp(m - bm);
+        if (entropy && m != ninf) {
+          // sum e^(y - bm) (y - bm) = f (sum e^(y - m) (y - m) + (m - bm) sum e^(y - m))
+          vh = (vh + vs * Vec(m - bm)) * Vec(f);
+          h_tail = (h_tail + s_tail * (m - bm)) * f;
+        }
         vs = vs * Vec(f);
         s_tail *= f;
         rebase_relative_sum(t2, u, relative_sum_reference(m), relative_sum_reference(bm));
@@ -326,7 +347,22 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
                                       : nullptr;
       const int64_t next_bytes =
           next ? std::min(kBlock, last_block ? C : C - c0 - kBlock) * static_cast<int64_t>(sizeof(scalar_t)) : 0;
-      if (m != ninf) {
+      if (m != ninf && entropy) {
+        // The entropy's numerator beside the sum (d clamped: kZeroProbabilityDifference).
+        const Vec vmax(m), vfloor(static_cast<acc_t>(kZeroProbabilityDifference));
+        for (int64_t j = 0, line = 0; j < nv; j += VS, line += 64) {
+          if (line < next_bytes) __builtin_prefetch(next + line);
+          const Vec d = Vec::loadu(buf + j) - vmax;
+          const Vec e = vexp(d);
+          vs = vs + e;
+          vh = at::vec::fmadd(e, at::vec::clamp_min(d, vfloor), vh);
+        }
+        for (int64_t j = nv; j < n; ++j) {
+          const acc_t d = buf[j] - m, e = std::exp(d);
+          s_tail += e;
+          h_tail += e * std::max(d, static_cast<acc_t>(kZeroProbabilityDifference));
+        }
+      } else if (m != ninf) {
         const Vec vmax(m);
         for (int64_t j = 0, line = 0; j < nv; j += VS, line += 64) {
           if (line < next_bytes) __builtin_prefetch(next + line);
@@ -383,11 +419,13 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
       stats[kV1 * args.rows + r] = at::vec::vec_reduce_all<acc_t>([](Vec& a, Vec& b) { return a + b; }, v1) + t1;
     } else {
       const int64_t t = args.target_col ? args.target_col[r] : -1;
-      stats[kV1 * args.rows + r] = t >= 0 ? softcapped(static_cast<acc_t>(x[t]), cap) : acc_t(0);
+      stats[kV1 * args.rows + r] = t >= 0 ? softcapped(static_cast<acc_t>(x[t]), cap) * inv_t : acc_t(0);
     }
     const bool relative = q || args.smoothing_sum;
     stats[kV2 * args.rows + r] =
-        relative ? at::vec::vec_reduce_all<acc_t>([](Vec& a, Vec& b) { return a + b; }, v2) + t2 : acc_t(0);
+        relative  ? at::vec::vec_reduce_all<acc_t>([](Vec& a, Vec& b) { return a + b; }, v2) + t2
+        : entropy ? at::vec::vec_reduce_all<acc_t>([](Vec& a, Vec& b) { return a + b; }, vh) + h_tail
+                  : acc_t(0);
     stats[kU * args.rows + r] = relative ? u : acc_t(0);
   }
 }
@@ -404,6 +442,10 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
   const auto* row_max = static_cast<const acc_t*>(args.row_max);
   const auto* log_sum = static_cast<const acc_t*>(args.log_sum);
   const auto* A = static_cast<const acc_t*>(args.a);
+  const auto* E = static_cast<const acc_t*>(args.e);
+  const acc_t inv_t = static_cast<acc_t>(args.inv_temperature);
+  const bool scaled = inv_t != acc_t(1);
+  const Vec vinv_t(inv_t), vfloor(static_cast<acc_t>(kZeroProbabilityDifference));
   const auto* B = static_cast<const acc_t*>(args.b);
   const auto* Cc = static_cast<const acc_t*>(args.c);
   const auto* T = static_cast<const acc_t*>(args.t_coef);
@@ -417,8 +459,9 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
     scalar_t* out = static_cast<scalar_t*>(args.out) + r * args.ldo;
     const acc_t* q = q_all ? q_all + r * args.ldq : nullptr;
     const acc_t a = A[r], b = B ? B[r] : acc_t(0), c = Cc ? Cc[r] : acc_t(0), tc = T ? T[r] : acc_t(0);
+    const acc_t e = E ? E[r] : acc_t(0);
     const int64_t t = args.target_col ? args.target_col[r] : -1;
-    if (a == 0 && b == 0 && c == 0 && tc == 0) {
+    if (a == 0 && b == 0 && c == 0 && tc == 0 && e == 0) {
       // Ignored rows (and rows this loss does not depend on): exactly 0, as ATen gives.
       for (int64_t j = 0; j < C; ++j) out[j] = scalar_t(0);
       continue;
@@ -432,7 +475,7 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
     // The target's logit, read before the vector loop may overwrite it (out == x).
     const acc_t x_t = t >= 0 ? static_cast<acc_t>(x[t]) : acc_t(0);
     const acc_t mr = row_max[r], lr = log_sum[r];
-    const Vec vmax(mr), vlog_sum(lr), va(a), vb(b), vc(c);
+    const Vec vmax(mr), vlog_sum(lr), va(a), vb(b), vc(c), ve(e);
     auto grad = [&](Vec xv, int64_t j) {
       // cap' = 1 - tanh^2 from the tanh itself, as ATen's tanh backward: recovering it as
       // y / cap rounds again, and near saturation 1 - th^2 keeps only that rounding.
@@ -441,7 +484,15 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
         th = (xv / vcap).tanh();
         y = vcap * th;
       }
-      Vec g = va * vexp((y - vmax) - vlog_sum);
+      if (scaled) y = y * vinv_t;
+      Vec g;
+      if (e != 0) {
+        // The entropy's term: p (a + e d), d clamped (kZeroProbabilityDifference).
+        const Vec d = y - vmax;
+        g = vexp(d - vlog_sum) * at::vec::fmadd(ve, at::vec::clamp_min(d, vfloor), va);
+      } else {
+        g = va * vexp((y - vmax) - vlog_sum);
+      }
       if (b != 0 || c != 0) {
         Vec sub = q ? at::vec::fmadd(vc, Vec::loadu(q + j), vb) : vb;
         if (w) sub = sub * Vec::loadu(w + j);
@@ -462,7 +513,7 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
     auto store = [](scalar_t* p, const Vec& v0, const Vec& v1) { IO::store2(p, v0, v1); };
     // A plain row (no smoothing, weights' term or soft-cap) takes a exp(..) only: no
     // per-vector tests, and registers to spare.
-    const bool plain_row = b == 0 && c == 0 && !(cap > 0);
+    const bool plain_row = b == 0 && c == 0 && e == 0 && !scaled && !(cap > 0);
     auto plain_grad = [&](const Vec& xv, int64_t) { return va * vexp((xv - vmax) - vlog_sum); };
     if (!plain_row) {
       vectors(load, store, grad);
@@ -506,8 +557,9 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
     }
     auto scalar_grad = [&](acc_t xv, int64_t j, bool is_target) {
       const acc_t th = cap > 0 ? std::tanh(xv / cap) : acc_t(0);
-      const acc_t y = cap > 0 ? cap * th : xv;
-      acc_t g = a * std::exp((y - mr) - lr);
+      const acc_t y = (cap > 0 ? cap * th : xv) * inv_t;
+      const acc_t d = y - mr, p = std::exp(d - lr);
+      acc_t g = e != 0 ? p * (a + e * std::max(d, static_cast<acc_t>(kZeroProbabilityDifference))) : a * p;
       if (b != 0 || c != 0) g -= (q ? b + c * q[j] : b) * (w ? w[j] : acc_t(1));
       if (is_target) g -= tc;
       if (cap > 0) g *= acc_t(1) - th * th;

@@ -27,10 +27,14 @@ int64_t row_stride(const at::Tensor& rows) { return rows.size(0) <= 1 ? rows.siz
 
 const void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
 
-// Whether x's device has a kernel of its own (else the ATen-op path below runs).
-bool has_kernel(const at::Tensor& x) {
+thread_local bool aten_for_testing = false;
+
+// Whether x's device has a kernel of its own for `ce` (else the ATen-op path below runs). The
+// CUDA kernel has no temperature or entropy sum.
+bool has_kernel(const FusedCrossEntropy& ce, const at::Tensor& x) {
+  if (aten_for_testing) return false;
 #if defined(HP_CE_HAVE_CUDA)
-  if (x.is_cuda()) return true;
+  if (x.is_cuda()) return ce.temperature == 1.0 && !ce.entropy_sum;
 #endif
   return x.device().is_cpu();
 }
@@ -83,7 +87,8 @@ void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const 
   // device (an .item() here was a host sync per block on CUDA).
   const at::Tensor weight_sum = w.defined() && ce.label_smoothing > 0 && !ce.soft ? w.sum() : at::Tensor();
   for_aten_row_blocks(x.size(0), x.size(1), [&](int64_t r0, int64_t n) {
-    const at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.logit_softcap);
+    at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.logit_softcap);
+    if (ce.temperature != 1.0) y = y * (1.0 / ce.temperature);
     const at::Tensor m = y.amax(1);
     const at::Tensor shift = at::where(at::isneginf(m), at::zeros_like(m), m);
     stats[k::kMax].narrow(0, r0, n).copy_(m);
@@ -100,7 +105,12 @@ void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const 
       const at::Tensor col = v.target_col.narrow(0, r0, n);
       const at::Tensor picked = y.gather(1, col.clamp_min(0).unsqueeze(1)).squeeze(1);
       stats[k::kV1].narrow(0, r0, n).copy_(at::where(col.ge(0), picked, at::zeros_like(picked)));
-      if (ce.label_smoothing > 0) {
+      if (ce.entropy_sum) {
+        // d clamped as the kernel clamps it (cross_entropy_cpu_kernel_impl.h: a -inf logit).
+        const at::Tensor d = y - shift.unsqueeze(1);
+        stats[k::kV2].narrow(0, r0, n).copy_((d.exp() * d.clamp_min(-1000.0)).sum(1));
+        stats[k::kU].narrow(0, r0, n).zero_();
+      } else if (ce.label_smoothing > 0) {
         stats[k::kV2].narrow(0, r0, n).copy_((w.defined() ? relative_y * w.unsqueeze(0) : relative_y).sum(1));
         at::Tensor u = stats[k::kU].narrow(0, r0, n);
         if (weight_sum.defined()) {
@@ -161,8 +171,16 @@ void backward_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const at::T
     const at::Tensor xc = x.narrow(0, r0, n).to(ct);
     // cap' from the tanh itself (cross_entropy_cpu_kernel_impl.h says why).
     const at::Tensor th = ce.logit_softcap > 0 ? (xc / ce.logit_softcap).tanh_() : at::Tensor();
-    const at::Tensor y = ce.logit_softcap > 0 ? th * ce.logit_softcap : xc;
-    at::Tensor g = (y - rows(row_max)).sub_(rows(log_sum)).exp_().mul_(rows(co.a));
+    at::Tensor y = ce.logit_softcap > 0 ? th * ce.logit_softcap : xc;
+    if (ce.temperature != 1.0) y = y * (1.0 / ce.temperature);
+    at::Tensor g = (y - rows(row_max)).sub_(rows(log_sum)).exp_();
+    if (co.e.defined()) {
+      // p (a + e d), d clamped as the kernel clamps it (a -inf logit has p = 0).
+      const at::Tensor d = (y - rows(row_max)).clamp_min(-1000.0);
+      g.mul_(d.mul(rows(co.e)).add_(rows(co.a)));
+    } else {
+      g.mul_(rows(co.a));
+    }
     if (co.b.defined() || co.c.defined()) {
       at::Tensor sub = co.b.defined() ? rows(co.b) : at::zeros({n, 1}, g.options());
       if (co.c.defined()) sub = sub + rows(co.c) * v.q.narrow(0, r0, n);
@@ -223,7 +241,7 @@ at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at
   const double eps = ce.label_smoothing;
   const double C = static_cast<double>(shard.total);
   const BlockView v = block_view(ce, r0, n, c0, nc, shard);
-  if (!has_kernel(x)) {
+  if (!has_kernel(ce, x)) {
     forward_stats_aten(ce, x, v, stats, 1 - eps, eps / C);
     return stats;
   }
@@ -234,6 +252,8 @@ at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at
   args.cols = nc;
   args.ldx = row_stride(x);
   args.logit_softcap = ce.logit_softcap;
+  args.inv_temperature = 1.0 / ce.temperature;
+  args.entropy_sum = ce.entropy_sum;
   args.weight = ptr_or_null(v.w);
   if (ce.soft) {
     args.q = v.q.const_data_ptr();
@@ -256,12 +276,20 @@ at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at
   return stats;
 }
 
-void merge_block_stats(at::Tensor& acc, const at::Tensor& block) {
+void merge_block_stats(const FusedCrossEntropy& ce, at::Tensor& acc, const at::Tensor& block) {
   const at::Tensor m1 = acc[k::kMax], m2 = block[k::kMax];
   const at::Tensor top = at::maximum(m1, m2);
   // Rows whose max is -inf in both have nothing summed: shift them by 0, not by -inf. (Not
   // +inf: exp(inf - inf) must make the sum NaN, as ATen's does.)
   const at::Tensor shift = at::where(at::isneginf(top), at::zeros_like(top), top);
+  if (ce.entropy_sum) {
+    acc[k::kV2].copy_(rebased_entropy_sum(acc[k::kV2], acc[k::kSumExp], m1, shift) +
+                      rebased_entropy_sum(block[k::kV2], block[k::kSumExp], m2, shift));
+    acc[k::kSumExp].copy_(acc[k::kSumExp] * (m1 - shift).exp() + block[k::kSumExp] * (m2 - shift).exp());
+    acc[k::kMax].copy_(top);
+    acc[k::kV1].add_(block[k::kV1]);
+    return;
+  }
   acc[k::kSumExp].copy_(acc[k::kSumExp] * (m1 - shift).exp() + block[k::kSumExp] * (m2 - shift).exp());
   const at::Tensor ref = relative_sum_reference(top);
   acc[k::kV2].copy_(rebased_relative_sum(acc[k::kV2], acc[k::kU], m1, ref) +
@@ -271,12 +299,14 @@ void merge_block_stats(at::Tensor& acc, const at::Tensor& block) {
   acc[k::kU].add_(block[k::kU]);
 }
 
-at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& stats, const ClassShard& shard,
-                                       const InputAgreement* agreement) {
+at::Tensor rebased_entropy_sum(const at::Tensor& h, const at::Tensor& s, const at::Tensor& m, const at::Tensor& shift) {
+  const at::Tensor moved = (h + (m - shift) * s) * (m - shift).exp();
+  return at::where(at::isneginf(m), at::zeros_like(moved), moved);
+}
+
+at::Tensor all_gather_stats(const at::Tensor& stats, const ClassShard& shard, const InputAgreement* agreement) {
   const int64_t rows = stats.size(1);
   const auto opts = stats.options();
-  const double eps = ce.label_smoothing;
-  const double C = static_cast<double>(shard.total);
   // The statistics and, after them, this rank's input-agreement record (when given).
   at::Tensor sent = stats.reshape({-1});
   if (agreement) {
@@ -289,7 +319,10 @@ at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& 
       shard.comm ? shard.comm->all_gather(sent.unsqueeze(0), 0, std::vector<int64_t>(shard.comm->size(), 1))
                  : sent.unsqueeze(0);
   if (agreement) agreement->settle(gathered.narrow(1, k::kStats * rows, InputAgreement::kRecordSize), shard.comm);
-  const at::Tensor all = gathered.narrow(1, 0, k::kStats * rows).view({gathered.size(0), k::kStats, rows});
+  return gathered.narrow(1, 0, k::kStats * rows).view({gathered.size(0), k::kStats, rows});
+}
+
+void combine_log_sum_exp(FusedCrossEntropy& ce, const at::Tensor& all) {
   const at::Tensor m = all.select(1, k::kMax), s = all.select(1, k::kSumExp);
   at::Tensor top = m.amax(0);
   // Rows whose max is -inf (all -inf) would give nan in m - top; shift them by 0. A +inf max
@@ -298,6 +331,18 @@ at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& 
   ce.row_max = top.contiguous();
   ce.log_sum = (s * (m - top).exp()).sum(0).log_();
   ce.lse = ce.row_max + ce.log_sum;
+}
+
+at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& stats, const ClassShard& shard,
+                                       const InputAgreement* agreement) {
+  const int64_t rows = stats.size(1);
+  const auto opts = stats.options();
+  const double eps = ce.label_smoothing;
+  const double C = static_cast<double>(shard.total);
+  const at::Tensor all = all_gather_stats(stats, shard, agreement);
+  combine_log_sum_exp(ce, all);
+  const at::Tensor m = all.select(1, k::kMax);
+  const at::Tensor top = ce.row_max;
   const at::Tensor v1 = all.select(1, k::kV1).sum(0), u = all.select(1, k::kU);
   // sum_c u_c (y_c - ref) over all classes, ref = the global max (running_logsumexp.h).
   const at::Tensor v2 = rebased_relative_sum(all.select(1, k::kV2), u, m, relative_sum_reference(top)).sum(0);
@@ -349,9 +394,10 @@ void fused_cross_entropy_block_gradient(const FusedCrossEntropy& ce, const Coeff
   TORCH_CHECK(nc <= 1 || (x.stride(1) == 1 && out.stride(1) == 1),
               "fused cross-entropy: gradient blocks need a unit class stride");
   const BlockView v = block_view(ce, r0, n, c0, nc, shard);
-  const Coefficients b{rows_of(co.a, r0, n), rows_of(co.b, r0, n), rows_of(co.c, r0, n), rows_of(co.t, r0, n)};
+  const Coefficients b{rows_of(co.a, r0, n), rows_of(co.b, r0, n), rows_of(co.c, r0, n), rows_of(co.t, r0, n),
+                       rows_of(co.e, r0, n)};
   const at::Tensor row_max = ce.row_max.narrow(0, r0, n), log_sum = ce.log_sum.narrow(0, r0, n);
-  if (!has_kernel(x)) return backward_aten(ce, x, out, b, v, row_max, log_sum);
+  if (!has_kernel(ce, x)) return backward_aten(ce, x, out, b, v, row_max, log_sum);
   k::BackwardArgs args;
   args.dtype = x.scalar_type();
   args.x = x.const_data_ptr();
@@ -361,10 +407,12 @@ void fused_cross_entropy_block_gradient(const FusedCrossEntropy& ce, const Coeff
   args.ldx = row_stride(x);
   args.ldo = row_stride(out);
   args.logit_softcap = ce.logit_softcap;
+  args.inv_temperature = 1.0 / ce.temperature;
   args.row_max = row_max.const_data_ptr();
   args.log_sum = log_sum.const_data_ptr();
   args.a = b.a.const_data_ptr();
   args.b = ptr_or_null(b.b);
+  args.e = ptr_or_null(b.e);
   args.c = ptr_or_null(b.c);
   args.t_coef = ptr_or_null(b.t);
   args.target_col = ce.soft ? nullptr : v.target_col.const_data_ptr<int64_t>();
@@ -424,5 +472,8 @@ at::Tensor fused_cross_entropy_backward(const FusedCrossEntropy& ce, const at::T
   }
   return out;
 }
+
+AtenStatisticsForTesting::AtenStatisticsForTesting() { aten_for_testing = true; }
+AtenStatisticsForTesting::~AtenStatisticsForTesting() { aten_for_testing = false; }
 
 }  // namespace hyper_parallel

@@ -27,6 +27,11 @@ struct FusedCrossEntropy {
   double label_smoothing = 0.0;
   double z_loss_weight = 0.0;  // adds z * lse^2 per counted row
   double logit_softcap = 0.0;  // > 0: logits -> cap * tanh(x / cap) first
+  // The log-probabilities (fused_logprobs.h) use the same statistics: their logits divided by
+  // a temperature (applied by the kernel as it reads them), and with entropy_sum the
+  // entropy's numerator in place of the smoothing sum (index targets, no smoothing).
+  double temperature = 1.0;
+  bool entropy_sum = false;
   // Write d loss / d x (for a unit incoming gradient) over x_rows during forward; backward
   // then only scales it. The caller checks that x_rows is the logits' own storage.
   bool gradient_in_forward = false;
@@ -56,24 +61,42 @@ void fused_cross_entropy_prepare(FusedCrossEntropy& ce, int64_t rows, const Clas
 //    [c0, c0 + x.size(1)); blocks of the same rows merge with merge_block_stats.
 at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at::Tensor& x, int64_t r0, int64_t c0,
                                            const ClassShard& shard);
-// acc <- the statistics of acc's columns and block's columns together (same rows).
-void merge_block_stats(at::Tensor& acc, const at::Tensor& block);
+// acc <- the statistics of acc's columns and block's columns together (same rows), of `ce`.
+void merge_block_stats(const FusedCrossEntropy& ce, at::Tensor& acc, const at::Tensor& block);
 // 3. The one all-gather of the statistics [kStats, M] of this rank's classes, and the loss.
 //    A null shard.comm means one rank (no collective).
 //    `agreement` as in fused_cross_entropy_forward.
 at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& stats, const ClassShard& shard,
                                        const InputAgreement* agreement = nullptr);
 
+// fused_cross_entropy_combine in parts, for the other losses built on these statistics
+// (fused_logprobs.h): the one all-gather of every rank's statistics [P, kStats, M] (the
+// agreement's record, when given, settled first), and the log-sum-exp of every row from them
+// (sets ce.row_max, ce.log_sum and ce.lse).
+at::Tensor all_gather_stats(const at::Tensor& stats, const ClassShard& shard, const InputAgreement* agreement);
+void combine_log_sum_exp(FusedCrossEntropy& ce, const at::Tensor& all);
+// The entropy sum h (sum exp(y - m) (y - m), of max m and sum s) relative to `shift` instead
+// of m: exp(m - shift) (h + (m - shift) s); 0 where m is -inf (nothing summed).
+at::Tensor rebased_entropy_sum(const at::Tensor& h, const at::Tensor& s, const at::Tensor& m, const at::Tensor& shift);
+
 // Backward in blocks: per-row coefficients for an incoming loss gradient, then the
 // gradient of each logits block (`out` may be x itself). No collective.
 struct FusedCrossEntropyCoefficients {
   at::Tensor a, b, c, t;  // [M] compute type, or undefined (0)
+  at::Tensor e;           // the entropy's (ce_kernel::BackwardArgs), or undefined (0)
 };
 FusedCrossEntropyCoefficients fused_cross_entropy_coefficients(const FusedCrossEntropy& ce, const at::Tensor& grad_loss,
                                                                const ClassShard& shard);
 void fused_cross_entropy_block_gradient(const FusedCrossEntropy& ce, const FusedCrossEntropyCoefficients& co,
                                         const at::Tensor& x, const at::Tensor& out, int64_t r0, int64_t c0,
                                         const ClassShard& shard);
+// Where the kernels run: a device's own kernel (the CPU's; CUDA's without a temperature or an
+// entropy), else ATen ops. Tests run the ATen ops on the CPU with this guard held.
+struct AtenStatisticsForTesting {
+  AtenStatisticsForTesting();
+  ~AtenStatisticsForTesting();
+};
+
 // The gradient rows for an incoming loss gradient ([M] for none, scalar otherwise). No
 // collective. With gradient_in_forward the result is x_rows' storage, scaled in place.
 at::Tensor fused_cross_entropy_backward(const FusedCrossEntropy& ce, const at::Tensor& grad_loss,

@@ -20,7 +20,7 @@
 #include "loss/cross_entropy_cpu_kernel.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/fused_cross_entropy.h"
-#include "loss/gradient_buffer.h"
+#include "loss/linear_blocks.h"
 #include "loss/call_agreement.h"
 #include "loss/input_agreement.h"
 
@@ -32,49 +32,6 @@ using torch::autograd::Node;
 using torch::autograd::variable_list;
 
 constexpr const char* kOp = "fused_linear_cross_entropy";
-// Logits per block when the caller does not choose: 32 M (128 MiB in fp32), a few percent of
-// the unfused logits at LLM sizes while keeping each matmul large.
-constexpr int64_t kBlockElements = int64_t{1} << 25;
-// bf16/fp16 accumulate the weight gradient of one vocabulary block in fp32: blocks of this
-// many classes keep that accumulator small.
-constexpr int64_t kLowPrecisionVocabBlock = 4096;
-
-struct Blocks {
-  int64_t tokens, vocab;  // per block
-};
-
-Blocks block_sizes(const FusedLinearCrossEntropyOptions& o, int64_t tokens, int64_t local_classes,
-                   at::ScalarType dtype) {
-  Blocks b;
-  const bool low = compute_type(dtype) != dtype;
-  b.vocab = o.vocab_block > 0 ? o.vocab_block : low ? kLowPrecisionVocabBlock : local_classes;
-  b.vocab = std::max<int64_t>(1, std::min(b.vocab, local_classes));
-  b.tokens = o.chunk_tokens > 0 ? o.chunk_tokens : std::max<int64_t>(1, kBlockElements / b.vocab);
-  b.tokens = std::max<int64_t>(1, std::min(b.tokens, tokens));
-  return b;
-}
-
-// Calls fn(start, length) over [0, total) in steps of `step`; once with length 0 when
-// total is 0 (an empty vocabulary shard still contributes its -inf statistics).
-template <typename Fn>
-void for_blocks(int64_t total, int64_t step, Fn&& fn) {
-  if (total == 0) return fn(int64_t{0}, int64_t{0});
-  for (int64_t s = 0; s < total; s += step) fn(s, std::min(step, total - s));
-}
-
-// Storage for one logits block, reused by every block of a call. On the CPU it is the
-// thread's cached gradient buffer (gradient_buffer.h): a fresh multi-MiB tensor per block
-// faults in new pages every time (hp-bench --linear showed it as a large part of the step).
-at::Tensor block_buffer(const Blocks& b, const at::Tensor& like) {
-  return like.device().is_cpu() ? reusable_gradient_buffer(b.tokens, b.vocab, like.scalar_type())
-                                : at::empty({b.tokens, b.vocab}, like.options());
-}
-
-// A contiguous [rows, cols] tensor at the start of `buffer`'s storage.
-at::Tensor view_of(const at::Tensor& buffer, int64_t rows, int64_t cols) {
-  return buffer.view({-1}).narrow(0, 0, rows * cols).view({rows, cols});
-}
-
 // Where the inputs live and how the vocabulary is split, after validation.
 struct Inputs {
   at::Tensor h, w, target;  // local pieces: [T, D], [V_l, D], [T] int64
@@ -249,102 +206,25 @@ LossCallRecord linear_call(const std::string& op, int64_t tokens, at::ScalarType
 
 // Forward: the per-token statistics of this rank's classes, one logits block at a time, then
 // the one all-gather (carrying `agreement`'s record when given) and the loss, compute type.
-at::Tensor linear_forward(FusedCrossEntropy& ce, const Inputs& in, const Blocks& blocks,
+at::Tensor linear_forward(FusedCrossEntropy& ce, const Inputs& in, const LinearBlocks& blocks,
                           const InputAgreement* agreement) {
-  const at::Tensor& h = in.h;
-  const at::Tensor& w = in.w;
-  const at::ScalarType ct = compute_type(h.scalar_type());
-  const int64_t T = h.size(0), Vl = w.size(0);
-  fused_cross_entropy_prepare(ce, T, in.shard, h.options().dtype(ct));
-  at::Tensor stats = at::zeros({ce_kernel::kStats, T}, h.options().dtype(ct));
-  if (!agreement || !agreement->refused()) {
-    at::NoGradGuard no_grad;
-    const at::Tensor tile = block_buffer(blocks, h);
-    for_blocks(T, blocks.tokens, [&](int64_t r0, int64_t n) {
-      const at::Tensor hc = h.narrow(0, r0, n);
-      at::Tensor acc;
-      for_blocks(Vl, blocks.vocab, [&](int64_t c0, int64_t nc) {
-        at::Tensor logits = view_of(tile, n, nc);
-        at::mm_out(logits, hc, w.narrow(0, c0, nc).t());
-        const at::Tensor s = fused_cross_entropy_block_stats(ce, logits, r0, c0, in.shard);
-        if (acc.defined())
-          merge_block_stats(acc, s);
-        else
-          acc = s;
-      });
-      stats.narrow(1, r0, n).copy_(acc);
-    });
-  }
+  const at::ScalarType ct = compute_type(in.h.scalar_type());
+  const int64_t T = in.h.size(0);
+  fused_cross_entropy_prepare(ce, T, in.shard, in.h.options().dtype(ct));
+  const at::Tensor stats = agreement && agreement->refused()
+                               ? at::zeros({ce_kernel::kStats, T}, in.h.options().dtype(ct))
+                               : linear_block_stats(ce, in.h, in.w, in.shard, blocks);
   // The forward's one collective (an all-gather of 5 x tokens values), and the loss.
   return fused_cross_entropy_combine(ce, stats, in.shard, agreement);
 }
 
 // The gradients of hidden (summed over the ranks: one all-reduce) and of this rank's weight
 // rows, local pieces, for the incoming loss gradient `grad_loss` (a plain tensor).
-std::pair<at::Tensor, at::Tensor> linear_backward(const FusedCrossEntropy& ce, const Inputs& in, const Blocks& blocks,
-                                                  const at::Tensor& grad_loss, bool want_h, bool want_w) {
-  const at::Tensor& h = in.h;
-  const at::Tensor& w = in.w;
-  const at::ScalarType dt = h.scalar_type(), ct = compute_type(dt);
-  const bool low = ct != dt;
+std::pair<at::Tensor, at::Tensor> linear_backward(const FusedCrossEntropy& ce, const Inputs& in,
+                                                  const LinearBlocks& blocks, const at::Tensor& grad_loss, bool want_h,
+                                                  bool want_w) {
   const FusedCrossEntropyCoefficients co = fused_cross_entropy_coefficients(ce, grad_loss, in.shard);
-  const int64_t T = h.size(0), D = h.size(1), Vl = w.size(0);
-  // Accumulators in the compute type: bf16/fp16 gradients are summed over blocks in fp32.
-  at::Tensor gh = want_h ? at::zeros({T, D}, h.options().dtype(ct)) : at::Tensor();
-  at::Tensor gw = want_w ? at::empty({Vl, D}, w.options()) : at::Tensor();
-  at::Tensor gw_block =
-      want_w && low ? at::empty({std::min(blocks.vocab, Vl), D}, w.options().dtype(ct)) : at::Tensor();
-  // float16 products of one block can overflow where the whole sum does not (the
-  // gradient's terms cancel over all classes, not over one block's): they are formed in
-  // float. bfloat16 has float's range.
-  const bool wide_products = dt == at::kHalf;
-  // bfloat16 products of one block, before they are added to the fp32 accumulators.
-  at::Tensor gh_product = want_h && low && !wide_products ? at::empty({blocks.tokens, D}, h.options()) : at::Tensor();
-  at::Tensor gw_product = want_w && low && !wide_products ? at::empty({blocks.vocab, D}, w.options()) : at::Tensor();
-  const at::Tensor tile = block_buffer(blocks, h);
-  for_blocks(Vl, blocks.vocab, [&](int64_t c0, int64_t nc) {
-    if (nc == 0) return;
-    const at::Tensor wb = w.narrow(0, c0, nc);
-    const at::Tensor wb_wide = wide_products ? wb.to(ct) : at::Tensor();
-    at::Tensor acc = want_w ? (low ? gw_block.narrow(0, 0, nc) : gw.narrow(0, c0, nc)) : at::Tensor();
-    if (acc.defined()) acc.zero_();
-    for_blocks(T, blocks.tokens, [&](int64_t r0, int64_t n) {
-      const at::Tensor hc = h.narrow(0, r0, n);
-      at::Tensor d = view_of(tile, n, nc);
-      at::mm_out(d, hc, wb.t());  // the block's logits, then d loss / d logits over them
-      fused_cross_entropy_block_gradient(ce, co, d, d, r0, c0, in.shard);
-      const at::Tensor d_wide = wide_products ? d.to(ct) : at::Tensor();
-      if (want_h) {
-        at::Tensor rows = gh.narrow(0, r0, n);
-        if (wide_products) {
-          rows.addmm_(d_wide, wb_wide);
-        } else if (low) {
-          at::Tensor product = view_of(gh_product, n, D);
-          rows.add_(at::mm_out(product, d, wb));
-        } else {
-          rows.addmm_(d, wb);
-        }
-      }
-      if (want_w) {
-        if (wide_products) {
-          acc.addmm_(d_wide.t(), hc.to(ct));
-        } else if (low) {
-          at::Tensor product = view_of(gw_product, nc, D);
-          acc.add_(at::mm_out(product, d.t(), hc));
-        } else {
-          acc.addmm_(d.t(), hc);
-        }
-      }
-    });
-    if (want_w && low) gw.narrow(0, c0, nc).copy_(acc);
-  });
-  if (want_h) {
-    // Each rank has its vocabulary shard's part of d loss / d hidden: the sum over TP is
-    // the gradient, as the unfused ColwiseParallel head's Partial -> Replicate gives.
-    if (in.shard.comm) in.shard.comm->all_reduce_(gh, ReduceOp::Sum);
-    gh = gh.to(dt);
-  }
-  return {gh, gw};
+  return linear_block_gradients(ce, co, in.h, in.w, in.shard, blocks, want_h, want_w);
 }
 
 // Everything backward needs: the inputs' local pieces, the per-token statistics, and the
@@ -352,7 +232,7 @@ std::pair<at::Tensor, at::Tensor> linear_backward(const FusedCrossEntropy& ce, c
 struct FusedLinearCrossEntropyBackward : Node {
   FusedCrossEntropy ce;
   Inputs in;
-  Blocks blocks{1, 1};
+  LinearBlocks blocks{1, 1};
   // Saved so that an in-place change of hidden or weight before backward raises.
   torch::autograd::SavedVariable saved_hidden, saved_weight;
 
@@ -399,7 +279,8 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
                             in.shard.local, in.shard.total, options, in.class_weight.value_or(at::Tensor())),
                 in.shard.comm, device, &agreement);
   const at::ScalarType dt = in.h.scalar_type();
-  const Blocks blocks = block_sizes(options, in.h.size(0), in.w.size(0), dt);
+  const LinearBlocks blocks =
+      linear_block_sizes(options.chunk_tokens, options.vocab_block, in.h.size(0), in.w.size(0), dt);
   FusedCrossEntropy ce = cross_entropy_of(in, options);
   at::Tensor loss = linear_forward(ce, in, blocks, nullptr).to(options.loss_dtype.value_or(dt));
   if (in.weight_layout) {
@@ -458,7 +339,8 @@ at::Tensor vocab_parallel_linear_cross_entropy_forward(const at::Tensor& hidden,
     in.shard = ClassShard{comm, 0, in.w.size(0), std::max<int64_t>(piece.total, in.w.size(0))};
   }
   const at::ScalarType dt = in.h.scalar_type();
-  const Blocks blocks = block_sizes(options, in.h.size(0), in.w.size(0), dt);
+  const LinearBlocks blocks =
+      linear_block_sizes(options.chunk_tokens, options.vocab_block, in.h.size(0), in.w.size(0), dt);
   FusedCrossEntropy ce = cross_entropy_of(in, options);
   at::Tensor loss;
   {
@@ -489,7 +371,8 @@ std::vector<at::Tensor> vocab_parallel_linear_cross_entropy_backward(
   in.shard = ClassShard{comm, range.offset, range.length, vocab_size};
   const at::ScalarType dt = hidden.scalar_type(), ct = compute_type(dt);
   if (options.class_weight && options.class_weight->defined()) in.class_weight = options.class_weight->to(ct);
-  const Blocks blocks = block_sizes(options, hidden.size(0), local_weight.size(0), dt);
+  const LinearBlocks blocks =
+      linear_block_sizes(options.chunk_tokens, options.vocab_block, hidden.size(0), local_weight.size(0), dt);
   FusedCrossEntropy ce = cross_entropy_of(in, options);
   fused_cross_entropy_prepare(ce, hidden.size(0), in.shard, hidden.options().dtype(ct));
   // What fused_cross_entropy_combine set, from forward's saved values (index targets only).

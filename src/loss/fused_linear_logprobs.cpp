@@ -1,0 +1,122 @@
+// vocab_logprobs.h's fused linear variant: the log-probabilities and entropy of hidden x the
+// head's local rows, the logits formed one block at a time (linear_blocks.h) and never whole.
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <string>
+
+#include "hyper_parallel/vocab_logprobs.h"
+#include "hyper_parallel/vocab_parallel.h"
+#include "loss/call_agreement.h"
+#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/cross_entropy_kernels.h"
+#include "loss/fused_logprobs.h"
+#include "loss/input_agreement.h"
+#include "loss/linear_blocks.h"
+
+namespace hyper_parallel {
+
+namespace {
+
+constexpr const char* kLinearLogprobsOp = "vocab_parallel_linear_logprobs";
+
+// The fused statistics' settings for sampled tokens `target` ([tokens] int64).
+FusedCrossEntropy logprobs_of(const at::Tensor& target, const LogprobsOptions& options) {
+  FusedCrossEntropy ce;
+  ce.target = target;
+  ce.reduction = at::Reduction::None;
+  ce.ignore_index = options.ignore_index;
+  ce.temperature = options.temperature;
+  ce.entropy_sum = options.return_entropy;
+  return ce;
+}
+
+}  // namespace
+
+Logprobs vocab_parallel_linear_logprobs_forward(const at::Tensor& hidden, const at::Tensor& local_weight,
+                                                const at::Tensor& target, const Communicator* comm,
+                                                int64_t vocab_size, const LogprobsOptions& options,
+                                                LogprobsSaved* saved) {
+  const std::string op = kLinearLogprobsOp;
+  const int64_t local_classes = local_weight.dim() == 2 ? local_weight.size(0) : 0;
+  const int64_t tokens = hidden.dim() >= 1 ? hidden.size(0) : 0;
+  // The call's record first; its all-gather also gives the members' class counts.
+  const std::vector<int64_t> counts = agree_on_call(
+      logprobs_call(op, tokens, hidden.scalar_type(), local_classes, vocab_size, options), comm, hidden.device());
+  VocabPiece piece;
+  if (vocab_size < 0) {
+    // A dry run knows no counts: its pieces are even.
+    const int64_t n = comm ? comm->size() : 1;
+    piece = vocab_piece(comm, local_classes, counts.empty() ? local_classes * n : check_vocab_pieces(counts, -1));
+  }
+  at::Tensor h = hidden, w = local_weight, t;
+  // Every check inside the agreement: one rank's refusal is the same error on every rank.
+  const InputAgreement agreement(op, target, [&] {
+    if (vocab_size >= 0) piece = vocab_piece(comm, local_classes, vocab_size);
+    check_logprobs_options(options, op);
+    TORCH_CHECK_VALUE(local_weight.dim() == 2 && hidden.dim() == 2 && hidden.size(1) == local_weight.size(1), op,
+                      ": expected hidden [tokens, dim] and this rank's weight rows [V_local, dim], got ",
+                      hidden.sizes(), " and ", local_weight.sizes());
+    TORCH_CHECK_VALUE(at::isFloatingType(hidden.scalar_type()) && hidden.scalar_type() == local_weight.scalar_type(),
+                      op, ": expected hidden and weight of one floating dtype, got ", hidden.scalar_type(), " and ",
+                      local_weight.scalar_type());
+    TORCH_CHECK(hidden.device() == local_weight.device() && target.device() == hidden.device(), op,
+                ": expected hidden, weight and target on one device, got ", hidden.device(), ", ",
+                local_weight.device(), " and ", target.device());
+    t = logprobs_target(target, {hidden.size(0)}, piece.total, options.ignore_index, op);
+  });
+  LogprobsOptions used = options;
+  if (agreement.refused()) {
+    // Placeholders that touch nothing; the all-gather settles the refusal everywhere.
+    h = hidden.dim() == 2 ? hidden : at::zeros({0, 0}, hidden.options());
+    w = local_weight.dim() == 2 ? local_weight : at::zeros({0, h.size(1)}, hidden.options());
+    t = at::full({h.size(0)}, options.ignore_index, hidden.options().dtype(at::kLong));
+    piece = VocabPiece{0, w.size(0), std::max<int64_t>(piece.total, w.size(0))};
+    used.temperature = 1.0;
+  }
+  const ClassShard shard{comm, piece.offset, piece.local, piece.total};
+  const at::ScalarType dt = h.scalar_type(), ct = compute_type(dt);
+  FusedCrossEntropy ce = logprobs_of(t, used);
+  fused_cross_entropy_prepare(ce, h.size(0), shard, h.options().dtype(ct));
+  const at::Tensor stats =
+      agreement.refused()
+          ? at::zeros({ce_kernel::kStats, h.size(0)}, h.options().dtype(ct))
+          : linear_block_stats(ce, h, w, shard,
+                               linear_block_sizes(used.chunk_tokens, used.vocab_block, h.size(0), w.size(0), dt));
+  auto [logprobs, entropy] = fused_logprobs_combine(ce, stats, shard, &agreement);
+  Logprobs out{logprobs.to(dt), entropy.defined() ? entropy.to(dt) : at::Tensor()};
+  if (saved) {
+    saved->row_max = ce.row_max;
+    saved->log_sum = ce.log_sum;
+    saved->entropy = entropy;
+    saved->vocab_size = piece.total;
+  }
+  return out;
+}
+
+std::vector<at::Tensor> vocab_parallel_linear_logprobs_backward(
+    const at::Tensor& grad_logprobs, const at::Tensor& grad_entropy, const at::Tensor& hidden,
+    const at::Tensor& local_weight, const at::Tensor& target, const LogprobsSaved& saved, const Communicator* comm,
+    int64_t vocab_size, const LogprobsOptions& options, bool hidden_grad, bool weight_grad) {
+  TORCH_CHECK_VALUE(vocab_size >= 0, kLinearLogprobsOp, " backward: expected the vocabulary size forward used");
+  // No collective but the hidden gradient's all-reduce: the piece follows from the size.
+  const int64_t n = comm ? comm->size() : 1, r = comm ? comm->rank() : 0;
+  const ChunkRange range = chunk_range(vocab_size, n, r);
+  const ClassShard shard{comm, range.offset, range.length, vocab_size};
+  const at::ScalarType dt = hidden.scalar_type();
+  FusedCrossEntropy ce = logprobs_of(target.reshape({-1}).to(at::kLong), options);
+  fused_cross_entropy_prepare(ce, hidden.size(0), shard, hidden.options().dtype(compute_type(dt)));
+  ce.row_max = saved.row_max;
+  ce.log_sum = saved.log_sum;
+  const FusedCrossEntropyCoefficients co =
+      fused_logprobs_coefficients(ce, saved.entropy, grad_logprobs, grad_entropy);
+  at::NoGradGuard no_grad;
+  const LinearBlocks blocks =
+      linear_block_sizes(options.chunk_tokens, options.vocab_block, hidden.size(0), local_weight.size(0), dt);
+  auto [gh, gw] = linear_block_gradients(ce, co, hidden, local_weight, shard, blocks, hidden_grad, weight_grad);
+  return {gh, gw};
+}
+
+}  // namespace hyper_parallel

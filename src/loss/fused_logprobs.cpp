@@ -1,0 +1,98 @@
+// fused_logprobs.h: log-probabilities and entropy from the fused cross-entropy's statistics.
+#include "loss/fused_logprobs.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/cross_entropy_kernels.h"
+
+namespace hyper_parallel {
+
+namespace k = ce_kernel;
+
+LossCallRecord logprobs_call(const std::string& op, int64_t rows, at::ScalarType dtype, int64_t local_classes,
+                             int64_t vocab_size, const LogprobsOptions& options) {
+  LossCallRecord call;
+  call.op = op;
+  call.rows = rows;
+  call.dtype = static_cast<int64_t>(dtype);
+  call.vocab_size = vocab_size;
+  call.local_classes = local_classes;
+  call.ignore_index = options.ignore_index;
+  call.temperature = options.temperature;
+  call.entropy = options.return_entropy;
+  return call;
+}
+
+void check_logprobs_options(const LogprobsOptions& o, const std::string& op) {
+  TORCH_CHECK_VALUE(std::isfinite(o.temperature) && o.temperature > 0, op,
+                    ": temperature must be a finite number > 0, got ", o.temperature);
+  TORCH_CHECK_VALUE(o.chunk_tokens >= 0 && o.vocab_block >= 0, op,
+                    ": chunk_tokens and vocab_block must be >= 0 (0: automatic), got ", o.chunk_tokens, " and ",
+                    o.vocab_block);
+}
+
+at::Tensor logprobs_target(const at::Tensor& target, c10::IntArrayRef shape, int64_t vocab, int64_t ignore_index,
+                           const std::string& op) {
+  if (target.is_floating_point()) {
+    throw LossParallelUnsupportedError(op + ": expected the sampled tokens as class indices, got a floating-point "
+                                            "target (probability targets have no log-probability of one token)");
+  }
+  TORCH_CHECK_VALUE(target.scalar_type() == at::kLong || target.scalar_type() == at::kByte, op,
+                    ": expected target dtype to be Long or Byte, but got ", target.scalar_type());
+  check_no_target_or_weight_grad(target, c10::nullopt, op);
+  TORCH_CHECK_VALUE(target.sizes() == shape, op, ": expected a target of shape ", shape,
+                    " (one class per row of the logits), got ", target.sizes());
+  check_targets(target, vocab, ignore_index);
+  return target.reshape({-1}).to(at::kLong);
+}
+
+std::pair<at::Tensor, at::Tensor> fused_logprobs_combine(FusedCrossEntropy& ce, const at::Tensor& stats,
+                                                         const ClassShard& shard,
+                                                         const InputAgreement* agreement) {
+  const at::Tensor all = all_gather_stats(stats, shard, agreement);
+  combine_log_sum_exp(ce, all);
+  const at::Tensor valid = ce.valid.to(at::kBool);
+  // The cross-entropy's (M - y_t) + L, negated: equal to its -loss bit for bit at T = 1.
+  const at::Tensor target_logit = all.select(1, k::kV1).sum(0);
+  const at::Tensor logprobs = -((ce.row_max - target_logit) + ce.log_sum);
+  at::Tensor entropy;
+  if (ce.entropy_sum) {
+    const at::Tensor m = all.select(1, k::kMax), s = all.select(1, k::kSumExp);
+    const at::Tensor sum_exp = (s * (m - ce.row_max).exp()).sum(0);
+    const at::Tensor h = rebased_entropy_sum(all.select(1, k::kV2), s, m, ce.row_max).sum(0);
+    entropy = ce.log_sum - h / sum_exp;
+    entropy = at::where(valid, entropy, at::zeros_like(entropy));
+  }
+  return {at::where(valid, logprobs, at::zeros_like(logprobs)), entropy};
+}
+
+FusedCrossEntropyCoefficients fused_logprobs_coefficients(const FusedCrossEntropy& ce, const at::Tensor& entropy,
+                                                          const at::Tensor& grad_logprobs,
+                                                          const at::Tensor& grad_entropy) {
+  const at::Tensor valid = ce.valid.to(at::kBool);
+  const double inv_t = 1.0 / ce.temperature;
+  const auto opts = ce.row_max.options();
+  // Per row, in terms of y = x / T (each then times 1/T):
+  //   g_lp [j = t] + p_j (a + e (y_j - M)), a = -g_lp - g_H (H - L), e = -g_H.
+  auto per_row = [&](const at::Tensor& g) {
+    if (!g.defined()) return at::zeros_like(ce.row_max);
+    const at::Tensor rows = g.reshape({-1}).to(opts.dtype());
+    return at::where(valid, rows, at::zeros_like(rows));
+  };
+  const at::Tensor g_lp = per_row(grad_logprobs), g_h = per_row(grad_entropy);
+  FusedCrossEntropyCoefficients co;
+  co.t = (-inv_t * g_lp).contiguous();
+  co.a = co.t;
+  if (grad_entropy.defined()) {
+    TORCH_CHECK(entropy.defined(), "vocab_parallel_logprobs backward: an entropy gradient for a forward that did not ",
+                "compute the entropy");
+    co.a = (co.a - inv_t * g_h * (entropy - ce.log_sum)).contiguous();
+    co.e = (-inv_t * g_h).contiguous();
+  }
+  return co;
+}
+
+}  // namespace hyper_parallel

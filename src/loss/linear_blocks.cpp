@@ -1,0 +1,150 @@
+// linear_blocks.h: the head's matmul and a fused loss's statistics or gradient, a block at a time.
+#include "loss/linear_blocks.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+
+#include "hyper_parallel/communicator.h"
+#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/cross_entropy_kernels.h"
+#include "loss/gradient_buffer.h"
+
+namespace hyper_parallel {
+
+namespace {
+
+// Logits per block when the caller does not choose: 32 M (128 MiB in fp32), a few percent of
+// the unfused logits at LLM sizes while keeping each matmul large.
+constexpr int64_t kBlockElements = int64_t{1} << 25;
+// bf16/fp16 accumulate the weight gradient of one vocabulary block in fp32: blocks of this
+// many classes keep that accumulator small.
+constexpr int64_t kLowPrecisionVocabBlock = 4096;
+
+
+// Calls fn(start, length) over [0, total) in steps of `step`; once with length 0 when
+// total is 0 (an empty vocabulary shard still contributes its -inf statistics).
+template <typename Fn>
+void for_blocks(int64_t total, int64_t step, Fn&& fn) {
+  if (total == 0) return fn(int64_t{0}, int64_t{0});
+  for (int64_t s = 0; s < total; s += step) fn(s, std::min(step, total - s));
+}
+
+// Storage for one logits block, reused by every block of a call. On the CPU it is the
+// thread's cached gradient buffer (gradient_buffer.h): a fresh multi-MiB tensor per block
+// faults in new pages every time (hp-bench --linear showed it as a large part of the step).
+at::Tensor block_buffer(const LinearBlocks& b, const at::Tensor& like) {
+  return like.device().is_cpu() ? reusable_gradient_buffer(b.tokens, b.vocab, like.scalar_type())
+                                : at::empty({b.tokens, b.vocab}, like.options());
+}
+
+// A contiguous [rows, cols] tensor at the start of `buffer`'s storage.
+at::Tensor view_of(const at::Tensor& buffer, int64_t rows, int64_t cols) {
+  return buffer.view({-1}).narrow(0, 0, rows * cols).view({rows, cols});
+}
+
+}  // namespace
+
+LinearBlocks linear_block_sizes(int64_t chunk_tokens, int64_t vocab_block, int64_t tokens, int64_t local_classes,
+                                at::ScalarType dtype) {
+  LinearBlocks b;
+  const bool low = compute_type(dtype) != dtype;
+  b.vocab = vocab_block > 0 ? vocab_block : low ? kLowPrecisionVocabBlock : local_classes;
+  b.vocab = std::max<int64_t>(1, std::min(b.vocab, local_classes));
+  b.tokens = chunk_tokens > 0 ? chunk_tokens : std::max<int64_t>(1, kBlockElements / b.vocab);
+  b.tokens = std::max<int64_t>(1, std::min(b.tokens, tokens));
+  return b;
+}
+
+at::Tensor linear_block_stats(const FusedCrossEntropy& ce, const at::Tensor& h, const at::Tensor& w,
+                              const ClassShard& shard, const LinearBlocks& blocks) {
+  const int64_t T = h.size(0), Vl = w.size(0);
+  at::Tensor stats = at::empty({ce_kernel::kStats, T}, h.options().dtype(compute_type(h.scalar_type())));
+  at::NoGradGuard no_grad;
+  const at::Tensor tile = block_buffer(blocks, h);
+  for_blocks(T, blocks.tokens, [&](int64_t r0, int64_t n) {
+    const at::Tensor hc = h.narrow(0, r0, n);
+    at::Tensor acc;
+    for_blocks(Vl, blocks.vocab, [&](int64_t c0, int64_t nc) {
+      at::Tensor logits = view_of(tile, n, nc);
+      at::mm_out(logits, hc, w.narrow(0, c0, nc).t());
+      const at::Tensor s = fused_cross_entropy_block_stats(ce, logits, r0, c0, shard);
+      if (acc.defined())
+        merge_block_stats(ce, acc, s);
+      else
+        acc = s;
+    });
+    stats.narrow(1, r0, n).copy_(acc);
+  });
+  return stats;
+}
+
+// The weight gradient's vocabulary blocks in the outer loop: each block's accumulator is
+// finished before the next starts.
+std::pair<at::Tensor, at::Tensor> linear_block_gradients(const FusedCrossEntropy& ce,
+                                                         const FusedCrossEntropyCoefficients& co, const at::Tensor& h,
+                                                         const at::Tensor& w, const ClassShard& shard,
+                                                         const LinearBlocks& blocks, bool want_h, bool want_w) {
+  const at::ScalarType dt = h.scalar_type(), ct = compute_type(dt);
+  const bool low = ct != dt;
+  const int64_t T = h.size(0), D = h.size(1), Vl = w.size(0);
+  // Accumulators in the compute type: bf16/fp16 gradients are summed over blocks in fp32.
+  at::Tensor gh = want_h ? at::zeros({T, D}, h.options().dtype(ct)) : at::Tensor();
+  at::Tensor gw = want_w ? at::empty({Vl, D}, w.options()) : at::Tensor();
+  at::Tensor gw_block =
+      want_w && low ? at::empty({std::min(blocks.vocab, Vl), D}, w.options().dtype(ct)) : at::Tensor();
+  // float16 products of one block can overflow where the whole sum does not (the
+  // gradient's terms cancel over all classes, not over one block's): they are formed in
+  // float. bfloat16 has float's range.
+  const bool wide_products = dt == at::kHalf;
+  // bfloat16 products of one block, before they are added to the fp32 accumulators.
+  at::Tensor gh_product = want_h && low && !wide_products ? at::empty({blocks.tokens, D}, h.options()) : at::Tensor();
+  at::Tensor gw_product = want_w && low && !wide_products ? at::empty({blocks.vocab, D}, w.options()) : at::Tensor();
+  const at::Tensor tile = block_buffer(blocks, h);
+  for_blocks(Vl, blocks.vocab, [&](int64_t c0, int64_t nc) {
+    if (nc == 0) return;
+    const at::Tensor wb = w.narrow(0, c0, nc);
+    const at::Tensor wb_wide = wide_products ? wb.to(ct) : at::Tensor();
+    at::Tensor acc = want_w ? (low ? gw_block.narrow(0, 0, nc) : gw.narrow(0, c0, nc)) : at::Tensor();
+    if (acc.defined()) acc.zero_();
+    for_blocks(T, blocks.tokens, [&](int64_t r0, int64_t n) {
+      const at::Tensor hc = h.narrow(0, r0, n);
+      at::Tensor d = view_of(tile, n, nc);
+      at::mm_out(d, hc, wb.t());  // the block's logits, then d loss / d logits over them
+      fused_cross_entropy_block_gradient(ce, co, d, d, r0, c0, shard);
+      const at::Tensor d_wide = wide_products ? d.to(ct) : at::Tensor();
+      if (want_h) {
+        at::Tensor rows = gh.narrow(0, r0, n);
+        if (wide_products) {
+          rows.addmm_(d_wide, wb_wide);
+        } else if (low) {
+          at::Tensor product = view_of(gh_product, n, D);
+          rows.add_(at::mm_out(product, d, wb));
+        } else {
+          rows.addmm_(d, wb);
+        }
+      }
+      if (want_w) {
+        if (wide_products) {
+          acc.addmm_(d_wide.t(), hc.to(ct));
+        } else if (low) {
+          at::Tensor product = view_of(gw_product, nc, D);
+          acc.add_(at::mm_out(product, d.t(), hc));
+        } else {
+          acc.addmm_(d.t(), hc);
+        }
+      }
+    });
+    if (want_w && low) gw.narrow(0, c0, nc).copy_(acc);
+  });
+  if (want_h) {
+    // Each rank has its vocabulary shard's part of d loss / d hidden: the sum over TP is
+    // the gradient, as the unfused ColwiseParallel head's Partial -> Replicate gives.
+    if (shard.comm) shard.comm->all_reduce_(gh, ReduceOp::Sum);
+    gh = gh.to(dt);
+  }
+  return {gh, gw};
+}
+
+}  // namespace hyper_parallel

@@ -1,0 +1,40 @@
+// The head's matmul one logits block (token chunk x vocabulary block) at a time, for the
+// fused linear losses (fused_linear_cross_entropy, vocab_parallel_linear_logprobs): the
+// [tokens, V / tp] logits never exist (internal). Forward keeps per-token statistics only;
+// backward recomputes each block, turns it into d loss / d logits in place and accumulates
+// the gradients of hidden and of this rank's weight rows.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "loss/class_sharding.h"
+#include "loss/fused_cross_entropy.h"
+
+namespace hyper_parallel {
+
+struct LinearBlocks {
+  int64_t tokens, vocab;  // per block
+};
+
+// chunk_tokens / vocab_block as the options give them (0: automatic, so that one block holds
+// about 32 M logits; vocabulary blocks of 4096 classes for bf16/fp16, whose weight gradient
+// is accumulated per block in fp32).
+LinearBlocks linear_block_sizes(int64_t chunk_tokens, int64_t vocab_block, int64_t tokens, int64_t local_classes,
+                                at::ScalarType dtype);
+
+// The statistics [kStats, T] of the logits h [T, D] x w [V_l, D]^T under `ce` (its per-row
+// bookkeeping prepared), blocks merged. No collective.
+at::Tensor linear_block_stats(const FusedCrossEntropy& ce, const at::Tensor& h, const at::Tensor& w,
+                              const ClassShard& shard, const LinearBlocks& blocks);
+
+// {d loss / d h (summed over shard.comm: one all-reduce), d loss / d w} for the per-row
+// coefficients `co`; either undefined when not wanted.
+std::pair<at::Tensor, at::Tensor> linear_block_gradients(const FusedCrossEntropy& ce,
+                                                         const FusedCrossEntropyCoefficients& co, const at::Tensor& h,
+                                                         const at::Tensor& w, const ClassShard& shard,
+                                                         const LinearBlocks& blocks, bool want_h, bool want_w);
+
+}  // namespace hyper_parallel
