@@ -19,6 +19,7 @@
 #include "hyper_parallel/gradient_buffers.h"
 #include "hyper_parallel/loss_parallel.h"
 #include "hyper_parallel/parallelism_config.h"
+#include "hyper_parallel/vocab_logprobs.h"
 #include "hyper_parallel/vocab_parallel.h"
 #include "bench/memory_probe.h"
 
@@ -64,6 +65,30 @@ hp::FusedLinearCrossEntropyOptions linear_options(const std::optional<at::Tensor
   o.z_loss_weight = z_loss_weight;
   o.logit_softcap = logit_softcap;
   return o;
+}
+
+hp::LogprobsOptions logprobs_options(double temperature, bool return_entropy, int64_t ignore_index) {
+  hp::LogprobsOptions o;
+  o.temperature = temperature;
+  o.return_entropy = return_entropy;
+  o.ignore_index = ignore_index;
+  return o;
+}
+
+// A forward's outputs for a torch.library op, which may not alias one another: the entropy
+// handed out (the input's dtype) and the one backward keeps (compute type) are one tensor for
+// float32/float64 logits. An empty tensor stands for none.
+py::tuple logprobs_outputs(const hp::Logprobs& out, const hp::LogprobsSaved& saved) {
+  const at::Tensor none = saved.row_max.new_empty({0});
+  const at::Tensor entropy = out.entropy.defined() ? out.entropy : none;
+  at::Tensor kept = saved.entropy.defined() ? saved.entropy : none.clone();
+  if (kept.is_alias_of(entropy)) kept = kept.clone();
+  return py::make_tuple(out.logprobs, entropy, saved.row_max, saved.log_sum, kept, saved.vocab_size);
+}
+
+hp::LogprobsSaved logprobs_saved(const at::Tensor& row_max, const at::Tensor& log_sum, const at::Tensor& entropy,
+                                 int64_t vocab_size) {
+  return {row_max, log_sum, entropy.numel() ? entropy : at::Tensor(), vocab_size};
 }
 
 // The C++ loss_parallel guard with the Python context's cross-entropy-only options, engaged
@@ -171,6 +196,61 @@ PYBIND11_MODULE(_C, m) {
               grad, hidden, local_weight, target, saved, communicator(group).get(), vocab_size,
               linear_options(weight, ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap),
               hidden_grad, weight_grad);
+          return std::make_tuple(g[0], g[1]);
+        });
+  m.def(
+      "logprobs_forward",
+      [](const at::Tensor& logits, int64_t class_dim, const at::Tensor& target, const std::string& group,
+         int64_t vocab_size, double temperature, bool return_entropy, int64_t ignore_index) {
+        hp::LogprobsSaved saved;
+        hp::Logprobs out;
+        {
+          py::gil_scoped_release no_gil;
+          out = hp::vocab_parallel_logprobs_forward(logits, class_dim, target, communicator(group).get(), vocab_size,
+                                                    logprobs_options(temperature, return_entropy, ignore_index),
+                                                    &saved);
+        }
+        return logprobs_outputs(out, saved);
+      },
+      "logprobs, entropy (empty unless asked), row_max, log_sum, the entropy backward keeps, and the vocabulary "
+      "used (a vocab_size < 0 is learnt in the call's record)");
+  m.def("logprobs_backward",
+        [](const std::optional<at::Tensor>& grad_logprobs, const std::optional<at::Tensor>& grad_entropy,
+           const at::Tensor& logits, int64_t class_dim, const at::Tensor& target, const at::Tensor& row_max,
+           const at::Tensor& log_sum, const at::Tensor& entropy, const std::string& group, int64_t vocab_size,
+           double temperature, int64_t ignore_index) {
+          py::gil_scoped_release no_gil;
+          return hp::vocab_parallel_logprobs_backward(
+              grad_logprobs.value_or(at::Tensor()), grad_entropy.value_or(at::Tensor()), logits, class_dim, target,
+              logprobs_saved(row_max, log_sum, entropy, vocab_size), communicator(group).get(), vocab_size,
+              logprobs_options(temperature, entropy.numel() > 0, ignore_index));
+        });
+  m.def(
+      "linear_logprobs_forward",
+      [](const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target, const std::string& group,
+         int64_t vocab_size, double temperature, bool return_entropy, int64_t ignore_index) {
+        hp::LogprobsSaved saved;
+        hp::Logprobs out;
+        {
+          py::gil_scoped_release no_gil;
+          out = hp::vocab_parallel_linear_logprobs_forward(hidden, local_weight, target, communicator(group).get(),
+                                                           vocab_size,
+                                                           logprobs_options(temperature, return_entropy, ignore_index),
+                                                           &saved);
+        }
+        return logprobs_outputs(out, saved);
+      },
+      "as logprobs_forward, from hidden and this rank's head rows (the logits never exist)");
+  m.def("linear_logprobs_backward",
+        [](const std::optional<at::Tensor>& grad_logprobs, const std::optional<at::Tensor>& grad_entropy,
+           const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target,
+           const at::Tensor& row_max, const at::Tensor& log_sum, const at::Tensor& entropy, const std::string& group,
+           int64_t vocab_size, double temperature, int64_t ignore_index, bool hidden_grad, bool weight_grad) {
+          py::gil_scoped_release no_gil;
+          auto g = hp::vocab_parallel_linear_logprobs_backward(
+              grad_logprobs.value_or(at::Tensor()), grad_entropy.value_or(at::Tensor()), hidden, local_weight, target,
+              logprobs_saved(row_max, log_sum, entropy, vocab_size), communicator(group).get(), vocab_size,
+              logprobs_options(temperature, entropy.numel() > 0, ignore_index), hidden_grad, weight_grad);
           return std::make_tuple(g[0], g[1]);
         });
   m.def(

@@ -15,8 +15,8 @@ from .loss_parallel import (
     loss_parallel_op_names,
     register_loss_parallel_op_names,
 )
-from .ops import (fused_linear_cross_entropy, vocab_parallel_cross_entropy, vocab_parallel_log_softmax,
-                  vocab_parallel_nll_loss)
+from .ops import (fused_linear_cross_entropy, fused_linear_logprobs, vocab_parallel_cross_entropy,
+                  vocab_parallel_log_softmax, vocab_parallel_logprobs, vocab_parallel_nll_loss)
 from .train_context import TrainContext, get_train_context
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "ParallelismConfig",
     "TrainContext",
     "fused_linear_cross_entropy",
+    "fused_linear_logprobs",
     "get_train_context",
     "is_loss_parallel_active",
     "loss_parallel",
@@ -35,5 +36,6 @@ __all__ = [
     "set_parallelism_config",
     "vocab_parallel_cross_entropy",
     "vocab_parallel_log_softmax",
+    "vocab_parallel_logprobs",
     "vocab_parallel_nll_loss",
 ]

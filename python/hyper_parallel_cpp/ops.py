@@ -308,6 +308,117 @@ def _linear_cross_entropy_grad(ctx, grad_loss, *unused):
 _linear_cross_entropy.register_autograd(_linear_cross_entropy_grad, setup_context=_linear_cross_entropy_setup)
 
 
+# --- per-token log-probabilities and entropy at a temperature ------------------------------
+# Outputs: logprobs, entropy (empty unless asked), row_max, log_sum, the entropy backward keeps
+# (compute type; empty unless asked), the vocabulary used. Backward takes either gradient.
+
+
+def _logprobs_fake_outputs(like: Tensor, rows_shape, return_entropy: bool):
+    ct = _compute_dtype(like.dtype)
+    rows = 1
+    for s in rows_shape:
+        rows *= s
+    stat = like.new_empty([rows], dtype=ct)
+    kept = like.new_empty([rows if return_entropy else 0], dtype=ct)
+    return (like.new_empty(rows_shape), like.new_empty(rows_shape if return_entropy else [0]), stat, stat.clone(),
+            kept, torch.empty([], dtype=torch.int64))
+
+
+@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_logprobs", mutates_args=())
+def _logprobs(logits: Tensor, target: Tensor, group_name: str, vocab_size: int, class_dim: int, temperature: float,
+              return_entropy: bool, ignore_index: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    lp, entropy, row_max, log_sum, kept, vocab = _C.logprobs_forward(
+        logits, class_dim, target, group_name, vocab_size, temperature, return_entropy, ignore_index)
+    return lp, entropy, row_max, log_sum, kept, torch.tensor(vocab, dtype=torch.int64)
+
+
+@_logprobs.register_fake
+def _(logits, target, group_name, vocab_size, class_dim, temperature, return_entropy, ignore_index):
+    _check_devices("vocab_parallel_logprobs", logits, target=target)
+    shape = [s for i, s in enumerate(logits.shape) if i != class_dim % logits.dim()]
+    return _logprobs_fake_outputs(logits, shape, return_entropy)
+
+
+@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_logprobs_backward", mutates_args=())
+def _logprobs_backward(grad_logprobs: Optional[Tensor], grad_entropy: Optional[Tensor], logits: Tensor,
+                       target: Tensor, row_max: Tensor, log_sum: Tensor, entropy: Tensor, vocab_size: Tensor,
+                       group_name: str, class_dim: int, temperature: float, ignore_index: int) -> Tensor:
+    return _C.logprobs_backward(grad_logprobs, grad_entropy, logits, class_dim, target, row_max, log_sum, entropy,
+                                group_name, int(vocab_size), temperature, ignore_index)
+
+
+@_logprobs_backward.register_fake
+def _(grad_logprobs, grad_entropy, logits, *args):
+    return torch.empty_like(logits)
+
+
+def _logprobs_setup(ctx, inputs, output):
+    logits, target, group_name, _, class_dim, temperature, return_entropy, ignore_index = inputs
+    _, _, row_max, log_sum, kept, vocab = output
+    ctx.save_for_backward(logits, target, row_max, log_sum, kept, vocab)
+    ctx.args = (group_name, class_dim, temperature, ignore_index)
+    ctx.return_entropy = return_entropy
+
+
+def _logprobs_grad(ctx, grad_logprobs, grad_entropy, *unused):
+    logits, target, row_max, log_sum, kept, vocab = ctx.saved_tensors
+    grad = None
+    if ctx.needs_input_grad[0]:
+        grad = _logprobs_backward(grad_logprobs, grad_entropy if ctx.return_entropy else None, logits, target,
+                                  row_max, log_sum, kept, vocab, *ctx.args)
+    return (grad,) + (None,) * 7
+
+
+_logprobs.register_autograd(_logprobs_grad, setup_context=_logprobs_setup)
+
+
+@torch.library.custom_op("hyper_parallel_cpp::fused_linear_logprobs", mutates_args=())
+def _linear_logprobs(hidden: Tensor, local_weight: Tensor, target: Tensor, group_name: str, vocab_size: int,
+                     temperature: float, return_entropy: bool,
+                     ignore_index: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    lp, entropy, row_max, log_sum, kept, vocab = _C.linear_logprobs_forward(
+        hidden, local_weight, target, group_name, vocab_size, temperature, return_entropy, ignore_index)
+    return lp, entropy, row_max, log_sum, kept, torch.tensor(vocab, dtype=torch.int64)
+
+
+@_linear_logprobs.register_fake
+def _(hidden, local_weight, target, group_name, vocab_size, temperature, return_entropy, ignore_index):
+    _check_devices("fused_linear_logprobs", hidden, weight_rows=local_weight, target=target)
+    return _logprobs_fake_outputs(hidden, [hidden.shape[0]], return_entropy)
+
+
+@torch.library.custom_op("hyper_parallel_cpp::fused_linear_logprobs_backward", mutates_args=())
+def _linear_logprobs_backward(grad_logprobs: Optional[Tensor], grad_entropy: Optional[Tensor], hidden: Tensor,
+                              local_weight: Tensor, target: Tensor, row_max: Tensor, log_sum: Tensor,
+                              entropy: Tensor, vocab_size: Tensor, group_name: str, temperature: float,
+                              ignore_index: int) -> Tuple[Tensor, Tensor]:
+    return _C.linear_logprobs_backward(grad_logprobs, grad_entropy, hidden, local_weight, target, row_max, log_sum,
+                                       entropy, group_name, int(vocab_size), temperature, ignore_index, True, True)
+
+
+@_linear_logprobs_backward.register_fake
+def _(grad_logprobs, grad_entropy, hidden, local_weight, *args):
+    return torch.empty_like(hidden), torch.empty_like(local_weight)
+
+
+def _linear_logprobs_setup(ctx, inputs, output):
+    hidden, local_weight, target, group_name, _, temperature, return_entropy, ignore_index = inputs
+    _, _, row_max, log_sum, kept, vocab = output
+    ctx.save_for_backward(hidden, local_weight, target, row_max, log_sum, kept, vocab)
+    ctx.args = (group_name, temperature, ignore_index)
+    ctx.return_entropy = return_entropy
+
+
+def _linear_logprobs_grad(ctx, grad_logprobs, grad_entropy, *unused):
+    hidden, local_weight, target, row_max, log_sum, kept, vocab = ctx.saved_tensors
+    grad_h, grad_w = _linear_logprobs_backward(grad_logprobs, grad_entropy if ctx.return_entropy else None, hidden,
+                                               local_weight, target, row_max, log_sum, kept, vocab, *ctx.args)
+    return (grad_h if ctx.needs_input_grad[0] else None, grad_w if ctx.needs_input_grad[1] else None) + (None,) * 6
+
+
+_linear_logprobs.register_autograd(_linear_logprobs_grad, setup_context=_linear_logprobs_setup)
+
+
 # --- the public functions -------------------------------------------------------------------
 
 
@@ -436,5 +547,64 @@ def fused_linear_cross_entropy(
     return loss.reshape(lead) if reduction == "none" else loss
 
 
-__all__ = ["fused_linear_cross_entropy", "vocab_parallel_cross_entropy", "vocab_parallel_log_softmax",
-           "vocab_parallel_nll_loss"]
+def vocab_parallel_logprobs(
+    local_logits: Tensor,
+    target: Tensor,
+    group: GroupLike = None,
+    *,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    ignore_index: int = -100,
+    vocab_size: Optional[int] = None,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Per-token log-probabilities (and entropy) at a temperature, of class-sharded logits.
+
+    ``local_logits``: ``[..., V_local]``, this rank's ``torch.chunk`` piece of the vocabulary;
+    ``target``: the sampled tokens ``[...]``, the same on every rank. Returns
+    ``log_softmax(logits / temperature)`` at the target over the whole vocabulary (``[...]``,
+    the logits' dtype) and, with ``return_entropy``, also the entropy of
+    ``softmax(logits / temperature)``; both 0 with no gradient where the target is
+    ``ignore_index``. Differentiable for any mix of the two (a PPO / GRPO loss). One all-gather
+    of four numbers per token forward (beside the call's small record), none backward; the
+    temperature is applied as the kernel reads the logits. At temperature 1 the
+    log-probabilities equal ``-vocab_parallel_cross_entropy(..., reduction="none")`` exactly.
+    """
+    if local_logits.dim() < 1:
+        raise ValueError("vocab_parallel_logprobs: expected logits with a class dim, got a 0-dim tensor")
+    lp, entropy, _, _, _, _ = _logprobs(local_logits, target, group_name_of(group),
+                                        -1 if vocab_size is None else int(vocab_size), local_logits.dim() - 1,
+                                        float(temperature), bool(return_entropy), int(ignore_index))
+    return (lp, entropy) if return_entropy else lp
+
+
+def fused_linear_logprobs(
+    hidden: Tensor,
+    local_weight: Tensor,
+    target: Tensor,
+    group: GroupLike = None,
+    *,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    ignore_index: int = -100,
+    vocab_size: Optional[int] = None,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """vocab_parallel_logprobs of ``hidden @ local_weight.T`` without the logits ever existing.
+
+    ``hidden``: ``[..., dim]``, the same on every rank; ``local_weight``: this rank's
+    ``torch.chunk`` rows of the ``[V, dim]`` output head. The logits are formed one block at
+    a time in forward (statistics only) and again in backward; hidden's gradient is summed
+    over the group (one all-reduce), the weight's is this rank's rows.
+    """
+    if hidden.dim() < 1:
+        raise ValueError("fused_linear_logprobs: expected hidden [..., dim], got a 0-dim tensor")
+    lead = hidden.shape[:-1]
+    lp, entropy, _, _, _, _ = _linear_logprobs(
+        hidden.reshape(-1, hidden.shape[-1]), local_weight, target.reshape(-1), group_name_of(group),
+        -1 if vocab_size is None else int(vocab_size), float(temperature), bool(return_entropy), int(ignore_index))
+    if return_entropy:
+        return lp.reshape(lead), entropy.reshape(lead)
+    return lp.reshape(lead)
+
+
+__all__ = ["fused_linear_cross_entropy", "fused_linear_logprobs", "vocab_parallel_cross_entropy",
+           "vocab_parallel_log_softmax", "vocab_parallel_logprobs", "vocab_parallel_nll_loss"]
