@@ -77,7 +77,8 @@ TEST(VocabLogprobs, LocalPiecesMatchOneProcessForEveryTemperatureAndUpstreamGrad
       target.index_put_({1, at::indexing::Slice(at::indexing::None, at::indexing::None, 2)}, -100);
       const at::Tensor g_lp = random_tensor({3, 5}, 3), g_h = random_tensor({3, 5}, 4);
       const at::Tensor x = piece(full, rank, world).contiguous();
-      for (auto [temperature, vocab] : {std::tuple{1.0, kVocab}, std::tuple{0.7, int64_t{-1}}, std::tuple{2.5, kVocab}}) {
+      for (auto [temperature, vocab] :
+           {std::tuple{1.0, kVocab}, std::tuple{0.7, int64_t{-1}}, std::tuple{2.5, kVocab}}) {
         SCOPED_TRACE("TP " + std::to_string(world) + " T " + std::to_string(temperature));
         const Reference ref = reference(full, target, temperature, g_lp, g_h);
         hp::LogprobsOptions o;
@@ -92,8 +93,7 @@ TEST(VocabLogprobs, LocalPiecesMatchOneProcessForEveryTemperatureAndUpstreamGrad
         expect_close(out.logprobs, ref.logprobs, "log-probabilities");
         expect_close(out.entropy, ref.entropy, "entropy");
         hp::reset_collective_counts();
-        const at::Tensor grad =
-            hp::vocab_parallel_logprobs_backward(g_lp, g_h, x, -1, target, saved, comm, kVocab, o);
+        const at::Tensor grad = hp::vocab_parallel_logprobs_backward(g_lp, g_h, x, -1, target, saved, comm, kVocab, o);
         EXPECT_EQ(hp::collective_counts().total(), 0);
         expect_close(grad, piece(ref.grad, rank, world), "gradient");
         // Either output alone: the other's gradient is none.
@@ -123,8 +123,8 @@ TEST(VocabLogprobs, AtTemperatureOneTheyAreMinusTheCrossEntropyBitForBit) {
         const at::Tensor x = piece(full, rank, world).contiguous();
         hp::VocabCrossEntropyOptions ce;
         ce.reduction = at::Reduction::None;
-        const at::Tensor loss = hp::vocab_parallel_cross_entropy_forward(x, 1, target, std::nullopt, comm, vocab, ce,
-                                                                         nullptr);
+        const at::Tensor loss =
+            hp::vocab_parallel_cross_entropy_forward(x, 1, target, std::nullopt, comm, vocab, ce, nullptr);
         for (bool entropy : {false, true}) {
           hp::LogprobsOptions o;
           o.return_entropy = entropy;
@@ -179,7 +179,8 @@ TEST(VocabLogprobs, FusedWithTheHeadMatchesOneProcessWithoutTheLogits) {
       const at::Tensor logits = at::mm(h_ref, w_ref.t());
       const at::Tensor lsm = at::log_softmax(logits / 1.3, -1);
       const at::Tensor valid = target.ne(-100);
-      const at::Tensor lp = lsm.gather(1, at::where(valid, target, at::zeros_like(target)).unsqueeze(1)).squeeze(1) * valid;
+      const at::Tensor lp =
+          lsm.gather(1, at::where(valid, target, at::zeros_like(target)).unsqueeze(1)).squeeze(1) * valid;
       const at::Tensor h = -(lsm.exp() * lsm).sum(-1) * valid;
       (lp * g_lp + h * g_h).sum().backward();
       hp::LogprobsOptions o;
@@ -189,8 +190,7 @@ TEST(VocabLogprobs, FusedWithTheHeadMatchesOneProcessWithoutTheLogits) {
       o.vocab_block = 2;
       const at::Tensor local_w = piece(weight, rank, world, 0).contiguous();
       hp::LogprobsSaved saved;
-      const hp::Logprobs out =
-          hp::vocab_parallel_linear_logprobs_forward(hidden, local_w, target, comm, -1, o, &saved);
+      const hp::Logprobs out = hp::vocab_parallel_linear_logprobs_forward(hidden, local_w, target, comm, -1, o, &saved);
       expect_close(out.logprobs, lp.detach(), "log-probabilities");
       expect_close(out.entropy, h.detach(), "entropy");
       hp::reset_collective_counts();
@@ -275,13 +275,13 @@ TEST(VocabLogprobs, SixteenBitLogitsAreAtLeastAsAccurateAsPyTorchInThatDtype) {
       const at::Tensor x = piece(full, rank, 2).contiguous();
       hp::LogprobsSaved saved;
       const hp::Logprobs out = hp::vocab_parallel_logprobs_forward(x, 1, target, comm, vocab, o, &saved);
-      const at::Tensor grad = hp::vocab_parallel_logprobs_backward(g_lp.to(dtype), g_h.to(dtype), x, 1, target, saved,
-                                                                   comm, vocab, o);
+      const at::Tensor grad =
+          hp::vocab_parallel_logprobs_backward(g_lp.to(dtype), g_h.to(dtype), x, 1, target, saved, comm, vocab, o);
       SCOPED_TRACE(c10::toString(dtype));
       EXPECT_LE(relative_error(out.logprobs, ref.logprobs), relative_error(lp, ref.logprobs));
       EXPECT_LE(relative_error(out.entropy, ref.entropy), relative_error(h, ref.entropy));
-      EXPECT_LE(relative_error(grad, piece(ref.grad, rank, 2)), relative_error(piece(xt.grad(), rank, 2),
-                                                                                piece(ref.grad, rank, 2)));
+      EXPECT_LE(relative_error(grad, piece(ref.grad, rank, 2)),
+                relative_error(piece(xt.grad(), rank, 2), piece(ref.grad, rank, 2)));
     }
   });
 }

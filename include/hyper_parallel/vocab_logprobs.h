@@ -64,22 +64,20 @@ Logprobs vocab_parallel_logprobs(const at::Tensor& logits, const at::Tensor& tar
 // learnt from the members' counts in the call's record. Bad input is the same error on
 // every member.
 Logprobs vocab_parallel_logprobs_forward(const at::Tensor& local_logits, int64_t class_dim, const at::Tensor& target,
-                                         const Communicator* comm, int64_t vocab_size,
-                                         const LogprobsOptions& options, LogprobsSaved* saved);
+                                         const Communicator* comm, int64_t vocab_size, const LogprobsOptions& options,
+                                         LogprobsSaved* saved);
 // d / d local_logits for incoming gradients of the log-probabilities and of the entropy
 // (either may be undefined: none). No collective.
 at::Tensor vocab_parallel_logprobs_backward(const at::Tensor& grad_logprobs, const at::Tensor& grad_entropy,
-                                            const at::Tensor& local_logits, int64_t class_dim,
-                                            const at::Tensor& target, const LogprobsSaved& saved,
-                                            const Communicator* comm, int64_t vocab_size,
+                                            const at::Tensor& local_logits, int64_t class_dim, const at::Tensor& target,
+                                            const LogprobsSaved& saved, const Communicator* comm, int64_t vocab_size,
                                             const LogprobsOptions& options);
 
 // The same from hidden [tokens, dim] x this member's rows of the [V, dim] head, without the
 // logits ever existing (the fused linear cross-entropy's blocks, fused_linear_loss.h).
 Logprobs vocab_parallel_linear_logprobs_forward(const at::Tensor& hidden, const at::Tensor& local_weight,
-                                                const at::Tensor& target, const Communicator* comm,
-                                                int64_t vocab_size, const LogprobsOptions& options,
-                                                LogprobsSaved* saved);
+                                                const at::Tensor& target, const Communicator* comm, int64_t vocab_size,
+                                                const LogprobsOptions& options, LogprobsSaved* saved);
 // {d / d hidden (summed over the members: one all-reduce), d / d local_weight}; either
 // undefined when not asked for.
 std::vector<at::Tensor> vocab_parallel_linear_logprobs_backward(

@@ -206,9 +206,9 @@ PYBIND11_MODULE(_C, m) {
         hp::Logprobs out;
         {
           py::gil_scoped_release no_gil;
-          out = hp::vocab_parallel_logprobs_forward(logits, class_dim, target, communicator(group).get(), vocab_size,
-                                                    logprobs_options(temperature, return_entropy, ignore_index),
-                                                    &saved);
+          out =
+              hp::vocab_parallel_logprobs_forward(logits, class_dim, target, communicator(group).get(), vocab_size,
+                                                  logprobs_options(temperature, return_entropy, ignore_index), &saved);
         }
         return logprobs_outputs(out, saved);
       },
@@ -233,10 +233,9 @@ PYBIND11_MODULE(_C, m) {
         hp::Logprobs out;
         {
           py::gil_scoped_release no_gil;
-          out = hp::vocab_parallel_linear_logprobs_forward(hidden, local_weight, target, communicator(group).get(),
-                                                           vocab_size,
-                                                           logprobs_options(temperature, return_entropy, ignore_index),
-                                                           &saved);
+          out = hp::vocab_parallel_linear_logprobs_forward(
+              hidden, local_weight, target, communicator(group).get(), vocab_size,
+              logprobs_options(temperature, return_entropy, ignore_index), &saved);
         }
         return logprobs_outputs(out, saved);
       },

@@ -21,6 +21,14 @@ namespace hyper_parallel {
 namespace {
 
 constexpr const char* kLinearLogprobsOp = "vocab_parallel_linear_logprobs";
+// Logits per block when the caller does not choose: 8 M (32 MiB in fp32), a quarter of the
+// cross-entropy's. RL steps take the log-probabilities of several policies beside the
+// rollout's buffers; the smaller tile was as fast (docs/performance.md, "Log-probabilities").
+constexpr int64_t kLogprobsBlockElements = int64_t{1} << 23;
+
+LinearBlocks blocks_of(const LogprobsOptions& o, int64_t tokens, int64_t local_classes, at::ScalarType dtype) {
+  return linear_block_sizes(o.chunk_tokens, o.vocab_block, tokens, local_classes, dtype, kLogprobsBlockElements);
+}
 
 // The fused statistics' settings for sampled tokens `target` ([tokens] int64).
 FusedCrossEntropy logprobs_of(const at::Tensor& target, const LogprobsOptions& options) {
@@ -36,9 +44,8 @@ FusedCrossEntropy logprobs_of(const at::Tensor& target, const LogprobsOptions& o
 }  // namespace
 
 Logprobs vocab_parallel_linear_logprobs_forward(const at::Tensor& hidden, const at::Tensor& local_weight,
-                                                const at::Tensor& target, const Communicator* comm,
-                                                int64_t vocab_size, const LogprobsOptions& options,
-                                                LogprobsSaved* saved) {
+                                                const at::Tensor& target, const Communicator* comm, int64_t vocab_size,
+                                                const LogprobsOptions& options, LogprobsSaved* saved) {
   const std::string op = kLinearLogprobsOp;
   const int64_t local_classes = local_weight.dim() == 2 ? local_weight.size(0) : 0;
   const int64_t tokens = hidden.dim() >= 1 ? hidden.size(0) : 0;
@@ -80,11 +87,9 @@ Logprobs vocab_parallel_linear_logprobs_forward(const at::Tensor& hidden, const 
   const at::ScalarType dt = h.scalar_type(), ct = compute_type(dt);
   FusedCrossEntropy ce = logprobs_of(t, used);
   fused_cross_entropy_prepare(ce, h.size(0), shard, h.options().dtype(ct));
-  const at::Tensor stats =
-      agreement.refused()
-          ? at::zeros({ce_kernel::kStats, h.size(0)}, h.options().dtype(ct))
-          : linear_block_stats(ce, h, w, shard,
-                               linear_block_sizes(used.chunk_tokens, used.vocab_block, h.size(0), w.size(0), dt));
+  const at::Tensor stats = agreement.refused()
+                               ? at::zeros({ce_kernel::kStats, h.size(0)}, h.options().dtype(ct))
+                               : linear_block_stats(ce, h, w, shard, blocks_of(used, h.size(0), w.size(0), dt));
   auto [logprobs, entropy] = fused_logprobs_combine(ce, stats, shard, &agreement);
   Logprobs out{logprobs.to(dt), entropy.defined() ? entropy.to(dt) : at::Tensor()};
   if (saved) {
@@ -110,11 +115,9 @@ std::vector<at::Tensor> vocab_parallel_linear_logprobs_backward(
   fused_cross_entropy_prepare(ce, hidden.size(0), shard, hidden.options().dtype(compute_type(dt)));
   ce.row_max = saved.row_max;
   ce.log_sum = saved.log_sum;
-  const FusedCrossEntropyCoefficients co =
-      fused_logprobs_coefficients(ce, saved.entropy, grad_logprobs, grad_entropy);
+  const FusedCrossEntropyCoefficients co = fused_logprobs_coefficients(ce, saved.entropy, grad_logprobs, grad_entropy);
   at::NoGradGuard no_grad;
-  const LinearBlocks blocks =
-      linear_block_sizes(options.chunk_tokens, options.vocab_block, hidden.size(0), local_weight.size(0), dt);
+  const LinearBlocks blocks = blocks_of(options, hidden.size(0), local_weight.size(0), dt);
   auto [gh, gw] = linear_block_gradients(ce, co, hidden, local_weight, shard, blocks, hidden_grad, weight_grad);
   return {gh, gw};
 }

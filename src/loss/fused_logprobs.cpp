@@ -37,8 +37,9 @@ void check_logprobs_options(const LogprobsOptions& o, const std::string& op) {
 at::Tensor logprobs_target(const at::Tensor& target, c10::IntArrayRef shape, int64_t vocab, int64_t ignore_index,
                            const std::string& op) {
   if (target.is_floating_point()) {
-    throw LossParallelUnsupportedError(op + ": expected the sampled tokens as class indices, got a floating-point "
-                                            "target (probability targets have no log-probability of one token)");
+    throw LossParallelUnsupportedError(op +
+                                       ": expected the sampled tokens as class indices, got a floating-point "
+                                       "target (probability targets have no log-probability of one token)");
   }
   TORCH_CHECK_VALUE(target.scalar_type() == at::kLong || target.scalar_type() == at::kByte, op,
                     ": expected target dtype to be Long or Byte, but got ", target.scalar_type());
@@ -50,8 +51,7 @@ at::Tensor logprobs_target(const at::Tensor& target, c10::IntArrayRef shape, int
 }
 
 std::pair<at::Tensor, at::Tensor> fused_logprobs_combine(FusedCrossEntropy& ce, const at::Tensor& stats,
-                                                         const ClassShard& shard,
-                                                         const InputAgreement* agreement) {
+                                                         const ClassShard& shard, const InputAgreement* agreement) {
   const at::Tensor all = all_gather_stats(stats, shard, agreement);
   combine_log_sum_exp(ce, all);
   const at::Tensor valid = ce.valid.to(at::kBool);

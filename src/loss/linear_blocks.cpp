@@ -15,13 +15,9 @@ namespace hyper_parallel {
 
 namespace {
 
-// Logits per block when the caller does not choose: 32 M (128 MiB in fp32), a few percent of
-// the unfused logits at LLM sizes while keeping each matmul large.
-constexpr int64_t kBlockElements = int64_t{1} << 25;
 // bf16/fp16 accumulate the weight gradient of one vocabulary block in fp32: blocks of this
 // many classes keep that accumulator small.
 constexpr int64_t kLowPrecisionVocabBlock = 4096;
-
 
 // Calls fn(start, length) over [0, total) in steps of `step`; once with length 0 when
 // total is 0 (an empty vocabulary shard still contributes its -inf statistics).
@@ -47,12 +43,12 @@ at::Tensor view_of(const at::Tensor& buffer, int64_t rows, int64_t cols) {
 }  // namespace
 
 LinearBlocks linear_block_sizes(int64_t chunk_tokens, int64_t vocab_block, int64_t tokens, int64_t local_classes,
-                                at::ScalarType dtype) {
+                                at::ScalarType dtype, int64_t block_elements) {
   LinearBlocks b;
   const bool low = compute_type(dtype) != dtype;
   b.vocab = vocab_block > 0 ? vocab_block : low ? kLowPrecisionVocabBlock : local_classes;
   b.vocab = std::max<int64_t>(1, std::min(b.vocab, local_classes));
-  b.tokens = chunk_tokens > 0 ? chunk_tokens : std::max<int64_t>(1, kBlockElements / b.vocab);
+  b.tokens = chunk_tokens > 0 ? chunk_tokens : std::max<int64_t>(1, block_elements / b.vocab);
   b.tokens = std::max<int64_t>(1, std::min(b.tokens, tokens));
   return b;
 }

@@ -19,11 +19,15 @@ struct LinearBlocks {
   int64_t tokens, vocab;  // per block
 };
 
+// Logits per block when the caller does not choose: 32 M (128 MiB in fp32), a few percent of
+// the unfused logits at LLM sizes while keeping each matmul large.
+constexpr int64_t kLinearBlockElements = int64_t{1} << 25;
+
 // chunk_tokens / vocab_block as the options give them (0: automatic, so that one block holds
-// about 32 M logits; vocabulary blocks of 4096 classes for bf16/fp16, whose weight gradient
-// is accumulated per block in fp32).
+// about `block_elements` logits; vocabulary blocks of 4096 classes for bf16/fp16, whose weight
+// gradient is accumulated per block in fp32).
 LinearBlocks linear_block_sizes(int64_t chunk_tokens, int64_t vocab_block, int64_t tokens, int64_t local_classes,
-                                at::ScalarType dtype);
+                                at::ScalarType dtype, int64_t block_elements = kLinearBlockElements);
 
 // The statistics [kStats, T] of the logits h [T, D] x w [V_l, D]^T under `ce` (its per-row
 // bookkeeping prepared), blocks merged. No collective.

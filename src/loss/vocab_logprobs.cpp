@@ -54,8 +54,8 @@ struct LogprobsParallelBackward : Node {
     const at::Tensor g_h = entropy_output && grads[1].defined() ? full_value(grads[1]) : at::Tensor();
     if (!g_lp.defined() && !g_h.defined()) return {at::Tensor()};
     const at::Tensor local = layout ? local_of(logits) : logits;
-    const at::Tensor grad = vocab_parallel_logprobs_backward(g_lp, g_h, local, class_dim, target, saved, comm,
-                                                             saved.vocab_size, options);
+    const at::Tensor grad =
+        vocab_parallel_logprobs_backward(g_lp, g_h, local, class_dim, target, saved, comm, saved.vocab_size, options);
     return {layout ? make_dtensor(grad, *layout) : grad};
   }
   std::string name() const override { return "hyper_parallel::LogprobsParallelBackward"; }
@@ -68,21 +68,22 @@ struct LogprobsParallelBackward : Node {
 }  // namespace
 
 Logprobs vocab_parallel_logprobs_forward(const at::Tensor& local_logits, int64_t class_dim_in, const at::Tensor& target,
-                                         const Communicator* comm, int64_t vocab_size,
-                                         const LogprobsOptions& options, LogprobsSaved* saved) {
+                                         const Communicator* comm, int64_t vocab_size, const LogprobsOptions& options,
+                                         LogprobsSaved* saved) {
   const std::string op = kLogprobsOp;
   TORCH_CHECK_VALUE(local_logits.dim() >= 1, op, ": expected logits with a class dim, got a 0-dim tensor");
   const int64_t class_dim = c10::maybe_wrap_dim(class_dim_in, local_logits.dim());
   // The call's record first: its all-gather also gives the members' class counts.
-  const LossCallRecord call = logprobs_call(op, rows_over_class_dim(local_logits, class_dim), local_logits.scalar_type(),
-                                            local_logits.size(class_dim), vocab_size, options);
+  const LossCallRecord call =
+      logprobs_call(op, rows_over_class_dim(local_logits, class_dim), local_logits.scalar_type(),
+                    local_logits.size(class_dim), vocab_size, options);
   const std::vector<int64_t> counts = agree_on_call(call, comm, local_logits.device());
   VocabPiece piece;
   if (vocab_size < 0) {
     // A dry run knows no counts: its pieces are even.
     const int64_t n = comm ? comm->size() : 1;
-    piece = vocab_piece(comm, call.local_classes,
-                        counts.empty() ? call.local_classes * n : check_vocab_pieces(counts, -1));
+    piece =
+        vocab_piece(comm, call.local_classes, counts.empty() ? call.local_classes * n : check_vocab_pieces(counts, -1));
   }
   FusedCrossEntropy ce;
   ce.x_rows = contiguous_class_rows(to_rows(local_logits, class_dim));
@@ -148,8 +149,7 @@ at::Tensor vocab_parallel_logprobs_backward(const at::Tensor& grad_logprobs, con
   fused_cross_entropy_prepare(ce, rows, shard, local_logits.options().dtype(compute_type(local_logits.scalar_type())));
   ce.row_max = saved.row_max;
   ce.log_sum = saved.log_sum;
-  const FusedCrossEntropyCoefficients co =
-      fused_logprobs_coefficients(ce, saved.entropy, grad_logprobs, grad_entropy);
+  const FusedCrossEntropyCoefficients co = fused_logprobs_coefficients(ce, saved.entropy, grad_logprobs, grad_entropy);
   at::Tensor out = at::empty({rows, shard.local}, ce.x_rows.options());
   fused_cross_entropy_block_gradient(ce, co, ce.x_rows, out, 0, 0, shard);
   return from_rows(out, local_logits.sizes(), class_dim);
@@ -163,13 +163,15 @@ Logprobs vocab_parallel_logprobs(const at::Tensor& logits_in, const at::Tensor& 
   const bool distributed = dtensor_impl(logits) != nullptr;
   c10::optional<ClassSharding> cs;
   if (distributed) {
-    cs = resolve_class_sharding(&logits, class_dim, kLogprobsOp, current_loss_parallel_options(), /*differentiable=*/true);
+    cs = resolve_class_sharding(&logits, class_dim, kLogprobsOp, current_loss_parallel_options(),
+                                /*differentiable=*/true);
   }
   const Communicator* comm = cs ? cs->shard.comm : nullptr;
   const at::Tensor local = cs ? local_of(logits) : logits;
   const at::Tensor local_target = replicated_value(target, "target", kLogprobsOp);
   if (target.requires_grad()) {
-    throw LossParallelUnsupportedError(std::string(kLogprobsOp) + ": gradients with respect to the target are not supported");
+    throw LossParallelUnsupportedError(std::string(kLogprobsOp) +
+                                       ": gradients with respect to the target are not supported");
   }
   LogprobsSaved saved;
   Logprobs out = vocab_parallel_logprobs_forward(local, class_dim, local_target, comm,
