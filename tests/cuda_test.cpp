@@ -157,6 +157,43 @@ TEST(CudaLossParallel, FusedCrossEntropyMatchesTheFullLogits) {
   }
 }
 
+// vocab_parallel_logprobs on CUDA: the ATen-op statistics at a temperature with the entropy
+// (the CUDA kernel has neither), and the kernel itself at T = 1 without it, against the
+// float64 CPU definition, values and gradients, TP 2 and 3.
+TEST(CudaLossParallel, LogprobsAndEntropyMatchTheFullLogits) {
+  HP_REQUIRE_CUDA();
+  for (int64_t tp : {2, 3}) {
+    for (auto [temperature, entropy] : {std::pair{0.7, true}, std::pair{1.0, false}}) {
+      run_cuda_ranks(tp, [&](int64_t) {
+        auto mesh = init_device_mesh("cuda", {tp}, {"tp"});
+        const at::Device dev = mesh.device();
+        const int64_t tokens = 64, vocab = 1003;
+        const at::Tensor full = random_tensor({tokens, vocab}, 7) * 3;
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(8);
+        at::Tensor target = at::randint(vocab, {tokens}, gen, at::kLong);
+        const at::Tensor g_lp = random_tensor({tokens}, 9), g_h = random_tensor({tokens}, 10);
+        at::Tensor rx = full.clone().set_requires_grad(true);
+        const at::Tensor lsm = at::log_softmax(rx / temperature, -1);
+        const at::Tensor ref_lp = lsm.gather(1, target.unsqueeze(1)).squeeze(1);
+        const at::Tensor ref_h = -(lsm.exp() * lsm).sum(-1);
+        (ref_lp * g_lp + (entropy ? ref_h * g_h : at::zeros_like(ref_h))).sum().backward();
+        at::Tensor x = distribute_tensor(full.to(dev), mesh, {Shard(1)}).set_requires_grad(true);
+        LogprobsOptions o;
+        o.temperature = temperature;
+        o.return_entropy = entropy;
+        const Logprobs out = vocab_parallel_logprobs(x, target.to(dev), o);
+        EXPECT_TRUE(to_local(out.logprobs).is_cuda());
+        at::Tensor objective = out.logprobs * g_lp.to(dev);
+        if (entropy) objective = objective + out.entropy * g_h.to(dev);
+        objective.sum().backward();
+        EXPECT_LE(rel_err(full_tensor(out.logprobs), ref_lp), 1e-12) << "TP " << tp;
+        if (entropy) EXPECT_LE(rel_err(full_tensor(out.entropy), ref_h), 1e-12) << "TP " << tp;
+        EXPECT_LE(rel_err(full_tensor(x.grad()), rx.grad()), 1e-12) << "TP " << tp;
+      });
+    }
+  }
+}
+
 // fused_linear_cross_entropy on CUDA (cuBLAS per block + the fused CE's CUDA kernel),
 // fp32 and bf16, against the float64 CPU definition: loss, d hidden, d weight, TP 2 and 3
 // (uneven), blocks that divide neither the tokens nor the shards, z-loss, smoothing, cap.

@@ -281,6 +281,24 @@ def _replicated_result(local: torch.Tensor, mesh: DeviceMesh) -> DTensor:
     return DTensor.from_local(local, mesh, [Replicate()] * mesh.ndim, run_check=False)
 
 
+def logprobs_of_dtensor(logits: DTensor, target: Any, temperature: float, return_entropy: bool,
+                        ignore_index: int):
+    """ops.vocab_parallel_logprobs on PyTorch DTensor logits sharded along their last dim (the
+    layout rules of loss_parallel(), in or outside it): replicated DTensors out, the gradient
+    back to the logits' shards through to_local()."""
+    op = "vocab_parallel_logprobs"
+    options = active_options() or LossParallelOptions()
+    cs = _resolve(logits, logits.ndim - 1, op, options)
+    mesh = cs.logits.device_mesh
+    local_target = _replicated_local(target, "target", op, mesh)
+    out = ops.vocab_parallel_logprobs(cs.logits.to_local(), local_target, cs.group_name, temperature=temperature,
+                                      return_entropy=return_entropy, ignore_index=ignore_index,
+                                      vocab_size=cs.vocab_size)
+    if return_entropy:
+        return _replicated_result(out[0], mesh), _replicated_result(out[1], mesh)
+    return _replicated_result(out, mesh)
+
+
 def _legacy_reduction(size_average, reduce, reduction: str) -> str:
     if size_average is not None or reduce is not None:
         return torch.nn._reduction.legacy_get_string(size_average, reduce)

@@ -21,6 +21,7 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from ._extension import _C
 
@@ -548,7 +549,7 @@ def fused_linear_cross_entropy(
 
 
 def vocab_parallel_logprobs(
-    local_logits: Tensor,
+    logits: Tensor,
     target: Tensor,
     group: GroupLike = None,
     *,
@@ -559,8 +560,10 @@ def vocab_parallel_logprobs(
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Per-token log-probabilities (and entropy) at a temperature, of class-sharded logits.
 
-    ``local_logits``: ``[..., V_local]``, this rank's ``torch.chunk`` piece of the vocabulary;
-    ``target``: the sampled tokens ``[...]``, the same on every rank. Returns
+    ``logits``: ``[..., V_local]``, this rank's ``torch.chunk`` piece of the vocabulary (then
+    ``group`` is its process group), or PyTorch's DTensor ``[..., V]`` sharded along its last
+    dim (``Shard(-1)``, as TorchTitan's head leaves it; the group is its mesh's, the results are
+    replicated DTensors); ``target``: the sampled tokens ``[...]``, the same on every rank. Returns
     ``log_softmax(logits / temperature)`` at the target over the whole vocabulary (``[...]``,
     the logits' dtype) and, with ``return_entropy``, also the entropy of
     ``softmax(logits / temperature)``; both 0 with no gradient where the target is
@@ -569,10 +572,13 @@ def vocab_parallel_logprobs(
     temperature is applied as the kernel reads the logits. At temperature 1 the
     log-probabilities equal ``-vocab_parallel_cross_entropy(..., reduction="none")`` exactly.
     """
-    if local_logits.dim() < 1:
+    if logits.dim() < 1:
         raise ValueError("vocab_parallel_logprobs: expected logits with a class dim, got a 0-dim tensor")
-    lp, entropy, _, _, _, _ = _logprobs(local_logits, target, group_name_of(group),
-                                        -1 if vocab_size is None else int(vocab_size), local_logits.dim() - 1,
+    if isinstance(logits, DTensor):
+        from .loss_parallel import logprobs_of_dtensor  # the layout rules (that module imports this one)
+        return logprobs_of_dtensor(logits, target, float(temperature), bool(return_entropy), int(ignore_index))
+    lp, entropy, _, _, _, _ = _logprobs(logits, target, group_name_of(group),
+                                        -1 if vocab_size is None else int(vocab_size), logits.dim() - 1,
                                         float(temperature), bool(return_entropy), int(ignore_index))
     return (lp, entropy) if return_entropy else lp
 

@@ -67,6 +67,31 @@ def test_logprobs_match_one_process(world):
     run_ranks(world, logprobs_exactness)
 
 
+def dtensor_logits(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    gen = torch.Generator().manual_seed(9)
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.randn(2, 3, VOCAB, dtype=torch.float64, generator=gen) * 3
+    target = torch.randint(0, VOCAB, (2, 3), generator=gen)
+    g_lp = torch.randn(2, 3, dtype=torch.float64, generator=gen)
+    g_h = torch.randn(2, 3, dtype=torch.float64, generator=gen)
+    ref_lp, ref_h, ref_grad = _reference(full, target, 1.4, g_lp, g_h)
+    x = distribute_tensor(full, mesh, [Shard(2)]).requires_grad_()
+    lp, h = hp.vocab_parallel_logprobs(x, target, temperature=1.4, return_entropy=True)
+    assert lp.placements == (Replicate(),) and h.placements == (Replicate(),)
+    (lp.to_local() * g_lp + h.to_local() * g_h).sum().backward()
+    assert x.grad.placements == (Shard(2),)
+    assert_close(lp.full_tensor(), ref_lp, 1e-12, "log-probabilities")
+    assert_close(h.full_tensor(), ref_h, 1e-12, "entropy")
+    assert_close(x.grad.full_tensor(), ref_grad, 1e-12, "gradient")
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_pytorch_dtensor_logits_give_replicated_results(world):
+    run_ranks(world, dtensor_logits)
+
+
 def fused_linear_exactness(rank, world):
     gen = torch.Generator().manual_seed(6)
     hidden = torch.randn(2, 5, 8, dtype=torch.float64, generator=gen)
