@@ -90,15 +90,8 @@ Logprobs vocab_parallel_linear_logprobs_forward(const at::Tensor& hidden, const 
   const at::Tensor stats = agreement.refused()
                                ? at::zeros({ce_kernel::kStats, h.size(0)}, h.options().dtype(ct))
                                : linear_block_stats(ce, h, w, shard, blocks_of(used, h.size(0), w.size(0), dt));
-  auto [logprobs, entropy] = fused_logprobs_combine(ce, stats, shard, &agreement);
-  Logprobs out{logprobs.to(dt), entropy.defined() ? entropy.to(dt) : at::Tensor()};
-  if (saved) {
-    saved->row_max = ce.row_max;
-    saved->log_sum = ce.log_sum;
-    saved->entropy = entropy;
-    saved->vocab_size = piece.total;
-  }
-  return out;
+  const auto combined = fused_logprobs_combine(ce, stats, shard, &agreement);
+  return logprobs_results(ce, combined, dt, {h.size(0)}, piece.total, saved);
 }
 
 std::vector<at::Tensor> vocab_parallel_linear_logprobs_backward(

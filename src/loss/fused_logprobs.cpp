@@ -69,6 +69,21 @@ std::pair<at::Tensor, at::Tensor> fused_logprobs_combine(FusedCrossEntropy& ce, 
   return {at::where(valid, logprobs, at::zeros_like(logprobs)), entropy};
 }
 
+Logprobs logprobs_results(const FusedCrossEntropy& ce, const std::pair<at::Tensor, at::Tensor>& combined,
+                          at::ScalarType dtype, c10::IntArrayRef shape, int64_t vocab_size, LogprobsSaved* saved) {
+  const auto& [logprobs, entropy] = combined;
+  Logprobs out;
+  out.logprobs = logprobs.to(dtype).reshape(shape);
+  if (entropy.defined()) out.entropy = entropy.to(dtype).reshape(shape);
+  if (saved) {
+    saved->row_max = ce.row_max;
+    saved->log_sum = ce.log_sum;
+    saved->entropy = entropy;
+    saved->vocab_size = vocab_size;
+  }
+  return out;
+}
+
 FusedCrossEntropyCoefficients fused_logprobs_coefficients(const FusedCrossEntropy& ce, const at::Tensor& entropy,
                                                           const at::Tensor& grad_logprobs,
                                                           const at::Tensor& grad_entropy) {

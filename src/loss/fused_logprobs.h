@@ -46,6 +46,11 @@ std::pair<at::Tensor, at::Tensor> fused_logprobs_combine(FusedCrossEntropy& ce, 
                                                          const ClassShard& shard,
                                                          const InputAgreement* agreement = nullptr);
 
+// The public results of fused_logprobs_combine's {log-probabilities, entropy}, in `dtype`
+// and `shape`, and what backward needs into `saved` (when given).
+Logprobs logprobs_results(const FusedCrossEntropy& ce, const std::pair<at::Tensor, at::Tensor>& combined,
+                          at::ScalarType dtype, c10::IntArrayRef shape, int64_t vocab_size, LogprobsSaved* saved);
+
 // The kernel's per-row coefficients for incoming gradients of the log-probabilities and of
 // the entropy ([M] each, or undefined for none), from forward's row_max, log_sum (in ce) and
 // entropy; ignored rows get none.

@@ -114,17 +114,8 @@ Logprobs vocab_parallel_logprobs_forward(const at::Tensor& local_logits, int64_t
   fused_cross_entropy_prepare(ce, rows, shard, local_logits.options().dtype(ct));
   const at::Tensor stats = agreement.refused() ? at::zeros({ce_kernel::kStats, rows}, local_logits.options().dtype(ct))
                                                : fused_cross_entropy_block_stats(ce, ce.x_rows, 0, 0, shard);
-  auto [logprobs, entropy] = fused_logprobs_combine(ce, stats, shard, &agreement);
-  Logprobs out;
-  out.logprobs = logprobs.to(local_logits.scalar_type()).reshape(out_shape);
-  if (entropy.defined()) out.entropy = entropy.to(local_logits.scalar_type()).reshape(out_shape);
-  if (saved) {
-    saved->row_max = ce.row_max;
-    saved->log_sum = ce.log_sum;
-    saved->entropy = entropy;
-    saved->vocab_size = piece.total;
-  }
-  return out;
+  const auto combined = fused_logprobs_combine(ce, stats, shard, &agreement);
+  return logprobs_results(ce, combined, local_logits.scalar_type(), out_shape, piece.total, saved);
 }
 
 at::Tensor vocab_parallel_logprobs_backward(const at::Tensor& grad_logprobs, const at::Tensor& grad_entropy,
