@@ -1,26 +1,21 @@
 // hyper_parallel_cpp._C: the C++ library's vocabulary-parallel kernels (hyper_parallel/vocab_parallel.h)
 // for the Python package, over the process groups of torch.distributed. Only bindings live
-// here: every kernel is the library's, the same the C++ loss_parallel runs.
+// here: every kernel is the library's, the same the C++ loss_parallel runs. The package's
+// torch.library ops are registered beside them (library_ops.cpp); these functions serve
+// what the ops do not: loss_parallel()'s gradient written in forward, the cross-entropy-only
+// options' refusal on every rank, configuration, counters and the benchmark's probes.
 #include <c10/util/Exception.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
 
-#include <memory>
-#include <numeric>
 #include <optional>
 #include <string>
-#include <tuple>
 
-#include "hyper_parallel/communicator.h"
-#include "hyper_parallel/fused_linear_loss.h"
+#include "group_communicator.h"
 #include "hyper_parallel/gradient_buffers.h"
 #include "hyper_parallel/loss_parallel.h"
 #include "hyper_parallel/parallelism_config.h"
-#include "hyper_parallel/vocab_logprobs.h"
-#include "hyper_parallel/vocab_parallel.h"
 #include "bench/memory_probe.h"
 
 namespace py = pybind11;
@@ -28,68 +23,7 @@ namespace hp = hyper_parallel;
 
 namespace {
 
-// The communicator of the process group torch.distributed registered under `group_name` (the
-// form a torch.library schema can carry), made per call: nothing here keeps a group alive past
-// destroy_process_group(). "" is one process (no group).
-std::unique_ptr<hp::Communicator> communicator(const std::string& group_name) {
-  if (group_name.empty()) return nullptr;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg = c10d::resolve_process_group(group_name);
-  std::vector<int64_t> ranks(pg->getSize());
-  std::iota(ranks.begin(), ranks.end(), 0);
-  return std::make_unique<hp::Communicator>(std::move(pg), std::move(ranks));
-}
-
-std::optional<at::Tensor> defined_or_none(const std::optional<at::Tensor>& t) {
-  return t && t->defined() ? t : std::nullopt;
-}
-
-hp::VocabCrossEntropyOptions ce_options(int64_t ignore_index, int64_t reduction, double label_smoothing,
-                                        double z_loss_weight, double logit_softcap) {
-  hp::VocabCrossEntropyOptions o;
-  o.ignore_index = ignore_index;
-  o.reduction = reduction;
-  o.label_smoothing = label_smoothing;
-  o.z_loss_weight = z_loss_weight;
-  o.logit_softcap = logit_softcap;
-  return o;
-}
-
-hp::FusedLinearCrossEntropyOptions linear_options(const std::optional<at::Tensor>& weight, int64_t ignore_index,
-                                                  int64_t reduction, double label_smoothing, double z_loss_weight,
-                                                  double logit_softcap) {
-  hp::FusedLinearCrossEntropyOptions o;
-  if (weight && weight->defined()) o.class_weight = *weight;
-  o.ignore_index = ignore_index;
-  o.reduction = reduction;
-  o.label_smoothing = label_smoothing;
-  o.z_loss_weight = z_loss_weight;
-  o.logit_softcap = logit_softcap;
-  return o;
-}
-
-hp::LogprobsOptions logprobs_options(double temperature, bool return_entropy, int64_t ignore_index) {
-  hp::LogprobsOptions o;
-  o.temperature = temperature;
-  o.return_entropy = return_entropy;
-  o.ignore_index = ignore_index;
-  return o;
-}
-
-// A forward's outputs for a torch.library op, which may not alias one another: the entropy
-// handed out (the input's dtype) and the one backward keeps (compute type) are one tensor for
-// float32/float64 logits. An empty tensor stands for none.
-py::tuple logprobs_outputs(const hp::Logprobs& out, const hp::LogprobsSaved& saved) {
-  const at::Tensor none = saved.row_max.new_empty({0});
-  const at::Tensor entropy = out.entropy.defined() ? out.entropy : none;
-  at::Tensor kept = saved.entropy.defined() ? saved.entropy : none.clone();
-  if (kept.is_alias_of(entropy)) kept = kept.clone();
-  return py::make_tuple(out.logprobs, entropy, saved.row_max, saved.log_sum, kept, saved.vocab_size);
-}
-
-hp::LogprobsSaved logprobs_saved(const at::Tensor& row_max, const at::Tensor& log_sum, const at::Tensor& entropy,
-                                 int64_t vocab_size) {
-  return {row_max, log_sum, entropy.numel() ? entropy : at::Tensor(), vocab_size};
-}
+using namespace hyper_parallel_python;
 
 // The C++ loss_parallel guard with the Python context's cross-entropy-only options, engaged
 // only when one is set (empty otherwise: the record then holds the defaults).
@@ -110,9 +44,11 @@ PYBIND11_MODULE(_C, m) {
 
   // The library's errors, as the Python classes the spec names (their bases: ValueError and
   // NotImplementedError); c10's typed errors as the Python types PyTorch raises for them.
-  py::register_local_exception<hp::LossParallelLayoutError>(m, "LossParallelLayoutError", PyExc_ValueError);
-  py::register_local_exception<hp::LossParallelUnsupportedError>(m, "LossParallelUnsupportedError",
-                                                                 PyExc_NotImplementedError);
+  auto& layout_error =
+      py::register_local_exception<hp::LossParallelLayoutError>(m, "LossParallelLayoutError", PyExc_ValueError);
+  auto& unsupported_error = py::register_local_exception<hp::LossParallelUnsupportedError>(
+      m, "LossParallelUnsupportedError", PyExc_NotImplementedError);
+  error_types() = {layout_error.ptr(), unsupported_error.ptr()};
   py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -172,87 +108,6 @@ PYBIND11_MODULE(_C, m) {
             ce_options(ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap));
       });
   m.def(
-      "linear_cross_entropy_forward",
-      [](const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target,
-         const std::optional<at::Tensor>& weight, const std::string& group, int64_t vocab_size, int64_t ignore_index,
-         int64_t reduction, double label_smoothing, double z_loss_weight, double logit_softcap) {
-        py::gil_scoped_release no_gil;
-        hp::VocabCrossEntropySaved saved;
-        const at::Tensor loss = hp::vocab_parallel_linear_cross_entropy_forward(
-            hidden, local_weight, target, communicator(group).get(), vocab_size,
-            linear_options(weight, ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap), &saved);
-        return std::make_tuple(loss, saved.row_max, saved.log_sum, saved.vocab_size);
-      },
-      "loss, row_max, log_sum, vocab_size: the loss, what its backward needs and the vocabulary it used (a "
-      "vocab_size < 0 is learnt in the call's record, no collective of its own)");
-  m.def("linear_cross_entropy_backward",
-        [](const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target,
-           const std::optional<at::Tensor>& weight, const at::Tensor& row_max, const at::Tensor& log_sum,
-           const std::string& group, int64_t vocab_size, int64_t ignore_index, int64_t reduction,
-           double label_smoothing, double z_loss_weight, double logit_softcap, bool hidden_grad, bool weight_grad) {
-          py::gil_scoped_release no_gil;
-          hp::VocabCrossEntropySaved saved{row_max, log_sum, at::Tensor(), at::Tensor()};
-          auto g = hp::vocab_parallel_linear_cross_entropy_backward(
-              grad, hidden, local_weight, target, saved, communicator(group).get(), vocab_size,
-              linear_options(weight, ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap),
-              hidden_grad, weight_grad);
-          return std::make_tuple(g[0], g[1]);
-        });
-  m.def(
-      "logprobs_forward",
-      [](const at::Tensor& logits, int64_t class_dim, const at::Tensor& target, const std::string& group,
-         int64_t vocab_size, double temperature, bool return_entropy, int64_t ignore_index) {
-        hp::LogprobsSaved saved;
-        hp::Logprobs out;
-        {
-          py::gil_scoped_release no_gil;
-          out =
-              hp::vocab_parallel_logprobs_forward(logits, class_dim, target, communicator(group).get(), vocab_size,
-                                                  logprobs_options(temperature, return_entropy, ignore_index), &saved);
-        }
-        return logprobs_outputs(out, saved);
-      },
-      "logprobs, entropy (empty unless asked), row_max, log_sum, the entropy backward keeps, and the vocabulary "
-      "used (a vocab_size < 0 is learnt in the call's record)");
-  m.def("logprobs_backward",
-        [](const std::optional<at::Tensor>& grad_logprobs, const std::optional<at::Tensor>& grad_entropy,
-           const at::Tensor& logits, int64_t class_dim, const at::Tensor& target, const at::Tensor& row_max,
-           const at::Tensor& log_sum, const at::Tensor& entropy, const std::string& group, int64_t vocab_size,
-           double temperature, int64_t ignore_index) {
-          py::gil_scoped_release no_gil;
-          return hp::vocab_parallel_logprobs_backward(
-              grad_logprobs.value_or(at::Tensor()), grad_entropy.value_or(at::Tensor()), logits, class_dim, target,
-              logprobs_saved(row_max, log_sum, entropy, vocab_size), communicator(group).get(), vocab_size,
-              logprobs_options(temperature, entropy.numel() > 0, ignore_index));
-        });
-  m.def(
-      "linear_logprobs_forward",
-      [](const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target, const std::string& group,
-         int64_t vocab_size, double temperature, bool return_entropy, int64_t ignore_index) {
-        hp::LogprobsSaved saved;
-        hp::Logprobs out;
-        {
-          py::gil_scoped_release no_gil;
-          out = hp::vocab_parallel_linear_logprobs_forward(
-              hidden, local_weight, target, communicator(group).get(), vocab_size,
-              logprobs_options(temperature, return_entropy, ignore_index), &saved);
-        }
-        return logprobs_outputs(out, saved);
-      },
-      "as logprobs_forward, from hidden and this rank's head rows (the logits never exist)");
-  m.def("linear_logprobs_backward",
-        [](const std::optional<at::Tensor>& grad_logprobs, const std::optional<at::Tensor>& grad_entropy,
-           const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target,
-           const at::Tensor& row_max, const at::Tensor& log_sum, const at::Tensor& entropy, const std::string& group,
-           int64_t vocab_size, double temperature, int64_t ignore_index, bool hidden_grad, bool weight_grad) {
-          py::gil_scoped_release no_gil;
-          auto g = hp::vocab_parallel_linear_logprobs_backward(
-              grad_logprobs.value_or(at::Tensor()), grad_entropy.value_or(at::Tensor()), hidden, local_weight, target,
-              logprobs_saved(row_max, log_sum, entropy, vocab_size), communicator(group).get(), vocab_size,
-              logprobs_options(temperature, entropy.numel() > 0, ignore_index), hidden_grad, weight_grad);
-          return std::make_tuple(g[0], g[1]);
-        });
-  m.def(
       "vocab_size",
       [](int64_t local_classes, const std::string& group) {
         py::gil_scoped_release no_gil;
@@ -272,12 +127,6 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("local"), py::arg("class_dim"), py::arg("group"), py::arg("vocab_size"), py::arg("dtype"),
       py::arg("guard_z_loss_weight") = 0.0, py::arg("guard_logit_softcap") = 0.0);
-  m.def("log_softmax_backward", [](const at::Tensor& grad, const at::Tensor& output, int64_t class_dim,
-                                   const std::string& group, int64_t vocab_size, at::ScalarType input_dtype) {
-    py::gil_scoped_release no_gil;
-    return hp::vocab_parallel_log_softmax_backward(grad, output, class_dim, communicator(group).get(), vocab_size,
-                                                   input_dtype);
-  });
   m.def(
       "nll_loss_forward",
       [](const at::Tensor& logp, int64_t class_dim, const at::Tensor& target, const std::optional<at::Tensor>& weight,
@@ -292,15 +141,6 @@ PYBIND11_MODULE(_C, m) {
       py::arg("logp"), py::arg("class_dim"), py::arg("target"), py::arg("weight"), py::arg("reduction"),
       py::arg("ignore_index"), py::arg("group"), py::arg("vocab_size"), py::arg("guard_z_loss_weight") = 0.0,
       py::arg("guard_logit_softcap") = 0.0);
-  m.def("nll_loss_backward", [](const at::Tensor& grad, const at::Tensor& logp, int64_t class_dim,
-                                const at::Tensor& target, const std::optional<at::Tensor>& weight, int64_t reduction,
-                                int64_t ignore_index, const at::Tensor& total_weight, const std::string& group,
-                                int64_t vocab_size) {
-    py::gil_scoped_release no_gil;
-    return hp::vocab_parallel_nll_loss_backward(grad, logp, class_dim, target, defined_or_none(weight), reduction,
-                                                ignore_index, total_weight, communicator(group).get(), vocab_size);
-  });
-
   // The process-wide configuration the C++ side reads (parallelism_config.h has the precedence).
   m.def("parallelism_config", [] {
     const hp::ParallelismConfig c = hp::parallelism_config();

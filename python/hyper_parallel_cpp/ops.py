@@ -1,8 +1,9 @@
 """Vocabulary-parallel losses as torch.library ops on plain local tensors.
 
 Each rank of a process group holds the ``torch.chunk`` piece of the classes that DTensor's
-``Shard`` of the class dim gives it (uneven pieces allowed). The ops have fake kernels and
-autograd formulas, so ``torch.compile(fullgraph=True)`` traces them as single nodes; the
+``Shard`` of the class dim gives it (uneven pieces allowed). The ops are registered in C++
+with their autograd (one dispatcher call per Python call) and have fake kernels here, so
+``torch.compile(fullgraph=True)`` traces them as single nodes; the
 process group travels as its name (``group.group_name``), as PyTorch's functional
 collectives pass it. Every kernel is the C++ library's.
 
@@ -41,29 +42,19 @@ def _rows(t: Tensor, class_dim: int) -> int:
     return n
 
 
-# --- cross-entropy ------------------------------------------------------------------------
+# --- the ops: registered in C++ (python/csrc/library_ops.cpp), with their fake kernels here ---
+# Each loss is a forward op (its result and what its backward needs; the vocabulary it used as a
+# 0-dim int64 tensor) and a backward op, which the C++ autograd calls: a compiled graph holds both
+# as single nodes. The fake kernels give torch.compile the outputs' shapes and dtypes, and refuse
+# what the real kernels refuse before any shape is known (tensors on other devices).
 
-
-@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_cross_entropy", mutates_args=())
-def _cross_entropy(
-    logits: Tensor,
-    target: Tensor,
-    weight: Optional[Tensor],
-    group_name: str,
-    vocab_size: int,
-    class_dim: int,
-    ignore_index: int,
-    reduction: int,
-    label_smoothing: float,
-    z_loss_weight: float,
-    logit_softcap: float,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    # A vocab_size < 0 is learnt from the ranks' class counts in the call's record.
-    loss, row_max, log_sum, row_weight, _, vocab_size = _C.cross_entropy_forward(
-        logits, class_dim, target, weight, group_name, vocab_size, ignore_index, reduction,
-        label_smoothing, z_loss_weight, logit_softcap, False, True,
-    )
-    return loss, row_max, log_sum, row_weight, torch.tensor(vocab_size, dtype=torch.int64)
+_ops = torch.ops.hyper_parallel_cpp
+_cross_entropy = _ops.vocab_parallel_cross_entropy.default
+_log_softmax = _ops.vocab_parallel_log_softmax.default
+_nll_loss = _ops.vocab_parallel_nll_loss.default
+_linear_cross_entropy = _ops.fused_linear_cross_entropy.default
+_logprobs = _ops.vocab_parallel_logprobs.default
+_linear_logprobs = _ops.fused_linear_logprobs.default
 
 
 def _check_devices(op: str, logits: Tensor, **others: Optional[Tensor]) -> None:
@@ -76,7 +67,15 @@ def _check_devices(op: str, logits: Tensor, **others: Optional[Tensor]) -> None:
                                f"and the logits on {logits.device} (move the {what} with .to({logits.device}))")
 
 
-@_cross_entropy.register_fake
+def _fake(op: str):
+    return torch.library.register_fake(f"hyper_parallel_cpp::{op}")
+
+
+def _vocab_fake() -> Tensor:
+    return torch.empty([], dtype=torch.int64)
+
+
+@_fake("vocab_parallel_cross_entropy")
 def _(logits, target, weight, group_name, vocab_size, class_dim, ignore_index, reduction,
       label_smoothing, z_loss_weight, logit_softcap):
     _check_devices("vocab_parallel_cross_entropy", logits, target=target, class_weight=weight)
@@ -86,234 +85,53 @@ def _(logits, target, weight, group_name, vocab_size, class_dim, ignore_index, r
     loss = logits.new_empty(shape if reduction == 0 else [])
     stat = logits.new_empty([rows], dtype=ct)
     row_weight = logits.new_empty([rows if target.is_floating_point() else 0], dtype=ct)
-    return loss, stat, stat.clone(), row_weight, torch.empty([], dtype=torch.int64)
+    return loss, stat, stat.clone(), row_weight, _vocab_fake()
 
 
-@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_cross_entropy_backward", mutates_args=())
-def _cross_entropy_backward(
-    grad: Tensor,
-    logits: Tensor,
-    target: Tensor,
-    weight: Optional[Tensor],
-    row_max: Tensor,
-    log_sum: Tensor,
-    row_weight: Tensor,
-    vocab_size: Tensor,
-    group_name: str,
-    class_dim: int,
-    ignore_index: int,
-    reduction: int,
-    label_smoothing: float,
-    z_loss_weight: float,
-    logit_softcap: float,
-) -> Tensor:
-    return _C.cross_entropy_backward(
-        grad, logits, class_dim, target, weight, row_max, log_sum, row_weight, _EMPTY, group_name,
-        int(vocab_size), ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap,
-    )
-
-
-@_cross_entropy_backward.register_fake
+@_fake("vocab_parallel_cross_entropy_backward")
 def _(grad, logits, *args):
     return torch.empty_like(logits)
 
 
-def _cross_entropy_setup(ctx, inputs, output):
-    logits, target, weight, group_name, _, class_dim, ignore_index, reduction, smoothing, z, cap = inputs
-    _, row_max, log_sum, row_weight, vocab = output
-    ctx.save_for_backward(logits, target, weight, row_max, log_sum, row_weight, vocab)
-    ctx.args = (group_name, class_dim, ignore_index, reduction, smoothing, z, cap)
-
-
-def _cross_entropy_grad(ctx, grad_loss, *unused):
-    logits, target, weight, row_max, log_sum, row_weight, vocab = ctx.saved_tensors
-    grad = None
-    if ctx.needs_input_grad[0]:
-        grad = _cross_entropy_backward(grad_loss, logits, target, weight, row_max, log_sum, row_weight, vocab,
-                                       *ctx.args)
-    return (grad,) + (None,) * 10
-
-
-_cross_entropy.register_autograd(_cross_entropy_grad, setup_context=_cross_entropy_setup)
-
-
-# --- log_softmax and nll_loss ---------------------------------------------------------------
-
-
-@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_log_softmax", mutates_args=())
-def _log_softmax(local: Tensor, class_dim: int, group_name: str, vocab_size: int) -> Tensor:
-    return _C.log_softmax(local, class_dim, group_name, vocab_size, None)
-
-
-@_log_softmax.register_fake
+@_fake("vocab_parallel_log_softmax")
 def _(local, class_dim, group_name, vocab_size):
     return torch.empty_like(local)
 
 
-@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_log_softmax_backward", mutates_args=())
-def _log_softmax_backward(grad: Tensor, output: Tensor, class_dim: int, group_name: str, vocab_size: int) -> Tensor:
-    return _C.log_softmax_backward(grad, output, class_dim, group_name, vocab_size, output.dtype)
-
-
-@_log_softmax_backward.register_fake
+@_fake("vocab_parallel_log_softmax_backward")
 def _(grad, output, class_dim, group_name, vocab_size):
     return torch.empty_like(output)
 
 
-def _log_softmax_setup(ctx, inputs, output):
-    _, class_dim, group_name, vocab_size = inputs
-    ctx.save_for_backward(output)
-    ctx.args = (class_dim, group_name, vocab_size)
-
-
-def _log_softmax_grad(ctx, grad):
-    (output,) = ctx.saved_tensors
-    return _log_softmax_backward(grad, output, *ctx.args), None, None, None
-
-
-_log_softmax.register_autograd(_log_softmax_grad, setup_context=_log_softmax_setup)
-
-
-@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_nll_loss", mutates_args=())
-def _nll_loss(
-    logp: Tensor,
-    target: Tensor,
-    weight: Optional[Tensor],
-    class_dim: int,
-    reduction: int,
-    ignore_index: int,
-    group_name: str,
-    vocab_size: int,
-) -> Tuple[Tensor, Tensor]:
-    return _C.nll_loss_forward(logp, class_dim, target, weight, reduction, ignore_index, group_name, vocab_size)
-
-
-@_nll_loss.register_fake
+@_fake("vocab_parallel_nll_loss")
 def _(logp, target, weight, class_dim, reduction, ignore_index, group_name, vocab_size):
     _check_devices("vocab_parallel_nll_loss", logp, target=target, class_weight=weight)
     out = logp.new_empty(target.shape if reduction == 0 else [])
     return out, logp.new_empty([])
 
 
-@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_nll_loss_backward", mutates_args=())
-def _nll_loss_backward(
-    grad: Tensor,
-    logp: Tensor,
-    target: Tensor,
-    weight: Optional[Tensor],
-    total_weight: Tensor,
-    class_dim: int,
-    reduction: int,
-    ignore_index: int,
-    group_name: str,
-    vocab_size: int,
-) -> Tensor:
-    return _C.nll_loss_backward(grad, logp, class_dim, target, weight, reduction, ignore_index, total_weight,
-                                group_name, vocab_size)
-
-
-@_nll_loss_backward.register_fake
+@_fake("vocab_parallel_nll_loss_backward")
 def _(grad, logp, *args):
     return torch.empty_like(logp)
 
 
-def _nll_loss_setup(ctx, inputs, output):
-    logp, target, weight, class_dim, reduction, ignore_index, group_name, vocab_size = inputs
-    ctx.save_for_backward(logp, target, weight, output[1])
-    ctx.args = (class_dim, reduction, ignore_index, group_name, vocab_size)
-
-
-def _nll_loss_grad(ctx, grad, _unused):
-    logp, target, weight, total_weight = ctx.saved_tensors
-    return (_nll_loss_backward(grad, logp, target, weight, total_weight, *ctx.args),) + (None,) * 7
-
-
-_nll_loss.register_autograd(_nll_loss_grad, setup_context=_nll_loss_setup)
-
-
-# --- fused linear + cross-entropy (the logits never exist) ---------------------------------
-
-
-@torch.library.custom_op("hyper_parallel_cpp::fused_linear_cross_entropy", mutates_args=())
-def _linear_cross_entropy(
-    hidden: Tensor,
-    local_weight: Tensor,
-    target: Tensor,
-    weight: Optional[Tensor],
-    group_name: str,
-    vocab_size: int,
-    ignore_index: int,
-    reduction: int,
-    label_smoothing: float,
-    z_loss_weight: float,
-    logit_softcap: float,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    # A vocab_size < 0 is learnt from the ranks' class counts in the call's record.
-    loss, row_max, log_sum, vocab_size = _C.linear_cross_entropy_forward(
-        hidden, local_weight, target, weight, group_name, vocab_size, ignore_index, reduction, label_smoothing,
-        z_loss_weight, logit_softcap)
-    return loss, row_max, log_sum, torch.tensor(vocab_size, dtype=torch.int64)
-
-
-@_linear_cross_entropy.register_fake
+@_fake("fused_linear_cross_entropy")
 def _(hidden, local_weight, target, weight, group_name, vocab_size, ignore_index, reduction, label_smoothing,
       z_loss_weight, logit_softcap):
     _check_devices("fused_linear_cross_entropy", hidden, weight_rows=local_weight, target=target, class_weight=weight)
     rows = hidden.shape[0]
     stat = hidden.new_empty([rows], dtype=_compute_dtype(hidden.dtype))
-    return (hidden.new_empty([rows] if reduction == 0 else []), stat, stat.clone(),
-            torch.empty([], dtype=torch.int64))
+    return hidden.new_empty([rows] if reduction == 0 else []), stat, stat.clone(), _vocab_fake()
 
 
-@torch.library.custom_op("hyper_parallel_cpp::fused_linear_cross_entropy_backward", mutates_args=())
-def _linear_cross_entropy_backward(
-    grad: Tensor,
-    hidden: Tensor,
-    local_weight: Tensor,
-    target: Tensor,
-    weight: Optional[Tensor],
-    row_max: Tensor,
-    log_sum: Tensor,
-    vocab_size: Tensor,
-    group_name: str,
-    ignore_index: int,
-    reduction: int,
-    label_smoothing: float,
-    z_loss_weight: float,
-    logit_softcap: float,
-) -> Tuple[Tensor, Tensor]:
-    return _C.linear_cross_entropy_backward(
-        grad, hidden, local_weight, target, weight, row_max, log_sum, group_name, int(vocab_size), ignore_index,
-        reduction, label_smoothing, z_loss_weight, logit_softcap, True, True)
-
-
-@_linear_cross_entropy_backward.register_fake
+@_fake("fused_linear_cross_entropy_backward")
 def _(grad, hidden, local_weight, *args):
     return torch.empty_like(hidden), torch.empty_like(local_weight)
 
 
-def _linear_cross_entropy_setup(ctx, inputs, output):
-    hidden, local_weight, target, weight, group_name, _, ignore_index, reduction, smoothing, z, cap = inputs
-    _, row_max, log_sum, vocab = output
-    ctx.save_for_backward(hidden, local_weight, target, weight, row_max, log_sum, vocab)
-    ctx.args = (group_name, ignore_index, reduction, smoothing, z, cap)
-
-
-def _linear_cross_entropy_grad(ctx, grad_loss, *unused):
-    hidden, local_weight, target, weight, row_max, log_sum, vocab = ctx.saved_tensors
-    grad_h, grad_w = _linear_cross_entropy_backward(grad_loss, hidden, local_weight, target, weight, row_max,
-                                                    log_sum, vocab, *ctx.args)
-    return (grad_h if ctx.needs_input_grad[0] else None, grad_w if ctx.needs_input_grad[1] else None) + (None,) * 9
-
-
-_linear_cross_entropy.register_autograd(_linear_cross_entropy_grad, setup_context=_linear_cross_entropy_setup)
-
-
-# --- per-token log-probabilities and entropy at a temperature ------------------------------
-# Outputs: logprobs, entropy (empty unless asked), row_max, log_sum, the entropy backward keeps
-# (compute type; empty unless asked), the vocabulary used. Backward takes either gradient.
-
-
+# The log-probabilities' outputs: logprobs, entropy (empty unless asked), row_max, log_sum, the
+# entropy backward keeps (compute type; empty unless asked), the vocabulary used. Their backward
+# takes either incoming gradient (None: none).
 def _logprobs_fake_outputs(like: Tensor, rows_shape, return_entropy: bool):
     ct = _compute_dtype(like.dtype)
     rows = 1
@@ -322,102 +140,30 @@ def _logprobs_fake_outputs(like: Tensor, rows_shape, return_entropy: bool):
     stat = like.new_empty([rows], dtype=ct)
     kept = like.new_empty([rows if return_entropy else 0], dtype=ct)
     return (like.new_empty(rows_shape), like.new_empty(rows_shape if return_entropy else [0]), stat, stat.clone(),
-            kept, torch.empty([], dtype=torch.int64))
+            kept, _vocab_fake())
 
 
-@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_logprobs", mutates_args=())
-def _logprobs(logits: Tensor, target: Tensor, group_name: str, vocab_size: int, class_dim: int, temperature: float,
-              return_entropy: bool, ignore_index: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    lp, entropy, row_max, log_sum, kept, vocab = _C.logprobs_forward(
-        logits, class_dim, target, group_name, vocab_size, temperature, return_entropy, ignore_index)
-    return lp, entropy, row_max, log_sum, kept, torch.tensor(vocab, dtype=torch.int64)
-
-
-@_logprobs.register_fake
+@_fake("vocab_parallel_logprobs")
 def _(logits, target, group_name, vocab_size, class_dim, temperature, return_entropy, ignore_index):
     _check_devices("vocab_parallel_logprobs", logits, target=target)
     shape = [s for i, s in enumerate(logits.shape) if i != class_dim % logits.dim()]
     return _logprobs_fake_outputs(logits, shape, return_entropy)
 
 
-@torch.library.custom_op("hyper_parallel_cpp::vocab_parallel_logprobs_backward", mutates_args=())
-def _logprobs_backward(grad_logprobs: Optional[Tensor], grad_entropy: Optional[Tensor], logits: Tensor,
-                       target: Tensor, row_max: Tensor, log_sum: Tensor, entropy: Tensor, vocab_size: Tensor,
-                       group_name: str, class_dim: int, temperature: float, ignore_index: int) -> Tensor:
-    return _C.logprobs_backward(grad_logprobs, grad_entropy, logits, class_dim, target, row_max, log_sum, entropy,
-                                group_name, int(vocab_size), temperature, ignore_index)
-
-
-@_logprobs_backward.register_fake
+@_fake("vocab_parallel_logprobs_backward")
 def _(grad_logprobs, grad_entropy, logits, *args):
     return torch.empty_like(logits)
 
 
-def _logprobs_setup(ctx, inputs, output):
-    logits, target, group_name, _, class_dim, temperature, return_entropy, ignore_index = inputs
-    _, _, row_max, log_sum, kept, vocab = output
-    ctx.save_for_backward(logits, target, row_max, log_sum, kept, vocab)
-    ctx.args = (group_name, class_dim, temperature, ignore_index)
-    ctx.return_entropy = return_entropy
-
-
-def _logprobs_grad(ctx, grad_logprobs, grad_entropy, *unused):
-    logits, target, row_max, log_sum, kept, vocab = ctx.saved_tensors
-    grad = None
-    if ctx.needs_input_grad[0]:
-        grad = _logprobs_backward(grad_logprobs, grad_entropy if ctx.return_entropy else None, logits, target,
-                                  row_max, log_sum, kept, vocab, *ctx.args)
-    return (grad,) + (None,) * 7
-
-
-_logprobs.register_autograd(_logprobs_grad, setup_context=_logprobs_setup)
-
-
-@torch.library.custom_op("hyper_parallel_cpp::fused_linear_logprobs", mutates_args=())
-def _linear_logprobs(hidden: Tensor, local_weight: Tensor, target: Tensor, group_name: str, vocab_size: int,
-                     temperature: float, return_entropy: bool,
-                     ignore_index: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    lp, entropy, row_max, log_sum, kept, vocab = _C.linear_logprobs_forward(
-        hidden, local_weight, target, group_name, vocab_size, temperature, return_entropy, ignore_index)
-    return lp, entropy, row_max, log_sum, kept, torch.tensor(vocab, dtype=torch.int64)
-
-
-@_linear_logprobs.register_fake
+@_fake("fused_linear_logprobs")
 def _(hidden, local_weight, target, group_name, vocab_size, temperature, return_entropy, ignore_index):
     _check_devices("fused_linear_logprobs", hidden, weight_rows=local_weight, target=target)
     return _logprobs_fake_outputs(hidden, [hidden.shape[0]], return_entropy)
 
 
-@torch.library.custom_op("hyper_parallel_cpp::fused_linear_logprobs_backward", mutates_args=())
-def _linear_logprobs_backward(grad_logprobs: Optional[Tensor], grad_entropy: Optional[Tensor], hidden: Tensor,
-                              local_weight: Tensor, target: Tensor, row_max: Tensor, log_sum: Tensor,
-                              entropy: Tensor, vocab_size: Tensor, group_name: str, temperature: float,
-                              ignore_index: int) -> Tuple[Tensor, Tensor]:
-    return _C.linear_logprobs_backward(grad_logprobs, grad_entropy, hidden, local_weight, target, row_max, log_sum,
-                                       entropy, group_name, int(vocab_size), temperature, ignore_index, True, True)
-
-
-@_linear_logprobs_backward.register_fake
+@_fake("fused_linear_logprobs_backward")
 def _(grad_logprobs, grad_entropy, hidden, local_weight, *args):
     return torch.empty_like(hidden), torch.empty_like(local_weight)
-
-
-def _linear_logprobs_setup(ctx, inputs, output):
-    hidden, local_weight, target, group_name, _, temperature, return_entropy, ignore_index = inputs
-    _, _, row_max, log_sum, kept, vocab = output
-    ctx.save_for_backward(hidden, local_weight, target, row_max, log_sum, kept, vocab)
-    ctx.args = (group_name, temperature, ignore_index)
-    ctx.return_entropy = return_entropy
-
-
-def _linear_logprobs_grad(ctx, grad_logprobs, grad_entropy, *unused):
-    hidden, local_weight, target, row_max, log_sum, kept, vocab = ctx.saved_tensors
-    grad_h, grad_w = _linear_logprobs_backward(grad_logprobs, grad_entropy if ctx.return_entropy else None, hidden,
-                                               local_weight, target, row_max, log_sum, kept, vocab, *ctx.args)
-    return (grad_h if ctx.needs_input_grad[0] else None, grad_w if ctx.needs_input_grad[1] else None) + (None,) * 6
-
-
-_linear_logprobs.register_autograd(_linear_logprobs_grad, setup_context=_linear_logprobs_setup)
 
 
 # --- the public functions -------------------------------------------------------------------

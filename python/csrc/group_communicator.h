@@ -1,0 +1,83 @@
+// What the module's bindings and its registered ops share: the communicator of a
+// torch.distributed process group named by a string, and the option structs of the kernels.
+#pragma once
+
+#include <Python.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hyper_parallel/communicator.h"
+#include "hyper_parallel/fused_linear_loss.h"
+#include "hyper_parallel/vocab_logprobs.h"
+#include "hyper_parallel/vocab_parallel.h"
+
+namespace hyper_parallel_python {
+
+namespace hp = hyper_parallel;
+
+// The communicator of the process group torch.distributed registered under `group_name` (the
+// form a torch.library schema can carry), made per call: nothing here keeps a group alive past
+// destroy_process_group(). "" is one process (no group).
+inline std::unique_ptr<hp::Communicator> communicator(std::string_view group_name) {
+  if (group_name.empty()) return nullptr;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg = c10d::resolve_process_group(std::string(group_name));
+  std::vector<int64_t> ranks(pg->getSize());
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return std::make_unique<hp::Communicator>(std::move(pg), std::move(ranks));
+}
+
+inline std::optional<at::Tensor> defined_or_none(const std::optional<at::Tensor>& t) {
+  return t && t->defined() ? t : std::nullopt;
+}
+
+inline hp::VocabCrossEntropyOptions ce_options(int64_t ignore_index, int64_t reduction, double label_smoothing,
+                                               double z_loss_weight, double logit_softcap) {
+  hp::VocabCrossEntropyOptions o;
+  o.ignore_index = ignore_index;
+  o.reduction = reduction;
+  o.label_smoothing = label_smoothing;
+  o.z_loss_weight = z_loss_weight;
+  o.logit_softcap = logit_softcap;
+  return o;
+}
+
+inline hp::FusedLinearCrossEntropyOptions linear_options(const std::optional<at::Tensor>& weight, int64_t ignore_index,
+                                                         int64_t reduction, double label_smoothing,
+                                                         double z_loss_weight, double logit_softcap) {
+  hp::FusedLinearCrossEntropyOptions o;
+  if (weight && weight->defined()) o.class_weight = *weight;
+  o.ignore_index = ignore_index;
+  o.reduction = reduction;
+  o.label_smoothing = label_smoothing;
+  o.z_loss_weight = z_loss_weight;
+  o.logit_softcap = logit_softcap;
+  return o;
+}
+
+// The Python classes of the library's two errors (hyper_parallel_cpp.LossParallelLayoutError,
+// ...UnsupportedError): set by the module's init, raised by the registered ops' kernels,
+// which torch's own error handling would otherwise turn into RuntimeError.
+struct ErrorTypes {
+  PyObject* layout = nullptr;
+  PyObject* unsupported = nullptr;
+};
+inline ErrorTypes& error_types() {
+  static ErrorTypes types;
+  return types;
+}
+
+inline hp::LogprobsOptions logprobs_options(double temperature, bool return_entropy, int64_t ignore_index) {
+  hp::LogprobsOptions o;
+  o.temperature = temperature;
+  o.return_entropy = return_entropy;
+  o.ignore_index = ignore_index;
+  return o;
+}
+
+}  // namespace hyper_parallel_python
