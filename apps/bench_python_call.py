@@ -9,12 +9,14 @@ thread, [tokens, vocab] float32 logits, forward + backward, median over --repeat
   python op         hyper_parallel_cpp.vocab_parallel_cross_entropy(x, target); loss.backward()
   C++ kernels       the library's forward and backward called directly through the module's
                     bindings (no autograd, no dispatcher): the C++ path's cost seen from Python
-  hp-bench fused    hp-bench's fused row on the same shape (a C++ program), when --hp-bench names it
+  hp-bench fused    hp-bench's fused row on the same shape (a C++ program: loss_parallel on a
+                    DTensor, C++ autograd), through hp-run beside it, when --hp-bench names it
 
 and the same for vocab_parallel_logprobs with the entropy. Ratios are against the C++ kernels.
 """
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -73,9 +75,10 @@ def main():
     rows.append(("log-probabilities + entropy", per_call(python_logprobs, a.calls, a.repeats), None))
     fused = None
     if a.hp_bench:
-        out = subprocess.run([a.hp_bench, "--tokens", str(a.tokens), "--vocab", str(a.vocab), "--threads", "1",
-                              "--iters", "200"], capture_output=True, text=True).stdout
-        m = re.search(r"^fused\s+([0-9.]+)", out, re.M)
+        hp_run = os.path.join(os.path.dirname(a.hp_bench), "hp-run")
+        out = subprocess.run([hp_run, "--nproc-per-node", "1", a.hp_bench, "--tokens", str(a.tokens), "--vocab",
+                              str(a.vocab), "--threads", "1", "--iters", "500"], capture_output=True, text=True).stdout
+        m = re.search(r"^(?:\[rank0\]: )?fused\s+([0-9.]+)", out, re.M)
         fused = float(m.group(1)) / 1e3 if m else None
     print(f"a small loss call, forward + backward, [{a.tokens}, {a.vocab}] float32, one process, 1 thread, "
           f"median of {a.repeats} x {a.calls} calls; torch {torch.__version__}")
