@@ -204,6 +204,35 @@ TEST(VocabLogprobs, FusedWithTheHeadMatchesOneProcessWithoutTheLogits) {
   }
 }
 
+TEST(VocabLogprobs, FusedWithTheDTensorHeadMatchesOneProcessWithAutograd) {
+  for (int64_t world : {1, 2, 3}) {
+    run_ranks(world, [world](int64_t) {
+      auto mesh = hp::init_device_mesh("cpu", {world});
+      const at::Tensor hidden = random_tensor({7, 5}, 71), weight = random_tensor({kVocab, 5}, 72) * 2;
+      const at::Tensor target = sampled({7}, 73, kVocab);
+      const at::Tensor g_lp = random_tensor({7}, 74), g_h = random_tensor({7}, 75);
+      const at::Tensor h_ref = hidden.clone().requires_grad_(), w_ref = weight.clone().requires_grad_();
+      const at::Tensor lsm = at::log_softmax(at::mm(h_ref, w_ref.t()) / 0.9, -1);
+      const at::Tensor lp = lsm.gather(1, target.unsqueeze(1)).squeeze(1);
+      const at::Tensor ent = -(lsm.exp() * lsm).sum(-1);
+      (lp * g_lp + ent * g_h).sum().backward();
+      const at::Tensor h = hidden.clone().requires_grad_();
+      const at::Tensor w = hp::distribute_tensor(weight, mesh, {hp::Shard(0)}).set_requires_grad(true);
+      hp::LogprobsOptions o;
+      o.temperature = 0.9;
+      o.return_entropy = true;
+      o.vocab_block = 2;
+      const hp::Logprobs out = hp::fused_linear_logprobs(h, w, target, o);
+      ASSERT_TRUE(hp::is_dtensor(out.logprobs));
+      expect_close(hp::full_tensor(out.logprobs), lp.detach(), "log-probabilities");
+      expect_close(hp::full_tensor(out.entropy), ent.detach(), "entropy");
+      (out.logprobs * g_lp + out.entropy * g_h).sum().backward();
+      expect_close(h.grad(), h_ref.grad(), "hidden's gradient");
+      expect_close(hp::full_tensor(w.grad()), w_ref.grad(), "weight's gradient");
+    });
+  }
+}
+
 // Rows far apart in scale: logits of +-1e4, one class dominating, a masked (-inf) vocabulary
 // tail, a row all but one -inf. Finite and right, with the ATen-op statistics (other devices)
 // as with the CPU kernel.

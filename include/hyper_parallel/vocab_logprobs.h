@@ -58,6 +58,15 @@ struct LogprobsSaved {
 Logprobs vocab_parallel_logprobs(const at::Tensor& logits, const at::Tensor& target,
                                  const LogprobsOptions& options = {});
 
+// Fused with the head on DTensors, as fused_linear_cross_entropy takes them (fused_linear_loss.h):
+// hidden [tokens, dim] plain (the same on every rank) or a Replicate DTensor; weight the
+// ColwiseParallel head's Shard(0) DTensor [V, dim] on a 1-D mesh, or a plain tensor (one
+// process); target [tokens]. The logits never exist. Returns Replicate DTensors (plain for a
+// plain weight); hidden's gradient is summed over the mesh (one all-reduce), the weight's is
+// its shard.
+Logprobs fused_linear_logprobs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
+                               const LogprobsOptions& options = {});
+
 // On plain local pieces and a communicator (vocab_parallel.h's style: forward/backward with
 // explicit saved values, for a caller that owns the graph, such as the Python package's op).
 // local_logits: this member's torch.chunk piece of the classes along class_dim. vocab_size < 0:

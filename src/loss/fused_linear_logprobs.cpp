@@ -2,13 +2,19 @@
 // head's local rows, the logits formed one block at a time (linear_blocks.h) and never whole.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/saved_variable.h>
 
 #include <algorithm>
 #include <string>
 
+#include "compat/autograd_compat.h"
+#include "dtensor/dtensor_impl.h"
+#include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/vocab_logprobs.h"
 #include "hyper_parallel/vocab_parallel.h"
+#include "loss/class_sharding.h"
 #include "loss/call_agreement.h"
 #include "loss/cross_entropy_cpu_kernel.h"
 #include "loss/cross_entropy_kernels.h"
@@ -41,7 +47,103 @@ FusedCrossEntropy logprobs_of(const at::Tensor& target, const LogprobsOptions& o
   return ce;
 }
 
+// The DTensor variant's gradient node: the local backward on the saved statistics.
+struct FusedLinearLogprobsBackward : torch::autograd::Node {
+  LogprobsSaved saved;
+  LogprobsOptions options;
+  at::Tensor target;
+  const Communicator* comm = nullptr;
+  c10::optional<Layout> hidden_layout, weight_layout;  // set for DTensor inputs
+  bool entropy_output = false;
+  torch::autograd::SavedVariable saved_hidden, saved_weight;
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    const at::Tensor hidden = saved_hidden.unpack(), weight = saved_weight.unpack();
+    const bool want_h = task_should_compute_output(0), want_w = task_should_compute_output(1);
+    const at::Tensor g_lp = grads[0].defined() ? full_value(grads[0]) : at::Tensor();
+    const at::Tensor g_h = entropy_output && grads[1].defined() ? full_value(grads[1]) : at::Tensor();
+    if ((!g_lp.defined() && !g_h.defined()) || (!want_h && !want_w)) return {at::Tensor(), at::Tensor()};
+    const at::Tensor h = hidden_layout ? local_of(hidden) : hidden;
+    const at::Tensor w = weight_layout ? local_of(weight) : weight;
+    auto g = vocab_parallel_linear_logprobs_backward(g_lp, g_h, h, w, target, saved, comm, saved.vocab_size, options,
+                                                     want_h, want_w);
+    at::Tensor grad_h, grad_w;
+    if (want_h) grad_h = hidden_layout ? make_dtensor(g[0], *hidden_layout) : g[0];
+    if (want_w) grad_w = weight_layout ? make_dtensor(g[1], *weight_layout) : g[1];
+    return {grad_h, grad_w};
+  }
+  std::string name() const override { return "hyper_parallel::FusedLinearLogprobsBackward"; }
+  void release_variables() override {
+    saved_hidden.reset_data();
+    saved_weight.reset_data();
+    saved = LogprobsSaved{};
+  }
+};
+
 }  // namespace
+
+Logprobs fused_linear_logprobs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
+                               const LogprobsOptions& options) {
+  const std::string op = "fused_linear_logprobs";
+  TORCH_CHECK_VALUE(hidden.defined() && weight.defined() && target.defined(), op,
+                    ": hidden, weight and target must be defined");
+  // The layouts are the same on every rank: a refusal here is every rank's.
+  c10::optional<Layout> weight_layout, hidden_layout;
+  const Communicator* comm = nullptr;
+  if (auto* impl = dtensor_impl(weight)) {
+    const Layout& l = impl->layout();
+    if (l.mesh().ndim() != 1 || !l.placements()[0].is_shard(0)) {
+      throw LossParallelLayoutError(op +
+                                    ": expected the weight to be the ColwiseParallel head, a DTensor [Shard(0)] "
+                                    "on a 1-D tensor-parallel mesh (or a plain tensor), got " +
+                                    to_string(l.placements()) + " on " + l.mesh().str());
+    }
+    weight_layout = l;
+    comm = &l.mesh().comm(0);
+  }
+  if (auto* impl = dtensor_impl(hidden)) {
+    const Layout& l = impl->layout();
+    if (!l.is_replicated() || !weight_layout || !(l.mesh() == weight_layout->mesh())) {
+      throw LossParallelLayoutError(op +
+                                    ": expected hidden to be a plain tensor or a Replicate DTensor on the "
+                                    "weight's mesh, got " +
+                                    to_string(l.placements()) + " on " + l.mesh().str());
+    }
+    hidden_layout = l;
+  }
+  const at::Tensor h = hidden_layout ? local_of(hidden) : hidden;
+  const at::Tensor w = weight_layout ? local_of(weight) : weight;
+  const at::Tensor t = replicated_value(target, "target", op);
+  if (target.requires_grad()) {
+    throw LossParallelUnsupportedError(op + ": gradients with respect to the target are not supported");
+  }
+  LogprobsSaved saved;
+  Logprobs out =
+      vocab_parallel_linear_logprobs_forward(h, w, t, comm, weight.dim() == 2 ? weight.size(0) : -1, options, &saved);
+  if (weight_layout) {
+    const DeviceMesh& mesh = weight_layout->mesh();
+    const Layout replicated(mesh, Placements(mesh.ndim(), Placement::replicate()), out.logprobs.sizes().vec());
+    out.logprobs = make_dtensor(out.logprobs, replicated);
+    if (out.entropy.defined()) out.entropy = make_dtensor(out.entropy, replicated);
+  }
+  if (torch::autograd::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad())) {
+    compat::NodePtr owner = compat::make_node<FusedLinearLogprobsBackward>();
+    auto* node = static_cast<FusedLinearLogprobsBackward*>(owner.get());
+    node->saved = std::move(saved);
+    node->options = options;
+    node->target = t;
+    node->comm = comm;
+    node->hidden_layout = hidden_layout;
+    node->weight_layout = weight_layout;
+    node->entropy_output = out.entropy.defined();
+    node->saved_hidden = torch::autograd::SavedVariable(hidden, /*is_output=*/false);
+    node->saved_weight = torch::autograd::SavedVariable(weight, /*is_output=*/false);
+    node->set_next_edges(torch::autograd::collect_next_edges(hidden, weight));
+    torch::autograd::create_gradient_edge(out.logprobs, owner);
+    if (out.entropy.defined()) torch::autograd::create_gradient_edge(out.entropy, std::move(owner));
+  }
+  return out;
+}
 
 Logprobs vocab_parallel_linear_logprobs_forward(const at::Tensor& hidden, const at::Tensor& local_weight,
                                                 const at::Tensor& target, const Communicator* comm, int64_t vocab_size,
