@@ -163,8 +163,9 @@ TEST(CudaLossParallel, FusedCrossEntropyMatchesTheFullLogits) {
 TEST(CudaLossParallel, LogprobsAndEntropyMatchTheFullLogits) {
   HP_REQUIRE_CUDA();
   for (int64_t tp : {2, 3}) {
-    for (auto [temperature, entropy] : {std::pair{0.7, true}, std::pair{1.0, false}}) {
-      run_cuda_ranks(tp, [&](int64_t) {
+    for (auto [t, e] : {std::pair{0.7, true}, std::pair{1.0, false}}) {
+      // Named copies: a lambda may not capture a structured binding (clang before 16).
+      run_cuda_ranks(tp, [&, temperature = t, entropy = e](int64_t) {
         auto mesh = init_device_mesh("cuda", {tp}, {"tp"});
         const at::Device dev = mesh.device();
         const int64_t tokens = 64, vocab = 1003;
