@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "harness/rank_harness.h"
+#include "harness/rounding_bound.h"
 #include "hyper_parallel/collective_stats.h"
 #include "hyper_parallel/device_mesh.h"
 #include "hyper_parallel/dtensor.h"
@@ -307,10 +308,14 @@ TEST(VocabLogprobs, SixteenBitLogitsAreAtLeastAsAccurateAsPyTorchInThatDtype) {
       const at::Tensor grad =
           hp::vocab_parallel_logprobs_backward(g_lp.to(dtype), g_h.to(dtype), x, 1, target, saved, comm, vocab, o);
       SCOPED_TRACE(c10::toString(dtype));
-      EXPECT_LE(relative_error(out.logprobs, ref.logprobs), relative_error(lp, ref.logprobs));
-      EXPECT_LE(relative_error(out.entropy, ref.entropy), relative_error(h, ref.entropy));
+      // 16-bit: no worse than PyTorch's error (a rounding of the result at least). float32: both
+      // are at the ulp level, where which is ahead varies with the build (GCC's or clang's
+      // contractions): within harness/rounding_bound.h's 1.5x of PyTorch's.
+      const double slack = dtype == at::kFloat ? hyper_parallel::testing::kRoundingMultiple : 1.0;
+      EXPECT_LE(relative_error(out.logprobs, ref.logprobs), slack * relative_error(lp, ref.logprobs));
+      EXPECT_LE(relative_error(out.entropy, ref.entropy), slack * relative_error(h, ref.entropy));
       EXPECT_LE(relative_error(grad, piece(ref.grad, rank, 2)),
-                relative_error(piece(xt.grad(), rank, 2), piece(ref.grad, rank, 2)));
+                slack * relative_error(piece(xt.grad(), rank, 2), piece(ref.grad, rank, 2)));
     }
   });
 }
