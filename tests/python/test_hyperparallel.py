@@ -276,7 +276,7 @@ def cache_and_bad_input(rank, world):
 
 
 def test_layout_cache_and_bad_input():
-    run_ranks(2, cache_and_bad_input)
+    run_ranks(2, cache_and_bad_input, fresh=True)
 
 
 def two_dim_mesh(rank, world):

@@ -208,7 +208,7 @@ class _no_warning:
 
 
 def test_a_two_dim_mesh_is_refused_when_strict_and_gathered_when_not():
-    run_ranks(4, two_dim_mesh)
+    run_ranks(4, two_dim_mesh, fresh=True)
 
 
 def gradient_in_forward(rank, world):
