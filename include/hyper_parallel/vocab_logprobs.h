@@ -30,7 +30,7 @@ HP_PUBLIC_BEGIN
 namespace hyper_parallel {
 
 struct LogprobsOptions {
-  double temperature = 1.0;     // > 0, finite: the logits are divided by it
+  double temperature = 1.0;     // > 0, finite: the logits are scaled by 1 / T (within an ulp of x / T)
   bool return_entropy = false;  // also the entropy of softmax(x / T) (a little more work per logit)
   int64_t ignore_index = -100;
   // The fused linear variant's blocks (FusedLinearCrossEntropyOptions has their meaning; 0:
