@@ -13,6 +13,8 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <initializer_list>
 #include <optional>
 #include <string_view>
 #include <tuple>
@@ -56,6 +58,13 @@ struct RaisingPythonErrors<Kernel> {
     }
   }
 };
+
+// Autograd's answer for a forward of `inputs` inputs: the given gradients first, none for the rest.
+variable_list input_gradients(size_t inputs, std::initializer_list<Tensor> leading) {
+  variable_list out(inputs);
+  std::copy(leading.begin(), leading.end(), out.begin());
+  return out;
+}
 
 Tensor vocab_tensor(int64_t vocab) { return at::scalar_tensor(vocab, at::TensorOptions().dtype(at::kLong)); }
 Tensor or_undefined(const OptTensor& t) { return t && t->defined() ? *t : Tensor(); }
@@ -117,7 +126,7 @@ struct CrossEntropyFunction : torch::autograd::Function<CrossEntropyFunction> {
           op.call(grads[0], s[0], s[1], s[2].defined() ? OptTensor(s[2]) : std::nullopt, s[3], s[4], s[5], s[6],
                   ctx->saved_data["group"].toStringRef(), ints[0], ints[1], ints[2], floats[0], floats[1], floats[2]);
     }
-    return {grad, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+    return input_gradients(11, {grad});
   }
 };
 
@@ -158,8 +167,8 @@ struct LogSoftmaxFunction : torch::autograd::Function<LogSoftmaxFunction> {
     static const auto op =
         op_handle<decltype(log_softmax_backward)>("hyper_parallel_cpp::vocab_parallel_log_softmax_backward");
     const auto ints = ctx->saved_data["ints"].toIntVector();
-    return {op.call(grads[0], ctx->get_saved_variables()[0], ints[0], ctx->saved_data["group"].toStringRef(), ints[1]),
-            Tensor(), Tensor(), Tensor()};
+    return input_gradients(4, {op.call(grads[0], ctx->get_saved_variables()[0], ints[0],
+                                       ctx->saved_data["group"].toStringRef(), ints[1])});
   }
 };
 
@@ -202,7 +211,7 @@ struct NllLossFunction : torch::autograd::Function<NllLossFunction> {
     const auto ints = ctx->saved_data["ints"].toIntVector();
     Tensor grad = op.call(grads[0], s[0], s[1], s[2].defined() ? OptTensor(s[2]) : std::nullopt, s[3], ints[0], ints[1],
                           ints[2], ctx->saved_data["group"].toStringRef(), ints[3]);
-    return {grad, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+    return input_gradients(8, {grad});
   }
 };
 
@@ -266,17 +275,7 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     auto [gh, gw] =
         op.call(grads[0], s[0], s[1], s[2], s[3].defined() ? OptTensor(s[3]) : std::nullopt, s[4], s[5], s[6],
                 ctx->saved_data["group"].toStringRef(), ints[0], ints[1], floats[0], floats[1], floats[2]);
-    return {ctx->needs_input_grad(0) ? gh : Tensor(),
-            ctx->needs_input_grad(1) ? gw : Tensor(),
-            Tensor(),
-            Tensor(),
-            Tensor(),
-            Tensor(),
-            Tensor(),
-            Tensor(),
-            Tensor(),
-            Tensor(),
-            Tensor()};
+    return input_gradients(11, {ctx->needs_input_grad(0) ? gh : Tensor(), ctx->needs_input_grad(1) ? gw : Tensor()});
   }
 };
 
@@ -359,7 +358,7 @@ struct LogprobsFunction : torch::autograd::Function<LogprobsFunction> {
                      s[2], s[3], s[4], s[5], ctx->saved_data["group"].toStringRef(), ints[0],
                      ctx->saved_data["temperature"].toDouble(), ints[1]);
     }
-    return {grad, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+    return input_gradients(8, {grad});
   }
 };
 
@@ -416,14 +415,7 @@ struct LinearLogprobsFunction : torch::autograd::Function<LinearLogprobsFunction
     auto [gh, gw] = op.call(grads[0].defined() ? OptTensor(grads[0]) : std::nullopt, entropy_gradient(grads, s[5]),
                             s[0], s[1], s[2], s[3], s[4], s[5], s[6], ctx->saved_data["group"].toStringRef(),
                             ctx->saved_data["temperature"].toDouble(), ctx->saved_data["ignore_index"].toInt());
-    return {ctx->needs_input_grad(0) ? gh : Tensor(),
-            ctx->needs_input_grad(1) ? gw : Tensor(),
-            Tensor(),
-            Tensor(),
-            Tensor(),
-            Tensor(),
-            Tensor(),
-            Tensor()};
+    return input_gradients(8, {ctx->needs_input_grad(0) ? gh : Tensor(), ctx->needs_input_grad(1) ? gw : Tensor()});
   }
 };
 
