@@ -282,18 +282,18 @@ void merge_block_stats(const FusedCrossEntropy& ce, at::Tensor& acc, const at::T
   // Rows whose max is -inf in both have nothing summed: shift them by 0, not by -inf. (Not
   // +inf: exp(inf - inf) must make the sum NaN, as ATen's does.)
   const at::Tensor shift = at::where(at::isneginf(top), at::zeros_like(top), top);
+  // kV2 from both halves before kSumExp is merged (the entropy sum is rebased with it).
+  at::Tensor v2;
   if (ce.entropy_sum) {
-    acc[k::kV2].copy_(rebased_entropy_sum(acc[k::kV2], acc[k::kSumExp], m1, shift) +
-                      rebased_entropy_sum(block[k::kV2], block[k::kSumExp], m2, shift));
-    acc[k::kSumExp].copy_(acc[k::kSumExp] * (m1 - shift).exp() + block[k::kSumExp] * (m2 - shift).exp());
-    acc[k::kMax].copy_(top);
-    acc[k::kV1].add_(block[k::kV1]);
-    return;
+    v2 = rebased_entropy_sum(acc[k::kV2], acc[k::kSumExp], m1, shift) +
+         rebased_entropy_sum(block[k::kV2], block[k::kSumExp], m2, shift);
+  } else {
+    const at::Tensor ref = relative_sum_reference(top);
+    v2 = rebased_relative_sum(acc[k::kV2], acc[k::kU], m1, ref) +
+         rebased_relative_sum(block[k::kV2], block[k::kU], m2, ref);
   }
   acc[k::kSumExp].copy_(acc[k::kSumExp] * (m1 - shift).exp() + block[k::kSumExp] * (m2 - shift).exp());
-  const at::Tensor ref = relative_sum_reference(top);
-  acc[k::kV2].copy_(rebased_relative_sum(acc[k::kV2], acc[k::kU], m1, ref) +
-                    rebased_relative_sum(block[k::kV2], block[k::kU], m2, ref));
+  acc[k::kV2].copy_(v2);
   acc[k::kMax].copy_(top);
   acc[k::kV1].add_(block[k::kV1]);
   acc[k::kU].add_(block[k::kU]);
@@ -322,15 +322,17 @@ at::Tensor all_gather_stats(const at::Tensor& stats, const ClassShard& shard, co
   return gathered.narrow(1, 0, k::kStats * rows).view({gathered.size(0), k::kStats, rows});
 }
 
-void combine_log_sum_exp(FusedCrossEntropy& ce, const at::Tensor& all) {
+at::Tensor combine_log_sum_exp(FusedCrossEntropy& ce, const at::Tensor& all) {
   const at::Tensor m = all.select(1, k::kMax), s = all.select(1, k::kSumExp);
   at::Tensor top = m.amax(0);
   // Rows whose max is -inf (all -inf) would give nan in m - top; shift them by 0. A +inf max
   // stays: exp(inf - inf) makes the row NaN, as ATen's exp(x - max) does.
   top = at::where(at::isneginf(top), at::zeros_like(top), top);
   ce.row_max = top.contiguous();
-  ce.log_sum = (s * (m - top).exp()).sum(0).log_();
+  const at::Tensor sum_exp = (s * (m - top).exp()).sum(0);
+  ce.log_sum = sum_exp.log();
   ce.lse = ce.row_max + ce.log_sum;
+  return sum_exp;
 }
 
 at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& stats, const ClassShard& shard,

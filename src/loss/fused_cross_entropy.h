@@ -72,9 +72,9 @@ at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& 
 // fused_cross_entropy_combine in parts, for the other losses built on these statistics
 // (fused_logprobs.h): the one all-gather of every rank's statistics [P, kStats, M] (the
 // agreement's record, when given, settled first), and the log-sum-exp of every row from them
-// (sets ce.row_max, ce.log_sum and ce.lse).
+// (sets ce.row_max, ce.log_sum and ce.lse; returns the sum of exps, exp(log_sum) unrounded).
 at::Tensor all_gather_stats(const at::Tensor& stats, const ClassShard& shard, const InputAgreement* agreement);
-void combine_log_sum_exp(FusedCrossEntropy& ce, const at::Tensor& all);
+at::Tensor combine_log_sum_exp(FusedCrossEntropy& ce, const at::Tensor& all);
 // The entropy sum h (sum exp(y - m) (y - m), of max m and sum s) relative to `shift` instead
 // of m: exp(m - shift) (h + (m - shift) s); 0 where m is -inf (nothing summed).
 at::Tensor rebased_entropy_sum(const at::Tensor& h, const at::Tensor& s, const at::Tensor& m, const at::Tensor& shift);

@@ -40,14 +40,6 @@ struct Inputs {
   c10::optional<Layout> weight_layout, hidden_layout;  // set for DTensor inputs
 };
 
-std::string describe(const at::Tensor& t) {
-  if (auto* impl = dtensor_impl(t)) {
-    return "a DTensor " + to_string(impl->layout().placements()) + " on " + impl->layout().mesh().str() + " of shape " +
-           c10::str(t.sizes());
-  }
-  return "a plain tensor of shape " + c10::str(t.sizes());
-}
-
 // What validate() and local_inputs() both refuse: probability targets, indices that are not
 // int64 or uint8, and gradients the loss does not give (of the target or the class weights).
 void check_index_target_without_grads(const at::Tensor& target, const FusedLinearCrossEntropyOptions& o,
@@ -81,38 +73,15 @@ Inputs validate(const at::Tensor& hidden, const at::Tensor& weight, const at::Te
   const std::string op = kOp;
   TORCH_CHECK(hidden.defined() && weight.defined() && target.defined(), op,
               ": hidden, weight and target must be defined");
-  TORCH_CHECK(weight.dim() == 2, op, ": expected the weight [V, dim], got ", describe(weight));
+  const LinearHead head = linear_head(hidden, weight, op);
   Inputs in;
-  if (auto* impl = dtensor_impl(weight)) {
-    const Layout& l = impl->layout();
-    if (l.mesh().ndim() != 1 || !l.placements()[0].is_shard(0)) {
-      throw LossParallelLayoutError(op +
-                                    ": expected the weight to be the ColwiseParallel head, a DTensor [Shard(0)] "
-                                    "on a 1-D tensor-parallel mesh (or a plain tensor), got " +
-                                    describe(weight));
-    }
-    in.weight_layout = l;
-    in.w = impl->local();
-    in.shard = ClassShard{&l.mesh().comm(0), l.local_offset()[0], l.local_shape()[0], l.shape()[0]};
-  } else {
-    in.w = weight;
-    in.shard = ClassShard{nullptr, 0, weight.size(0), weight.size(0)};
-  }
-  if (auto* impl = dtensor_impl(hidden)) {
-    const Layout& l = impl->layout();
-    if (!l.is_replicated() || !in.weight_layout || !(l.mesh() == in.weight_layout->mesh())) {
-      throw LossParallelLayoutError(op +
-                                    ": expected hidden to be a plain tensor or a Replicate DTensor on the "
-                                    "weight's mesh, got " +
-                                    describe(hidden) + " (weight: " + describe(weight) + ")");
-    }
-    in.hidden_layout = l;
-    in.h = impl->local();
-  } else {
-    in.h = hidden;
-  }
+  in.h = head.h;
+  in.w = head.w;
+  in.shard = head.shard;
+  in.hidden_layout = head.hidden_layout;
+  in.weight_layout = head.weight_layout;
   TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == weight.size(1), op, ": expected hidden [tokens, ", weight.size(1),
-              "] for a weight of shape ", weight.sizes(), ", got ", describe(hidden));
+              "] for a weight of shape ", weight.sizes(), ", got ", describe_input(hidden));
   TORCH_CHECK(at::isFloatingType(hidden.scalar_type()) && hidden.scalar_type() == weight.scalar_type(), op,
               ": expected hidden and weight of one floating dtype, got ", hidden.scalar_type(), " and ",
               weight.scalar_type());
@@ -120,14 +89,14 @@ Inputs validate(const at::Tensor& hidden, const at::Tensor& weight, const at::Te
   check_index_target_without_grads(target, o, op);
   in.target = replicated_value(target, "target", op);
   TORCH_CHECK(in.target.dim() == 1 && in.target.size(0) == hidden.size(0), op, ": expected a target [", hidden.size(0),
-              "] (one class per token of hidden), got ", describe(target));
+              "] (one class per token of hidden), got ", describe_input(target));
   in.target = in.target.to(in.h.device(), at::kLong);
   check_targets(in.target, in.shard.total, o.ignore_index);
   check_options(o, op);
   if (o.class_weight && o.class_weight->defined()) {
     at::Tensor cw = replicated_value(*o.class_weight, "class weight", op);
     TORCH_CHECK(cw.dim() == 1 && cw.size(0) == in.shard.total, op, ": expected a class weight of shape [",
-                in.shard.total, "], got ", describe(*o.class_weight));
+                in.shard.total, "], got ", describe_input(*o.class_weight));
     check_class_weight_dtype(in.h.scalar_type(), cw, "hidden states", op);
     in.class_weight = cw.to(in.h.device(), compute_type(in.h.scalar_type()));
   }

@@ -88,53 +88,21 @@ Logprobs fused_linear_logprobs(const at::Tensor& hidden, const at::Tensor& weigh
   TORCH_CHECK_VALUE(hidden.defined() && weight.defined() && target.defined(), op,
                     ": hidden, weight and target must be defined");
   // The layouts are the same on every rank: a refusal here is every rank's.
-  c10::optional<Layout> weight_layout, hidden_layout;
-  const Communicator* comm = nullptr;
-  if (auto* impl = dtensor_impl(weight)) {
-    const Layout& l = impl->layout();
-    if (l.mesh().ndim() != 1 || !l.placements()[0].is_shard(0)) {
-      throw LossParallelLayoutError(op +
-                                    ": expected the weight to be the ColwiseParallel head, a DTensor [Shard(0)] "
-                                    "on a 1-D tensor-parallel mesh (or a plain tensor), got " +
-                                    to_string(l.placements()) + " on " + l.mesh().str());
-    }
-    weight_layout = l;
-    comm = &l.mesh().comm(0);
-  }
-  if (auto* impl = dtensor_impl(hidden)) {
-    const Layout& l = impl->layout();
-    if (!l.is_replicated() || !weight_layout || !(l.mesh() == weight_layout->mesh())) {
-      throw LossParallelLayoutError(op +
-                                    ": expected hidden to be a plain tensor or a Replicate DTensor on the "
-                                    "weight's mesh, got " +
-                                    to_string(l.placements()) + " on " + l.mesh().str());
-    }
-    hidden_layout = l;
-  }
-  const at::Tensor h = hidden_layout ? local_of(hidden) : hidden;
-  const at::Tensor w = weight_layout ? local_of(weight) : weight;
+  const LinearHead head = linear_head(hidden, weight, op);
   const at::Tensor t = replicated_value(target, "target", op);
-  if (target.requires_grad()) {
-    throw LossParallelUnsupportedError(op + ": gradients with respect to the target are not supported");
-  }
   LogprobsSaved saved;
   Logprobs out =
-      vocab_parallel_linear_logprobs_forward(h, w, t, comm, weight.dim() == 2 ? weight.size(0) : -1, options, &saved);
-  if (weight_layout) {
-    const DeviceMesh& mesh = weight_layout->mesh();
-    const Layout replicated(mesh, Placements(mesh.ndim(), Placement::replicate()), out.logprobs.sizes().vec());
-    out.logprobs = make_dtensor(out.logprobs, replicated);
-    if (out.entropy.defined()) out.entropy = make_dtensor(out.entropy, replicated);
-  }
+      vocab_parallel_linear_logprobs_forward(head.h, head.w, t, head.shard.comm, head.shard.total, options, &saved);
+  if (head.weight_layout) out = replicated_on(head.weight_layout->mesh(), std::move(out));
   if (torch::autograd::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad())) {
     compat::NodePtr owner = compat::make_node<FusedLinearLogprobsBackward>();
     auto* node = static_cast<FusedLinearLogprobsBackward*>(owner.get());
     node->saved = std::move(saved);
     node->options = options;
     node->target = t;
-    node->comm = comm;
-    node->hidden_layout = hidden_layout;
-    node->weight_layout = weight_layout;
+    node->comm = head.shard.comm;
+    node->hidden_layout = head.hidden_layout;
+    node->weight_layout = head.weight_layout;
     node->entropy_output = out.entropy.defined();
     node->saved_hidden = torch::autograd::SavedVariable(hidden, /*is_output=*/false);
     node->saved_weight = torch::autograd::SavedVariable(weight, /*is_output=*/false);

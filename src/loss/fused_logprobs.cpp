@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "dtensor/dtensor_impl.h"
 #include "loss/cross_entropy_cpu_kernel.h"
 #include "loss/cross_entropy_kernels.h"
 
@@ -53,20 +54,27 @@ at::Tensor logprobs_target(const at::Tensor& target, c10::IntArrayRef shape, int
 std::pair<at::Tensor, at::Tensor> fused_logprobs_combine(FusedCrossEntropy& ce, const at::Tensor& stats,
                                                          const ClassShard& shard, const InputAgreement* agreement) {
   const at::Tensor all = all_gather_stats(stats, shard, agreement);
-  combine_log_sum_exp(ce, all);
+  const at::Tensor sum_exp = combine_log_sum_exp(ce, all);
   const at::Tensor valid = ce.valid.to(at::kBool);
   // The cross-entropy's (M - y_t) + L, negated: equal to its -loss bit for bit at T = 1.
   const at::Tensor target_logit = all.select(1, k::kV1).sum(0);
   const at::Tensor logprobs = -((ce.row_max - target_logit) + ce.log_sum);
   at::Tensor entropy;
   if (ce.entropy_sum) {
-    const at::Tensor m = all.select(1, k::kMax), s = all.select(1, k::kSumExp);
-    const at::Tensor sum_exp = (s * (m - ce.row_max).exp()).sum(0);
-    const at::Tensor h = rebased_entropy_sum(all.select(1, k::kV2), s, m, ce.row_max).sum(0);
+    const at::Tensor h =
+        rebased_entropy_sum(all.select(1, k::kV2), all.select(1, k::kSumExp), all.select(1, k::kMax), ce.row_max)
+            .sum(0);
     entropy = ce.log_sum - h / sum_exp;
     entropy = at::where(valid, entropy, at::zeros_like(entropy));
   }
   return {at::where(valid, logprobs, at::zeros_like(logprobs)), entropy};
+}
+
+Logprobs replicated_on(const DeviceMesh& mesh, Logprobs out) {
+  const Layout replicated(mesh, Placements(mesh.ndim(), Placement::replicate()), out.logprobs.sizes().vec());
+  out.logprobs = make_dtensor(out.logprobs, replicated);
+  if (out.entropy.defined()) out.entropy = make_dtensor(out.entropy, replicated);
+  return out;
 }
 
 Logprobs logprobs_results(const FusedCrossEntropy& ce, const std::pair<at::Tensor, at::Tensor>& combined,

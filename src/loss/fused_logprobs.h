@@ -51,6 +51,9 @@ std::pair<at::Tensor, at::Tensor> fused_logprobs_combine(FusedCrossEntropy& ce, 
 Logprobs logprobs_results(const FusedCrossEntropy& ce, const std::pair<at::Tensor, at::Tensor>& combined,
                           at::ScalarType dtype, c10::IntArrayRef shape, int64_t vocab_size, LogprobsSaved* saved);
 
+// The results as Replicate DTensors on `mesh` (the DTensor entries' outputs).
+Logprobs replicated_on(const DeviceMesh& mesh, Logprobs out);
+
 // The kernel's per-row coefficients for incoming gradients of the log-probabilities and of
 // the entropy ([M] each, or undefined for none), from forward's row_max, log_sum (in ce) and
 // entropy; ignored rows get none.

@@ -6,7 +6,10 @@
 
 #include <algorithm>
 
+#include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/communicator.h"
+#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/loss_parallel.h"
 #include "loss/cross_entropy_cpu_kernel.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/gradient_buffer.h"
@@ -41,6 +44,48 @@ at::Tensor view_of(const at::Tensor& buffer, int64_t rows, int64_t cols) {
 }
 
 }  // namespace
+
+std::string describe_input(const at::Tensor& t) {
+  if (auto* impl = dtensor_impl(t)) {
+    return "a DTensor " + to_string(impl->layout().placements()) + " on " + impl->layout().mesh().str() + " of shape " +
+           c10::str(t.sizes());
+  }
+  return "a plain tensor of shape " + c10::str(t.sizes());
+}
+
+LinearHead linear_head(const at::Tensor& hidden, const at::Tensor& weight, const std::string& op) {
+  TORCH_CHECK(weight.dim() == 2, op, ": expected the weight [V, dim], got ", describe_input(weight));
+  LinearHead head;
+  if (auto* impl = dtensor_impl(weight)) {
+    const Layout& l = impl->layout();
+    if (l.mesh().ndim() != 1 || !l.placements()[0].is_shard(0)) {
+      throw LossParallelLayoutError(op +
+                                    ": expected the weight to be the ColwiseParallel head, a DTensor [Shard(0)] "
+                                    "on a 1-D tensor-parallel mesh (or a plain tensor), got " +
+                                    describe_input(weight));
+    }
+    head.weight_layout = l;
+    head.w = impl->local();
+    head.shard = ClassShard{&l.mesh().comm(0), l.local_offset()[0], l.local_shape()[0], l.shape()[0]};
+  } else {
+    head.w = weight;
+    head.shard = ClassShard{nullptr, 0, weight.size(0), weight.size(0)};
+  }
+  if (auto* impl = dtensor_impl(hidden)) {
+    const Layout& l = impl->layout();
+    if (!l.is_replicated() || !head.weight_layout || !(l.mesh() == head.weight_layout->mesh())) {
+      throw LossParallelLayoutError(op +
+                                    ": expected hidden to be a plain tensor or a Replicate DTensor on the "
+                                    "weight's mesh, got " +
+                                    describe_input(hidden) + " (weight: " + describe_input(weight) + ")");
+    }
+    head.hidden_layout = l;
+    head.h = impl->local();
+  } else {
+    head.h = hidden;
+  }
+  return head;
+}
 
 LinearBlocks linear_block_sizes(int64_t chunk_tokens, int64_t vocab_block, int64_t tokens, int64_t local_classes,
                                 at::ScalarType dtype, int64_t block_elements) {

@@ -10,10 +10,26 @@
 #include <cstdint>
 #include <utility>
 
+#include <string>
+
 #include "loss/class_sharding.h"
 #include "loss/fused_cross_entropy.h"
 
 namespace hyper_parallel {
+
+// The head of a fused linear loss, as its DTensor entries take it: the weight [V, dim] the
+// ColwiseParallel head's Shard(0) DTensor on a 1-D mesh (or a plain tensor: one process), and
+// hidden a plain tensor or a Replicate DTensor on the weight's mesh.
+struct LinearHead {
+  at::Tensor h, w;                                     // local pieces
+  ClassShard shard;                                    // this rank's rows of the weight
+  c10::optional<Layout> hidden_layout, weight_layout;  // set for DTensor inputs
+};
+// The head of `hidden` and `weight`; anything else is a LossParallelLayoutError naming `op` (or
+// a c10::Error for a weight that is not 2-D). Layouts are global: every rank refuses alike.
+LinearHead linear_head(const at::Tensor& hidden, const at::Tensor& weight, const std::string& op);
+// "a DTensor [Shard(0)] on <mesh> of shape [..]" or "a plain tensor of shape [..]", for messages.
+std::string describe_input(const at::Tensor& t);
 
 struct LinearBlocks {
   int64_t tokens, vocab;  // per block

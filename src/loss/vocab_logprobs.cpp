@@ -160,19 +160,10 @@ Logprobs vocab_parallel_logprobs(const at::Tensor& logits_in, const at::Tensor& 
   const Communicator* comm = cs ? cs->shard.comm : nullptr;
   const at::Tensor local = cs ? local_of(logits) : logits;
   const at::Tensor local_target = replicated_value(target, "target", kLogprobsOp);
-  if (target.requires_grad()) {
-    throw LossParallelUnsupportedError(std::string(kLogprobsOp) +
-                                       ": gradients with respect to the target are not supported");
-  }
   LogprobsSaved saved;
   Logprobs out = vocab_parallel_logprobs_forward(local, class_dim, local_target, comm,
                                                  cs ? cs->shard.total : local.size(class_dim), options, &saved);
-  if (cs) {
-    const DeviceMesh& mesh = cs->layout.mesh();
-    const Layout replicated(mesh, Placements(mesh.ndim(), Placement::replicate()), out.logprobs.sizes().vec());
-    out.logprobs = make_dtensor(out.logprobs, replicated);
-    if (out.entropy.defined()) out.entropy = make_dtensor(out.entropy, replicated);
-  }
+  if (cs) out = replicated_on(cs->layout.mesh(), std::move(out));
   if (torch::autograd::GradMode::is_enabled() && logits.requires_grad()) {
     compat::NodePtr owner = compat::make_node<LogprobsParallelBackward>();
     auto* node = static_cast<LogprobsParallelBackward*>(owner.get());
