@@ -349,6 +349,18 @@ TEST(VocabLogprobs, BadInputIsTheSameNamedErrorOnEveryRank) {
     if (rank == 2) wrong[0] = kVocab;
     EXPECT_NE(message({}, wrong).find("out of bounds"), std::string::npos) << message({}, wrong);
     EXPECT_NE(message({}, full.softmax(1)).find("expected the sampled tokens as class indices"), std::string::npos);
+    // Backward asked for an entropy gradient that forward did not compute: refused, not dropped.
+    hp::LogprobsSaved saved;
+    hp::vocab_parallel_logprobs_forward(x, 1, target, comm, kVocab, {}, &saved);
+    try {
+      hp::vocab_parallel_logprobs_backward(at::ones({4}, at::kDouble), at::ones({4}, at::kDouble), x, 1, target, saved,
+                                           comm, kVocab, {});
+      ADD_FAILURE() << "no error";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("an entropy gradient for a forward that did not compute the entropy"),
+                std::string::npos)
+          << e.what();
+    }
   });
 }
 
