@@ -71,9 +71,7 @@ void forward_stats(const ForwardArgs& args) { HP_CE_DISPATCH(forward_stats(args)
 void backward(const BackwardArgs& args) { HP_CE_DISPATCH(backward(args)) }
 double exp_throughput_probe(float* buf, int64_t n, int reps) { HP_CE_DISPATCH(exp_throughput_probe(buf, n, reps)) }
 double read_probe(const float* buf, int64_t n) { HP_CE_DISPATCH(read_probe(buf, n)) }
-void exp_values(const float* x, float* out, int64_t n, bool as_in_16bit_sums) {
-  HP_CE_DISPATCH(exp_values(x, out, n, as_in_16bit_sums))
-}
+void exp_values(const float* x, float* out, int64_t n) { HP_CE_DISPATCH(exp_values(x, out, n)) }
 
 const char* capability_name() {
   switch (chosen()) {

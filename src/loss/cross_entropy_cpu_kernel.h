@@ -76,13 +76,13 @@ void backward(const BackwardArgs& args);
 const char* capability_name();
 
 // The per-capability entry points (cross_entropy_cpu_kernel_impl.h instantiates them).
-#define HP_CE_DECLARE(CAP)                                                       \
-  namespace CAP {                                                                \
-  void forward_stats(const ForwardArgs& args);                                   \
-  void backward(const BackwardArgs& args);                                       \
-  double exp_throughput_probe(float* buf, int64_t n, int reps);                  \
-  double read_probe(const float* buf, int64_t n);                                \
-  void exp_values(const float* x, float* out, int64_t n, bool as_in_16bit_sums); \
+#define HP_CE_DECLARE(CAP)                                      \
+  namespace CAP {                                               \
+  void forward_stats(const ForwardArgs& args);                  \
+  void backward(const BackwardArgs& args);                      \
+  double exp_throughput_probe(float* buf, int64_t n, int reps); \
+  double read_probe(const float* buf, int64_t n);               \
+  void exp_values(const float* x, float* out, int64_t n);       \
   }
 HP_CE_DECLARE(DEFAULT)
 #if defined(HP_CE_HAVE_AVX2)
@@ -101,8 +101,7 @@ HP_CE_DECLARE(AVX512_BF16)
 double exp_throughput_probe(float* buf, int64_t n, int reps);
 // Sum of buf[0, n) with vectorised loads on ATen's threads: the benchmark's read bandwidth.
 double read_probe(const float* buf, int64_t n);
-// out[i] = exp(x[i]) by the kernel's own float exp, for x <= 0 (tests measure its error);
-// as_in_16bit_sums: the exp the forward's sums over 16-bit logits take.
-void exp_values(const float* x, float* out, int64_t n, bool as_in_16bit_sums = false);
+// out[i] = exp(x[i]) by the kernel's own float exp, for x <= 0 (tests measure its error).
+void exp_values(const float* x, float* out, int64_t n);
 
 }  // namespace hyper_parallel::ce_kernel

@@ -181,11 +181,19 @@ inline Vectorized<float> pow2_of_magic(const Vectorized<float>& t) {
 // e^r by its Taylor polynomial of degree 7 (truncation < 2^-27 on |r| <= ln 2 / 2).
 // Within 1 ulp with a fused FMA, 1.5 without (FusedCrossEntropyKernel.ItsExpIsWithinAnUlp*
 // measures it), at 14 vector instructions, where ATen's polynomial exp takes 17 for ~2 ulp
-// and Sleef's 1-ulp exp about twice as many. NaN is not propagated: the callers handle
-// rows with a NaN before they reach it.
+// and Sleef's 1-ulp exp about twice as many. On AVX512, 13: vscalefps applies 2^n (for the
+// shift and the multiply), and a mask gives exactly 0 below ln(FLT_MIN) in place of the
+// clamp (-inf's NaN included; no denormal results, which take the slow path) — the same
+// values where they are normal; it is what the 16-bit kernels, bound by their exps rather
+// than by memory, gain most from. NaN is not propagated: the callers handle rows with a
+// NaN before they reach it.
 inline Vectorized<float> exp_of_nonpositive(const Vectorized<float>& x) {
   using Vec = Vectorized<float>;
+#if defined(CPU_CAPABILITY_AVX512)
+  const Vec xc = x;
+#else
   const Vec xc = at::vec::clamp_min(x, Vec(-88.0f));
+#endif
   const Vec t = at::vec::fmadd(xc, Vec(1.44269504088896341f), Vec(kExpMagic));
   const Vec n = t - Vec(kExpMagic);
   Vec r = at::vec::fmadd(n, Vec(-0.693145751953125f), xc);  // ln 2's high 16 bits: n * hi exact
@@ -198,7 +206,12 @@ inline Vectorized<float> exp_of_nonpositive(const Vectorized<float>& x) {
   p = at::vec::fmadd(p, r, Vec(0.5f));
   p = at::vec::fmadd(p, r, Vec(1.0f));
   p = at::vec::fmadd(p, r, Vec(1.0f));
+#if defined(CPU_CAPABILITY_AVX512)
+  const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3365402f), _CMP_GE_OQ);  // ln(FLT_MIN)
+  return _mm512_maskz_scalef_ps(normal, p, n);
+#else
   return p * pow2_of_magic(t);
+#endif
 }
 
 // The kernel's exp: the one above for float, Sleef's 1-ulp exp for double.
@@ -208,42 +221,6 @@ inline V vexp(const V& v) {
     return exp_of_nonpositive(v);
   else
     return v.exp();
-}
-
-#if defined(CPU_CAPABILITY_AVX512)
-// exp(x) for the forward's sums of exps over 16-bit logits, where the exp, not memory, binds
-// (half the bytes of float per exp): 12 vector instructions to exp_of_nonpositive's 14, as
-// accurate. AVX512's vscalefps applies 2^n in one (for a shift and a multiply), a degree-6
-// minimax polynomial (a weighted least-squares fit; 0.15 ulp of truncation on |r| <= ln 2 / 2,
-// where the degree-7 Taylor one takes another FMA) gives e^r, and x below ln(FLT_MIN) gives
-// exactly 0 by a mask in place of the clamp (no denormal results: they take the slow path).
-// Within 1.5 ulp (1.01 measured by FusedCrossEntropyKernel.TheSixteenBitSumsExp*).
-inline Vectorized<float> exp_of_nonpositive_for_sums(const Vectorized<float>& x) {
-  const __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3365402f), _CMP_GE_OQ);
-  const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(kExpMagic));
-  const __m512 n = _mm512_sub_ps(t, _mm512_set1_ps(kExpMagic));
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // as exp_of_nonpositive
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
-  __m512 p = _mm512_set1_ps(0.0013836835278198123f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.008374815806746483f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.04166822507977486f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.16666419804096222f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.49999991059303284f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(normal, p, n);
-}
-#endif
-
-// The exp the forward's sums take: exp_of_nonpositive_for_sums for 16-bit logits where the
-// CPU has it, else the kernel's exp.
-template <typename scalar_t, typename V>
-inline V vexp_for_sums(const V& v) {
-#if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (std::is_same_v<V, Vectorized<float>> && !std::is_same_v<scalar_t, float>)
-    return exp_of_nonpositive_for_sums(v);
-#endif
-  return vexp(v);
 }
 
 #if defined(CPU_CAPABILITY_AVX2)
@@ -443,7 +420,7 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
         for (int64_t j = 0, line = 0; j < nv; j += VS, line += kVectorBytes) {
           if (line < next_bytes && line % 64 == 0) __builtin_prefetch(next + line + kPrefetchLead);
           const Vec d = Vec::loadu(buf + j) - vmax;
-          const Vec e = vexp_for_sums<scalar_t>(d);
+          const Vec e = vexp(d);
           vs = vs + e;
           vh = at::vec::fmadd(e, at::vec::clamp_min(d, vfloor), vh);
         }
@@ -456,7 +433,7 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
         const Vec vmax(m);
         for (int64_t j = 0, line = 0; j < nv; j += VS, line += kVectorBytes) {
           if (line < next_bytes && line % 64 == 0) __builtin_prefetch(next + line + kPrefetchLead);
-          vs = vs + vexp_for_sums<scalar_t>(Vec::loadu(buf + j) - vmax);
+          vs = vs + vexp(Vec::loadu(buf + j) - vmax);
         }
         for (int64_t j = nv; j < n; ++j) s_tail += std::exp(buf[j] - m);
       }
@@ -725,13 +702,12 @@ double read_probe(const float* buf, int64_t n) {
   return total;
 }
 
-void exp_values(const float* x, float* out, int64_t n, bool as_in_16bit_sums) {
+void exp_values(const float* x, float* out, int64_t n) {
   using Vec = Vectorized<float>;
   alignas(64) float lanes[Vec::size()];
   for (int64_t i = 0; i < n; i += Vec::size()) {
     const int64_t k = std::min<int64_t>(Vec::size(), n - i);
-    const Vec v = Vec::loadu(x + i, k);
-    (as_in_16bit_sums ? vexp_for_sums<c10::BFloat16>(v) : exp_of_nonpositive(v)).store(lanes);
+    exp_of_nonpositive(Vec::loadu(x + i, k)).store(lanes);
     std::copy(lanes, lanes + k, out + i);
   }
 }
