@@ -286,6 +286,36 @@ TEST_P(LossParallelInputs, InputsOnAnotherDeviceThanTheLogitsAreAnErrorNamingBot
                     "the probability target is on meta and the logits on cpu");
 }
 
+// PyTorch's rule for probability targets: an ignore_index >= 0 is refused ("ignore_index is
+// not supported for floating point target"), a negative one (its default -100 included) has no
+// effect. The same outcome on every rank, as on the local-pieces path (vocab_parallel).
+TEST_P(LossParallelInputs, AnIgnoreIndexWithProbabilityTargetsFollowsPyTorchsRule) {
+  const at::Tensor full = random_tensor({kRows, kClasses}, 21);
+  const at::Tensor q = at::softmax(random_tensor({kRows, kClasses}, 22), 1);
+  expect_same_error(errors_on(GetParam(),
+                              [&](int64_t, const DeviceMesh& m) {
+                                return F::cross_entropy(distribute_tensor(full, m, {Shard(1)}), q,
+                                                        F::CrossEntropyFuncOptions().ignore_index(3));
+                              }),
+                    "ignore_index is not supported for floating point target");
+  const at::Tensor want = F::cross_entropy(full, q, F::CrossEntropyFuncOptions().ignore_index(-5));
+  std::mutex mu;
+  std::vector<at::Tensor> got(static_cast<size_t>(GetParam()));
+  const auto errors = errors_on(GetParam(), [&](int64_t rank, const DeviceMesh& m) {
+    at::Tensor l =
+        F::cross_entropy(distribute_tensor(full, m, {Shard(1)}), q, F::CrossEntropyFuncOptions().ignore_index(-5));
+    at::Tensor value = full_tensor(l);
+    std::lock_guard<std::mutex> lock(mu);
+    got[static_cast<size_t>(rank)] = value;
+    return l;
+  });
+  for (size_t r = 0; r < got.size(); ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    ASSERT_TRUE(got[r].defined()) << "rank " << r;
+    EXPECT_TRUE(torch::allclose(got[r], want, 1e-12, 1e-14)) << "rank " << r << ": " << got[r] << " vs " << want;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, LossParallelInputs, ::testing::Values(2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "Ranks"; });
 

@@ -159,6 +159,14 @@ void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore
   }
 }
 
+void check_probability_target_ignore_index(int64_t ignore_index, const std::string& op) {
+  if (ignore_index >= 0) {
+    throw LossParallelUnsupportedError(op + ": ignore_index is not supported for floating point target (got " +
+                                       std::to_string(ignore_index) +
+                                       "; as PyTorch's cross_entropy, only class-index targets can ignore a class)");
+  }
+}
+
 void check_nll_inputs(c10::IntArrayRef logp_shape, at::ScalarType logp_dtype, int64_t class_dim,
                       const at::Tensor& target, const c10::optional<at::Tensor>& weight, int64_t num_classes,
                       int64_t reduction, int64_t ignore_index, const std::string& op) {

@@ -42,6 +42,10 @@ at::Tensor distributed_log_softmax_backward(const at::Tensor& grad_rows, const a
 
 // Throws c10::IndexError (as ATen does) for a target outside [0, C) other than ignore_index.
 void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore_index);
+// PyTorch's rule for probability targets: an ignore_index >= 0 is refused
+// (LossParallelUnsupportedError, with ATen's words), a negative one (its default -100
+// included) has no effect. Every front end that takes probability targets asks this.
+void check_probability_target_ignore_index(int64_t ignore_index, const std::string& op);
 // nll_loss's input checks, as strict as ATen's: the target's dtype (Long or Byte) and shape
 // (logp_shape without the class dim; logp_shape may be the global or the local shape, only its
 // other dims are read), the class weight's length (num_classes) and dtype (the log-probs'),

@@ -206,6 +206,7 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
       ce.weight = w.to(ct);
     }
     if (ce.soft) {
+      check_probability_target_ignore_index(ignore_index, op);
       ce.target = soft_target_rows(target, cs, op);
       loss_shape = cs.layout.shape();
       loss_shape.erase(loss_shape.begin() + class_dim);

@@ -159,11 +159,7 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
       TORCH_CHECK_VALUE(target.sizes() == local_logits.sizes(), op,
                         ": probability targets must have the local logits' shape ", local_logits.sizes(),
                         " (this member's classes), got ", target.sizes());
-      if (options.ignore_index >= 0) {
-        throw LossParallelUnsupportedError(op + ": ignore_index (" + std::to_string(options.ignore_index) +
-                                           ") is only for class-index targets, not probability targets "
-                                           "(as PyTorch's cross_entropy)");
-      }
+      check_probability_target_ignore_index(options.ignore_index, op);
       ce.target = to_rows(target, class_dim);
     } else {
       TORCH_CHECK_VALUE(target.scalar_type() == at::kLong || target.scalar_type() == at::kByte, op,
