@@ -7,9 +7,10 @@
 // For each rank asked (default 0): the job built on meta tensors over a fake process group
 // (src/train/dry_run.h) and one step run through it: parameter, master, gradient and AdamW
 // bytes as hp-train's metrics log them, the checkpoint's size, the step's collectives by
-// kind; beside them the closed-form state (src/train/memory_formula.h), and the activations
-// of one micro-batch by formula with each activation_checkpoint.mode (none, full, and
-// selective every selective_ac_option-th block); the step itself runs the job's mode.
+// kind; beside them the closed-form state of the model's parameters as parallelized
+// (src/train/memory_formula.h: any family), and for a Llama the activations of one
+// micro-batch by formula with each activation_checkpoint.mode (none, full, and selective
+// every selective_ac_option-th block); the step itself runs the job's mode.
 //
 //   hp-run --nproc-per-node N hp-dry-run --measure --config FILE ...
 //
@@ -116,16 +117,25 @@ int run_dry(const DryRunArgs& a, const train::JobConfig& cfg) {
     const auto start = std::chrono::steady_clock::now();
     const train::DryRunRank r = train::dry_run_rank(cfg, a.world_size, rank);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const train::StateBytes formula = train::state_bytes_formula(cfg.model.name, r.sizes, cfg, dims, rank);
+    const train::StateBytes formula = train::state_bytes_formula(r.parameters, cfg, dims, rank);
     // Each mode's activations; the job's own [activation_checkpoint] is what the step ran.
+    // The formula knows Llama's blocks: for another family they are left out and said so.
     const std::string& every = cfg.activation_checkpoint.selective_ac_option;
     const std::vector<std::pair<std::string, hp::BlockCheckpointing>> modes = {
         {"none", hp::block_checkpointing("none", every)},
         {"full", hp::block_checkpointing("full", every)},
         {"selective", hp::block_checkpointing("selective", every)}};
-    nlohmann::json activations = nlohmann::json::object();
-    for (const auto& [mode, policy] : modes) {
-      activations[mode] = activations_json(train::activation_bytes_formula(r.sizes, cfg, dims, policy));
+    nlohmann::json activations = nullptr;
+    std::string no_activations;
+    try {
+      activations = nlohmann::json::object();
+      for (const auto& [mode, policy] : modes) {
+        activations[mode] =
+            activations_json(train::activation_bytes_formula(cfg.model.name, r.sizes, cfg, dims, policy));
+      }
+    } catch (const std::invalid_argument& e) {
+      activations = nullptr;
+      no_activations = e.what();
     }
     nlohmann::json collectives = nlohmann::json::object();
     for (const auto& c : r.collectives) collectives[c.kind] = {{"count", c.count}, {"bytes", c.bytes}};
@@ -156,14 +166,18 @@ int run_dry(const DryRunArgs& a, const train::JobConfig& cfg) {
     print_row("state", r.state.parameters + r.state.gradients + r.state.optimizer,
               formula.parameters + formula.gradients + formula.optimizer);
     print_row("checkpoint", r.checkpoint_bytes, train::checkpoint_bytes(formula));
-    std::printf(
-        "  activations per micro-batch (formula; + one block's %.1f MiB while a checkpointed block "
-        "recomputes):\n",
-        activations["none"]["per_block"].get<int64_t>() / 1048576.0);
-    for (const auto& [mode, policy] : modes) {
-      std::printf("    %-26s %10.3f GiB%s\n", policy.str().c_str(),
-                  gib(activations[mode]["held_after_forward"].get<int64_t>()),
-                  mode == cfg.activation_checkpoint.mode ? "  (this job's activation_checkpoint.mode)" : "");
+    if (activations.is_null()) {
+      std::printf("  activations per micro-batch: not estimated: %s\n", no_activations.c_str());
+    } else {
+      std::printf(
+          "  activations per micro-batch (formula; + one block's %.1f MiB while a checkpointed block "
+          "recomputes):\n",
+          activations["none"]["per_block"].get<int64_t>() / 1048576.0);
+      for (const auto& [mode, policy] : modes) {
+        std::printf("    %-26s %10.3f GiB%s\n", policy.str().c_str(),
+                    gib(activations[mode]["held_after_forward"].get<int64_t>()),
+                    mode == cfg.activation_checkpoint.mode ? "  (this job's activation_checkpoint.mode)" : "");
+      }
     }
     std::printf("  collectives per step (bytes this rank sends):\n");
     for (const auto& c : r.collectives) {

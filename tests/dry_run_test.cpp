@@ -8,9 +8,12 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <algorithm>
+#include <fstream>
 #include <vector>
 
 #include "compat/file_system.h"
+#include "harness/scratch_folder.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/activation_checkpoint.h"
 #include "hyper_parallel/device_mesh.h"
@@ -57,7 +60,7 @@ void expect_state_is_the_formula(const JobConfig& job, int64_t world, std::initi
   for (int64_t rank : ranks) {
     SCOPED_TRACE("rank " + std::to_string(rank) + " of " + dims.describe() + ", " + job.training.dtype);
     const DryRunRank r = dry_run_rank(job, world, rank);
-    const StateBytes f = state_bytes_formula(job.model.name, r.sizes, job, dims, rank);
+    const StateBytes f = state_bytes_formula(r.parameters, job, dims, rank);
     if (rank == 0) EXPECT_GT(f.optimizer, 0);
     EXPECT_EQ(r.state.parameters, f.parameters);
     EXPECT_EQ(r.state.masters, f.masters);
@@ -98,12 +101,13 @@ TEST(DryRun, OneRankStateEqualsTheFormula) {
   expect_state_is_the_formula(small_job(1, 1, 1, "bfloat16"), 1, {0});
 }
 
-// hp-train's step on four threads over Gloo counts its collectives and bytes (the phases of
-// its metrics); the dry run of rank 0 counts the same, and holds the same state.
-void expect_the_collectives_of_a_real_step(const JobConfig& job) {
-  const std::vector<StepResult> steps = hyper_parallel::testing::train_steps(job, 1, 1);
-  ASSERT_EQ(steps.size(), 1u);
-  const StepResult& real = steps[0];
+// hp-train's steps on threads over Gloo count their collectives and bytes (the phases of
+// its metrics); the dry run of rank 0 counts the same as the last step, and holds the same
+// state.
+void expect_the_collectives_of_a_real_step(const JobConfig& job, int64_t steps_run = 1) {
+  const std::vector<StepResult> steps = hyper_parallel::testing::train_steps(job, 1, steps_run);
+  ASSERT_EQ(steps.size(), static_cast<size_t>(steps_run));
+  const StepResult& real = steps.back();
   int64_t count = 0, bytes = 0;
   for (const auto& p : real.phases) {
     count += p.collectives;
@@ -141,6 +145,63 @@ TEST(DryRun, TensorParallelStepIssuesTheCollectivesOfARealStep) {
   job.parallelism.sequence_parallel = true;
   job.activation_checkpoint.mode = "full";
   expect_the_collectives_of_a_real_step(job);
+}
+
+// A job of another family, its sizes from a config.json (as hp-train takes qwen3 and gemma2):
+// TP 2 over 515 vocabulary rows and 48 MLP rows, [model]'s sizes left at their defaults.
+JobConfig family_job(const std::string& family, const std::string& config_json) {
+  JobConfig c = small_job(1, 1, 2, "float32");
+  c.model = ModelConfig{};
+  c.model.name = family;
+  c.model.hf_assets_path = hyper_parallel::testing::scratch_path("dry_run_" + family);
+  compat::create_directories(c.model.hf_assets_path);
+  std::ofstream(compat::join_path(c.model.hf_assets_path, "config.json")) << config_json;
+  c.training.batch_size = 4;
+  return c;
+}
+
+// The dry run knows no family: qwen3 (q/k norms) and gemma2 (four norms a block, GeGLU, tied
+// embeddings) from their config.json hold, on meta tensors, the state the formula gives for
+// the parameters as parallelized, and issue and hold what two real steps do at TP 2.
+TEST(DryRun, QwenAndGemmaJobsFromTheirConfigJsonPredictRealStepsAtTp2) {
+  const std::string sizes = R"("hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 515, "intermediate_size": 48,
+      "max_position_embeddings": 16)";
+  for (const auto& [family, json] :
+       std::vector<std::pair<std::string, std::string>>{{"qwen3", R"({"model_type": "qwen3", )" + sizes + "}"},
+                                                        {"gemma2", R"({"model_type": "gemma2", )" + sizes + "}"}}) {
+    SCOPED_TRACE(family);
+    const JobConfig job = family_job(family, json);
+    expect_state_is_the_formula(job, 2, {0, 1});
+    expect_the_collectives_of_a_real_step(job, 2);
+  }
+}
+
+// The formula takes the parameters off the parallelized module: for a Llama they are its TP
+// plan (llama_parallelize.cpp), embeddings and head along the vocabulary, q/k/v/w1/w3
+// column-wise (dim 0), wo/w2 row-wise (dim 1), norms whole.
+TEST(DryRun, ALlamasParametersAsParallelizedAreItsTpPlan) {
+  const JobConfig job = small_job(1, 1, 2, "float32");
+  const DryRunRank r = dry_run_rank(job, 2, 0);
+  const int64_t dim = 40, heads = 40, kv = 40, ffn = 112, vocab = 515;
+  std::vector<std::pair<std::vector<int64_t>, int64_t>> want{{{vocab, dim}, 0}, {{dim}, -1}, {{vocab, dim}, 0}};
+  for (int layer = 0; layer < 2; ++layer) {
+    for (auto p : std::vector<std::pair<std::vector<int64_t>, int64_t>>{{{heads, dim}, 0},
+                                                                        {{kv, dim}, 0},
+                                                                        {{kv, dim}, 0},
+                                                                        {{dim, heads}, 1},
+                                                                        {{ffn, dim}, 0},
+                                                                        {{dim, ffn}, 1},
+                                                                        {{ffn, dim}, 0},
+                                                                        {{dim}, -1},
+                                                                        {{dim}, -1}})
+      want.push_back(p);
+  }
+  std::vector<std::pair<std::vector<int64_t>, int64_t>> got;
+  for (const ParameterShape& p : r.parameters) got.emplace_back(p.shape, p.tp_dim);
+  std::sort(want.begin(), want.end());
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, want);
 }
 
 TEST(DryRun, MetaDTensorsKeepTheirKernelsBesideAMetaTargetAndAMetaDevice) {
@@ -213,14 +274,14 @@ TEST(DryRun, ActivationFormulaCountsTheBlocksEachModeCheckpoints) {
   s.dim = 40, s.n_layers = 4, s.n_heads = 2, s.n_kv_heads = 2, s.head_dim = 20, s.vocab_size = 515;
   s.ffn_hidden_dim = 112;
   const ParallelDims dims(1, 1, 1);
-  const auto none = activation_bytes_formula(s, job, dims, block_checkpointing("none", "2"));
-  const auto full = activation_bytes_formula(s, job, dims, block_checkpointing("full", "2"));
-  const auto half = activation_bytes_formula(s, job, dims, block_checkpointing("selective", "2"));
+  const auto none = activation_bytes_formula("llama", s, job, dims, block_checkpointing("none", "2"));
+  const auto full = activation_bytes_formula("llama", s, job, dims, block_checkpointing("full", "2"));
+  const auto half = activation_bytes_formula("llama", s, job, dims, block_checkpointing("selective", "2"));
   EXPECT_EQ(none.held_after_forward, 4 * none.per_block + none.outside_blocks);
   EXPECT_EQ(full.held_after_forward, 4 * full.checkpointed_block + none.outside_blocks);
   EXPECT_EQ(half.held_after_forward, 2 * none.per_block + 2 * half.checkpointed_block + none.outside_blocks);
   // Every third of four blocks: TorchTitan's count checkpoints block 2 (of 0..3) only.
-  const auto third = activation_bytes_formula(s, job, dims, block_checkpointing("selective", "3"));
+  const auto third = activation_bytes_formula("llama", s, job, dims, block_checkpointing("selective", "3"));
   EXPECT_EQ(third.checkpointed_blocks, 1);
 }
 

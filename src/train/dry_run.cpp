@@ -147,6 +147,7 @@ DryRunRank dry_run_rank(JobConfig config, int64_t world_size, int64_t rank) {
   out.rank = rank;
   {
     std::unique_ptr<BuiltJob> job = build_job(std::move(config), /*on_meta=*/true);
+    out.parameters = parameter_shapes_of(*job->model);
     const CollectiveTally before = collective_tally();
     run_step(*job);
     const CollectiveTally after = collective_tally();

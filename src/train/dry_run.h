@@ -21,6 +21,7 @@
 #include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel_train/job_config.h"
 #include "hyper_parallel_train/parallel_dims.h"
+#include "train/memory_formula.h"
 #include "train/metrics/state_bytes.h"
 
 namespace hyper_parallel::train {
@@ -42,6 +43,8 @@ struct DryRunRank {
   // This rank's checkpoint: the trained weights (masters or shards when there are) and
   // AdamW's two moments, the tensors its rank-R.pt file holds.
   int64_t checkpoint_bytes = 0;
+  // The model's parameters as parallelized (global shapes, TP dims): state_bytes_formula's input.
+  std::vector<ParameterShape> parameters;
 };
 
 // Builds `config`'s job as rank `rank` of `world_size` ranks and runs one step on meta

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "hyper_parallel/communicator.h"
+#include "hyper_parallel/dtensor.h"
 #include "train/config/training_dtype.h"
 
 namespace hyper_parallel::train {
@@ -16,33 +17,6 @@ int64_t bytes_per_element(const std::string& dtype) {
   return static_cast<int64_t>(c10::elementSize(training_dtype(dtype)));
 }
 
-// A parameter: its global shape and the dim TP shards (-1: replicated).
-struct ParameterShape {
-  std::vector<int64_t> shape;
-  int64_t tp_dim = -1;
-};
-
-// Llama's parameters and the TP plan's placements (llama_parallelize.cpp): embeddings and
-// head sharded along the vocabulary, q/k/v/w1/w3 column-wise (dim 0), wo/w2 row-wise (dim 1).
-std::vector<ParameterShape> llama_parameters(const DecoderSizes& s) {
-  const int64_t heads = s.n_heads * s.head_dim, kv = s.n_kv_heads * s.head_dim;
-  std::vector<ParameterShape> out{{{s.vocab_size, s.dim}, 0}};
-  for (int64_t i = 0; i < s.n_layers; ++i) {
-    out.push_back({{heads, s.dim}, 0});
-    out.push_back({{kv, s.dim}, 0});
-    out.push_back({{kv, s.dim}, 0});
-    out.push_back({{s.dim, heads}, 1});
-    out.push_back({{s.ffn_hidden_dim, s.dim}, 0});
-    out.push_back({{s.dim, s.ffn_hidden_dim}, 1});
-    out.push_back({{s.ffn_hidden_dim, s.dim}, 0});
-    out.push_back({{s.dim}, -1});
-    out.push_back({{s.dim}, -1});
-  }
-  out.push_back({{s.dim}, -1});
-  if (!s.tie_word_embeddings) out.push_back({{s.vocab_size, s.dim}, 0});
-  return out;
-}
-
 int64_t element_count(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -51,18 +25,39 @@ int64_t element_count(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-StateBytes state_bytes_formula(const std::string& family, const DecoderSizes& sizes, const JobConfig& job,
-                               const ParallelDims& dims, int64_t rank) {
-  if (family != "llama") {
-    throw std::invalid_argument("the state formula knows the llama family's parameters, not model.name = \"" + family +
-                                "\"");
+std::vector<ParameterShape> parameter_shapes_of(const torch::nn::Module& model) {
+  std::vector<ParameterShape> out;
+  for (const auto& p : model.parameters()) {
+    if (!is_dtensor(p)) {
+      out.push_back({p.sizes().vec(), -1});
+      continue;
+    }
+    const Layout& layout = layout_of(p);
+    const std::vector<std::string>& names = layout.mesh().dim_names();
+    ParameterShape shape{layout.shape(), -1};
+    for (int64_t d = 0; d < static_cast<int64_t>(layout.placements().size()); ++d) {
+      const Placement& placement = layout.placement(d);
+      const bool tp = layout.placements().size() == 1 || (d < static_cast<int64_t>(names.size()) && names[d] == "tp");
+      if (placement.is_shard() && tp) {
+        shape.tp_dim = placement.dim();
+      } else if (!placement.is_replicate()) {
+        throw std::invalid_argument("the state formula: a parameter laid out as " + layout.str() +
+                                    " (only a TP shard or whole is known)");
+      }
+    }
+    out.push_back(std::move(shape));
   }
+  return out;
+}
+
+StateBytes state_bytes_formula(const std::vector<ParameterShape>& parameters, const JobConfig& job,
+                               const ParallelDims& dims, int64_t rank) {
   const int64_t e = bytes_per_element(job.training.dtype);
   const bool reduced = e < 4;  // bfloat16: float32 masters (or float32 FSDP shards)
   const int64_t tp_rank = dims.tp_rank_of(rank), shard = dims.shard_of(rank);
   StateBytes s;
   int64_t local = 0, sharded = 0;  // elements: TP piece; its FSDP chunk
-  for (const ParameterShape& p : llama_parameters(sizes)) {
+  for (const ParameterShape& p : parameters) {
     std::vector<int64_t> piece = p.shape;
     if (p.tp_dim >= 0) piece[p.tp_dim] = chunk_range(piece[p.tp_dim], dims.tp(), tp_rank).length;
     const int64_t n = element_count(piece);
@@ -86,8 +81,12 @@ StateBytes state_bytes_formula(const std::string& family, const DecoderSizes& si
   return s;
 }
 
-ActivationBytes activation_bytes_formula(const DecoderSizes& s, const JobConfig& job, const ParallelDims& dims,
-                                         const BlockCheckpointing& ac) {
+ActivationBytes activation_bytes_formula(const std::string& family, const DecoderSizes& s, const JobConfig& job,
+                                         const ParallelDims& dims, const BlockCheckpointing& ac) {
+  if (family != "llama") {
+    throw std::invalid_argument("the activation formula knows the llama family's blocks, not model.name = \"" + family +
+                                "\" (hp-dry-run --measure measures them)");
+  }
   const auto& t = job.training;
   const int64_t e = bytes_per_element(t.dtype);
   const int64_t f = std::max<int64_t>(e, 4);  // norms and logits are widened to float32

@@ -1,13 +1,17 @@
-// memory_formula.h — what one rank of a Llama job holds, in closed form: its state after a
-// step (parameters, masters, gradients, AdamW's moments: the StateBytes hp-train logs; its
-// checkpoint follows, checkpoint_bytes in metrics/state_bytes.h), and the activations one
-// micro-batch keeps for backward, with or without activation checkpointing. hp-dry-run prints these beside what the
+// memory_formula.h — what one rank of a job holds, in closed form: its state after a step
+// (parameters, masters, gradients, AdamW's moments: the StateBytes hp-train logs; its
+// checkpoint follows, checkpoint_bytes in metrics/state_bytes.h) for any family, and the
+// activations one micro-batch of a Llama keeps for backward, with or without activation
+// checkpointing. hp-dry-run prints these beside what the
 // job, built on meta tensors, holds (dry_run.h); docs/training.md ("Dry run") gives the formulas and what they leave
 // out.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
 
 #include "hyper_parallel/activation_checkpoint.h"
 #include "hyper_parallel/causal_lm.h"
@@ -17,10 +21,21 @@
 
 namespace hyper_parallel::train {
 
+// A parameter as the state formula takes it: its global shape and the dim tensor
+// parallelism shards (-1: whole on every TP rank).
+struct ParameterShape {
+  std::vector<int64_t> shape;
+  int64_t tp_dim = -1;
+};
+
+// The parameters of a module parallelized for training, read off the module itself (the TP
+// plan's DTensors name their shard dim on the "tp" mesh dim; any other parameter is whole):
+// the formula needs no family's parameter list.
+std::vector<ParameterShape> parameter_shapes_of(const torch::nn::Module& model);
+
 // The state of rank `rank`: every parameter's piece (torch.chunk over tp along its TP dim,
-// then over dp_shard along dim 0 under FSDP) times the bytes of what holds it. Only the
-// llama family (sizes: its parameter list); another is a std::invalid_argument.
-StateBytes state_bytes_formula(const std::string& family, const DecoderSizes& sizes, const JobConfig& job,
+// then over dp_shard along dim 0 under FSDP) times the bytes of what holds it.
+StateBytes state_bytes_formula(const std::vector<ParameterShape>& parameters, const JobConfig& job,
                                const ParallelDims& dims, int64_t rank);
 
 struct ActivationBytes {
@@ -35,8 +50,11 @@ struct ActivationBytes {
 
 // One micro-batch (training.batch_size / dp ranks / grad_accum_steps rows of seq_len) on
 // one rank, in training.dtype, for the model's eager attention; `ac` says which blocks
-// recompute theirs in backward ([activation_checkpoint], block_checkpointing()).
-ActivationBytes activation_bytes_formula(const DecoderSizes& sizes, const JobConfig& job, const ParallelDims& dims,
-                                         const BlockCheckpointing& ac);
+// recompute theirs in backward ([activation_checkpoint], block_checkpointing()). The terms
+// are Llama's block (RoPE attention, SwiGLU, two RMSNorms): another family (model.name) is a
+// std::invalid_argument rather than a silently mis-sized estimate (hp-dry-run --measure
+// measures any family's).
+ActivationBytes activation_bytes_formula(const std::string& family, const DecoderSizes& sizes, const JobConfig& job,
+                                         const ParallelDims& dims, const BlockCheckpointing& ac);
 
 }  // namespace hyper_parallel::train
