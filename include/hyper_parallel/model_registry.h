@@ -2,8 +2,10 @@
 // family without knowing it — build it from a transformers config.json, apply its
 // tensor-parallel plan, its state-dict adapter to and from Hugging Face names, and the
 // config.json that describes it again.
-// A family lives in its own folder (src/models/<family>/) and adds one line to the table
-// in src/models/model_registry.cpp.
+// A family of the library lives in its own folder (src/models/<family>/) and adds one line
+// to the table in src/models/model_registry.cpp; a family from outside the library is
+// registered at run time with register_model_family (designated fields:
+// ModelFamily{.name = "mine", .from_hf_config = ..., ...}), before the job that names it.
 #pragma once
 
 #include <functional>
@@ -47,8 +49,16 @@ struct ModelFamily {
 };
 
 // The family called `name`; an unknown name throws std::invalid_argument listing the known ones.
+// The reference stays valid for the life of the process.
 const ModelFamily& model_family(const std::string& name);
+// The library's families, then the registered ones, in registration order.
 std::vector<std::string> model_family_names();
+
+// Adds `family` to the registry, from any thread. Refused (std::invalid_argument naming the
+// field): an empty or taken name, or a missing from_hf_config, from_hf_config_json,
+// parallelize or hf_adapter (to_hf_config and from_sizes may be null: no export, no
+// [model]-sizes build).
+void register_model_family(ModelFamily family);
 
 // export_hf_checkpoint (hf_checkpoint.h) with the family's adapter and config.json.
 HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const ModelFamily& family,

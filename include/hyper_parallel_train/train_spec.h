@@ -4,7 +4,8 @@
 //
 // Every registered family has a spec, made from its registry entry and its module's
 // CausalLanguageModel interface (causal_lm.h): adding a family to the registry is all it
-// takes to train it.
+// takes to train it. A family may register a spec of its own instead (register_train_spec),
+// e.g. the default one with its loss, FSDP groups or description replaced.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -93,9 +94,20 @@ struct TrainSpec {
 // parallelize does.
 void apply_activation_checkpointing(torch::nn::Module& model, const ActivationCheckpointJobConfig& config);
 
-// The spec of model.name `name`; an unknown name is a std::invalid_argument listing the
-// known ones.
+// The spec of model.name `name`: the registered one, else the default one; an unknown name is
+// a std::invalid_argument listing the known ones. The reference stays valid for the life of
+// the process.
 const TrainSpec& train_spec(const std::string& name);
+
+// The spec the library makes of family `name`'s registry entry: a starting point for a
+// family's own.
+TrainSpec default_train_spec(const std::string& name);
+
+// Makes `spec` the one train_spec(spec.name) returns, from any thread. Refused
+// (std::invalid_argument naming the field or the name): a name no registered family has, a
+// field left empty, or a family whose spec is set already (registered, or taken by a job:
+// register before the first job that names it).
+void register_train_spec(TrainSpec spec);
 
 }  // namespace hyper_parallel::train
 

@@ -1,5 +1,7 @@
 #include "hyper_parallel/model_registry.h"
 
+#include <deque>
+#include <mutex>
 #include <stdexcept>
 
 #include "hyper_parallel/gemma2.h"
@@ -10,30 +12,57 @@ namespace hyper_parallel {
 
 namespace {
 
-const std::vector<ModelFamily>& families() {
-  static const std::vector<ModelFamily> table = {
-      llama_family(),
-      qwen3_family(),
-      gemma2_family(),
-  };
-  return table;
+// The library's families, then the registered ones: a deque, so that the references
+// model_family hands out survive later registrations.
+struct Registry {
+  std::mutex mutex;
+  std::deque<ModelFamily> families{llama_family(), qwen3_family(), gemma2_family()};
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
 }
 
 }  // namespace
 
 std::vector<std::string> model_family_names() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
   std::vector<std::string> names;
-  for (const auto& f : families()) names.push_back(f.name);
+  for (const auto& f : r.families) names.push_back(f.name);
   return names;
 }
 
 const ModelFamily& model_family(const std::string& name) {
-  for (const auto& f : families()) {
+  Registry& r = registry();
+  std::unique_lock<std::mutex> lock(r.mutex);
+  for (const auto& f : r.families) {
     if (f.name == name) return f;
   }
+  lock.unlock();
   std::string known;
   for (const auto& n : model_family_names()) known += (known.empty() ? "" : ", ") + n;
   throw std::invalid_argument("unknown model family '" + name + "'; known: " + known);
+}
+
+void register_model_family(ModelFamily family) {
+  auto missing = [&](const char* field) {
+    return std::invalid_argument("register_model_family('" + family.name + "'): ModelFamily::" + field +
+                                 " is empty; a family needs it");
+  };
+  if (family.name.empty()) throw std::invalid_argument("register_model_family: ModelFamily::name is empty");
+  if (!family.from_hf_config) throw missing("from_hf_config");
+  if (!family.from_hf_config_json) throw missing("from_hf_config_json");
+  if (!family.parallelize) throw missing("parallelize");
+  if (!family.hf_adapter) throw missing("hf_adapter");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const auto& f : r.families) {
+    if (f.name == family.name)
+      throw std::invalid_argument("register_model_family: a family named '" + family.name + "' is registered already");
+  }
+  r.families.push_back(std::move(family));
 }
 
 HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const ModelFamily& family,

@@ -39,18 +39,20 @@ Gemma2 as_gemma2(const torch::nn::Module& m) {
 
 ModelFamily gemma2_family() {
   return {
-      "gemma2",
-      [](const std::string& config) { return Gemma2(Gemma2Args::from_hf_config_file(config)).ptr(); },
-      [](const std::string& json, const std::string& source) {
-        return Gemma2(Gemma2Args::from_hf_config_json(json, source)).ptr();
-      },
-      [](torch::nn::Module& m, const DeviceMesh& mesh, bool loss_parallel, bool sequence_parallel) {
-        Gemma2 model = as_gemma2(m);
-        parallelize_gemma2(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);
-      },
-      [](const torch::nn::Module& m) { return gemma2_hf_adapter(as_gemma2(m)->args()); },
-      [](const torch::nn::Module& m) { return as_gemma2(m)->args().to_hf_config_json(); },
-      /*from_sizes=*/nullptr,  // soft-caps, windows and head_dim come from config.json only
+      .name = "gemma2",
+      .from_hf_config = [](const std::string& config) { return Gemma2(Gemma2Args::from_hf_config_file(config)).ptr(); },
+      .from_hf_config_json =
+          [](const std::string& json, const std::string& source) {
+            return Gemma2(Gemma2Args::from_hf_config_json(json, source)).ptr();
+          },
+      .parallelize =
+          [](torch::nn::Module& m, const DeviceMesh& mesh, bool loss_parallel, bool sequence_parallel) {
+            Gemma2 model = as_gemma2(m);
+            parallelize_gemma2(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);
+          },
+      .hf_adapter = [](const torch::nn::Module& m) { return gemma2_hf_adapter(as_gemma2(m)->args()); },
+      .to_hf_config = [](const torch::nn::Module& m) { return as_gemma2(m)->args().to_hf_config_json(); },
+      .from_sizes = nullptr,  // soft-caps, windows and head_dim come from config.json only
   };
 }
 

@@ -39,18 +39,20 @@ Llama as_llama(const torch::nn::Module& m) {
 
 ModelFamily llama_family() {
   return {
-      "llama",
-      [](const std::string& config) { return Llama(LlamaArgs::from_hf_config_file(config)).ptr(); },
-      [](const std::string& json, const std::string& source) {
-        return Llama(LlamaArgs::from_hf_config_json(json, source)).ptr();
-      },
-      [](torch::nn::Module& m, const DeviceMesh& mesh, bool loss_parallel, bool sequence_parallel) {
-        Llama model = as_llama(m);
-        parallelize_llama(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);
-      },
-      [](const torch::nn::Module& m) { return llama_hf_adapter(as_llama(m)->args()); },
-      [](const torch::nn::Module& m) { return as_llama(m)->args().to_hf_config_json(); },
-      [](const DecoderSizes& s) { return Llama(LlamaArgs::from_sizes(s)).ptr(); },
+      .name = "llama",
+      .from_hf_config = [](const std::string& config) { return Llama(LlamaArgs::from_hf_config_file(config)).ptr(); },
+      .from_hf_config_json =
+          [](const std::string& json, const std::string& source) {
+            return Llama(LlamaArgs::from_hf_config_json(json, source)).ptr();
+          },
+      .parallelize =
+          [](torch::nn::Module& m, const DeviceMesh& mesh, bool loss_parallel, bool sequence_parallel) {
+            Llama model = as_llama(m);
+            parallelize_llama(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);
+          },
+      .hf_adapter = [](const torch::nn::Module& m) { return llama_hf_adapter(as_llama(m)->args()); },
+      .to_hf_config = [](const torch::nn::Module& m) { return as_llama(m)->args().to_hf_config_json(); },
+      .from_sizes = [](const DecoderSizes& s) { return Llama(LlamaArgs::from_sizes(s)).ptr(); },
   };
 }
 

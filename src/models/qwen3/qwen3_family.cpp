@@ -19,18 +19,20 @@ HfAdapter qwen3_hf_adapter(const LlamaArgs& a) {
 
 ModelFamily qwen3_family() {
   return {
-      "qwen3",
-      [](const std::string& config) { return Llama(qwen3_args_from_hf_config_file(config)).ptr(); },
-      [](const std::string& json, const std::string& source) {
-        return Llama(qwen3_args_from_hf_config_json(json, source)).ptr();
-      },
-      [](torch::nn::Module& m, const DeviceMesh& mesh, bool loss_parallel, bool sequence_parallel) {
-        Llama model = as_llama(m);
-        parallelize_qwen3(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);
-      },
-      [](const torch::nn::Module& m) { return qwen3_hf_adapter(as_llama(m)->args()); },
-      [](const torch::nn::Module& m) { return qwen3_hf_config_json(as_llama(m)->args()); },
-      /*from_sizes=*/nullptr,  // the q/k norms and head_dim come from config.json only
+      .name = "qwen3",
+      .from_hf_config = [](const std::string& config) { return Llama(qwen3_args_from_hf_config_file(config)).ptr(); },
+      .from_hf_config_json =
+          [](const std::string& json, const std::string& source) {
+            return Llama(qwen3_args_from_hf_config_json(json, source)).ptr();
+          },
+      .parallelize =
+          [](torch::nn::Module& m, const DeviceMesh& mesh, bool loss_parallel, bool sequence_parallel) {
+            Llama model = as_llama(m);
+            parallelize_qwen3(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);
+          },
+      .hf_adapter = [](const torch::nn::Module& m) { return qwen3_hf_adapter(as_llama(m)->args()); },
+      .to_hf_config = [](const torch::nn::Module& m) { return qwen3_hf_config_json(as_llama(m)->args()); },
+      .from_sizes = nullptr,  // the q/k norms and head_dim come from config.json only
   };
 }
 

@@ -95,7 +95,9 @@ std::vector<Field> job_fields() {
 
 std::vector<Field> model_fields() {
   return {
-      HP_FIELD(model, name, "model family: a name in the model registry (llama, qwen3, gemma2)"),
+      HP_FIELD(model, name,
+               "model family: a registered name (the library's: llama, qwen3, gemma2; "
+               "register_model_family adds others)"),
       HP_FIELD(model, dim, "hidden (embedding) size"),
       HP_FIELD(model, n_layers, "transformer blocks"),
       HP_FIELD(model, n_heads, "attention heads (divides dim; divisible by the TP degree)"),
@@ -778,6 +780,11 @@ std::string job_config_usage() {
     for (const Row& r : rows) {
       os << "  " << r.flag << std::string(flag_width - r.flag.size() + 2, ' ') << r.fallback
          << std::string(default_width - r.fallback.size() + 2, ' ') << r.help << "\n";
+    }
+    if (std::string(all[begin].section) == "model") {
+      std::string names;
+      for (const auto& n : model_family_names()) names += (names.empty() ? "" : ", ") + n;
+      os << "  (model.name: registered in this process: " << names << ")\n";
     }
     begin = end;
   }

@@ -220,14 +220,57 @@ void apply_activation_checkpointing(torch::nn::Module& model, const ActivationCh
       block_checkpointing(config.mode, config.selective_ac_option, config.preserve_rng_state));
 }
 
+namespace {
+
+// The specs in use, by name: registered, or made by default_train_spec at the first lookup.
+// A map: the references train_spec hands out survive later insertions.
+struct SpecTable {
+  std::mutex mutex;
+  std::map<std::string, TrainSpec> specs;
+};
+
+SpecTable& spec_table() {
+  static SpecTable t;
+  return t;
+}
+
+}  // namespace
+
 const TrainSpec& train_spec(const std::string& name) {
-  static std::mutex mutex;
-  static std::map<std::string, TrainSpec> specs;
   const ModelFamily& family = model_family(name);  // refuses an unknown name, listing the known ones
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = specs.find(name);
-  if (it == specs.end()) it = specs.emplace(name, spec_of(family)).first;
+  SpecTable& t = spec_table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  auto it = t.specs.find(name);
+  if (it == t.specs.end()) it = t.specs.emplace(name, spec_of(family)).first;
   return it->second;
+}
+
+TrainSpec default_train_spec(const std::string& name) { return spec_of(model_family(name)); }
+
+void register_train_spec(TrainSpec spec) {
+  model_family(spec.name);  // a registered family's name, or the error listing them
+  const std::vector<std::pair<const char*, bool>> fields = {{"build", bool(spec.build)},
+                                                            {"rebuild", bool(spec.rebuild)},
+                                                            {"parallelize", bool(spec.parallelize)},
+                                                            {"shard_groups", bool(spec.shard_groups)},
+                                                            {"loss", bool(spec.loss)},
+                                                            {"loss_terms", bool(spec.loss_terms)},
+                                                            {"flops_per_token", bool(spec.flops_per_token)},
+                                                            {"describe", bool(spec.describe)}};
+  for (const auto& [field, set] : fields) {
+    if (!set)
+      throw std::invalid_argument("register_train_spec('" + spec.name + "'): TrainSpec::" + field +
+                                  " is empty (default_train_spec gives every field)");
+  }
+  SpecTable& t = spec_table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  if (t.specs.count(spec.name)) {
+    throw std::invalid_argument("register_train_spec: the spec of '" + spec.name +
+                                "' is set already (registered, or taken by a job: register before the first job "
+                                "that names it)");
+  }
+  const std::string name = spec.name;
+  t.specs.emplace(name, std::move(spec));
 }
 
 }  // namespace hyper_parallel::train
