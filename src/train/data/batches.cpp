@@ -1,5 +1,5 @@
 // Training data for hp-train: the synthetic Zipf-Markov corpus, the word-level
-// text-file corpus and the (seed, step)-deterministic batch sampler (see data.h).
+// text-file corpus and the (seed, step)-deterministic batch sampler (see batches.h).
 #include "train/data/batches.h"
 
 #include <fcntl.h>
@@ -73,7 +73,7 @@ class ZipfSampler {
   std::vector<double> cdf_;
 };
 
-// Corpus parameters (documented in data.h).
+// Corpus parameters (documented in batches.h).
 constexpr double kZipfExponent = 1.05;
 constexpr double kZipfOffset = 2.7;
 // Noise is drawn flatter than the base so the long tail of the vocabulary shows up

@@ -12,7 +12,7 @@
 namespace hyper_parallel::train {
 namespace {
 
-// How data.h turns each corpus into token ids; a new rule must get a new name.
+// How batches.h turns each corpus into token ids; a new rule must get a new name.
 constexpr const char* kWordTokenizer = "hp word-level v1 (lowercased words and punctuation; ids by frequency)";
 constexpr const char* kSyntheticTokens = "none (synthetic token ids, Zipf-Markov v1)";
 

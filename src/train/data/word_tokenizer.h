@@ -1,5 +1,5 @@
 // The text corpus's word-level tokenizer, fed in pieces: the file is read in chunks and a
-// word may straddle a chunk's end. Rules (data.h): ASCII is lowercased; a word is a run of
+// word may straddle a chunk's end. Rules (batches.h, make_text_file_corpus): ASCII is lowercased; a word is a run of
 // letters / digits / non-ASCII bytes (UTF-8 words stay whole), with an apostrophe kept
 // inside a word ("don't"); every other visible character is a token of its own;
 // whitespace and control characters separate.
