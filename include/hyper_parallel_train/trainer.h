@@ -60,6 +60,7 @@ class TrainingCorpus;
 class Validator;
 class WarmupStableDecay;
 struct TrainedState;
+struct TrainingStepParts;
 
 }  // namespace hyper_parallel::train
 
@@ -137,7 +138,8 @@ class Trainer {
   // checkpoint.initial_load_path (or model.hf_assets_path) into the model, unless a
   // resume will load a checkpoint instead (TorchTitan's precedence).
   void initial_load();
-  double forward_backward(const Batch& batch, StepResult& r);
+  // What the shared step (training_step.h) works on.
+  TrainingStepParts step_parts();
   // Rank 0: the metrics file (a failure stops every rank); its loss plot at the end.
   void open_metrics();
   void plot_metrics() const;

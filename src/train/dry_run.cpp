@@ -19,6 +19,8 @@
 #include "train/optim/optim_utils.h"
 #include "train/spec/parallelized_model.h"
 #include "train/metrics/state_bytes.h"
+#include "train/metrics/step_metrics.h"
+#include "train/training_step.h"
 #include "train/parallel/mesh_sum.h"
 #include "train/parallel/parallelism_scope.h"
 #include "hyper_parallel_train/train_context.h"
@@ -42,15 +44,17 @@ struct BuiltJob {
   std::unique_ptr<ParallelizedModel> parallelized;
   std::unique_ptr<torch::optim::AdamW> optimizer;
 
-  at::Device device() const { return as_causal_lm(*model).head_weight().device(); }
-  // This rank's rows of one micro-batch: the replica's share of the global batch, split in
-  // grad_accum_steps.
-  Batch micro_batch_rows() const {
+  // This replica's rows of a step (the replica's share of the global batch): token 1
+  // everywhere, on the module's device (a meta tensor holds no ids to check).
+  Batch replica_batch() const {
     const auto& t = config.training;
-    const int64_t rows = t.batch_size / dims.dp_ranks() / t.grad_accum_steps;
-    const at::TensorOptions o = at::TensorOptions().dtype(at::kLong).device(device());
-    // Token 1 everywhere: ids only need to be in range (a meta tensor holds none).
+    const at::TensorOptions o =
+        at::TensorOptions().dtype(at::kLong).device(as_causal_lm(*model).head_weight().device());
+    const int64_t rows = t.batch_size / dims.dp_ranks();
     return {at::ones({rows, t.seq_len}, o), at::ones({rows, t.seq_len}, o)};
+  }
+  TrainingStepParts step_parts() {
+    return {config.training, *spec, *model, *parallelized, *optimizer, context, meshes.dp};
   }
 };
 
@@ -81,14 +85,11 @@ std::unique_ptr<BuiltJob> build_job(JobConfig config, bool on_meta) {
   }
   job->meshes = job->dims.build_meshes(c.training.device);
   job->parallelized = job->spec->parallelize(job->model, job->dims, job->meshes, c, {});
-  const auto& t = c.training;
-  job->optimizer = std::make_unique<torch::optim::AdamW>(
-      job->parallelized->trained_parameters(),
-      torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(t.weight_decay));
+  job->optimizer = make_optimizer(*job->parallelized, c.training);
   return job;
 }
 
-// One micro-batch's forward and loss, as Trainer::forward_backward computes it.
+// One micro-batch's forward and loss, as the shared step computes it (training_step.h).
 at::Tensor micro_batch_loss(BuiltJob& job, const Batch& rows) {
   auto guard = job.context();
   return job.spec->loss(*job.model, rows, job.context, LossCall{job.config.training.fused_linear_loss, nullptr});
@@ -99,24 +100,13 @@ void micro_batch_backward(BuiltJob& job, const at::Tensor& loss, bool last) {
   job.parallelized->backward(loss, last);
 }
 
-// One optimizer step with the collectives of Trainer::train_step: the global token count,
-// every micro-batch, the gradient exchange, the loss sum for the log, clipping, AdamW.
+// One optimizer step: the Trainer's (training_step.h), on the job's meta tensors.
 void run_step(BuiltJob& job) {
-  const auto& t = job.config.training;
   job.optimizer->zero_grad();
-  at::Tensor counts = at::ones({1}, at::TensorOptions().dtype(at::kDouble).device(current_world().device));
-  sum_over_mesh(counts, job.meshes.dp);
-  const Batch rows = job.micro_batch_rows();
-  for (int64_t m = 0; m < t.grad_accum_steps; ++m) {
-    micro_batch_backward(job, micro_batch_loss(job, rows), m + 1 == t.grad_accum_steps);
-  }
-  if (job.meshes.dp) {
-    at::Tensor sum = at::ones({1}, counts.options());
-    sum_over_mesh(sum, job.meshes.dp);
-  }
-  clip_grad_norm_(job.parallelized->trained_parameters(), t.max_norm);
-  job.optimizer->step();
-  job.parallelized->copy_trained_to_model();
+  StepResult r;
+  PhaseClock clock(r);
+  r.loss = forward_backward(job.step_parts(), job.replica_batch(), clock);
+  clip_and_update(job.step_parts(), r, clock);
 }
 
 // This thread's own world for the duration of a dry run or measurement.
@@ -174,7 +164,7 @@ MeasuredActivations measure_activations(JobConfig config, const std::function<in
     for (const auto& p : job->model->parameters()) bytes += held_bytes(p);
     return bytes;
   };
-  const Batch rows = job->micro_batch_rows();
+  const Batch rows = micro_batch(job->replica_batch(), 0, job->config.training.grad_accum_steps);
   MeasuredActivations m;
   for (int pass = 0; pass < 2; ++pass) {  // the first one warms up: gradients exist after it
     const int64_t before = allocated_bytes();

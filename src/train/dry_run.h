@@ -4,8 +4,8 @@
 // data) with every weight, gradient, activation and optimizer moment on the meta device.
 // The job is built by the code hp-train runs (the family's TrainSpec, ParallelDims'
 // meshes, the TP plan, FSDP or master weights, AdamW), and one optimizer step is run
-// through it: every micro-batch's forward, loss and backward, the gradient exchange,
-// clipping and the AdamW update. What that step holds and issues is then read as
+// through it by the Trainer's own step (training_step.h): every micro-batch's forward,
+// loss and backward, the gradient exchange, clipping and the AdamW update. What that step holds and issues is then read as
 // hp-train reads it: the state with measure_state_bytes, the collectives with the
 // runtime's own tally, as they are issued.
 //

@@ -51,14 +51,12 @@
 #include "train/optim/lr_scheduler.h"
 #include "train/optim/optim_utils.h"
 #include "train/metrics/progress.h"
+#include "train/training_step.h"
 #include "train/checkpoint/storage_checks.h"
 
 namespace hyper_parallel::train {
 
 namespace {
-
-// Targets that count (not ignore_index).
-int64_t counted_tokens(const Batch& batch) { return batch.target.ne(kIgnoreIndex).sum().item<int64_t>(); }
 
 // 27.3 MFLOPs, 48.2 GFLOPs: three significant digits.
 std::string format_flops(double flops) {
@@ -68,10 +66,6 @@ std::string format_flops(double flops) {
   std::ostringstream os;
   os << std::setprecision(3) << flops << " " << units[unit];
   return os.str();
-}
-
-double scalar_of(const at::Tensor& loss) {
-  return (is_dtensor(loss) ? full_tensor(loss) : loss).detach().to(at::kDouble).item<double>();
 }
 
 }  // namespace
@@ -93,8 +87,8 @@ double Validator::validate(torch::nn::Module& model) const {
   for (int64_t i = 0; i < config_.steps; ++i) {
     auto guard = context_();
     const Batch batch = batches_->batch_at(i);
-    sums[2 * i].fill_(scalar_of(spec_->loss(model, batch, context_, LossCall{fused_linear_loss_, {}})));
-    sums[2 * i + 1].fill_(static_cast<double>(counted_tokens(batch)));
+    sums[2 * i].fill_(value_of(spec_->loss(model, batch, context_, LossCall{fused_linear_loss_, {}})));
+    sums[2 * i + 1].fill_(counted_tokens(batch));
   }
   if (dp_mesh_) {
     sums = sums.to(dp_mesh_->device());
@@ -197,11 +191,8 @@ at::Device Trainer::place_model(bool weights_from_checkpoint) {
 }
 
 void Trainer::set_up_optimizer() {
-  const auto& t = config_.training;
-  optimizer_ = std::make_unique<torch::optim::AdamW>(
-      parallelized_->trained_parameters(),
-      torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(t.weight_decay));
-  non_finite_ = std::make_unique<NonFiniteSteps>(t.max_skipped_steps);
+  optimizer_ = make_optimizer(*parallelized_, config_.training);
+  non_finite_ = std::make_unique<NonFiniteSteps>(config_.training.max_skipped_steps);
 }
 
 void Trainer::open_data() {
@@ -360,41 +351,8 @@ Trainer::~Trainer() = default;
 
 std::string Trainer::metrics_folder() const { return job_folder(config_, config_.metrics.folder); }
 
-double Trainer::forward_backward(const Batch& batch, StepResult& r) {
-  const int64_t micro_batches = config_.training.grad_accum_steps;
-  PhaseClock clock(r);
-  // The loss is the sum of every token loss of the step, over all replicas and
-  // micro-batches, divided by their number (TorchTitan's global normalisation): a per-rank
-  // mean would weigh a replica's tokens by how few of them it holds.
-  at::Tensor counts =
-      at::full({1}, static_cast<double>(counted_tokens(batch)),
-               at::TensorOptions().dtype(at::kDouble).device(as_causal_lm(*model_).head_weight().device()));
-  sum_over_mesh(counts, dp_mesh_);
-  const double global_tokens = counts.cpu().item<double>();
-  clock.mark(kLoss);
-  // A step whose targets are all ignored has loss 0 and zero gradients (not 0 / 0).
-  const double scale = 1.0 / std::max(1.0, global_tokens);
-  double local_sum = 0;
-  for (int64_t m = 0; m < micro_batches; ++m) {
-    // The loss and its backward inside the train context (a loss_parallel guard when enabled).
-    auto guard = train_context_();
-    const Batch part = micro_batch(batch, m, micro_batches);
-    at::Tensor loss_sum = spec_->loss(*model_, part, train_context_,
-                                      LossCall{config_.training.fused_linear_loss, [&] { clock.mark(kForward); }});
-    local_sum += scalar_of(loss_sum);
-    at::Tensor loss = loss_sum * scale;
-    clock.mark(kLoss);
-    // The data-parallel gradient exchange goes with it (the last micro-batch's: DDP's sums).
-    parallelized_->backward(loss, m + 1 == micro_batches);
-    clock.mark(kBackward);
-  }
-  if (dp_mesh_) {
-    at::Tensor sum = at::full({1}, local_sum, counts.options());
-    sum_over_mesh(sum, dp_mesh_);
-    local_sum = sum.cpu().item<double>();
-    clock.mark(kBackward);
-  }
-  return local_sum * scale;
+TrainingStepParts Trainer::step_parts() {
+  return {config_.training, *spec_, *model_, *parallelized_, *optimizer_, train_context_, dp_mesh_};
 }
 
 StepResult Trainer::train_step(int64_t step) {
@@ -411,7 +369,7 @@ StepResult Trainer::train_step(int64_t step) {
   optimizer_->zero_grad();
   clock.mark(kOptimizer);
   const Batch batch = batches_->batch_at(step - 1);
-  r.loss = forward_backward(batch, r);
+  r.loss = forward_backward(step_parts(), batch, clock);
   if (sharding_before) {
     const FullyShardStats now = *parallelized_->sharding_stats();
     ShardingStep& f = r.sharding.emplace();
@@ -422,17 +380,7 @@ StepResult Trainer::train_step(int64_t step) {
     f.blocked_seconds = now.blocked_seconds - sharding_before->blocked_seconds;
     f.reduce_dtype = t.dtype == "bfloat16" ? t.mixed_precision_reduce : t.dtype;
   }
-  clock.restart();
-  r.grad_norm = clip_grad_norm_(parallelized_->trained_parameters(), t.max_norm);
-  clock.mark(kClip);
-  // Both are reduced over every rank, so every rank decides the same: a NaN or infinite
-  // update would poison every weight it touches (and AdamW's moments for good).
-  r.non_finite = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
-  if (!r.non_finite) {
-    optimizer_->step();
-    parallelized_->copy_trained_to_model();
-  }
-  clock.mark(kOptimizer);
+  clip_and_update(step_parts(), r, clock);
   step_ = step;
   r.state = state_bytes();
   meter.finish(r);
