@@ -5,9 +5,9 @@
 // The job is built by the code hp-train runs (the family's TrainSpec, ParallelDims'
 // meshes, the TP plan, FSDP or master weights, AdamW), and one optimizer step is run
 // through it by the Trainer's own step (training_step.h): every micro-batch's forward,
-// loss and backward, the gradient exchange, clipping and the AdamW update. What that step holds and issues is then read as
-// hp-train reads it: the state with measure_state_bytes, the collectives with the
-// runtime's own tally, as they are issued.
+// loss and backward, the gradient exchange, clipping and the AdamW update. What that step holds and issues is then read
+// as hp-train reads it: the state with measure_state_bytes, the collectives with the runtime's own tally, as they are
+// issued.
 //
 // measure_activations runs the same job for real (an initialised world, real weights) to
 // check the activation formula against what LibTorch allocates.
