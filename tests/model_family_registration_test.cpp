@@ -75,22 +75,12 @@ void register_tied_test_decoder() {
   });
 }
 
+// The training tests' tiny job (train_steps.h) at TP 2, naming the family, without checkpoints.
 JobConfig tied_job() {
-  JobConfig c;
-  c.dump_folder = hyper_parallel::testing::scratch_path("model_family_registration");
+  JobConfig c = hyper_parallel::testing::tiny_checkpointed_job(
+      hyper_parallel::testing::scratch_path("model_family_registration"), /*tp=*/2, /*steps=*/2);
   c.model.name = kFamily;
-  c.model.dim = 32;
-  c.model.n_layers = 2;
-  c.model.n_heads = 2;
-  c.model.vocab_size = 515;  // uneven over 2 ranks
-  c.model.multiple_of = 16;
-  c.model.max_seq_len = 16;
-  c.training.batch_size = 4;
-  c.training.seq_len = 8;
-  c.parallelism.tensor_parallel_degree = 2;
-  c.validation.enable = false;
   c.checkpoint.enable = false;
-  c.metrics.enable_plot = false;
   return c;
 }
 
