@@ -18,9 +18,8 @@
 #include <sstream>
 
 #include "compat/file_system.h"
-#include "hyper_parallel/gemma2.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/llama.h"
+#include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel/model_registry.h"
 #include "hyper_parallel/parameters_on_meta.h"
 
@@ -99,16 +98,15 @@ int main(int argc, char** argv) {
     double loss_value;
     {
       at::NoGradGuard no_grad;
-      // The registry's modules: Llama's (llama, qwen3) and Gemma 2's, whose loss soft-caps the logits.
-      auto* llama = dynamic_cast<hp::LlamaImpl*>(model.get());
-      auto* gemma2 = dynamic_cast<hp::Gemma2Impl*>(model.get());
-      if (!llama && !gemma2) throw std::runtime_error("hp-hf-load: no forward for model family " + family.name);
+      // Any registered family: its module is a causal language model whose logits come before
+      // its final soft-capping (Gemma 2's), which the loss applies.
+      hp::CausalLanguageModel& lm = hp::as_causal_lm(*model);
       hp::LossParallelOptions options;
-      if (gemma2) options.logit_softcap = gemma2->args().final_logit_softcapping;
+      options.logit_softcap = lm.final_logit_softcap();
       std::optional<hp::LossParallelGuard> guard;
       if (tp > 1) guard.emplace(options);
       const at::Tensor input = tokens.narrow(1, 0, 16);
-      at::Tensor logits = llama ? llama->forward(input) : gemma2->forward(input);
+      at::Tensor logits = lm.logits(input);
       if (tp == 1) logits = hp::soft_cap(logits, options.logit_softcap);
       at::Tensor loss = torch::nn::functional::cross_entropy(logits.flatten(0, 1), tokens.narrow(1, 1, 16).flatten());
       loss_value = (hp::is_dtensor(loss) ? hp::full_tensor(loss) : loss).item<double>();

@@ -77,6 +77,10 @@ int64_t dense_decoder_flops_per_token(const torch::nn::Module& model, const at::
                                       bool tied_embeddings, int64_t attention_layers, int64_t n_heads, int64_t head_dim,
                                       int64_t seq_len);
 
+// cap * tanh(x / cap) in transformers' order of operations; cap 0 returns x. A family's
+// final_logit_softcap, applied where the loss does not apply it (a plain tensor's logits).
+at::Tensor soft_cap(const at::Tensor& x, double cap);
+
 // `module` as the language model it is; std::invalid_argument naming the module otherwise.
 CausalLanguageModel& as_causal_lm(torch::nn::Module& module);
 const CausalLanguageModel& as_causal_lm(const torch::nn::Module& module);

@@ -74,9 +74,6 @@ struct Gemma2Args {
   std::string to_hf_config_json() const;
 };
 
-// cap * tanh(x / cap) in transformers' order of operations; cap 0 returns x.
-at::Tensor soft_cap(const at::Tensor& x, double cap);
-
 // x / rms(x) * (1 + weight), in float32 for reduced-precision inputs (cast back after the
 // scaling, as transformers does); float64 stays float64.
 class Gemma2RMSNormImpl : public torch::nn::Module {

@@ -1,5 +1,6 @@
 #include "hyper_parallel/causal_lm.h"
 
+#include <ATen/ops/tanh.h>
 #include <torch/nn/module.h>
 
 #include <stdexcept>
@@ -17,6 +18,8 @@ CausalLanguageModel& as_causal_lm(torch::nn::Module& module) {
 const CausalLanguageModel& as_causal_lm(const torch::nn::Module& module) {
   return as_causal_lm(const_cast<torch::nn::Module&>(module));
 }
+
+at::Tensor soft_cap(const at::Tensor& x, double cap) { return cap > 0 ? at::tanh(x / cap) * cap : x; }
 
 int64_t dense_decoder_flops_per_token(const torch::nn::Module& model, const at::Tensor& token_embedding,
                                       bool tied_embeddings, int64_t attention_layers, int64_t n_heads, int64_t head_dim,

@@ -19,7 +19,7 @@ struct Registry {
   std::deque<ModelFamily> families{llama_family(), qwen3_family(), gemma2_family()};
 };
 
-Registry& registry() {
+Registry& family_registry() {
   static Registry r;
   return r;
 }
@@ -27,7 +27,7 @@ Registry& registry() {
 }  // namespace
 
 std::vector<std::string> model_family_names() {
-  Registry& r = registry();
+  Registry& r = family_registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   std::vector<std::string> names;
   for (const auto& f : r.families) names.push_back(f.name);
@@ -35,7 +35,7 @@ std::vector<std::string> model_family_names() {
 }
 
 const ModelFamily& model_family(const std::string& name) {
-  Registry& r = registry();
+  Registry& r = family_registry();
   std::unique_lock<std::mutex> lock(r.mutex);
   for (const auto& f : r.families) {
     if (f.name == name) return f;
@@ -56,7 +56,7 @@ void register_model_family(ModelFamily family) {
   if (!family.from_hf_config_json) throw missing("from_hf_config_json");
   if (!family.parallelize) throw missing("parallelize");
   if (!family.hf_adapter) throw missing("hf_adapter");
-  Registry& r = registry();
+  Registry& r = family_registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   for (const auto& f : r.families) {
     if (f.name == family.name)

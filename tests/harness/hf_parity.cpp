@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
 
-#include <functional>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -11,9 +10,8 @@
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
-#include "hyper_parallel/gemma2.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/llama.h"
+#include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel/model_registry.h"
 
 namespace hyper_parallel::testing {
@@ -24,27 +22,6 @@ namespace {
 
 double max_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
-}
-
-// What the comparison needs of a family's module: its logits before any final
-// soft-capping, that cap (Gemma 2's; the loss applies it), and the head's and the
-// embeddings' weights (one tensor when tied).
-struct CausalLm {
-  std::function<at::Tensor(const at::Tensor& tokens)> forward;
-  double final_logit_softcap = 0;
-  bool tied = false;
-  at::Tensor head_weight, embedding_weight;
-};
-
-CausalLm causal_lm(const torch::nn::Module& module) {
-  if (dynamic_cast<const Gemma2Impl*>(&module)) {
-    Gemma2 m = as_gemma2(module);
-    return {[m](const at::Tensor& t) mutable { return m->forward(t); }, m->args().final_logit_softcapping,
-            m->args().tie_word_embeddings, m->output->weight, m->tok_embeddings->weight};
-  }
-  Llama m = as_llama(module);
-  return {[m](const at::Tensor& t) mutable { return m->forward(t); }, 0.0, m->args().tie_word_embeddings,
-          m->output->weight, m->tok_embeddings->weight};
 }
 
 }  // namespace
@@ -67,20 +44,22 @@ HfDifferences run_hf_parity_case(const HfParityCase& c) {
     HfAdapter adapter = family.hf_adapter(*module);
     if (c.edit_adapter) c.edit_adapter(adapter);
     load_hf_checkpoint(*module, adapter, c.folder);
-    const CausalLm model = causal_lm(*module);
-    if (model.tied) {  // one parameter, read by the head at every TP degree
-      EXPECT_TRUE(model.head_weight.is_same(model.embedding_weight)) << what;
-      EXPECT_FALSE(module->named_parameters().contains("output.weight")) << what;
+    CausalLanguageModel& model = as_causal_lm(*module);
+    const double final_logit_softcap = model.final_logit_softcap();
+    if (model.sizes().tie_word_embeddings) {  // one parameter, read by the head at every TP degree
+      const auto parameters = module->named_parameters();
+      EXPECT_TRUE(model.head_weight().is_same(parameters["tok_embeddings.weight"])) << what;
+      EXPECT_FALSE(parameters.contains("output.weight")) << what;
     }
 
     // transformers' logits and loss are after the final soft-capping: loss_parallel's
     // logit_softcap under TP, the plain formula at TP 1.
     std::optional<LossParallelGuard> guard;
     LossParallelOptions loss_options;
-    loss_options.logit_softcap = model.final_logit_softcap;
+    loss_options.logit_softcap = final_logit_softcap;
     if (c.tp > 1) guard.emplace(loss_options);
-    at::Tensor logits = model.forward(ref.at("tokens"));
-    const at::Tensor capped = c.tp > 1 ? logits : soft_cap(logits, model.final_logit_softcap);
+    at::Tensor logits = model.logits(ref.at("tokens"));
+    const at::Tensor capped = c.tp > 1 ? logits : soft_cap(logits, final_logit_softcap);
     at::Tensor loss = F::cross_entropy(capped.flatten(0, 1), ref.at("targets").flatten());
     loss.backward();
     auto full = [](const at::Tensor& t) { return (is_dtensor(t) ? full_tensor(t) : t).detach(); };
@@ -89,7 +68,7 @@ HfDifferences run_hf_parity_case(const HfParityCase& c) {
     const auto hf_grads = to_hf_names(grads, adapter, /*sum_shared=*/true);
 
     HfDifferences d;
-    d.logits = max_diff(soft_cap(full(logits), model.final_logit_softcap), ref.at("logits"));
+    d.logits = max_diff(soft_cap(full(logits), final_logit_softcap), ref.at("logits"));
     d.loss = max_diff(full(loss), ref.at("loss"));
     EXPECT_LE(d.logits, c.tol) << what << ": logits vs transformers";
     EXPECT_LE(d.loss, c.tol) << what << ": loss vs transformers";

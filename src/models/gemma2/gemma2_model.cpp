@@ -13,8 +13,6 @@
 
 namespace hyper_parallel {
 
-at::Tensor soft_cap(const at::Tensor& x, double cap) { return cap > 0 ? at::tanh(x / cap) * cap : x; }
-
 Gemma2RMSNormImpl::Gemma2RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   // Real even under ParametersOnMeta (dim elements; TP leaves norms unsharded), like Llama's.
   weight = register_parameter("weight", on_meta_when_everything_is(at::zeros({dim})));
