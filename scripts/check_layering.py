@@ -44,7 +44,7 @@ def includes(path):
 # include/hyper_parallel_train/<name>: the train layer each public header belongs to.
 TRAIN_PUBLIC_LAYER = {
     "job_config.h": "train/config", "parallel_dims.h": "train/config", "batch.h": "train/data",
-    "train_context.h": "train/parallel", "train_spec.h": "train/spec",
+    "train_context.h": "train/parallel", "train_spec.h": "train/spec", "parallelized_model.h": "train/spec",
     "checkpoint_identity.h": "train/checkpoint", "saved_model.h": "train/checkpoint",
     "step_result.h": "train/metrics", "trainer.h": "train",
 }

@@ -14,7 +14,7 @@
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel_train/job_config.h"
 #include "hyper_parallel_train/parallel_dims.h"
-#include "train/spec/parallelized_model.h"
+#include "hyper_parallel_train/parallelized_model.h"
 #include "hyper_parallel_train/train_spec.h"
 
 namespace parallelized_model_test {

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cstdio>

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <unistd.h>
 

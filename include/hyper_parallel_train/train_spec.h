@@ -22,11 +22,11 @@
 #include "hyper_parallel_train/parallel_dims.h"
 #include "hyper_parallel_train/train_context.h"
 
-namespace hyper_parallel::train {
-class ParallelizedModel;  // src/train/spec/parallelized_model.h (not exported)
-}
-
 HP_PUBLIC_BEGIN
+
+namespace hyper_parallel::train {
+class ParallelizedModel;  // parallelized_model.h (it includes this header)
+}
 
 namespace torch::nn {
 class Module;

@@ -15,7 +15,6 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <iosfwd>
@@ -112,8 +111,8 @@ class Trainer {
 
  private:
   // The constructor's parts, in order. build_model: the spec's module (on the meta device
-  // when every weight will be read), and the config.json it came from (for checkpoints).
-  nlohmann::json build_model(bool on_meta_device);
+  // when every weight will be read).
+  void build_model(bool on_meta_device);
   // Initial weights (unless read later), dtype and device; returns the device.
   at::Device place_model(bool weights_from_checkpoint);
   // AdamW over what the parallelized model trains.

@@ -17,7 +17,7 @@
 #include "train/config/training_dtype.h"
 #include "train/data/batches.h"
 #include "train/optim/optim_utils.h"
-#include "train/spec/parallelized_model.h"
+#include "hyper_parallel_train/parallelized_model.h"
 #include "train/metrics/state_bytes.h"
 #include "train/metrics/step_metrics.h"
 #include "train/training_step.h"

@@ -40,7 +40,7 @@
 #include "train/checkpoint/dump_folder_lock.h"
 #include "train/data/corpus.h"
 #include "train/optim/non_finite_steps.h"
-#include "train/spec/parallelized_model.h"
+#include "hyper_parallel_train/parallelized_model.h"
 #include "train/parallel/parallelism_scope.h"
 #include "train/validator.h"
 #include "train/data/data_identity.h"
@@ -57,6 +57,14 @@
 namespace hyper_parallel::train {
 
 namespace {
+
+// The config.json the model came from, recorded in checkpoints; null without one. (The
+// spec's build has read and checked it already.)
+nlohmann::json recorded_hf_config(const ModelConfig& model) {
+  if (model.hf_assets_path.empty()) return nullptr;
+  std::ifstream in(compat::join_path(model.hf_assets_path, "config.json"));
+  return nlohmann::json::parse(in);
+}
 
 // 27.3 MFLOPs, 48.2 GFLOPs: three significant digits.
 std::string format_flops(double flops) {
@@ -113,7 +121,8 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   // (Under TP: at TP 1 every rank holds the whole model anyway.)
   const bool weights_from_checkpoint =
       config_.checkpoint.initial_load_in_hf && config_.parallelism.tensor_parallel_degree > 1;
-  nlohmann::json hf_config = build_model(weights_from_checkpoint);
+  build_model(weights_from_checkpoint);
+  nlohmann::json hf_config = recorded_hf_config(config_.model);
   validate(config_);  // every bad key at once, the parallel degrees among them
   dims_ = ParallelDims::of(config_.parallelism);
   TORCH_CHECK(!config_.checkpoint.resume || config_.checkpoint.enable,
@@ -158,19 +167,11 @@ Trainer::Trainer(JobConfig config, std::ostream* log)
   }
 }
 
-nlohmann::json Trainer::build_model(bool on_meta_device) {
-  {
-    std::optional<ParametersOnMeta> on_meta;
-    if (on_meta_device) on_meta.emplace();
-    // Before validate(): with model.hf_assets_path the sizes it checks come from config.json.
-    model_ = spec_->build(config_.model);
-  }
-  nlohmann::json hf_config;  // recorded in checkpoints
-  if (!config_.model.hf_assets_path.empty()) {
-    std::ifstream in(compat::join_path(config_.model.hf_assets_path, "config.json"));
-    hf_config = nlohmann::json::parse(in);  // spec_->build has read it already
-  }
-  return hf_config;
+void Trainer::build_model(bool on_meta_device) {
+  std::optional<ParametersOnMeta> on_meta;
+  if (on_meta_device) on_meta.emplace();
+  // Before validate(): with model.hf_assets_path the sizes it checks come from config.json.
+  model_ = spec_->build(config_.model);
 }
 
 at::Device Trainer::place_model(bool weights_from_checkpoint) {

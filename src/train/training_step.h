@@ -18,7 +18,7 @@
 #include "hyper_parallel_train/train_context.h"
 #include "hyper_parallel_train/train_spec.h"
 #include "train/metrics/step_metrics.h"
-#include "train/spec/parallelized_model.h"
+#include "hyper_parallel_train/parallelized_model.h"
 
 namespace hyper_parallel::train {
 

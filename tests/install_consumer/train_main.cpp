@@ -1,11 +1,13 @@
 // Builds against the installed train headers (HyperParallel::hp_train), as
-// docs/training.md shows: parses a job config, then trains it on one process.
+// docs/training.md shows: parses a job config, then trains it on one process, and reads
+// what the train spec's parallelize made (ParallelizedModel, installed with the spec).
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <iostream>
 
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/parallelized_model.h"
 #include "hyper_parallel_train/trainer.h"
 
 namespace hp = hyper_parallel;
@@ -20,6 +22,8 @@ int main(int argc, char** argv) {
   hp::init_process_group(c10::make_intrusive<c10d::HashStore>(), 0, 1);
   hp::train::Trainer trainer(cfg, &std::cout);
   const auto results = trainer.train();
-  std::cout << "train consumer OK: " << results.size() << " steps" << std::endl;
-  return results.empty() ? 1 : 0;
+  const hp::train::ParallelizedModel& parallelized = trainer.parallelized_model();
+  std::cout << "train consumer OK: " << results.size() << " steps, " << parallelized.describe() << ", "
+            << parallelized.trained_parameters().size() << " trained tensors" << std::endl;
+  return results.empty() || parallelized.trained_parameters().empty() ? 1 : 0;
 }

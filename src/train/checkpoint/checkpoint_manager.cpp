@@ -27,7 +27,7 @@
 #include "train/parallel/local_piece.h"
 #include "hyper_parallel_train/saved_model.h"
 #include "hyper_parallel_train/parallel_dims.h"
-#include "train/spec/parallelized_model.h"
+#include "hyper_parallel_train/parallelized_model.h"
 
 namespace hyper_parallel::train {
 

@@ -1,4 +1,4 @@
-#include "train/spec/parallelized_model.h"
+#include "hyper_parallel_train/parallelized_model.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>

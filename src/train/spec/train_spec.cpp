@@ -16,7 +16,7 @@
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/model_registry.h"
-#include "train/spec/parallelized_model.h"
+#include "hyper_parallel_train/parallelized_model.h"
 
 namespace hyper_parallel::train {
 namespace {

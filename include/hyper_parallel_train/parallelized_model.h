@@ -21,10 +21,13 @@
 #include <string>
 #include <vector>
 
+#include "hyper_parallel/export.h"
 #include "hyper_parallel/fully_shard.h"
 #include "hyper_parallel_train/job_config.h"
 #include "hyper_parallel_train/parallel_dims.h"
 #include "hyper_parallel_train/train_spec.h"
+
+HP_PUBLIC_BEGIN
 
 namespace torch::nn {
 class Module;
@@ -91,3 +94,5 @@ class ParallelizedModel {
 };
 
 }  // namespace hyper_parallel::train
+
+HP_PUBLIC_END
