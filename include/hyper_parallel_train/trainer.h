@@ -37,10 +37,6 @@ namespace torch::nn {
 class Module;
 }
 
-namespace torch::optim {
-class AdamW;
-}
-
 namespace hyper_parallel {
 class FullyShardedParameters;
 }
@@ -53,12 +49,12 @@ class DumpFolderLock;
 class MetricsLogger;
 class ModelFlopsUtilization;
 class NonFiniteSteps;
-class ParallelismScope;
 class ProgressLine;
 class TrainingCorpus;
 class Validator;
 class WarmupStableDecay;
 struct TrainedState;
+struct TrainingJob;
 struct TrainingStepParts;
 
 }  // namespace hyper_parallel::train
@@ -86,21 +82,21 @@ class Trainer {
   // replica's share of the global batch), e.g. batches with ignored targets in tests.
   void use_training_batches(std::shared_ptr<const BatchSource> rows) { batches_ = std::move(rows); }
 
-  bool loss_parallel_enabled() const { return loss_parallel_enabled_; }
-  const TrainContext& train_context() const { return train_context_; }
+  bool loss_parallel_enabled() const;
+  const TrainContext& train_context() const;
   int64_t step() const { return step_; }
   // The module model.name's family built (as_causal_lm(model()) for its interface, or the
   // family's own type, e.g. as_llama). Under FSDP its parameters hold values only while
   // gathered (fully_sharded()->gather_all()).
-  torch::nn::Module& model() { return *model_; }
-  const TrainSpec& spec() const { return *spec_; }
-  const ParallelDims& parallel_dims() const { return dims_; }
+  torch::nn::Module& model();
+  const TrainSpec& spec() const;
+  const ParallelDims& parallel_dims() const;
   // The module as the spec's parallelize left it: what the optimizer updates, and the
   // data-parallel wrapping and master weights around the module.
-  const ParallelizedModel& parallelized_model() const { return *parallelized_; }
+  const ParallelizedModel& parallelized_model() const;
   // parallelism.data_parallel_shard_degree > 1: the sharded parameters; null otherwise.
   FullyShardedParameters* fully_sharded() const;
-  const JobConfig& config() const { return config_; }
+  const JobConfig& config() const;
 
   // The current step's checkpoint, and the latest one (or checkpoint.load_step) read back:
   // CheckpointManager::save and load (false when there is none).
@@ -110,13 +106,6 @@ class Trainer {
   const std::string& run_id() const;
 
  private:
-  // The constructor's parts, in order. build_model: the spec's module (on the meta device
-  // when every weight will be read).
-  void build_model(bool on_meta_device);
-  // Initial weights (unless read later), dtype and device; returns the device.
-  at::Device place_model(bool weights_from_checkpoint);
-  // AdamW over what the parallelized model trains.
-  void set_up_optimizer();
   // The corpus, this replica's batches and the Validator.
   void open_data();
   // Rank 0: the start-up lines (data, model, layout, loss).
@@ -146,29 +135,19 @@ class Trainer {
   void say(const std::string& line);
   std::string metrics_folder() const;
 
-  JobConfig config_;
-  const TrainSpec* spec_;       // config_.model.name's
-  ParallelDims dims_{1, 1, 1};  // config_.parallelism's, once validate() has accepted it
   // Before every member that writes: released last, after everything the job writes is closed.
   std::vector<std::unique_ptr<DumpFolderLock>> folder_locks_;  // rank 0 (and node leaders); empty elsewhere
-  std::unique_ptr<ParallelismScope> parallelism_scope_;        // set in the constructor, restored at the end
+  // The set-up the dry run shares (training_job.h): the config with config.json's sizes, the
+  // spec, dims, meshes and [parallelism] scope, the module, its parallelized form and AdamW.
+  // Released after every member below, which hold its module or meshes.
+  std::unique_ptr<TrainingJob> job_;
   std::ostream* log_;
   int64_t rank_ = 0;
-  bool loss_parallel_enabled_ = false;
-  std::optional<DeviceMesh> world_mesh_;  // every rank: dp x tp, or the TP mesh alone; none for one rank
-  // The data-parallel ranks of this rank's TP group (replicas, and FSDP's dp_shard):
-  // dp > 1 or shard > 1; 2-D ("dp_replicate", "dp_shard") with FSDP.
-  std::optional<DeviceMesh> dp_mesh_;
-  int64_t dp_rank_ = 0;  // among dims_.dp_ranks(): which rows of the batch
+  int64_t dp_rank_ = 0;  // among the dims' dp_ranks(): which rows of the batch
   std::unique_ptr<CheckpointManager> checkpoints_;
-  std::shared_ptr<torch::nn::Module> model_;
-  // model_ with FSDP or DDP and bfloat16's masters around it (the spec's parallelize).
-  std::unique_ptr<ParallelizedModel> parallelized_;
-  std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::unique_ptr<WarmupStableDecay> lr_schedule_;  // [lr_scheduler] over training.steps
   std::unique_ptr<const TrainingCorpus> corpus_;    // training.data, or the synthetic language
   std::shared_ptr<const BatchSource> batches_;
-  TrainContext train_context_;
   std::unique_ptr<Validator> validator_;
   std::unique_ptr<MetricsLogger> metrics_;
   std::unique_ptr<ModelFlopsUtilization> mfu_;  // rank 0, which logs

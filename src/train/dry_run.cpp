@@ -20,6 +20,7 @@
 #include "hyper_parallel_train/parallelized_model.h"
 #include "train/metrics/state_bytes.h"
 #include "train/metrics/step_metrics.h"
+#include "train/training_job.h"
 #include "train/training_step.h"
 #include "train/parallel/mesh_sum.h"
 #include "train/parallel/parallelism_scope.h"
@@ -30,82 +31,43 @@ namespace hyper_parallel::train {
 
 namespace {
 
-// A job as the Trainer sets it up (trainer.cpp: build_model, place_model, the meshes, the
-// spec's parallelize, set_up_optimizer), without data, checkpoints or metrics. Members in
-// the order they must be released: the scope last.
-struct BuiltJob {
-  JobConfig config;
-  const TrainSpec* spec = nullptr;
-  ParallelDims dims{1, 1, 1};
-  std::optional<ParallelismScope> scope;
-  ParallelDims::Meshes meshes;
-  TrainContext context{false};
-  std::shared_ptr<torch::nn::Module> model;
-  std::unique_ptr<ParallelizedModel> parallelized;
-  std::unique_ptr<torch::optim::AdamW> optimizer;
+// This replica's rows of a step (the replica's share of the global batch): token 1
+// everywhere, on the module's device (a meta tensor holds no ids to check).
+Batch replica_batch(const TrainingJob& job) {
+  const auto& t = job.config.training;
+  const at::TensorOptions o =
+      at::TensorOptions().dtype(at::kLong).device(as_causal_lm(*job.model).head_weight().device());
+  const int64_t rows = t.batch_size / job.dims.dp_ranks();
+  return {at::ones({rows, t.seq_len}, o), at::ones({rows, t.seq_len}, o)};
+}
 
-  // This replica's rows of a step (the replica's share of the global batch): token 1
-  // everywhere, on the module's device (a meta tensor holds no ids to check).
-  Batch replica_batch() const {
-    const auto& t = config.training;
-    const at::TensorOptions o =
-        at::TensorOptions().dtype(at::kLong).device(as_causal_lm(*model).head_weight().device());
-    const int64_t rows = t.batch_size / dims.dp_ranks();
-    return {at::ones({rows, t.seq_len}, o), at::ones({rows, t.seq_len}, o)};
-  }
-  TrainingStepParts step_parts() {
-    return {config.training, *spec, *model, *parallelized, *optimizer, context, meshes.dp};
-  }
-};
-
-// On meta: every weight, buffer and moment is shapes only. Otherwise real weights
-// (init_weights of training.seed) on the world's device.
-std::unique_ptr<BuiltJob> build_job(JobConfig config, bool on_meta) {
-  auto job = std::make_unique<BuiltJob>();
-  job->config = std::move(config);
-  JobConfig& c = job->config;
-  job->spec = &train_spec(c.model.name);
-  {
-    std::optional<ParametersOnMeta> meta;
-    if (on_meta) meta.emplace(MetaScope::Everything);
-    job->model = job->spec->build(c.model);
-  }
-  validate(c);
-  job->dims = ParallelDims::of(c.parallelism);
-  job->dims.check_world_size(get_world_size());
-  const bool loss_parallel = job->dims.tp_enabled() && !c.parallelism.disable_loss_parallel;
-  job->scope.emplace(c.parallelism);
-  job->context = get_train_context(loss_parallel, job->spec->loss_terms(*job->model, c.training));
-  const at::ScalarType dtype = training_dtype(c.training.dtype);
-  if (on_meta) {
-    job->model->to(dtype);
-  } else {
-    as_causal_lm(*job->model).init_weights(static_cast<uint64_t>(c.training.seed));
-    job->model->to(current_world().device, dtype);
-  }
-  job->meshes = job->dims.build_meshes(c.training.device);
-  job->parallelized = job->spec->parallelize(job->model, job->dims, job->meshes, c, {});
-  job->optimizer = make_optimizer(*job->parallelized, c.training);
+// The Trainer's set-up (training_job.h) without data, checkpoints or metrics. On meta:
+// every weight, buffer and moment is shapes only. Otherwise real weights (init_weights of
+// training.seed) on the world's device.
+std::unique_ptr<TrainingJob> build_job(JobConfig config, bool on_meta) {
+  auto job = std::make_unique<TrainingJob>(
+      std::move(config), on_meta ? TrainingJob::Weights::ShapesOnly : TrainingJob::Weights::Initialised);
+  job->parallelize(nullptr);
   return job;
 }
 
 // One micro-batch's forward and loss, as the shared step computes it (training_step.h).
-at::Tensor micro_batch_loss(BuiltJob& job, const Batch& rows) {
+at::Tensor micro_batch_loss(TrainingJob& job, const Batch& rows) {
   auto guard = job.context();
   return job.spec->loss(*job.model, rows, job.context, LossCall{job.config.training.fused_linear_loss, nullptr});
 }
 
-void micro_batch_backward(BuiltJob& job, const at::Tensor& loss, bool last) {
+void micro_batch_backward(TrainingJob& job, const at::Tensor& loss, bool last) {
   auto guard = job.context();
   job.parallelized->backward(loss, last);
 }
 
 // One optimizer step: the Trainer's (training_step.h), on the job's meta tensors.
-void run_step(BuiltJob& job) {
+void run_step(TrainingJob& job) {
   job.optimizer->zero_grad();
   StepResult r;
   PhaseClock clock(r);
-  r.loss = forward_backward(job.step_parts(), job.replica_batch(), clock);
+  r.loss = forward_backward(job.step_parts(), replica_batch(job), clock);
   clip_and_update(job.step_parts(), r, clock);
 }
 
@@ -136,7 +98,7 @@ DryRunRank dry_run_rank(JobConfig config, int64_t world_size, int64_t rank) {
   DryRunRank out;
   out.rank = rank;
   {
-    std::unique_ptr<BuiltJob> job = build_job(std::move(config), /*on_meta=*/true);
+    std::unique_ptr<TrainingJob> job = build_job(std::move(config), /*on_meta=*/true);
     out.parameters = parameter_shapes_of(*job->model);
     const CollectiveTally before = collective_tally();
     run_step(*job);
@@ -157,14 +119,14 @@ DryRunRank dry_run_rank(JobConfig config, int64_t world_size, int64_t rank) {
 MeasuredActivations measure_activations(JobConfig config, const std::function<int64_t()>& allocated_bytes,
                                         const std::function<void()>& reset_peak,
                                         const std::function<int64_t()>& peak_bytes) {
-  std::unique_ptr<BuiltJob> job = build_job(std::move(config), /*on_meta=*/false);
+  std::unique_ptr<TrainingJob> job = build_job(std::move(config), /*on_meta=*/false);
   // Bytes of the model's parameters whose storage is held now (FSDP gathers and frees them).
   auto gathered = [&] {
     int64_t bytes = 0;
     for (const auto& p : job->model->parameters()) bytes += held_bytes(p);
     return bytes;
   };
-  const Batch rows = micro_batch(job->replica_batch(), 0, job->config.training.grad_accum_steps);
+  const Batch rows = micro_batch(replica_batch(*job), 0, job->config.training.grad_accum_steps);
   MeasuredActivations m;
   for (int pass = 0; pass < 2; ++pass) {  // the first one warms up: gradients exist after it
     const int64_t before = allocated_bytes();

@@ -51,6 +51,7 @@
 #include "train/optim/lr_scheduler.h"
 #include "train/optim/optim_utils.h"
 #include "train/metrics/progress.h"
+#include "train/training_job.h"
 #include "train/training_step.h"
 #include "train/checkpoint/storage_checks.h"
 
@@ -110,126 +111,95 @@ double Validator::validate(torch::nn::Module& model) const {
   return total / static_cast<double>(std::max<int64_t>(1, config_.steps));
 }
 
-Trainer::Trainer(JobConfig config, std::ostream* log)
-    : config_(std::move(config)), spec_(&train_spec(config_.model.name)), log_(log), train_context_(false) {
+namespace {
+
+// The caching CPU allocator, then the job's set-up. Starting from a Hugging Face checkpoint
+// every weight is read (or resumed), never initialised: the model is built on the meta
+// device, and each rank only ever allocates its own shards (materialize_parameters after
+// parallelize). At TP 1 every rank holds the whole model anyway.
+std::unique_ptr<TrainingJob> start_job(JobConfig config) {
   // Large CPU buffers from a cache of huge-page-backed blocks that outlives each step: no
   // fresh-page faults after the first step, whatever the environment says.
-  if (config_.training.device == "cpu" && config_.training.caching_allocator) install_caching_cpu_allocator();
-  // Starting from a Hugging Face checkpoint every weight is read (or resumed), never
-  // initialised: the model is built on the meta device, and each rank only ever allocates
-  // its own shards (materialize_parameters after parallelize).
-  // (Under TP: at TP 1 every rank holds the whole model anyway.)
-  const bool weights_from_checkpoint =
-      config_.checkpoint.initial_load_in_hf && config_.parallelism.tensor_parallel_degree > 1;
-  build_model(weights_from_checkpoint);
-  nlohmann::json hf_config = recorded_hf_config(config_.model);
-  validate(config_);  // every bad key at once, the parallel degrees among them
-  dims_ = ParallelDims::of(config_.parallelism);
-  TORCH_CHECK(!config_.checkpoint.resume || config_.checkpoint.enable,
+  if (config.training.device == "cpu" && config.training.caching_allocator) install_caching_cpu_allocator();
+  const bool read_when_parallelized =
+      config.checkpoint.initial_load_in_hf && config.parallelism.tensor_parallel_degree > 1;
+  return std::make_unique<TrainingJob>(std::move(config), read_when_parallelized
+                                                              ? TrainingJob::Weights::ReadWhenParallelized
+                                                              : TrainingJob::Weights::Initialised);
+}
+
+}  // namespace
+
+Trainer::Trainer(JobConfig config, std::ostream* log) : job_(start_job(std::move(config))), log_(log) {
+  const JobConfig& c = job_->config;
+  TORCH_CHECK(!c.checkpoint.resume || c.checkpoint.enable,
               "hp-train: --checkpoint.resume needs checkpoint.enable = true (nothing would be read)");
   rank_ = is_initialized() ? get_rank() : 0;
-  dims_.check_world_size(is_initialized() ? get_world_size() : 1);
-  loss_parallel_enabled_ = dims_.tp_enabled() && !config_.parallelism.disable_loss_parallel;
-  parallelism_scope_ = std::make_unique<ParallelismScope>(config_.parallelism);
-  train_context_ = get_train_context(loss_parallel_enabled_, spec_->loss_terms(*model_, config_.training));
-  const at::Device device = place_model(weights_from_checkpoint);
-  lr_schedule_ = std::make_unique<WarmupStableDecay>(config_.lr_scheduler, config_.training.steps);
+  lr_schedule_ = std::make_unique<WarmupStableDecay>(c.lr_scheduler, c.training.steps);
   if (rank_ == 0) {
     // Counted on the whole model, before any sharding; the peak measured (or given) once.
     mfu_ = std::make_unique<ModelFlopsUtilization>(
-        spec_->flops_per_token(*model_, config_.training.seq_len), is_initialized() ? get_world_size() : 1,
-        peak_flops(config_.metrics.peak_tflops, training_dtype(config_.training.dtype), device));
+        job_->spec->flops_per_token(*job_->model, c.training.seq_len), world_size_or_one(),
+        peak_flops(c.metrics.peak_tflops, training_dtype(c.training.dtype), job_->device));
   }
-  // The world as (dp_replicate, dp_shard, tp) meshes (parallel_dims.h).
-  ParallelDims::Meshes meshes = dims_.build_meshes(config_.training.device);
-  world_mesh_ = meshes.world;
-  dp_mesh_ = meshes.dp;
-  dp_rank_ = dims_.dp_rank_of(rank_);
-  checkpoints_ = std::make_unique<CheckpointManager>(config_, rank_, world_mesh_, std::move(hf_config), log_);
+  dp_rank_ = job_->dims.dp_rank_of(rank_);
+  checkpoints_ = std::make_unique<CheckpointManager>(c, rank_, job_->meshes.world, recorded_hf_config(c.model), log_);
   // TP (init_weights(seed) gave every rank the same weights: each shards its own copy, with
   // no scatter from TP rank 0), the weights read into the TP pieces, then FSDP or DDP and
   // bfloat16's masters around the module.
-  parallelized_ = spec_->parallelize(model_, dims_, meshes, config_, [&] {
-    if (weights_from_checkpoint) materialize_parameters(*model_, device);
+  job_->parallelize([&] {
+    if (job_->weights == TrainingJob::Weights::ReadWhenParallelized) materialize_parameters(*job_->model, job_->device);
     initial_load();
   });
-  set_up_optimizer();
+  non_finite_ = std::make_unique<NonFiniteSteps>(c.training.max_skipped_steps);
   // Before anything is read or written in the dump folder: one job per folder, and
   // folders that cannot take the job's files found now, not at the first save.
   lock_job_folders();
   check_storage();
   open_data();
   if (rank_ == 0 && log_) log_start();
-  checkpoints_->set_data_identity(data_identity(config_.training, corpus_->identity()));
-  if (config_.checkpoint.enable) checkpoints_->prepare_folder();
-  if (config_.checkpoint.enable && config_.checkpoint.resume) {
-    if (const auto step = checkpoints_->resume(trained_state(), config_.training.steps)) step_ = *step;
+  checkpoints_->set_data_identity(data_identity(job_->config.training, corpus_->identity()));
+  if (job_->config.checkpoint.enable) checkpoints_->prepare_folder();
+  if (job_->config.checkpoint.enable && job_->config.checkpoint.resume) {
+    if (const auto step = checkpoints_->resume(trained_state(), job_->config.training.steps)) step_ = *step;
   }
-}
-
-void Trainer::build_model(bool on_meta_device) {
-  std::optional<ParametersOnMeta> on_meta;
-  if (on_meta_device) on_meta.emplace();
-  // Before validate(): with model.hf_assets_path the sizes it checks come from config.json.
-  model_ = spec_->build(config_.model);
-}
-
-at::Device Trainer::place_model(bool weights_from_checkpoint) {
-  if (!weights_from_checkpoint) as_causal_lm(*model_).init_weights(static_cast<uint64_t>(config_.training.seed));
-  const at::Device device = is_initialized() ? current_world().device : at::Device(at::kCPU);
-  TORCH_CHECK(device.type() == (config_.training.device == "cuda" ? at::kCUDA : at::kCPU),
-              "hp-train: training.device = ", config_.training.device,
-              " but the process group was "
-              "initialised for ",
-              device, "; initialise it with InitOptions{.device_type = \"", config_.training.device, "\"}");
-  const at::ScalarType dtype = training_dtype(config_.training.dtype);
-  if (weights_from_checkpoint) {
-    model_->to(dtype);  // meta parameters get their device when materialized
-  } else {
-    model_->to(device, dtype);
-  }
-  return device;
-}
-
-void Trainer::set_up_optimizer() {
-  optimizer_ = make_optimizer(*parallelized_, config_.training);
-  non_finite_ = std::make_unique<NonFiniteSteps>(config_.training.max_skipped_steps);
 }
 
 void Trainer::open_data() {
   // Every TP rank of a replica builds the same rows: the replica's share of the global batch.
-  corpus_ = open_training_corpus(config_.training, config_.model.vocab_size);
-  batches_ = corpus_->train_batches(dp_rank_, dims_.dp_ranks());
-  if (!config_.validation.enable) return;
-  validator_ = std::make_unique<Validator>(*spec_, config_.validation, config_.training,
-                                           corpus_->validation_batches(dp_rank_, dims_.dp_ranks()),
-                                           train_context_.for_validation());
-  if (dp_mesh_) validator_->set_data_parallel_mesh(*dp_mesh_);
+  corpus_ = open_training_corpus(job_->config.training, job_->config.model.vocab_size);
+  batches_ = corpus_->train_batches(dp_rank_, job_->dims.dp_ranks());
+  if (!job_->config.validation.enable) return;
+  validator_ = std::make_unique<Validator>(*job_->spec, job_->config.validation, job_->config.training,
+                                           corpus_->validation_batches(dp_rank_, job_->dims.dp_ranks()),
+                                           job_->context.for_validation());
+  if (job_->meshes.dp) validator_->set_data_parallel_mesh(*job_->meshes.dp);
 }
 
 void Trainer::log_start() {
-  const auto& t = config_.training;
+  const auto& t = job_->config.training;
   *log_ << "hp-train: " << corpus_->describe() << "\n"
-        << "hp-train: " << spec_->describe(*model_);
-  if (!config_.model.hf_assets_path.empty()) {
+        << "hp-train: " << job_->spec->describe(*job_->model);
+  if (!job_->config.model.hf_assets_path.empty()) {
     // The sizes come from the folder's config.json; the weights only with initial_load_in_hf.
-    *log_ << (config_.checkpoint.initial_load_in_hf ? " from " : " shaped as ") << config_.model.hf_assets_path;
-    if (!config_.checkpoint.initial_load_in_hf) {
+    *log_ << (job_->config.checkpoint.initial_load_in_hf ? " from " : " shaped as ")
+          << job_->config.model.hf_assets_path;
+    if (!job_->config.checkpoint.initial_load_in_hf) {
       *log_ << " (its config.json; its weights are read only with --checkpoint.initial_load_in_hf)";
     }
   }
-  *log_ << "; " << parallelized_->describe();
+  *log_ << "; " << job_->parallelized->describe();
   if (t.grad_accum_steps > 1) *log_ << ", " << t.grad_accum_steps << " micro-batches per step";
-  if (config_.parallelism.sequence_parallel) *log_ << ", sequence parallel";
-  const auto& ac = config_.activation_checkpoint;
+  if (job_->config.parallelism.sequence_parallel) *log_ << ", sequence parallel";
+  const auto& ac = job_->config.activation_checkpoint;
   if (ac.mode != "none")
     *log_ << ", activation checkpointing "
-          << block_checkpointing(ac.mode, ac.selective_ac_option).str(config_.model.n_layers);
-  *log_ << ", loss parallel " << (loss_parallel_enabled_ ? "on" : "off")
+          << block_checkpointing(ac.mode, ac.selective_ac_option).str(job_->config.model.n_layers);
+  *log_ << ", loss parallel " << (job_->loss_parallel ? "on" : "off")
         << (t.fused_linear_loss ? ", fused linear loss" : "");
   if (t.z_loss_weight > 0) *log_ << ", z-loss " << t.z_loss_weight;
-  if (train_context_.loss_terms().logit_softcap > 0) {
-    *log_ << ", logit soft-cap " << train_context_.loss_terms().logit_softcap;
+  if (job_->context.loss_terms().logit_softcap > 0) {
+    *log_ << ", logit soft-cap " << job_->context.loss_terms().logit_softcap;
   }
   // Ranks sharing a node each running one thread per core is the commonest slow-down
   // (hp-run and torchrun set OMP_NUM_THREADS=1 for them): say what each rank runs.
@@ -247,9 +217,9 @@ void Trainer::log_start() {
 }
 
 void Trainer::initial_load() {
-  const auto& c = config_.checkpoint;
+  const auto& c = job_->config.checkpoint;
   if (!c.initial_load_in_hf) return;
-  const std::string path = c.initial_load_path.empty() ? config_.model.hf_assets_path : c.initial_load_path;
+  const std::string path = c.initial_load_path.empty() ? job_->config.model.hf_assets_path : c.initial_load_path;
   if (c.enable && c.resume) {
     // A resume that finds a checkpoint loads it; a damaged `latest` counts as found, so
     // that load_checkpoint reports it rather than this run silently starting over.
@@ -262,22 +232,25 @@ void Trainer::initial_load() {
   }
   // Every rank checks the same headers alike (load_hf_checkpoint); an error of one rank
   // alone (its file system) still stops every rank.
-  run_then_agree("loading the Hugging Face checkpoint " + path, world_mesh_,
-                 [&] { load_hf_checkpoint(*model_, model_family(config_.model.name).hf_adapter(*model_), path); });
+  run_then_agree("loading the Hugging Face checkpoint " + path, job_->meshes.world, [&] {
+    load_hf_checkpoint(*job_->model, model_family(job_->config.model.name).hf_adapter(*job_->model), path);
+  });
   if (rank_ == 0 && log_) *log_ << "hp-train: weights loaded from the Hugging Face checkpoint in " << path << std::endl;
 }
 
 void Trainer::export_missing_last_save() {
-  if (!config_.checkpoint.enable || !config_.checkpoint.last_save_in_hf || step_ != config_.training.steps) return;
+  if (!job_->config.checkpoint.enable || !job_->config.checkpoint.last_save_in_hf ||
+      step_ != job_->config.training.steps)
+    return;
   // Rank 0's view decides for every rank (save_in_hf is collective).
   at::Tensor missing = at::zeros({1}, at::kLong);
   if (rank_ == 0) {
-    const std::string config = compat::join_path(hf_export_folder(config_, step_), "config.json");
+    const std::string config = compat::join_path(hf_export_folder(job_->config, step_), "config.json");
     missing.fill_(compat::path_exists(config) ? 0 : 1);
   }
-  if (world_mesh_) {
-    missing = missing.to(world_mesh_->device());
-    for (int64_t d = 0; d < world_mesh_->ndim(); ++d) world_mesh_->comm(d).broadcast_(missing, 0);
+  if (job_->meshes.world) {
+    missing = missing.to(job_->meshes.world->device());
+    for (int64_t d = 0; d < job_->meshes.world->ndim(); ++d) job_->meshes.world->comm(d).broadcast_(missing, 0);
     missing = missing.cpu();
   }
   if (missing.item<int64_t>() == 0) return;
@@ -289,21 +262,21 @@ void Trainer::export_missing_last_save() {
 void Trainer::lock_job_folders() {
   // Every folder the job writes (the HF export goes under the dump folder); rank 0 writes
   // metrics, every rank its checkpoint file.
-  std::vector<std::pair<std::string, std::string>> folders{{"job.dump_folder", config_.dump_folder}};
-  if (config_.checkpoint.enable) folders.emplace_back("checkpoint.folder", checkpoints_->folder());
+  std::vector<std::pair<std::string, std::string>> folders{{"job.dump_folder", job_->config.dump_folder}};
+  if (job_->config.checkpoint.enable) folders.emplace_back("checkpoint.folder", checkpoints_->folder());
   folders.emplace_back("metrics.folder", metrics_folder());
-  run_then_agree("locking the job's folders", world_mesh_, [&] {
+  run_then_agree("locking the job's folders", job_->meshes.world, [&] {
     if (rank_ == 0) folder_locks_ = lock_folders(folders);
   });
   // Several machines (hp-run --nnodes): each other machine's local rank 0 also locks the
   // folders it does not see rank 0's lock in (node-local folders).
   const char* local_rank = std::getenv("LOCAL_RANK");
   const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
-  const int64_t world = is_initialized() ? get_world_size() : 1;
+  const int64_t world = world_size_or_one();
   if (!local_rank || !local_world || std::atoll(local_world) >= world) return;
   const std::string key = "hp_train/folder_lock_records";
   auto& store = *current_world().store;
-  run_then_agree("locking the job's folders", world_mesh_, [&] {
+  run_then_agree("locking the job's folders", job_->meshes.world, [&] {
     if (rank_ == 0) {
       std::string records;  // one record per line; lock records hold no newline
       for (const auto& lock : folder_locks_) records += lock->record() + "\n";
@@ -323,23 +296,23 @@ void Trainer::lock_job_folders() {
 
 void Trainer::check_storage() {
   const std::string tag = std::to_string(rank_);
-  run_then_agree("checking that the job's folders are writable", world_mesh_, [&] {
+  run_then_agree("checking that the job's folders are writable", job_->meshes.world, [&] {
     // Every rank writes its checkpoint file; rank 0 alone the metrics.
-    if (rank_ == 0) check_writable_folder(config_.dump_folder, "job.dump_folder", tag);
-    if (config_.checkpoint.enable) check_writable_folder(checkpoints_->folder(), "checkpoint.folder", tag);
+    if (rank_ == 0) check_writable_folder(job_->config.dump_folder, "job.dump_folder", tag);
+    if (job_->config.checkpoint.enable) check_writable_folder(checkpoints_->folder(), "checkpoint.folder", tag);
     if (rank_ == 0) check_writable_folder(metrics_folder(), "metrics.folder", tag);
   });
-  if (!config_.checkpoint.enable) return;
+  if (!job_->config.checkpoint.enable) return;
   // One checkpoint: every rank's weights and AdamW moments (same dtype as the weights they
   // train, float32 masters in bfloat16 training).
   double bytes = 0;
-  for (const auto& p : parallelized_->trained_parameters()) {
+  for (const auto& p : job_->parallelized->trained_parameters()) {
     const at::Tensor local = local_or_plain(p);
     bytes += 3.0 * static_cast<double>(local.numel()) * static_cast<double>(local.element_size());
   }
-  at::Tensor total =
-      at::full({1}, bytes, at::TensorOptions().dtype(at::kDouble).device(as_causal_lm(*model_).head_weight().device()));
-  sum_over_mesh(total, world_mesh_);
+  at::Tensor total = at::full(
+      {1}, bytes, at::TensorOptions().dtype(at::kDouble).device(as_causal_lm(*job_->model).head_weight().device()));
+  sum_over_mesh(total, job_->meshes.world);
   const auto free = free_bytes(checkpoints_->folder());
   if (rank_ == 0 && log_ && free) {
     if (auto warning = room_warning(checkpoints_->folder(), *free, static_cast<int64_t>(total.cpu().item<double>()))) {
@@ -350,29 +323,36 @@ void Trainer::check_storage() {
 
 Trainer::~Trainer() = default;
 
-std::string Trainer::metrics_folder() const { return job_folder(config_, config_.metrics.folder); }
+std::string Trainer::metrics_folder() const { return job_folder(job_->config, job_->config.metrics.folder); }
 
-TrainingStepParts Trainer::step_parts() {
-  return {config_.training, *spec_, *model_, *parallelized_, *optimizer_, train_context_, dp_mesh_};
-}
+TrainingStepParts Trainer::step_parts() { return job_->step_parts(); }
+
+bool Trainer::loss_parallel_enabled() const { return job_->loss_parallel; }
+const TrainContext& Trainer::train_context() const { return job_->context; }
+torch::nn::Module& Trainer::model() { return *job_->model; }
+const TrainSpec& Trainer::spec() const { return *job_->spec; }
+const ParallelDims& Trainer::parallel_dims() const { return job_->dims; }
+const ParallelizedModel& Trainer::parallelized_model() const { return *job_->parallelized; }
+const JobConfig& Trainer::config() const { return job_->config; }
 
 StepResult Trainer::train_step(int64_t step) {
-  const auto& t = config_.training;
+  const auto& t = job_->config.training;
   StepResult r;
-  const std::optional<FullyShardStats> sharding_before = parallelized_->sharding_stats();
+  const std::optional<FullyShardStats> sharding_before = job_->parallelized->sharding_stats();
   r.step = step;
   const StepMeter meter;
   r.lr = t.lr * lr_schedule_->factor(step);
   PhaseClock clock(r);
-  for (auto& group : optimizer_->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(r.lr);
+  for (auto& group : job_->optimizer->param_groups())
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(r.lr);
   // Gradients are set to none, not zeroed: backward then hands each parameter its freshly
   // computed gradient (no accumulation pass), in blocks the caching allocator reuses.
-  optimizer_->zero_grad();
+  job_->optimizer->zero_grad();
   clock.mark(kOptimizer);
   const Batch batch = batches_->batch_at(step - 1);
   r.loss = forward_backward(step_parts(), batch, clock);
   if (sharding_before) {
-    const FullyShardStats now = *parallelized_->sharding_stats();
+    const FullyShardStats now = *job_->parallelized->sharding_stats();
     ShardingStep& f = r.sharding.emplace();
     f.all_gathers = now.all_gathers - sharding_before->all_gathers;
     f.reduce_scatters = now.reduce_scatters - sharding_before->reduce_scatters;
@@ -389,7 +369,7 @@ StepResult Trainer::train_step(int64_t step) {
 }
 
 std::vector<StepResult> Trainer::train() {
-  const auto& t = config_.training;
+  const auto& t = job_->config.training;
   open_metrics();
   if (rank_ == 0 && log_) progress_ = std::make_unique<ProgressLine>(t.steps, *log_, is_terminal(*log_));
   std::vector<StepResult> results;
@@ -416,17 +396,17 @@ std::vector<StepResult> Trainer::train() {
     } catch (const std::runtime_error& e) {
       stop = e.what();
     }
-    if (stop.empty() && validator_ && (r.step % config_.validation.freq == 0 || last)) {
-      r.val_loss = validator_->validate(*model_);
-      parallelized_->after_forward_without_backward();
+    if (stop.empty() && validator_ && (r.step % job_->config.validation.freq == 0 || last)) {
+      r.val_loss = validator_->validate(*job_->model);
+      job_->parallelized->after_forward_without_backward();
     }
-    if (stop.empty() && config_.checkpoint.enable && (r.step % config_.checkpoint.interval == 0 || last)) {
+    if (stop.empty() && job_->config.checkpoint.enable && (r.step % job_->config.checkpoint.interval == 0 || last)) {
       save_checkpoint();
-      if (last && config_.checkpoint.last_save_in_hf) checkpoints_->save_in_hf(r.step);
+      if (last && job_->config.checkpoint.last_save_in_hf) checkpoints_->save_in_hf(r.step);
     }
     // The same decision on every rank, so that a failed write on rank 0 stops them all.
     if (r.step % t.log_freq == 0 || r.val_loss || last || r.non_finite) {
-      run_then_agree("writing the metrics of step " + std::to_string(r.step), world_mesh_, [&] {
+      run_then_agree("writing the metrics of step " + std::to_string(r.step), job_->meshes.world, [&] {
         if (metrics_) metrics_->log(metrics_record(r, rates, non_finite_->skipped()));
       });
     }
@@ -450,7 +430,7 @@ std::vector<StepResult> Trainer::train() {
 }
 
 void Trainer::open_metrics() {
-  run_then_agree("opening the metrics file", world_mesh_, [&] {
+  run_then_agree("opening the metrics file", job_->meshes.world, [&] {
     if (rank_ != 0) return;
     make_directories(metrics_folder());
     metrics_ = std::make_unique<MetricsLogger>(metrics_folder(), step_);
@@ -465,11 +445,11 @@ void Trainer::say(const std::string& line) {
   if (!progress_) return;
   progress_->finish();
   *log_ << line << std::endl;
-  progress_ = std::make_unique<ProgressLine>(config_.training.steps, *log_, is_terminal(*log_));
+  progress_ = std::make_unique<ProgressLine>(job_->config.training.steps, *log_, is_terminal(*log_));
 }
 
 void Trainer::plot_metrics() const {
-  if (!metrics_ || !config_.metrics.enable_plot) return;
+  if (!metrics_ || !job_->config.metrics.enable_plot) return;
   std::string error;
   const std::string png = metrics_folder() + "/loss.png";
   if (plot_loss_curve(metrics_->path(), png, &error)) {
@@ -481,7 +461,7 @@ void Trainer::plot_metrics() const {
 
 const std::string& Trainer::run_id() const { return checkpoints_->run_id(); }
 
-FullyShardedParameters* Trainer::fully_sharded() const { return parallelized_->fully_sharded(); }
+FullyShardedParameters* Trainer::fully_sharded() const { return job_->parallelized->fully_sharded(); }
 
 void Trainer::save_checkpoint() const { checkpoints_->save(step_, trained_state()); }
 
@@ -491,10 +471,10 @@ bool Trainer::load_checkpoint() {
   return step.has_value();
 }
 
-StateBytes Trainer::state_bytes() const { return measure_state_bytes(*parallelized_, *optimizer_); }
+StateBytes Trainer::state_bytes() const { return measure_state_bytes(*job_->parallelized, *job_->optimizer); }
 
 TrainedState Trainer::trained_state() const {
-  return {parallelized_->named_trained_parameters(), optimizer_.get(), parallelized_.get()};
+  return {job_->parallelized->named_trained_parameters(), job_->optimizer.get(), job_->parallelized.get()};
 }
 
 }  // namespace hyper_parallel::train

@@ -23,6 +23,10 @@ double value_of(const at::Tensor& loss) {
   return (is_dtensor(loss) ? full_tensor(loss) : loss).detach().to(at::kDouble).item<double>();
 }
 
+at::Device world_device() { return is_initialized() ? current_world().device : at::Device(at::kCPU); }
+
+int64_t world_size_or_one() { return is_initialized() ? get_world_size() : 1; }
+
 std::unique_ptr<torch::optim::AdamW> make_optimizer(const ParallelizedModel& parallelized, const TrainingConfig& t) {
   return std::make_unique<torch::optim::AdamW>(
       parallelized.trained_parameters(),
@@ -32,7 +36,7 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const ParallelizedModel& par
 double forward_backward(const TrainingStepParts& parts, const Batch& batch, PhaseClock& clock) {
   const int64_t micro_batches = parts.training.grad_accum_steps;
   // The count lives on the world's device (the module's, but a real tensor on a dry run).
-  const at::Device device = is_initialized() ? current_world().device : at::Device(at::kCPU);
+  const at::Device device = world_device();
   at::Tensor counts = at::full({1}, counted_tokens(batch), at::TensorOptions().dtype(at::kDouble).device(device));
   sum_over_mesh(counts, parts.dp_mesh);
   const double global_tokens = counts.cpu().item<double>();

@@ -34,6 +34,11 @@ struct TrainingStepParts {
   const std::optional<DeviceMesh>& dp_mesh;
 };
 
+// The world's device (the process group's), or the CPU without a process group.
+at::Device world_device();
+// The process group's size, or 1 without one.
+int64_t world_size_or_one();
+
 // The targets of `batch` that count (not ignore_index); a dry run's meta batch holds no ids:
 // 0 (its count's all-reduce still runs).
 double counted_tokens(const Batch& batch);
