@@ -2,8 +2,10 @@
 // overrides, error messages (unknown keys, wrong types, malformed TOML), to_toml round
 // trip, --help text and validate().
 #include "harness/build_paths.h"
+#include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel_train/job_config.h"
 #include "hyper_parallel_train/parallel_dims.h"
+#include "hyper_parallel_train/train_spec.h"
 
 #include <c10/util/Exception.h>
 #include <gmock/gmock.h>
@@ -21,6 +23,7 @@
 namespace job_config_test {
 
 using namespace hyper_parallel::train;
+using hyper_parallel::as_causal_lm;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -177,16 +180,22 @@ TEST(JobConfig, NoArgumentsGiveTheDefaults) {
   EXPECT_EQ(c.config_file, "");
 }
 
-TEST(JobConfig, ZeroFfnHiddenDimIsDerivedLikeLlama) {
+// [model] ffn_hidden_dim = 0 is the family's derivation: the module says what it resolved
+// (what the checkpoint identity records), and no rule outside the family repeats it.
+TEST(JobConfig, ZeroFfnHiddenDimIsTheFamilysDerivation) {
+  auto ffn_of = [](ModelConfig m) { return as_causal_lm(*train_spec(m.name).build(m)).sizes().ffn_hidden_dim; };
   ModelConfig m;
-  m.dim = 128;  // 4*128*2/3 = 341 -> 384
-  EXPECT_EQ(resolved_ffn_hidden_dim(m), 384);
+  m.dim = 128;  // Llama: 4*128*2/3 = 341 -> 384
+  m.n_heads = 4;
+  m.n_layers = 1;
+  m.vocab_size = 64;
+  EXPECT_EQ(ffn_of(m), 384);
   m.dim = 256;  // 682 -> 704
-  EXPECT_EQ(resolved_ffn_hidden_dim(m), 704);
+  EXPECT_EQ(ffn_of(m), 704);
   m.multiple_of = 256;  // 682 -> 768
-  EXPECT_EQ(resolved_ffn_hidden_dim(m), 768);
+  EXPECT_EQ(ffn_of(m), 768);
   m.ffn_hidden_dim = 100;  // explicit wins
-  EXPECT_EQ(resolved_ffn_hidden_dim(m), 100);
+  EXPECT_EQ(ffn_of(m), 100);
 }
 
 TEST(JobConfig, DebugModelFileLoadsTheTinyTwoRankJob) {

@@ -58,9 +58,6 @@ struct ModelConfig {
   bool hf_sizes_applied = false;
 };
 
-// The MLP hidden size the model uses: ffn_hidden_dim, or Llama's derivation when it is 0.
-int64_t resolved_ffn_hidden_dim(const ModelConfig& model);
-
 // [training]: optimisation and data.
 struct TrainingConfig {
   int64_t batch_size = 8;

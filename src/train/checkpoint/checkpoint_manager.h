@@ -46,9 +46,11 @@ class CheckpointManager {
  public:
   // `world_mesh`: every rank (none for a one-rank job).
   // `hf_config`: model.hf_assets_path's config.json (null otherwise), recorded in the
-  // checkpoints. Collective: rank 0 draws the run's id and every rank receives it.
+  // checkpoints. `ffn_hidden_dim`: the module's as its family resolved it (a [model]
+  // ffn_hidden_dim of 0 is the family's derivation), recorded in the identity.
+  // Collective: rank 0 draws the run's id and every rank receives it.
   CheckpointManager(const JobConfig& config, int64_t rank, std::optional<DeviceMesh> world_mesh,
-                    nlohmann::json hf_config, std::ostream* log);
+                    nlohmann::json hf_config, int64_t ffn_hidden_dim, std::ostream* log);
 
   // checkpoint.folder under job.dump_folder.
   const std::string& folder() const { return folder_; }
@@ -94,6 +96,7 @@ class CheckpointManager {
   int64_t rank_ = 0;
   std::optional<DeviceMesh> world_mesh_;
   nlohmann::json hf_config_;
+  int64_t ffn_hidden_dim_;
   nlohmann::json data_identity_;
   std::ostream* log_;
   std::string run_id_;

@@ -617,14 +617,6 @@ std::string hf_export_folder(const JobConfig& cfg, int64_t step) {
   return job_folder(cfg, "hf") + "/step-" + std::to_string(step);
 }
 
-int64_t resolved_ffn_hidden_dim(const ModelConfig& model) {
-  if (model.ffn_hidden_dim > 0) return model.ffn_hidden_dim;
-  // Llama: a SwiGLU MLP of 2/3 of 4*dim keeps the parameter count of a 4*dim GELU MLP.
-  const int64_t hidden = 2 * (4 * model.dim) / 3;
-  const int64_t m = std::max<int64_t>(model.multiple_of, 1);
-  return (hidden + m - 1) / m * m;
-}
-
 JobConfig load_job_config_file(const std::string& path) {
   if (!compat::path_exists(path)) {
     throw std::invalid_argument(path + ": job config file not found");
