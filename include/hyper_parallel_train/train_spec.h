@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "hyper_parallel/export.h"
+#include "hyper_parallel/hf_checkpoint.h"
 #include "hyper_parallel_train/batch.h"
 #include "hyper_parallel_train/job_config.h"
 #include "hyper_parallel_train/parallel_dims.h"
@@ -69,6 +70,9 @@ struct TrainSpec {
                                                    const ParallelDims::Meshes& meshes, const JobConfig& job,
                                                    const std::function<void()>& load_weights)>
       parallelize;
+  // Our parameter names against a Hugging Face checkpoint's (TorchTitan's state-dict
+  // adapter): what checkpoint.initial_load_in_hf reads through.
+  std::function<HfAdapter(const torch::nn::Module& model)> hf_adapter;
   // Sharded data parallelism's groups: the root's parameters (embeddings, final norm, head)
   // first, then one group per block, in the order the forward reads them.
   std::function<std::vector<NamedParameters>(const torch::nn::Module& model)> shard_groups;

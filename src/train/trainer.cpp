@@ -23,7 +23,6 @@
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/hf_checkpoint.h"
-#include "hyper_parallel/model_registry.h"
 #include "hyper_parallel/parameters_on_meta.h"
 #include "hyper_parallel/parallelism_config.h"
 #include "hyper_parallel/cpu_allocator.h"
@@ -233,9 +232,8 @@ void Trainer::initial_load() {
   }
   // Every rank checks the same headers alike (load_hf_checkpoint); an error of one rank
   // alone (its file system) still stops every rank.
-  run_then_agree("loading the Hugging Face checkpoint " + path, job_->meshes.world, [&] {
-    load_hf_checkpoint(*job_->model, model_family(job_->config.model.name).hf_adapter(*job_->model), path);
-  });
+  run_then_agree("loading the Hugging Face checkpoint " + path, job_->meshes.world,
+                 [&] { load_hf_checkpoint(*job_->model, job_->spec->hf_adapter(*job_->model), path); });
   if (rank_ == 0 && log_) *log_ << "hp-train: weights loaded from the Hugging Face checkpoint in " << path << std::endl;
 }
 
@@ -311,8 +309,7 @@ void Trainer::check_storage() {
     const at::Tensor local = local_or_plain(p);
     bytes += 3.0 * static_cast<double>(local.numel()) * static_cast<double>(local.element_size());
   }
-  at::Tensor total = at::full(
-      {1}, bytes, at::TensorOptions().dtype(at::kDouble).device(as_causal_lm(*job_->model).head_weight().device()));
+  at::Tensor total = at::full({1}, bytes, at::TensorOptions().dtype(at::kDouble).device(job_->device));
   sum_over_mesh(total, job_->meshes.world);
   const auto free = free_bytes(checkpoints_->folder());
   if (rank_ == 0 && log_ && free) {

@@ -203,6 +203,7 @@ TrainSpec spec_of(const ModelFamily& family) {
                                const std::function<void()>& load_weights) {
     return parallelize(family, std::move(model), dims, meshes, job, load_weights);
   };
+  spec.hf_adapter = family.hf_adapter;
   spec.shard_groups = block_groups;
   spec.loss = token_loss_sum;
   spec.loss_terms = loss_terms;
@@ -252,6 +253,7 @@ void register_train_spec(TrainSpec spec) {
   const std::vector<std::pair<const char*, bool>> fields = {{"build", bool(spec.build)},
                                                             {"rebuild", bool(spec.rebuild)},
                                                             {"parallelize", bool(spec.parallelize)},
+                                                            {"hf_adapter", bool(spec.hf_adapter)},
                                                             {"shard_groups", bool(spec.shard_groups)},
                                                             {"loss", bool(spec.loss)},
                                                             {"loss_terms", bool(spec.loss_terms)},
