@@ -76,8 +76,8 @@ echo "== DTensor dispatcher per op (hp-bench-dispatch, cuda)"
 "$build/bin/hp-bench-dispatch" 20000 5 "" cuda 2>&1
 # The Python package on the GPU: ours through PyTorch's DTensor and the functional op against
 # PyTorch's loss_parallel and a compiled gather (TP 1, NCCL), with the python3 torch it built against.
-echo "== Python package (hyper_parallel_cpp.bench, TP 1, one GPU)"
+echo "== Python package (apps/bench_python_loss.py, TP 1, one GPU)"
 for dtype in bfloat16 float32; do
-  PYTHONPATH="$build/python" python3 -m torch.distributed.run --nproc-per-node 1 -m hyper_parallel_cpp.bench \
+  PYTHONPATH="$build/python" python3 -m torch.distributed.run --nproc-per-node 1 "$HP_ROOT/apps/bench_python_loss.py" \
     --device cuda --tokens 8192 --vocab 128256 --dtype "$dtype" 2>&1 | grep -v "^W[0-9]"
 done

@@ -3,7 +3,7 @@
 // here: every kernel is the library's, the same the C++ loss_parallel runs. The package's
 // torch.library ops are registered beside them (library_ops.cpp); these functions serve
 // what the ops do not: loss_parallel()'s gradient written in forward, the cross-entropy-only
-// options' refusal on every rank, configuration, counters and the benchmark's probes.
+// options' refusal on every rank, configuration and counters.
 #include <c10/util/Exception.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -16,7 +16,6 @@
 #include "hyper_parallel/gradient_buffers.h"
 #include "hyper_parallel/loss_parallel.h"
 #include "hyper_parallel/parallelism_config.h"
-#include "bench/memory_probe.h"
 
 namespace py = pybind11;
 namespace hp = hyper_parallel;
@@ -165,12 +164,6 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("reset_collective_counts", [] { hp::reset_collective_counts(); });
 
-  // Peak CPU memory through LibTorch's allocator (src/bench/memory_probe.h: the probe hp-bench
-  // uses), for the benchmark; tensors allocated before install() are not counted.
-  m.def("memory_probe_install", &hp_memory_probe_install);
-  m.def("memory_probe_current_bytes", &hp_memory_probe_current_bytes);
-  m.def("memory_probe_peak_bytes", &hp_memory_probe_peak_bytes);
-  m.def("memory_probe_reset_peak", &hp_memory_probe_reset_peak);
   // The logits-sized gradient buffer the calling thread keeps between steps (hyper_parallel/gradient_buffers.h):
   // the benchmark counts it as the loss's memory, as hp-bench does.
   m.def("cached_gradient_buffer_bytes", &hp::cached_gradient_buffer_bytes);

@@ -1,11 +1,12 @@
 """Side-by-side benchmark of the Python front end, every figure from one run:
 
-    torchrun --nproc-per-node 2 -m hyper_parallel_cpp.bench --tokens 4096 --vocab 32000 --dtype float32
+    PYTHONPATH=build/python torchrun --nproc-per-node 2 apps/bench_python_loss.py --tokens 4096 --vocab 32000 --dtype float32
 
 Per rank, cross-entropy forward + backward on [tokens, vocab] logits sharded along the
 vocabulary (median of --iters after a warm-up), and the peak memory the step allocated
-beyond its inputs (LibTorch's CPU allocator, counted by the library's memory probe; on a GPU
-torch.cuda's statistics):
+beyond its inputs (LibTorch's CPU allocator, counted by the memory probe hp-bench uses,
+build/src/libhp_memory_probe.so loaded with ctypes, --probe; on a GPU torch.cuda's
+statistics):
 
   ours (loss_parallel)   hyper_parallel_cpp.loss_parallel() + F.cross_entropy on the DTensor
   ours (functional)      hyper_parallel_cpp.vocab_parallel_cross_entropy on the local piece
@@ -18,6 +19,7 @@ does not route (ours sees every torch call inside it). Ratios are against PyTorc
 """
 
 import argparse
+import ctypes
 import os
 import statistics
 import time
@@ -35,14 +37,34 @@ from hyper_parallel_cpp import _C
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
+# The probe of the build beside this script (build/src); it must wrap the allocator of the
+# LibTorch this process loaded, so it is the build's, never another one's.
+_DEFAULT_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "src",
+                              "libhp_memory_probe.so")
+
+
+def load_memory_probe(path):
+    """LibTorch's CPU allocator wrapped by the counting probe (src/bench/memory_probe.h)."""
+    if not os.path.exists(path):
+        raise SystemExit(f"bench_python_loss: no memory probe at {path}: build the project (it makes "
+                         "build/src/libhp_memory_probe.so) or pass --probe PATH")
+    probe = ctypes.CDLL(path)
+    probe.hp_memory_probe_current_bytes.restype = ctypes.c_int64
+    probe.hp_memory_probe_peak_bytes.restype = ctypes.c_int64
+    probe.hp_memory_probe_install()
+    return probe
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m hyper_parallel_cpp.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="apps/bench_python_loss.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (default 1, as torchrun)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--probe", default=_DEFAULT_PROBE,
+                   help="libhp_memory_probe.so of the build hyper_parallel_cpp comes from (CPU memory)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     cuda = a.device == "cuda"
@@ -57,7 +79,7 @@ def main(argv=None):
     if cuda:
         torch.cuda.set_device(device)
     else:
-        _C.memory_probe_install()
+        probe = load_memory_probe(a.probe)
     mesh = init_device_mesh(a.device, (world,))
     dtype = _DTYPES[a.dtype]
     g = torch.Generator().manual_seed(7)
@@ -73,16 +95,16 @@ def main(argv=None):
             torch.cuda.synchronize(device)
 
     def memory():
-        return torch.cuda.memory_allocated(device) if cuda else _C.memory_probe_current_bytes()
+        return torch.cuda.memory_allocated(device) if cuda else probe.hp_memory_probe_current_bytes()
 
     def reset_peak():
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         else:
-            _C.memory_probe_reset_peak()
+            probe.hp_memory_probe_reset_peak()
 
     def peak():
-        return torch.cuda.max_memory_allocated(device) if cuda else _C.memory_probe_peak_bytes()
+        return torch.cuda.max_memory_allocated(device) if cuda else probe.hp_memory_probe_peak_bytes()
 
     def measure(step, iters, ours=False):
         _C.release_gradient_buffers()  # what ours kept from an earlier row is no one's now
