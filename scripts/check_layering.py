@@ -15,9 +15,10 @@ src/train is itself a stack of folders, each a layer of its own, with the traini
 apps/ and tests/ sit on top and may include anything. The launcher (src/launcher, hp-run)
 stands alone: it includes only itself and public headers, and no library folder includes
 it. Public headers (include/hyper_parallel/, include/hyper_parallel_train/: all that is
-installed) include only public headers. The training library's public headers belong to
-the train layer named in TRAIN_PUBLIC_LAYER: only that layer and those above it include
-them, and no folder below train/ does.
+installed) include only public headers. Each public header belongs to the layer named in
+RUNTIME_PUBLIC_LAYER or TRAIN_PUBLIC_LAYER (the folder that implements it): only that layer
+and those above it include it, a public header included, so no folder below train/ includes
+a training header. A header in neither map is reported.
 
     python3 scripts/check_layering.py [REPO_ROOT]
 """
@@ -48,7 +49,24 @@ TRAIN_PUBLIC_LAYER = {
     "checkpoint_identity.h": "train/checkpoint", "saved_model.h": "train/checkpoint",
     "step_result.h": "train/metrics", "trainer.h": "train",
 }
-PUBLIC_FOLDERS = ("hyper_parallel", "hyper_parallel_train")
+# include/hyper_parallel/<name>: the runtime layer each public header belongs to.
+RUNTIME_PUBLIC_LAYER = {
+    "export.h": "core", "fatal_error.h": "core", "rank_error_file.h": "core", "placement.h": "core",
+    "layout.h": "core", "communicator.h": "core", "distributed.h": "core", "device_mesh.h": "core",
+    "collective_stats.h": "core", "pending_collective.h": "core", "run_then_agree.h": "core",
+    "cpu_allocator.h": "core",
+    "dtensor.h": "dtensor",
+    "dispatch.h": "dispatch",
+    "distributed_op.h": "dispatch", "sharding_strategy.h": "dispatch",
+    "loss_parallel.h": "loss", "vocab_parallel.h": "loss", "vocab_logprobs.h": "loss", "fused_linear_loss.h": "loss",
+    "gradient_buffers.h": "loss", "parallelism_config.h": "loss",
+    "block_hooks.h": "nn", "activation_checkpoint.h": "nn", "module_utils.h": "nn", "parallel_style.h": "nn",
+    "parameters_on_meta.h": "nn", "fully_shard.h": "nn",
+    "causal_lm.h": "models", "hf_checkpoint.h": "models", "model_registry.h": "models", "llama.h": "models",
+    "qwen3.h": "models", "gemma2.h": "models", "hyper_parallel.h": "models",
+}
+PUBLIC_LAYER = {"hyper_parallel": RUNTIME_PUBLIC_LAYER, "hyper_parallel_train": TRAIN_PUBLIC_LAYER}
+PUBLIC_FOLDERS = tuple(PUBLIC_LAYER)
 
 
 def layer_of(path):
@@ -59,14 +77,24 @@ def layer_of(path):
     return parts[0]
 
 
+def public_layer(target):
+    """The layer of a public header "<public folder>/<name>", or None with the reason."""
+    public_folder, name = target.split("/", 1)
+    layer = PUBLIC_LAYER[public_folder].get(name)
+    if layer is None:
+        table = "RUNTIME_PUBLIC_LAYER" if public_folder == "hyper_parallel" else "TRAIN_PUBLIC_LAYER"
+        return None, "not a header of include/%s/ (add it to %s)" % (public_folder, table)
+    return layer, None
+
+
 def violation(folder, name, target, own_dir_files):
     """Why including `target` from src/`folder`/`name` breaks the layering, or None."""
-    if target.startswith("hyper_parallel/"):
-        return None
-    if target.startswith("hyper_parallel_train/"):
-        layer = TRAIN_PUBLIC_LAYER.get(target.split("/", 1)[1])
-        if layer is None:
-            return "not a header of include/hyper_parallel_train/ (add it to TRAIN_PUBLIC_LAYER)"
+    if target.split("/")[0] in PUBLIC_FOLDERS:
+        layer, why = public_layer(target)
+        if why:
+            return why
+        if folder == "launcher":  # stands alone: any public header
+            return None
         if folder not in LEVEL or LEVEL[folder] < LEVEL[layer]:
             return "%s is above %s" % (layer, folder)
         return None
@@ -110,13 +138,20 @@ def main():
             continue
         for name in sorted(os.listdir(public)):
             checked += 1
+            own_layer, why = public_layer(public_folder + "/" + name)
+            if why:
+                problems.append("include/%s/%s: %s" % (public_folder, name, why))
+                continue
             for number, target in includes(os.path.join(public, name)):
+                where = "include/%s/%s:%d includes \"%s\"" % (public_folder, name, number, target)
                 if target.split("/")[0] not in PUBLIC_FOLDERS:
-                    problems.append("include/%s/%s:%d includes \"%s\": a public header includes only "
-                                    "public headers" % (public_folder, name, number, target))
-                elif public_folder == "hyper_parallel" and not target.startswith("hyper_parallel/"):
-                    problems.append("include/hyper_parallel/%s:%d includes \"%s\": the runtime's headers do not "
-                                    "include the training library's" % (name, number, target))
+                    problems.append(where + ": a public header includes only public headers")
+                    continue
+                layer, why = public_layer(target)
+                if why:
+                    problems.append(where + ": " + why)
+                elif LEVEL[layer] > LEVEL[own_layer]:
+                    problems.append(where + ": %s is above %s" % (layer, own_layer))
     for p in problems:
         print(p)
     print("%d files checked, %d layering violation(s)" % (checked, len(problems)))

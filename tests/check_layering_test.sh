@@ -28,6 +28,9 @@ echo '#include "core/redistribute.h"' >> "$root/include/hyper_parallel/layout.h"
 echo '#include "train/data/batches.h"' >> "$root/include/hyper_parallel_train/trainer.h"  # installed -> src
 echo '#include "hyper_parallel_train/trainer.h"' > "$root/src/train/data/corpus.cpp"     # public train header above
 echo '#include "train/checkpoint/checkpoint_io.h"' > "$root/src/train/data/batches.cpp"  # a train part above
+echo '#include "hyper_parallel/llama.h"' > "$root/src/core/placement.cpp"      # a public header of a layer above
+echo '#pragma once' > "$root/include/hyper_parallel/unlisted.h"               # a public header with no layer
+echo '#include "hyper_parallel/dtensor.h"' > "$root/include/hyper_parallel/placement.h"  # public, a layer above
 set +e
 out="$(python3 "$script" "$root")"
 rc=$?
@@ -36,8 +39,9 @@ echo "$out"
 [ "$rc" -ne 0 ] || { echo "FAIL: exit status 0 with violations planted"; exit 1; }
 for where in src/core/redistribute.h src/core/fatal_error.cpp src/launcher/launcher.cpp \
              include/hyper_parallel/layout.h include/hyper_parallel_train/trainer.h src/train/data/batches.cpp \
-             src/train/data/corpus.cpp; do
+             src/train/data/corpus.cpp src/core/placement.cpp include/hyper_parallel/unlisted.h \
+             include/hyper_parallel/placement.h; do
   grep -q "^$where:" <<<"$out" || { echo "FAIL: $where not reported"; exit 1; }
 done
-grep -q " 7 layering violation(s)" <<<"$out" || { echo "FAIL: expected exactly 7 violations"; exit 1; }
+grep -q " 10 layering violation(s)" <<<"$out" || { echo "FAIL: expected exactly 10 violations"; exit 1; }
 echo "check_layering.py catches each planted violation"

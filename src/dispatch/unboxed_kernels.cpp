@@ -43,6 +43,7 @@
 #include "dispatch/layout_cache.h"
 #include "dispatch/local_call_layout.h"
 #include "dispatch/op_resolution.h"
+#include "dispatch/dispatch_key_registration.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dispatch.h"
 

@@ -3,6 +3,8 @@
 #include <ATen/core/TensorBody.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
+
 #include "core/redistribute.h"
 
 namespace hyper_parallel {
@@ -61,8 +63,18 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
   refresh_contiguous();
 }
 
+namespace {
+std::atomic<void (*)()> before_making_a_dtensor{nullptr};
+}  // namespace
+
+void set_before_making_a_dtensor(void (*hook)()) { before_making_a_dtensor.store(hook, std::memory_order_release); }
+
 at::Tensor make_dtensor(const at::Tensor& local, const Layout& layout) {
-  ensure_dtensor_dispatch_registered();
+  auto* before = before_making_a_dtensor.load(std::memory_order_acquire);
+  TORCH_CHECK(before,
+              "make_dtensor: the DTensor dispatch key is not connected to the dispatcher (the library's "
+              "dispatch layer sets it at load)");
+  before();
   TORCH_CHECK(local.defined(), "cannot make a DTensor from an undefined local tensor");
   TORCH_CHECK(!dtensor_impl(local), "the local piece of a DTensor must be a plain tensor");
   TORCH_CHECK(local.sizes() == c10::IntArrayRef(layout.local_shape()), "local tensor of shape ", local.sizes(),

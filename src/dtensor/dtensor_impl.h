@@ -51,16 +51,9 @@ at::Tensor local_piece(const at::Tensor& t, const Layout& layout);
 // The full value: a DTensor's pieces gathered and reduced, a plain tensor as it is.
 at::Tensor full_value(const at::Tensor& t);
 
-// Installs the dispatch-key kernels (once per process); called on first DTensor creation.
-void ensure_dtensor_dispatch_registered();
-// Features built on the dispatcher (loss_parallel, the unboxed fast kernels) hook
-// themselves up here instead of being called by name from the generic code: `init` runs
-// once, right after the fallback is installed and before the generic kernel is registered
-// for single ops, which it leaves alone where an initializer registered a kernel (or at
-// once, if the kernels are installed already).
-void add_dtensor_dispatch_initializer(void (*init)());
-// Registers an initializer at library load: HP_DTENSOR_DISPATCH_INITIALIZER(fn).
-#define HP_DTENSOR_DISPATCH_INITIALIZER(FN) \
-  static const bool hp_dispatch_initializer_##FN = (::hyper_parallel::add_dtensor_dispatch_initializer(&FN), true)
+// Run before a DTensor is made: the dispatch layer's set-up of the DTensor dispatch key
+// (src/dispatch/dispatch_key_registration.h), which it sets at library load. This layer
+// is below the dispatcher, so it calls it through this hook rather than by name.
+void set_before_making_a_dtensor(void (*hook)());
 
 }  // namespace hyper_parallel

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "dispatch/op_registry.h"
+#include "dispatch/dispatch_key_registration.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dispatch.h"
 #include "hyper_parallel/dtensor.h"

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <vector>
 
+#include "dispatch/dispatch_key_registration.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dispatch.h"
 
@@ -97,5 +98,9 @@ void ensure_dtensor_dispatch_registered() {
   static std::once_flag ops_once;
   std::call_once(ops_once, reload_distributed_ops);
 }
+
+namespace {
+const bool hp_before_making_a_dtensor = (set_before_making_a_dtensor(&ensure_dtensor_dispatch_registered), true);
+}  // namespace
 
 }  // namespace hyper_parallel
