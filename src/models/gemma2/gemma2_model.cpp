@@ -8,6 +8,7 @@
 #include "hyper_parallel/gemma2.h"
 #include "hyper_parallel/llama.h"
 #include "hyper_parallel/parameters_on_meta.h"
+#include "models/decoder_blocks.h"
 #include "models/module_input.h"
 #include "nn/parameter_table.h"
 
@@ -156,14 +157,7 @@ at::Tensor Gemma2Impl::hidden_states(const at::Tensor& tokens) {
   // transformers multiplies by sqrt(dim) as a tensor of the hidden dtype: the factor
   // rounded to that dtype (a bfloat16 model scales by 59.75 where sqrt(3584) = 59.87).
   h = h * at::scalar_tensor(std::sqrt(static_cast<double>(args_.dim)), h.scalar_type()).item<double>();
-  for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) {
-    if (block_hooks_) block_hooks_->before_block(i);
-    Gemma2BlockImpl* block = layers[i]->as<Gemma2BlockImpl>();
-    h = run_block(
-        block_checkpointing_, i, *block,
-        [this, block](const at::Tensor& x) { return block->forward(x, rope_cos_, rope_sin_); }, h);
-    if (block_hooks_) block_hooks_->after_block(i, h);
-  }
+  h = run_decoder_blocks<Gemma2BlockImpl>(layers, block_hooks_.get(), block_checkpointing_, h, rope_cos_, rope_sin_);
   return parallel_forward(norm, h);
 }
 
@@ -193,30 +187,16 @@ int64_t Gemma2Impl::flops_per_token(int64_t seq_len) const {
 }
 
 void Gemma2Impl::init_weights(uint64_t seed) {
-  torch::NoGradGuard no_grad;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  const double depth_std = 0.02 / std::sqrt(2.0 * static_cast<double>(args_.n_layers));
-  for (auto& item : named_parameters()) {
-    at::Tensor& p = item.value();
-    const std::string& name = item.key();
-    TORCH_CHECK(!(is_dtensor(p) ? to_local(p) : p).is_meta(), "Gemma2::init_weights: ", name,
-                " is on the meta device (built under ParametersOnMeta); materialize_parameters first");
-    if (name.find("norm") != std::string::npos) {
-      p.fill_(0.0);  // the scale is 1 + weight
-      continue;
-    }
-    const bool out_proj = name.find("wo.") != std::string::npos || name.find("w2.") != std::string::npos;
-    at::Tensor v =
-        at::normal(0.0, out_proj ? depth_std : 0.02, p.sizes(), gen, p.options().dtype(at::kFloat)).clamp(-0.06, 0.06);
-    if (name == "tok_embeddings.weight" && args_.pad_token_id) v[*args_.pad_token_id].zero_();
-    p.copy_(v);
-  }
+  // Norms scale by 1 + weight; the padding token's embedding is zero, as transformers'.
+  init_decoder_weights(*this, seed, args_.n_layers, /*norm_weight=*/0.0, "Gemma2",
+                       [this](const std::string& name, at::Tensor& values) {
+                         if (name == "tok_embeddings.weight" && args_.pad_token_id) values[*args_.pad_token_id].zero_();
+                       });
 }
 
 void Gemma2Impl::tie_head() {
   TORCH_CHECK(args_.tie_word_embeddings, "Gemma2: tie_head on a model whose args do not tie the head");
-  if (has_own_parameter(*output, "weight")) unregister_parameter(*output, "weight");
-  output->weight = tok_embeddings->weight;
+  tie_head_to_embeddings(output, tok_embeddings);
 }
 
 }  // namespace hyper_parallel

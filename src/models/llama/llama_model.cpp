@@ -10,6 +10,7 @@
 
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/parameters_on_meta.h"
+#include "models/decoder_blocks.h"
 #include "models/module_input.h"
 #include "nn/parameter_table.h"
 
@@ -136,14 +137,8 @@ at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens) {
               "Llama: expected tokens [batch, seq] with seq <= ", args_.max_seq_len, ", got ", tokens.sizes());
   if (block_hooks_) block_hooks_->before_forward();
   at::Tensor h = parallel_forward(tok_embeddings, tokens);
-  for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) {
-    if (block_hooks_) block_hooks_->before_block(i);
-    TransformerBlockImpl* block = layers[i]->as<TransformerBlockImpl>();
-    h = run_block(
-        block_checkpointing_, i, *block,
-        [this, block](const at::Tensor& x) { return block->forward(x, rope_cos_, rope_sin_); }, h);
-    if (block_hooks_) block_hooks_->after_block(i, h);
-  }
+  h = run_decoder_blocks<TransformerBlockImpl>(layers, block_hooks_.get(), block_checkpointing_, h, rope_cos_,
+                                               rope_sin_);
   return parallel_forward(norm, h);
 }
 
@@ -165,22 +160,7 @@ DecoderSizes LlamaImpl::sizes() const {
 }
 
 void LlamaImpl::init_weights(uint64_t seed) {
-  torch::NoGradGuard no_grad;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  const double depth_std = 0.02 / std::sqrt(2.0 * static_cast<double>(args_.n_layers));
-  for (auto& item : named_parameters()) {
-    at::Tensor& p = item.value();
-    const std::string& name = item.key();
-    TORCH_CHECK(!(is_dtensor(p) ? to_local(p) : p).is_meta(), "Llama::init_weights: ", name,
-                " is on the meta device (built under ParametersOnMeta); materialize_parameters first");
-    if (name.find("norm") != std::string::npos) {
-      p.fill_(1.0);
-      continue;
-    }
-    const bool out_proj = name.find("wo.") != std::string::npos || name.find("w2.") != std::string::npos;
-    at::Tensor v = at::normal(0.0, out_proj ? depth_std : 0.02, p.sizes(), gen, p.options().dtype(at::kFloat));
-    p.copy_(v.clamp(-0.06, 0.06));
-  }
+  init_decoder_weights(*this, seed, args_.n_layers, /*norm_weight=*/1.0, "Llama");
 }
 
 int64_t LlamaImpl::flops_per_token(int64_t seq_len) const {
@@ -190,8 +170,7 @@ int64_t LlamaImpl::flops_per_token(int64_t seq_len) const {
 
 void LlamaImpl::tie_head() {
   TORCH_CHECK(args_.tie_word_embeddings, "Llama: tie_head on a model whose args do not tie the head");
-  if (has_own_parameter(*output, "weight")) unregister_parameter(*output, "weight");
-  output->weight = tok_embeddings->weight;
+  tie_head_to_embeddings(output, tok_embeddings);
 }
 
 }  // namespace hyper_parallel
