@@ -28,12 +28,14 @@ import torch.nn.functional as F
 import hyper_parallel_cpp as hp
 from hyper_parallel_cpp import _C
 from hyper_parallel_cpp.integrations import hyperparallel
+from bench_memory import DEFAULT_PROBE, DeviceMemory, load_memory_probe
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--probe", default=DEFAULT_PROBE, help="the build's libhp_memory_probe.so (CPU memory)")
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
@@ -49,7 +51,7 @@ def main(argv=None):
     import hyper_parallel as hpar
     from hyper_parallel.core.placement_types import Shard
     hyperparallel.install()
-    _C.memory_probe_install()
+    mem = DeviceMemory(torch.device("cpu"), load_memory_probe(a.probe))
     mesh = hpar.init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
     dtype = _DTYPES[a.dtype]
     g = torch.Generator().manual_seed(7)
@@ -64,13 +66,13 @@ def main(argv=None):
         for i in range(iters + 1):  # the first call warms up
             dist.barrier()
             # The gradient buffer ours keeps between steps counts as the step's (as in hp-bench).
-            before = _C.memory_probe_current_bytes() - (_C.cached_gradient_buffer_bytes() if ours else 0)
-            _C.memory_probe_reset_peak()
+            before = mem.current() - (_C.cached_gradient_buffer_bytes() if ours else 0)
+            mem.reset_peak()
             t0 = time.perf_counter()
             loss = step()
             if i > 0:
                 times.append(time.perf_counter() - t0)
-            extra = _C.memory_probe_peak_bytes() - before
+            extra = mem.peak() - before
         return statistics.median(times), extra, loss
 
     def ours():

@@ -18,8 +18,8 @@ and from hidden [tokens, hidden] and the ColwiseParallel head's local rows [voca
   PyTorch loss_parallel  the local matmul as a Shard(-1) DTensor, then as above
 
 Times are medians of --iters after a warm-up; peak memory is what the step allocated beyond
-its inputs (LibTorch's CPU allocator, counted by the library's memory probe; torch.cuda's
-statistics on a GPU). Ratios are against PyTorch's loss_parallel in the same run.
+its inputs (LibTorch's CPU allocator, counted by the build's memory probe,
+apps/bench_memory.py; torch.cuda's statistics on a GPU). Ratios are against PyTorch's loss_parallel in the same run.
 """
 
 import argparse
@@ -37,12 +37,14 @@ from torch.distributed.tensor.parallel import loss_parallel as torch_loss_parall
 
 import hyper_parallel_cpp as hp
 from hyper_parallel_cpp import _C
+from bench_memory import DEFAULT_PROBE, DeviceMemory, load_memory_probe
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--probe", default=DEFAULT_PROBE, help="the build's libhp_memory_probe.so (CPU memory)")
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--hidden", type=int, default=1024, help="the fused rows' hidden size (0: skip them)")
@@ -57,7 +59,7 @@ def main():
     else:
         dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
     rank, world = dist.get_rank(), dist.get_world_size()
-    _C.memory_probe_install()
+    mem = DeviceMemory(torch.device("cpu"), load_memory_probe(a.probe))
     mesh = init_device_mesh("cpu", (world,))
     group = mesh.get_group(0)
     dtype, T = _DTYPES[a.dtype], a.temperature
@@ -76,13 +78,13 @@ def main():
         for i in range(a.iters + 1):  # the first call warms up
             dist.barrier()
             # A gradient buffer ours keeps between steps counts as the step's (as in hp-bench).
-            before = _C.memory_probe_current_bytes() - (_C.cached_gradient_buffer_bytes() if ours else 0)
-            _C.memory_probe_reset_peak()
+            before = mem.current() - (_C.cached_gradient_buffer_bytes() if ours else 0)
+            mem.reset_peak()
             t0 = time.perf_counter()
             value = step()
             if i > 0:
                 times.append(time.perf_counter() - t0)
-            extra = max(extra, _C.memory_probe_peak_bytes() - before)
+            extra = max(extra, mem.peak() - before)
         return statistics.median(times), extra, value
 
     def objective(lp, ent):

@@ -19,7 +19,6 @@ does not route (ours sees every torch call inside it). Ratios are against PyTorc
 """
 
 import argparse
-import ctypes
 import os
 import statistics
 import time
@@ -32,27 +31,10 @@ from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.parallel import loss_parallel as torch_loss_parallel
 
 import hyper_parallel_cpp as hp
+from bench_memory import DEFAULT_PROBE, DeviceMemory, load_memory_probe
 from hyper_parallel_cpp import _C
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-
-
-# The probe of the build beside this script (build/src); it must wrap the allocator of the
-# LibTorch this process loaded, so it is the build's, never another one's.
-_DEFAULT_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "src",
-                              "libhp_memory_probe.so")
-
-
-def load_memory_probe(path):
-    """LibTorch's CPU allocator wrapped by the counting probe (src/bench/memory_probe.h)."""
-    if not os.path.exists(path):
-        raise SystemExit(f"bench_python_loss: no memory probe at {path}: build the project (it makes "
-                         "build/src/libhp_memory_probe.so) or pass --probe PATH")
-    probe = ctypes.CDLL(path)
-    probe.hp_memory_probe_current_bytes.restype = ctypes.c_int64
-    probe.hp_memory_probe_peak_bytes.restype = ctypes.c_int64
-    probe.hp_memory_probe_install()
-    return probe
 
 
 def main(argv=None):
@@ -63,7 +45,7 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (default 1, as torchrun)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--probe", default=_DEFAULT_PROBE,
+    p.add_argument("--probe", default=DEFAULT_PROBE,
                    help="libhp_memory_probe.so of the build hyper_parallel_cpp comes from (CPU memory)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -78,8 +60,7 @@ def main(argv=None):
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    else:
-        probe = load_memory_probe(a.probe)
+    mem = DeviceMemory(device, None if cuda else load_memory_probe(a.probe))
     mesh = init_device_mesh(a.device, (world,))
     dtype = _DTYPES[a.dtype]
     g = torch.Generator().manual_seed(7)
@@ -90,37 +71,21 @@ def main(argv=None):
     group = mesh.get_group(0)
     del full
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize(device)
-
-    def memory():
-        return torch.cuda.memory_allocated(device) if cuda else probe.hp_memory_probe_current_bytes()
-
-    def reset_peak():
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(device)
-        else:
-            probe.hp_memory_probe_reset_peak()
-
-    def peak():
-        return torch.cuda.max_memory_allocated(device) if cuda else probe.hp_memory_probe_peak_bytes()
-
     def measure(step, iters, ours=False):
         _C.release_gradient_buffers()  # what ours kept from an earlier row is no one's now
         times, extra, loss = [], 0, None
         for i in range(iters + 1):  # the first call warms up (and compiles)
             dist.barrier()
-            sync()
+            mem.sync()
             # The gradient buffer ours keeps between steps counts as the step's (as in hp-bench).
-            before = memory() - (_C.cached_gradient_buffer_bytes() if ours and not cuda else 0)
-            reset_peak()
+            before = mem.current() - (_C.cached_gradient_buffer_bytes() if ours and not cuda else 0)
+            mem.reset_peak()
             t0 = time.perf_counter()
             loss = step()
-            sync()
+            mem.sync()
             if i > 0:
                 times.append(time.perf_counter() - t0)
-            extra = peak() - before
+            extra = mem.peak() - before
         return statistics.median(times), extra, loss
 
     def ours_context():

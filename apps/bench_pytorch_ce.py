@@ -11,7 +11,6 @@ allocator (libhp_memory_probe, loaded here with ctypes; only when this torch is 
 LibTorch hp-bench was built against), on a GPU from torch.cuda's allocator statistics.
 """
 import argparse
-import ctypes
 import json
 import os
 import statistics
@@ -23,6 +22,8 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.parallel import loss_parallel
+
+from bench_memory import DeviceMemory, load_memory_probe
 
 
 def main():
@@ -45,28 +46,11 @@ def main():
     device = torch.device("cuda", rank % max(torch.cuda.device_count(), 1)) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    probe = None
-    if not cuda and a.probe and torch.__version__.split("+")[0] == a.libtorch_version.split("+")[0]:
-        probe = ctypes.CDLL(a.probe)
-        probe.hp_memory_probe_current_bytes.restype = ctypes.c_int64
-        probe.hp_memory_probe_peak_bytes.restype = ctypes.c_int64
-        probe.hp_memory_probe_install()
-
-    def current():
-        return torch.cuda.memory_allocated(device) if cuda else probe.hp_memory_probe_current_bytes()
-
-    def reset_peak():
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(device)
-        else:
-            probe.hp_memory_probe_reset_peak()
-
-    def peak():
-        return torch.cuda.max_memory_allocated(device) if cuda else probe.hp_memory_probe_peak_bytes()
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize(device)
+    # The probe counts only when this torch is the one the build linked (its allocator).
+    same_torch = torch.__version__.split("+")[0] == a.libtorch_version.split("+")[0]
+    probe = load_memory_probe(a.probe) if not cuda and a.probe and same_torch else None
+    mem = DeviceMemory(device, probe) if cuda or probe is not None else None
+    measure = mem is not None
 
     mesh = init_device_mesh(a.device, (dist.get_world_size(),))
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[a.dtype]
@@ -78,18 +62,18 @@ def main():
     def run(name, step):
         times, mb, loss = [], None, 0.0
         for i in range(a.iters + 1):  # the first run warms up
-            sync()
-            measure = cuda or probe is not None
             if measure:
-                before = current()
-                reset_peak()
+                mem.sync()
+                before = mem.current()
+                mem.reset_peak()
             t0 = time.perf_counter()
             loss = step()
-            sync()
+            if cuda:
+                mem.sync()
             if i > 0:
                 times.append((time.perf_counter() - t0) * 1000)
             if measure:
-                mb = (peak() - before) / 2**20
+                mb = (mem.peak() - before) / 2**20
         return {"name": name, "ms": statistics.median(times), "peak_mb": mb, "loss": loss}
 
     def single():
