@@ -2,7 +2,7 @@
 # hp-train's throughput and per-rank memory for the ways of laying out its ranks: TP alone,
 # DP alone, dp x tp, with and without sequence parallel, float32 and bfloat16, all on one
 # job (the debug Llama widened to dim 256, 2048 tokens per step), in one run. Prints a
-# Markdown table (docs/training.md, section "Layouts").
+# Markdown table (docs/training_measured.md, "Layouts").
 #
 #   scripts/bench_training_layouts.sh [--steps N] [-- hp-train overrides]
 #

@@ -10,7 +10,7 @@
 #               probe, bench/memory_probe.h; FSDP's gathered parameters taken out), rank 0;
 #               bound 15 %
 #   checkpoint  the predicted checkpoint size against rank 0's rank-0.pt (informative)
-# Prints a Markdown table (docs/training.md, "Dry run") and exits 1 when a bound is
+# Prints a Markdown table (docs/training_measured.md, "The dry run checked against measured runs") and exits 1 when a bound is
 # missed. A benchmark-like check, not a timed test: each job runs through hp-run, one
 # intra-op thread per rank.
 #

@@ -18,7 +18,7 @@ env -u LD_LIBRARY_PATH "$work/prefix/bin/hp-train" --help | grep -- "--training.
   -DCMAKE_CXX_COMPILER_LAUNCHER="$(command -v ccache || true)" >/dev/null
 "$cmake" --build "$work/consumer" >/dev/null
 env -u LD_LIBRARY_PATH "$work/consumer/consumer"
-# The installed train headers and HyperParallel::hp_train (docs/training.md, "The Trainer from C++").
+# The installed train headers and HyperParallel::hp_train (docs/training_reference.md, "The Trainer from C++").
 test -f "$work/prefix/include/hyper_parallel_train/trainer.h"
 # Only include/ is installed: no header of src/.
 test ! -e "$work/prefix/include/hyper_parallel_train/train"

@@ -1,5 +1,5 @@
 // Builds against the installed train headers (HyperParallel::hp_train), as
-// docs/training.md shows: parses a job config, then trains it on one process, and reads
+// docs/training_reference.md shows: parses a job config, then trains it on one process, and reads
 // what the train spec's parallelize made (ParallelizedModel, installed with the spec).
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
