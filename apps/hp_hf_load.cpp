@@ -11,6 +11,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/module.h>
 
 #include <chrono>
 #include <fstream>

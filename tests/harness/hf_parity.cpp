@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/module.h>
 
 #include <iostream>
 #include <map>
