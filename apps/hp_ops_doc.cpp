@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
                  "`detach`, `alias`, `lift_fresh` (same layout), `_local_scalar_dense` and `equal` "
                  "(on the full value), `copy_` (the source is brought to the destination's layout).\n"
               << "\n## Conformance\n\n"
-                 "`tests/op_conformance_test.cpp` calls every op above (the backward ops through "
+                 "`tests/dispatch/op_conformance_test.cpp` calls every op above (the backward ops through "
                  "the gradients of their forward ops; the random ops in `dtensor_random_test.cpp`) "
                  "on DTensors: on meshes of 2 and 3 ranks in every combination of the inputs' "
                  "Replicate / Shard(d) / Partial(sum) placements, on a 2 x 2 mesh with every input "

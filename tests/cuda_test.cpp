@@ -240,7 +240,7 @@ TEST(CudaLossParallel, FusedLinearCrossEntropyMatchesTheFullLogits) {
 
 // The CUDA kernel on NaN / +inf / -inf rows (tests/harness/nonfinite_rows.h: the first
 // column, inside a thread's first 256, past them, whole rows) gives ATen's loss and gradient,
-// TP 1-3. tests/cross_entropy_nonfinite_test.cpp runs the kernel's update and merge on the CPU.
+// TP 1-3. tests/loss/cross_entropy_nonfinite_test.cpp runs the kernel's update and merge on the CPU.
 TEST(CudaLossParallel, NonFiniteLogitsGiveAtensLossAndGradient) {
   HP_REQUIRE_CUDA();
   using hyper_parallel::testing::expect_same_values;

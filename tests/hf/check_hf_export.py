@@ -1,4 +1,4 @@
-"""What transformers makes of our Hugging Face exports (tests/hf_export_test.cpp).
+"""What transformers makes of our Hugging Face exports (tests/models/hf_export_test.cpp).
 
     python check_hf_export.py JOBS.json
 

@@ -1,5 +1,5 @@
 """Tiny random transformers Gemma2ForCausalLM checkpoints, made offline, and what
-transformers computes on them: the reference for tests/hf_gemma2_test.cpp.
+transformers computes on them: the reference for tests/models/hf_gemma2_test.cpp.
 
     python make_gemma2_models.py DIR
 

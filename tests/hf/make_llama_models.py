@@ -1,5 +1,5 @@
 """Tiny random transformers LlamaForCausalLM checkpoints, made offline, and what
-transformers computes on them: the reference for tests/hf_llama_parity_test.cpp.
+transformers computes on them: the reference for tests/models/hf_llama_parity_test.cpp.
 
     python make_llama_models.py DIR
 

@@ -1,5 +1,5 @@
 """Tiny random transformers Qwen3ForCausalLM checkpoints, made offline, and what
-transformers computes on them: the reference for tests/hf_qwen3_test.cpp.
+transformers computes on them: the reference for tests/models/hf_qwen3_test.cpp.
 
     python make_qwen_models.py DIR
 

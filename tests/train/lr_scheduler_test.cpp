@@ -1,6 +1,6 @@
 // TorchTitan's warm-up-stable-decay schedule (train/optim/lr_scheduler.h): its phases, its
 // step convention and its edge cases, against factors worked out by hand from TorchTitan's
-// formula. tests/lr_schedule_reference.py checks hp-train's logged lr against an
+// formula. tests/train/lr_schedule_reference.py checks hp-train's logged lr against an
 // independent Python implementation driven by PyTorch's LambdaLR.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
