@@ -5,7 +5,6 @@
 #include <torch/optim/adamw.h>
 
 #include <memory>
-#include <optional>
 #include <stdexcept>
 
 #include "hyper_parallel/collective_stats.h"
@@ -13,17 +12,13 @@
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/fully_shard.h"
-#include "hyper_parallel/parameters_on_meta.h"
-#include "train/config/training_dtype.h"
 #include "train/data/batches.h"
-#include "train/optim/optim_utils.h"
 #include "hyper_parallel_train/parallelized_model.h"
 #include "train/metrics/state_bytes.h"
 #include "train/metrics/step_metrics.h"
 #include "train/training_job.h"
 #include "train/training_step.h"
 #include "train/parallel/mesh_sum.h"
-#include "train/parallel/parallelism_scope.h"
 #include "hyper_parallel_train/train_context.h"
 #include "hyper_parallel_train/train_spec.h"
 

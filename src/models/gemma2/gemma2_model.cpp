@@ -1,16 +1,13 @@
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
 #include <limits>
 
-#include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/gemma2.h"
 #include "hyper_parallel/llama.h"
 #include "hyper_parallel/parameters_on_meta.h"
 #include "models/decoder_blocks.h"
 #include "models/module_input.h"
-#include "nn/parameter_table.h"
 
 namespace hyper_parallel {
 

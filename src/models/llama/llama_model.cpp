@@ -1,18 +1,15 @@
 #include "hyper_parallel/llama.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/functional/activation.h>
 
 #include <cmath>
 #include <initializer_list>
 #include <optional>
 
-#include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/parameters_on_meta.h"
 #include "models/decoder_blocks.h"
 #include "models/module_input.h"
-#include "nn/parameter_table.h"
 
 namespace hyper_parallel {
 
