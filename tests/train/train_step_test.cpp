@@ -1,6 +1,7 @@
 // The training step at the limit: no fresh-page faults after the first step,
 // gradient clipping without fp64 copies of the gradients, and every collective of a step
 // counted in the phase that issued it.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel_train/job_config.h"
 #include "train/optim/optim_utils.h"
+#include "train/training_job.h"
 #include "hyper_parallel_train/trainer.h"
 
 namespace train_step_test {
@@ -144,6 +146,24 @@ constexpr bool kAddressSanitizer = false;
 #else
 constexpr bool kAddressSanitizer = false;
 #endif
+
+// The job's two phases in their order: no step before parallelize, and parallelize once
+// (a second one would wrap the parallelized module again).
+TEST(TrainingJob, AStepNeedsTheParallelizedJobAndParallelizeRunsOnce) {
+  JobConfig c = lm_job("job_order", 1);
+  c.model.vocab_size = 256;
+  TrainingJob job(c, TrainingJob::Weights::Initialised);
+  EXPECT_THAT(
+      [&] { job.step_parts(); },
+      ::testing::ThrowsMessage<c10::Error>(::testing::HasSubstr("TrainingJob::step_parts: parallelize the job first")));
+  int loads = 0;
+  job.parallelize([&] { ++loads; });
+  EXPECT_EQ(loads, 1);
+  EXPECT_NO_THROW(job.step_parts());
+  EXPECT_THAT([&] { job.parallelize(nullptr); }, ::testing::ThrowsMessage<c10::Error>(::testing::HasSubstr(
+                                                     "TrainingJob::parallelize: the job is parallelized already")));
+  EXPECT_EQ(loads, 1);
+}
 
 TEST(TrainStep, StepsAfterTheFirstFaultAlmostNoFreshPages) {
   // Without the caching allocator every step faulted its logits, their gradient and the
