@@ -58,7 +58,7 @@ RUNTIME_PUBLIC_LAYER = {
     "dtensor.h": "dtensor",
     "dispatch.h": "dispatch",
     "distributed_op.h": "dispatch", "sharding_strategy.h": "dispatch",
-    "loss_parallel.h": "loss", "vocab_parallel.h": "loss", "vocab_logprobs.h": "loss", "fused_linear_loss.h": "loss",
+    "loss_parallel.h": "loss", "cross_entropy_definition.h": "loss", "vocab_parallel.h": "loss", "vocab_logprobs.h": "loss", "fused_linear_loss.h": "loss",
     "gradient_buffers.h": "loss", "parallelism_config.h": "loss",
     "block_hooks.h": "nn", "activation_checkpoint.h": "nn", "module_utils.h": "nn", "parallel_style.h": "nn",
     "parameters_on_meta.h": "nn", "fully_shard.h": "nn",

@@ -19,6 +19,7 @@
 
 #include <optional>
 
+#include "hyper_parallel/cross_entropy_definition.h"
 #include "hyper_parallel/loss_parallel.h"   // LossParallelLayoutError, LossParallelUnsupportedError
 #include "hyper_parallel/vocab_parallel.h"  // Communicator, VocabCrossEntropySaved
 #include "hyper_parallel/export.h"
@@ -27,14 +28,9 @@ HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
-struct FusedLinearCrossEntropyOptions {
-  // The options of cross_entropy under loss_parallel (LossParallelOptions for the last two).
-  int64_t ignore_index = -100;
-  std::optional<at::Tensor> class_weight;   // [V], plain or Replicate; no gradient
-  int64_t reduction = at::Reduction::Mean;  // at::Reduction: None, Mean or Sum
-  double label_smoothing = 0.0;
-  double z_loss_weight = 0.0;  // + z * lse^2 per counted token
-  double logit_softcap = 0.0;  // > 0: logits -> cap * tanh(logits / cap)
+// The cross-entropy's definition (cross_entropy_definition.h), its class weights and how it runs.
+struct FusedLinearCrossEntropyOptions : CrossEntropyDefinition {
+  std::optional<at::Tensor> class_weight;  // [V], plain or Replicate; no gradient
   // Block sizes; 0 chooses them so that one block holds about 32 M logits (vocabulary blocks
   // of 4096 classes for bf16/fp16, whose weight gradient is accumulated per block in fp32).
   int64_t chunk_tokens = 0;  // tokens per chunk

@@ -55,17 +55,11 @@ struct LossParallelOptions {
   // Unset: ParallelismConfig::loss_parallel_strict_mesh (default true).
   std::optional<bool> strict;
 
-  // Options of cross_entropy under this guard (the fused kernel; docs/loss_parallel.md).
-  // log_softmax / nll_loss under a guard that sets z_loss_weight or logit_softcap raise
+  // The two fields of cross_entropy's definition (cross_entropy_definition.h) that the call
+  // cannot pass: cross_entropy under this guard adds them to the call's ignore_index,
+  // reduction and label_smoothing. log_softmax / nll_loss under a guard that sets either raise
   // LossParallelUnsupportedError rather than silently ignoring them.
-  //
-  // z-loss (PaLM, TorchTitan): adds z_loss_weight * lse^2 for every counted row (not
-  // ignored), lse = log sum_c exp(logit_c). Not scaled by class weights; with 'mean' the
-  // z-loss sum is divided by the number of counted rows (the cross-entropy sum by the
-  // total target weight, as PyTorch does).
   double z_loss_weight = 0.0;
-  // Logit soft-capping (Gemma 2): > 0 replaces every logit x by cap * tanh(x / cap)
-  // before the softmax (and the z-loss), gradients included. 0: off.
   double logit_softcap = 0.0;
   // Allows the loss to write d loss / d logits into the logits' own storage during
   // forward (no logits-sized gradient buffer; backward only scales it). The logits'

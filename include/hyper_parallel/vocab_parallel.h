@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "hyper_parallel/communicator.h"
+#include "hyper_parallel/cross_entropy_definition.h"
 #include "hyper_parallel/loss_parallel.h"  // LossParallelLayoutError, LossParallelUnsupportedError
 #include "hyper_parallel/export.h"
 
@@ -40,12 +41,8 @@ struct VocabPiece {
 // member. A null comm is one process.
 VocabPiece vocab_piece(const Communicator* comm, int64_t local_classes, int64_t vocab_size);
 
-struct VocabCrossEntropyOptions {
-  int64_t ignore_index = -100;
-  int64_t reduction = at::Reduction::Mean;  // at::Reduction: None, Mean or Sum
-  double label_smoothing = 0.0;
-  double z_loss_weight = 0.0;  // + z * lse^2 per counted row (LossParallelOptions)
-  double logit_softcap = 0.0;  // > 0: logits -> cap * tanh(logits / cap)
+// The cross-entropy's definition (cross_entropy_definition.h) and how it runs.
+struct VocabCrossEntropyOptions : CrossEntropyDefinition {
   // Forward writes d loss / d logits (for a unit incoming gradient) over local_logits, when
   // their rows have a unit class stride (else it runs as without): no logits-sized gradient
   // buffer, backward only scales it. The caller makes sure nothing else needs the values.

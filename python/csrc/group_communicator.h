@@ -36,14 +36,21 @@ inline std::optional<at::Tensor> defined_or_none(const std::optional<at::Tensor>
   return t && t->defined() ? t : std::nullopt;
 }
 
+// The Python ops' loss arguments as the library's cross-entropy definition.
+inline hp::CrossEntropyDefinition definition(int64_t ignore_index, int64_t reduction, double label_smoothing,
+                                             double z_loss_weight, double logit_softcap) {
+  return hp::CrossEntropyDefinition{.ignore_index = ignore_index,
+                                    .reduction = reduction,
+                                    .label_smoothing = label_smoothing,
+                                    .z_loss_weight = z_loss_weight,
+                                    .logit_softcap = logit_softcap};
+}
+
 inline hp::VocabCrossEntropyOptions ce_options(int64_t ignore_index, int64_t reduction, double label_smoothing,
                                                double z_loss_weight, double logit_softcap) {
   hp::VocabCrossEntropyOptions o;
-  o.ignore_index = ignore_index;
-  o.reduction = reduction;
-  o.label_smoothing = label_smoothing;
-  o.z_loss_weight = z_loss_weight;
-  o.logit_softcap = logit_softcap;
+  static_cast<hp::CrossEntropyDefinition&>(o) =
+      definition(ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap);
   return o;
 }
 
@@ -51,12 +58,9 @@ inline hp::FusedLinearCrossEntropyOptions linear_options(const std::optional<at:
                                                          int64_t reduction, double label_smoothing,
                                                          double z_loss_weight, double logit_softcap) {
   hp::FusedLinearCrossEntropyOptions o;
+  static_cast<hp::CrossEntropyDefinition&>(o) =
+      definition(ignore_index, reduction, label_smoothing, z_loss_weight, logit_softcap);
   if (weight && weight->defined()) o.class_weight = *weight;
-  o.ignore_index = ignore_index;
-  o.reduction = reduction;
-  o.label_smoothing = label_smoothing;
-  o.z_loss_weight = z_loss_weight;
-  o.logit_softcap = logit_softcap;
   return o;
 }
 

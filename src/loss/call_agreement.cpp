@@ -130,8 +130,8 @@ std::string loss_call_site(const std::string& op) {
 void record_guard_cross_entropy_options(LossCallRecord& call) {
   if (!is_loss_parallel_active()) return;
   const LossParallelOptions o = current_loss_parallel_options();
-  call.z_loss_weight = o.z_loss_weight;
-  call.logit_softcap = o.logit_softcap;
+  call.definition.z_loss_weight = o.z_loss_weight;
+  call.definition.logit_softcap = o.logit_softcap;
 }
 
 int64_t rows_over_class_dim(const at::Tensor& t, int64_t class_dim) {
@@ -179,11 +179,11 @@ std::vector<int64_t> agree_on_call(const LossCallRecord& mine, const Communicato
   v[kRows] = static_cast<double>(mine.rows);
   v[kDtype] = static_cast<double>(mine.dtype);
   v[kVocab] = static_cast<double>(mine.vocab_size);
-  v[kReduction] = static_cast<double>(mine.reduction);
-  v[kIgnoreIndex] = static_cast<double>(mine.ignore_index);
-  v[kLabelSmoothing] = mine.label_smoothing;
-  v[kZLoss] = mine.z_loss_weight;
-  v[kSoftcap] = mine.logit_softcap;
+  v[kReduction] = static_cast<double>(mine.definition.reduction);
+  v[kIgnoreIndex] = static_cast<double>(mine.definition.ignore_index);
+  v[kLabelSmoothing] = mine.definition.label_smoothing;
+  v[kZLoss] = mine.definition.z_loss_weight;
+  v[kSoftcap] = mine.definition.logit_softcap;
   v[kGradientInForward] = mine.gradient_in_forward ? 1.0 : 0.0;
   v[kTemperature] = mine.temperature;
   v[kEntropy] = mine.entropy ? 1.0 : 0.0;

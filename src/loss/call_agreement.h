@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "hyper_parallel/cross_entropy_definition.h"
+
 namespace hyper_parallel {
 
 class Communicator;
@@ -30,16 +32,12 @@ class InputAgreement;
 // What one rank is about to compute. Fields an op has no use for keep their defaults (they
 // are then equal on every rank).
 struct LossCallRecord {
-  std::string op;             // e.g. "cross_entropy"; ranks in different loss ops disagree on it
-  int64_t rows = 0;           // logits rows: every dim but the class dim, flattened
-  int64_t dtype = -1;         // the logits' (or hidden's) at::ScalarType
-  int64_t vocab_size = -1;    // the global vocabulary this rank assumes (-1: to be learnt)
-  int64_t local_classes = 0;  // this rank's classes (may differ between ranks)
-  int64_t reduction = -1;
-  int64_t ignore_index = 0;
-  double label_smoothing = 0.0;
-  double z_loss_weight = 0.0;
-  double logit_softcap = 0.0;
+  std::string op;                     // e.g. "cross_entropy"; ranks in different loss ops disagree on it
+  int64_t rows = 0;                   // logits rows: every dim but the class dim, flattened
+  int64_t dtype = -1;                 // the logits' (or hidden's) at::ScalarType
+  int64_t vocab_size = -1;            // the global vocabulary this rank assumes (-1: to be learnt)
+  int64_t local_classes = 0;          // this rank's classes (may differ between ranks)
+  CrossEntropyDefinition definition;  // nll_loss: its reduction and ignore_index
   bool gradient_in_forward = false;
   double temperature = 1.0;  // the log-probabilities'
   bool entropy = false;      // the log-probabilities': whether the entropy is computed too

@@ -1,4 +1,5 @@
 #include "loss/cross_entropy_kernels.h"
+#include "loss/loss_input_checks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
@@ -132,65 +133,6 @@ at::Tensor distributed_log_softmax_backward(const at::Tensor& grad_rows, const a
   at::Tensor sum = shard.local == 0 ? at::zeros({g.size(0)}, g.options()) : g.sum(1);
   shard.comm->all_reduce_(sum, ReduceOp::Sum);
   return g - out_rows.to(ct).exp() * sum.unsqueeze(1);
-}
-
-void check_no_target_or_weight_grad(const at::Tensor& target, const c10::optional<at::Tensor>& weight,
-                                    const std::string& op) {
-  if (target.requires_grad() || (weight && weight->defined() && weight->requires_grad())) {
-    throw LossParallelUnsupportedError(op +
-                                       ": gradients with respect to the target or the class weights are not "
-                                       "supported");
-  }
-}
-
-void check_class_weight_dtype(at::ScalarType input, const at::Tensor& weight, const std::string& input_name,
-                              const std::string& op) {
-  TORCH_CHECK(weight.scalar_type() == input, op, ": expected scalar type ", input, " but found ", weight.scalar_type(),
-              " (the class weight must have the ", input_name, "' dtype)");
-}
-
-void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore_index) {
-  if (target.is_meta()) return;  // a dry run's targets: shapes, no ids to check
-  at::Tensor bad = target.ne(ignore_index).logical_and(target.lt(0).logical_or(target.ge(num_classes)));
-  if (bad.any().item<bool>()) {
-    const int64_t value = target.masked_select(bad).view({-1})[0].item<int64_t>();
-    TORCH_CHECK_INDEX(false, "Target ", value, " is out of bounds: expected a class in [0, ", num_classes,
-                      ") or ignore_index (", ignore_index, ")");
-  }
-}
-
-void check_probability_target_ignore_index(int64_t ignore_index, const std::string& op) {
-  if (ignore_index >= 0) {
-    throw LossParallelUnsupportedError(op + ": ignore_index is not supported for floating point target (got " +
-                                       std::to_string(ignore_index) +
-                                       "; as PyTorch's cross_entropy, only class-index targets can ignore a class)");
-  }
-}
-
-void check_nll_inputs(c10::IntArrayRef logp_shape, at::ScalarType logp_dtype, int64_t class_dim,
-                      const at::Tensor& target, const c10::optional<at::Tensor>& weight, int64_t num_classes,
-                      int64_t reduction, int64_t ignore_index, const std::string& op) {
-  TORCH_CHECK_VALUE(reduction >= at::Reduction::None && reduction <= at::Reduction::Sum, op,
-                    ": reduction must be at::Reduction None, Mean or Sum, got ", reduction);
-  // The error types and words are ATen's nll_loss's (RuntimeError, ValueError for the batch).
-  TORCH_CHECK(target.scalar_type() == at::kLong || target.scalar_type() == at::kByte, op,
-              ": expected target dtype to be Long or Byte, but got ", target.scalar_type());
-  std::vector<int64_t> expect = logp_shape.vec();
-  expect.erase(expect.begin() + class_dim);
-  // ATen's own words when only the batch differs.
-  TORCH_CHECK_VALUE(logp_shape.size() < 2 || target.dim() == 0 || target.size(0) == logp_shape[0],
-                    "Expected input batch_size (", logp_shape[0], ") to match target batch_size (", target.size(0),
-                    ").");
-  TORCH_CHECK_VALUE(target.sizes() == c10::IntArrayRef(expect), op, ": expected a target of shape ",
-                    c10::IntArrayRef(expect), " for log-probabilities of shape ", logp_shape, " (class dim ", class_dim,
-                    "), got ", target.sizes());
-  if (weight && weight->defined()) {
-    TORCH_CHECK(weight->dim() == 1 && weight->numel() == num_classes, op,
-                ": weight tensor should be defined either for all ", num_classes,
-                " classes or no classes but got weight tensor of shape: ", weight->sizes());
-    check_class_weight_dtype(logp_dtype, *weight, "log-probabilities", op);
-  }
-  check_targets(target, num_classes, ignore_index);
 }
 
 std::pair<at::Tensor, at::Tensor> distributed_nll_forward(const at::Tensor& logp_rows, const at::Tensor& target,

@@ -40,29 +40,6 @@ at::Tensor distributed_log_softmax(const at::Tensor& x_rows, const ClassShard& s
 at::Tensor distributed_log_softmax_backward(const at::Tensor& grad_rows, const at::Tensor& out_rows,
                                             const ClassShard& shard);
 
-// Throws c10::IndexError (as ATen does) for a target outside [0, C) other than ignore_index.
-void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore_index);
-// PyTorch's rule for probability targets: an ignore_index >= 0 is refused
-// (LossParallelUnsupportedError, with ATen's words), a negative one (its default -100
-// included) has no effect. Every front end that takes probability targets asks this.
-void check_probability_target_ignore_index(int64_t ignore_index, const std::string& op);
-// nll_loss's input checks, as strict as ATen's: the target's dtype (Long or Byte) and shape
-// (logp_shape without the class dim; logp_shape may be the global or the local shape, only its
-// other dims are read), the class weight's length (num_classes) and dtype (the log-probs'),
-// the reduction, then the targets' range. Throws what ATen would (c10::ValueError,
-// c10::IndexError ...), naming `op`.
-void check_nll_inputs(c10::IntArrayRef logp_shape, at::ScalarType logp_dtype, int64_t class_dim,
-                      const at::Tensor& target, const c10::optional<at::Tensor>& weight, int64_t num_classes,
-                      int64_t reduction, int64_t ignore_index, const std::string& op);
-// As PyTorch's cross_entropy and nll_loss: a class weight of another dtype than `input` (the
-// logits, log-probabilities or hidden states, named by `input_name`) is refused, not converted.
-void check_class_weight_dtype(at::ScalarType input, const at::Tensor& weight, const std::string& input_name,
-                              const std::string& op);
-// The losses give no gradient to a target or a class weight: asking for one is refused
-// (LossParallelUnsupportedError naming `op`), not dropped.
-void check_no_target_or_weight_grad(const at::Tensor& target, const c10::optional<at::Tensor>& weight,
-                                    const std::string& op);
-
 // K2: nll_loss_forward on log-prob rows. Returns (output, total_weight) as ATen's.
 std::pair<at::Tensor, at::Tensor> distributed_nll_forward(const at::Tensor& logp_rows, const at::Tensor& target,
                                                           const c10::optional<at::Tensor>& weight, int64_t reduction,

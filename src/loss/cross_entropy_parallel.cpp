@@ -15,6 +15,7 @@
 #include "loss/fused_cross_entropy.h"
 #include "loss/input_agreement.h"
 #include "loss/logits_device.h"
+#include "loss/loss_input_checks.h"
 #include "loss/loss_parallel_dispatch.h"
 
 namespace hyper_parallel {
@@ -68,9 +69,9 @@ struct CrossEntropyParallelBackward : Node {
                 "; turn gradient_in_forward off to use the logits' storage otherwise or to backward through this "
                 "loss more than once");
     const int64_t rows = stored.size(0);
-    const at::Tensor g =
-        (ce.reduction == at::Reduction::None ? grad_loss.reshape({-1}) : grad_loss.reshape({}).expand({rows}))
-            .to(ce.lse.scalar_type());
+    const at::Tensor g = (ce.definition.reduction == at::Reduction::None ? grad_loss.reshape({-1})
+                                                                         : grad_loss.reshape({}).expand({rows}))
+                             .to(ce.lse.scalar_type());
     if (!grad_applied.defined()) {
       at::Tensor out = fused_cross_entropy_backward(ce, grad_loss, shard);  // in place
       grad_applied = g.clone();
@@ -157,12 +158,13 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   const at::ScalarType ct = compute_type(local_logits.scalar_type());
   FusedCrossEntropy ce;
   ce.x_rows = to_rows(local_logits, class_dim);
-  ce.reduction = reduction;
-  ce.ignore_index = ignore_index;
-  ce.label_smoothing = label_smoothing;
   const LossParallelOptions options = current_loss_parallel_options();
-  ce.z_loss_weight = options.z_loss_weight;
-  ce.logit_softcap = options.logit_softcap;
+  // The call gives three fields of the definition, the guard the other two.
+  ce.definition = CrossEntropyDefinition{.ignore_index = ignore_index,
+                                         .reduction = reduction,
+                                         .label_smoothing = label_smoothing,
+                                         .z_loss_weight = options.z_loss_weight,
+                                         .logit_softcap = options.logit_softcap};
   const bool wants_grad = torch::autograd::GradMode::is_enabled() && logits.requires_grad();
   // Writing the gradient over the logits needs their storage as plain rows, and logits
   // that are neither a leaf nor a view of one: a leaf's values are the caller's (PyTorch
@@ -179,21 +181,15 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   call.dtype = static_cast<int64_t>(local_logits.scalar_type());
   call.vocab_size = cs.shard.total;
   call.local_classes = cs.shard.local;
-  call.reduction = reduction;
-  call.ignore_index = ignore_index;
-  call.label_smoothing = label_smoothing;
-  call.z_loss_weight = options.z_loss_weight;
-  call.logit_softcap = options.logit_softcap;
+  call.definition = ce.definition;
   call.gradient_in_forward = options.gradient_in_forward;
   if (weight && weight->defined()) call.class_weight = dtensor_impl(*weight) ? local_of(*weight) : *weight;
   agree_on_call(call, cs.shard.comm, local_logits.device());
-  // After the agreement: equal options on every rank fail alike.
-  TORCH_CHECK(options.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: off), got ", options.logit_softcap);
   std::vector<int64_t> loss_shape;
   ce.soft = target.is_floating_point();
   const InputAgreement agreement(op, target, [&] {
-    TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op, ": label_smoothing must be in [0, 1], got ",
-                label_smoothing);
+    // PyTorch's cross_entropy raises RuntimeError for a bad option: so does this route.
+    check_cross_entropy_definition(ce.definition, op, OptionErrorKind::runtime_error);
     check_on_logits_mesh(target, cs, "target", op);
     check_on_logits_device(local_logits.device(), local_device(target), ce.soft ? "probability target" : "target", op);
     if (weight && weight->defined()) {

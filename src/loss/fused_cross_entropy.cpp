@@ -85,9 +85,9 @@ void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const 
   const at::Tensor& w = v.w;
   // The label-smoothing weight of every row: a 0-dim tensor, so that no block waits for the
   // device (an .item() here was a host sync per block on CUDA).
-  const at::Tensor weight_sum = w.defined() && ce.label_smoothing > 0 && !ce.soft ? w.sum() : at::Tensor();
+  const at::Tensor weight_sum = w.defined() && ce.definition.label_smoothing > 0 && !ce.soft ? w.sum() : at::Tensor();
   for_aten_row_blocks(x.size(0), x.size(1), [&](int64_t r0, int64_t n) {
-    at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.logit_softcap);
+    at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.definition.logit_softcap);
     if (ce.temperature != 1.0) y = y * (1.0 / ce.temperature);
     const at::Tensor m = y.amax(1);
     const at::Tensor shift = at::where(at::isneginf(m), at::zeros_like(m), m);
@@ -110,7 +110,7 @@ void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const 
         const at::Tensor d = y - shift.unsqueeze(1);
         stats[k::kV2].narrow(0, r0, n).copy_((d.exp() * d.clamp_min(-1000.0)).sum(1));
         stats[k::kU].narrow(0, r0, n).zero_();
-      } else if (ce.label_smoothing > 0) {
+      } else if (ce.definition.label_smoothing > 0) {
         stats[k::kV2].narrow(0, r0, n).copy_((w.defined() ? relative_y * w.unsqueeze(0) : relative_y).sum(1));
         at::Tensor u = stats[k::kU].narrow(0, r0, n);
         if (weight_sum.defined()) {
@@ -129,10 +129,10 @@ void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const 
 using Coefficients = FusedCrossEntropyCoefficients;
 
 Coefficients coefficients(const FusedCrossEntropy& ce, const at::Tensor& g_rows, const ClassShard& shard) {
-  const double eps = ce.label_smoothing;
+  const double eps = ce.definition.label_smoothing;
   const double C = static_cast<double>(shard.total);
   at::Tensor sc = g_rows, sz = g_rows;
-  if (ce.reduction == at::Reduction::Mean) {
+  if (ce.definition.reduction == at::Reduction::Mean) {
     sc = sc / ce.ce_denominator;
     sz = sz / ce.z_denominator;
   }
@@ -152,7 +152,7 @@ Coefficients coefficients(const FusedCrossEntropy& ce, const at::Tensor& g_rows,
     k.t = sc * ((1 - eps) * ce.row_weight);
   }
   if (eps > 0) k.b = sc * (eps / C);
-  if (ce.z_loss_weight != 0) k.a = k.a + sz * (2 * ce.z_loss_weight) * ce.lse;
+  if (ce.definition.z_loss_weight != 0) k.a = k.a + sz * (2 * ce.definition.z_loss_weight) * ce.lse;
   for (at::Tensor* p : {&k.a, &k.b, &k.c, &k.t}) {
     if (p->defined()) *p = p->contiguous();
   }
@@ -170,8 +170,8 @@ void backward_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const at::T
     auto rows = [&](const at::Tensor& t) { return t.narrow(0, r0, n).unsqueeze(1); };
     const at::Tensor xc = x.narrow(0, r0, n).to(ct);
     // cap' from the tanh itself (cross_entropy_cpu_kernel_impl.h says why).
-    const at::Tensor th = ce.logit_softcap > 0 ? (xc / ce.logit_softcap).tanh_() : at::Tensor();
-    at::Tensor y = ce.logit_softcap > 0 ? th * ce.logit_softcap : xc;
+    const at::Tensor th = ce.definition.logit_softcap > 0 ? (xc / ce.definition.logit_softcap).tanh_() : at::Tensor();
+    at::Tensor y = ce.definition.logit_softcap > 0 ? th * ce.definition.logit_softcap : xc;
     if (ce.temperature != 1.0) y = y * (1.0 / ce.temperature);
     at::Tensor g = (y - rows(row_max)).sub_(rows(log_sum)).exp_();
     if (co.e.defined()) {
@@ -191,7 +191,7 @@ void backward_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const at::T
       const at::Tensor hit = at::where(col.ge(0), co.t.narrow(0, r0, n), at::zeros_like(co.t.narrow(0, r0, n)));
       g.scatter_add_(1, col.clamp_min(0).unsqueeze(1), -hit.unsqueeze(1));
     }
-    if (ce.logit_softcap > 0) g.mul_(1 - th.square());
+    if (ce.definition.logit_softcap > 0) g.mul_(1 - th.square());
     out.narrow(0, r0, n).copy_(g);
   });
 }
@@ -205,7 +205,6 @@ at::Tensor per_row(const at::Tensor& g, int64_t rows, int64_t reduction) {
 
 void fused_cross_entropy_prepare(FusedCrossEntropy& ce, int64_t rows, const ClassShard& shard,
                                  const at::TensorOptions& opts) {
-  TORCH_CHECK(ce.logit_softcap >= 0, "cross_entropy: logit_softcap must be >= 0 (0: off), got ", ce.logit_softcap);
   const at::ScalarType ct = opts.dtype().toScalarType();
   if (ce.soft) {
     ce.q = unit_class_stride(ce.target.to(ct));
@@ -213,7 +212,7 @@ void fused_cross_entropy_prepare(FusedCrossEntropy& ce, int64_t rows, const Clas
     return;
   }
   const at::Tensor& t = ce.target;
-  const at::Tensor valid = t.ne(ce.ignore_index);
+  const at::Tensor valid = t.ne(ce.definition.ignore_index);
   const at::Tensor owned = valid.logical_and(t.ge(shard.offset)).logical_and(t.lt(shard.offset + shard.local));
   ce.target_col = at::where(owned, t - shard.offset, at::full_like(t, -1)).contiguous();
   ce.valid = valid.to(ct);
@@ -238,7 +237,7 @@ at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at
     return stats;
   }
   if (n == 0) return stats;
-  const double eps = ce.label_smoothing;
+  const double eps = ce.definition.label_smoothing;
   const double C = static_cast<double>(shard.total);
   const BlockView v = block_view(ce, r0, n, c0, nc, shard);
   if (!has_kernel(ce, x)) {
@@ -251,7 +250,7 @@ at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at
   args.rows = n;
   args.cols = nc;
   args.ldx = row_stride(x);
-  args.logit_softcap = ce.logit_softcap;
+  args.logit_softcap = ce.definition.logit_softcap;
   args.inv_temperature = 1.0 / ce.temperature;
   args.entropy_sum = ce.entropy_sum;
   args.weight = ptr_or_null(v.w);
@@ -339,7 +338,7 @@ at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& 
                                        const InputAgreement* agreement) {
   const int64_t rows = stats.size(1);
   const auto opts = stats.options();
-  const double eps = ce.label_smoothing;
+  const double eps = ce.definition.label_smoothing;
   const double C = static_cast<double>(shard.total);
   const at::Tensor all = all_gather_stats(stats, shard, agreement);
   combine_log_sum_exp(ce, all);
@@ -370,13 +369,13 @@ at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& 
     ce.z_denominator = ce.valid.sum();
   }
   at::Tensor z_rows;
-  if (ce.z_loss_weight != 0) {
-    z_rows = at::where(valid_b, ce.z_loss_weight * ce.lse * ce.lse, at::zeros_like(ce.lse));
+  if (ce.definition.z_loss_weight != 0) {
+    z_rows = at::where(valid_b, ce.definition.z_loss_weight * ce.lse * ce.lse, at::zeros_like(ce.lse));
   }
-  if (ce.reduction == at::Reduction::None) return z_rows.defined() ? ce_rows + z_rows : ce_rows;
+  if (ce.definition.reduction == at::Reduction::None) return z_rows.defined() ? ce_rows + z_rows : ce_rows;
   at::Tensor loss = ce_rows.sum();
   at::Tensor z = z_rows.defined() ? z_rows.sum() : at::Tensor();
-  if (ce.reduction == at::Reduction::Mean) {
+  if (ce.definition.reduction == at::Reduction::Mean) {
     loss = loss / ce.ce_denominator;
     if (z.defined()) z = z / ce.z_denominator;
   }
@@ -386,7 +385,8 @@ at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& 
 FusedCrossEntropyCoefficients fused_cross_entropy_coefficients(const FusedCrossEntropy& ce, const at::Tensor& grad_loss,
                                                                const ClassShard& shard) {
   const int64_t rows = ce.lse.size(0);
-  return coefficients(ce, per_row(grad_loss.to(ce.lse.scalar_type()), rows, ce.reduction).contiguous(), shard);
+  return coefficients(ce, per_row(grad_loss.to(ce.lse.scalar_type()), rows, ce.definition.reduction).contiguous(),
+                      shard);
 }
 
 void fused_cross_entropy_block_gradient(const FusedCrossEntropy& ce, const Coefficients& co, const at::Tensor& x,
@@ -408,7 +408,7 @@ void fused_cross_entropy_block_gradient(const FusedCrossEntropy& ce, const Coeff
   args.cols = nc;
   args.ldx = row_stride(x);
   args.ldo = row_stride(out);
-  args.logit_softcap = ce.logit_softcap;
+  args.logit_softcap = ce.definition.logit_softcap;
   args.inv_temperature = 1.0 / ce.temperature;
   args.row_max = row_max.const_data_ptr();
   args.log_sum = log_sum.const_data_ptr();
@@ -455,11 +455,11 @@ at::Tensor fused_cross_entropy_backward(const FusedCrossEntropy& ce, const at::T
                                         const ClassShard& shard) {
   const at::ScalarType ct = compute_type(ce.x_rows.scalar_type());
   const int64_t rows = ce.x_rows.size(0);
-  const at::Tensor g = per_row(grad_loss.to(ct), rows, ce.reduction);
+  const at::Tensor g = per_row(grad_loss.to(ct), rows, ce.definition.reduction);
   if (ce.grad_rows.defined()) {
     at::Tensor grad = ce.grad_rows;
     // Usually the loss is the root (gradient 1): then nothing is left to do.
-    if (ce.reduction == at::Reduction::None) {
+    if (ce.definition.reduction == at::Reduction::None) {
       if (!g.eq(1).all().item<bool>()) grad.mul_(g.unsqueeze(1));
     } else if (grad_loss.item<double>() != 1.0) {
       grad.mul_(grad_loss.to(ct).reshape({}));

@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include "hyper_parallel/cross_entropy_definition.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/input_agreement.h"
 
@@ -21,12 +22,8 @@ struct FusedCrossEntropy {
   at::Tensor x_rows;  // logits rows [M, C_l] (input dtype; a view of the local logits when possible)
   at::Tensor target;  // index targets [M] (int64), or probability rows [M, C_l]
   bool soft = false;
-  c10::optional<at::Tensor> weight;  // full [C], compute type
-  int64_t reduction = 1;             // at::Reduction
-  int64_t ignore_index = -100;
-  double label_smoothing = 0.0;
-  double z_loss_weight = 0.0;  // adds z * lse^2 per counted row
-  double logit_softcap = 0.0;  // > 0: logits -> cap * tanh(x / cap) first
+  c10::optional<at::Tensor> weight;   // full [C], compute type
+  CrossEntropyDefinition definition;  // what is computed (the front end checked it)
   // The log-probabilities (fused_logprobs.h) use the same statistics: their logits divided by
   // a temperature (applied by the kernel as it reads them), and with entropy_sum the
   // entropy's numerator in place of the smoothing sum (index targets, no smoothing).

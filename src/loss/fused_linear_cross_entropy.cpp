@@ -23,6 +23,7 @@
 #include "loss/linear_blocks.h"
 #include "loss/call_agreement.h"
 #include "loss/input_agreement.h"
+#include "loss/loss_input_checks.h"
 
 namespace hyper_parallel {
 
@@ -57,12 +58,7 @@ void check_index_target_without_grads(const at::Tensor& target, const FusedLinea
 
 // The options' ranges, for both kinds of input.
 void check_options(const FusedLinearCrossEntropyOptions& o, const std::string& op) {
-  TORCH_CHECK_VALUE(
-      o.reduction == at::Reduction::None || o.reduction == at::Reduction::Mean || o.reduction == at::Reduction::Sum, op,
-      ": reduction must be at::Reduction::None, Mean or Sum, got ", o.reduction);
-  TORCH_CHECK_VALUE(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0, op,
-                    ": label_smoothing must be in [0, 1], got ", o.label_smoothing);
-  TORCH_CHECK_VALUE(o.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: off), got ", o.logit_softcap);
+  check_cross_entropy_definition(o, op, OptionErrorKind::value_error);
   TORCH_CHECK_VALUE(o.chunk_tokens >= 0 && o.vocab_block >= 0, op,
                     ": chunk_tokens and vocab_block must be >= 0 (0: automatic), got ", o.chunk_tokens, " and ",
                     o.vocab_block);
@@ -145,11 +141,7 @@ FusedCrossEntropy cross_entropy_of(const Inputs& in, const FusedLinearCrossEntro
   FusedCrossEntropy ce;
   ce.target = in.target;
   ce.weight = in.class_weight;
-  ce.reduction = options.reduction;
-  ce.ignore_index = options.ignore_index;
-  ce.label_smoothing = options.label_smoothing;
-  ce.z_loss_weight = options.z_loss_weight;
-  ce.logit_softcap = options.logit_softcap;
+  ce.definition = options;
   return ce;
 }
 
@@ -164,11 +156,7 @@ LossCallRecord linear_call(const std::string& op, int64_t tokens, at::ScalarType
   call.dtype = static_cast<int64_t>(dtype);
   call.vocab_size = vocab_size;
   call.local_classes = local_classes;
-  call.reduction = o.reduction;
-  call.ignore_index = o.ignore_index;
-  call.label_smoothing = o.label_smoothing;
-  call.z_loss_weight = o.z_loss_weight;
-  call.logit_softcap = o.logit_softcap;
+  call.definition = o;
   call.class_weight = class_weight;
   return call;
 }

@@ -40,8 +40,8 @@ LinearBlocks blocks_of(const LogprobsOptions& o, int64_t tokens, int64_t local_c
 FusedCrossEntropy logprobs_of(const at::Tensor& target, const LogprobsOptions& options) {
   FusedCrossEntropy ce;
   ce.target = target;
-  ce.reduction = at::Reduction::None;
-  ce.ignore_index = options.ignore_index;
+  ce.definition.reduction = at::Reduction::None;
+  ce.definition.ignore_index = options.ignore_index;
   ce.temperature = options.temperature;
   ce.entropy_sum = options.return_entropy;
   return ce;

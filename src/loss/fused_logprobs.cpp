@@ -8,6 +8,7 @@
 #include "dtensor/dtensor_impl.h"
 #include "loss/cross_entropy_cpu_kernel.h"
 #include "loss/cross_entropy_kernels.h"
+#include "loss/loss_input_checks.h"
 
 namespace hyper_parallel {
 
@@ -21,7 +22,7 @@ LossCallRecord logprobs_call(const std::string& op, int64_t rows, at::ScalarType
   call.dtype = static_cast<int64_t>(dtype);
   call.vocab_size = vocab_size;
   call.local_classes = local_classes;
-  call.ignore_index = options.ignore_index;
+  call.definition.ignore_index = options.ignore_index;
   call.temperature = options.temperature;
   call.entropy = options.return_entropy;
   return call;

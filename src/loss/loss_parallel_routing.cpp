@@ -22,6 +22,7 @@
 #include "loss/class_sharding.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/input_agreement.h"
+#include "loss/loss_input_checks.h"
 #include "loss/loss_parallel_dispatch.h"
 
 namespace hyper_parallel {
@@ -134,8 +135,8 @@ bool nll_forward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   at::Tensor target;
   c10::optional<at::Tensor> weight = optional_tensor(args[2]);
   LossCallRecord call = routed_call(op, local, class_dim, cs);
-  call.reduction = reduction;
-  call.ignore_index = ignore_index;
+  call.definition.reduction = reduction;
+  call.definition.ignore_index = ignore_index;
   // The checks settle in the call's record (one all-gather more): a refusal on one rank is
   // the same error on every rank, and every rank stays in step.
   const InputAgreement agreement(op, args[1].toTensor(), [&] {

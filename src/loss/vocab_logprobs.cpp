@@ -87,8 +87,8 @@ Logprobs vocab_parallel_logprobs_forward(const at::Tensor& local_logits, int64_t
   }
   FusedCrossEntropy ce;
   ce.x_rows = contiguous_class_rows(to_rows(local_logits, class_dim));
-  ce.reduction = at::Reduction::None;
-  ce.ignore_index = options.ignore_index;
+  ce.definition.reduction = at::Reduction::None;
+  ce.definition.ignore_index = options.ignore_index;
   ce.temperature = options.temperature;
   ce.entropy_sum = options.return_entropy;
   std::vector<int64_t> out_shape = local_logits.sizes().vec();
@@ -133,7 +133,7 @@ at::Tensor vocab_parallel_logprobs_backward(const at::Tensor& grad_logprobs, con
   const ClassShard shard{comm, range.offset, range.length, vocab_size};
   FusedCrossEntropy ce;
   ce.x_rows = contiguous_class_rows(to_rows(local_logits, class_dim));
-  ce.ignore_index = options.ignore_index;
+  ce.definition.ignore_index = options.ignore_index;
   ce.temperature = options.temperature;
   ce.target = target.reshape({-1}).to(at::kLong);
   const int64_t rows = ce.x_rows.size(0);

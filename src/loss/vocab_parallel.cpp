@@ -12,6 +12,7 @@
 #include "loss/fused_cross_entropy.h"
 #include "loss/input_agreement.h"
 #include "loss/logits_device.h"
+#include "loss/loss_input_checks.h"
 
 namespace hyper_parallel {
 
@@ -56,11 +57,7 @@ FusedCrossEntropy settings_of(const at::Tensor& local_logits, int64_t class_dim,
                               const VocabCrossEntropyOptions& options) {
   FusedCrossEntropy ce;
   ce.x_rows = to_rows(local_logits, class_dim);
-  ce.reduction = options.reduction;
-  ce.ignore_index = options.ignore_index;
-  ce.label_smoothing = options.label_smoothing;
-  ce.z_loss_weight = options.z_loss_weight;
-  ce.logit_softcap = options.logit_softcap;
+  ce.definition = options;
   ce.soft = target.is_floating_point();
   return ce;
 }
@@ -114,11 +111,7 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
   // The call's record first (agree_on_call): its all-gather also gives the members' class
   // counts, so an unknown vocabulary costs no collective of its own.
   LossCallRecord call = loss_call(op, local_logits, class_dim, vocab_size);
-  call.reduction = options.reduction;
-  call.ignore_index = options.ignore_index;
-  call.label_smoothing = options.label_smoothing;
-  call.z_loss_weight = options.z_loss_weight;
-  call.logit_softcap = options.logit_softcap;
+  call.definition = options;
   call.gradient_in_forward = options.gradient_in_forward;
   if (weight && weight->defined()) call.class_weight = *weight;
   const std::vector<int64_t> counts = agree_on_call(call, comm, local_logits.device());
@@ -138,12 +131,7 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
   // Every check runs inside the agreement: a refusal on one member is the same error on all.
   const InputAgreement agreement(op, target, [&] {
     if (vocab_size >= 0) piece = vocab_piece(comm, local_logits.size(class_dim), vocab_size);
-    TORCH_CHECK_VALUE(options.reduction >= at::Reduction::None && options.reduction <= at::Reduction::Sum, op,
-                      ": reduction must be at::Reduction None, Mean or Sum, got ", options.reduction);
-    TORCH_CHECK_VALUE(options.label_smoothing >= 0.0 && options.label_smoothing <= 1.0, op,
-                      ": label_smoothing must be in [0, 1], got ", options.label_smoothing);
-    TORCH_CHECK_VALUE(options.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: off), got ",
-                      options.logit_softcap);
+    check_cross_entropy_definition(options, op, OptionErrorKind::value_error);
     TORCH_CHECK_VALUE(local_logits.is_floating_point(), op, ": expected floating-point logits, got ",
                       local_logits.scalar_type());
     check_no_target_or_weight_grad(target, weight, op);
@@ -210,7 +198,7 @@ at::Tensor vocab_parallel_cross_entropy_backward(const at::Tensor& grad_loss, co
     FusedCrossEntropy written;
     written.x_rows = saved.grad_rows;
     written.grad_rows = saved.grad_rows;
-    written.reduction = options.reduction;
+    written.definition.reduction = options.reduction;
     return from_rows(fused_cross_entropy_backward(written, grad_loss, shard), local_logits.sizes(), class_dim);
   }
   FusedCrossEntropy ce = settings_of(local_logits, class_dim, target, options);
@@ -274,8 +262,8 @@ std::vector<at::Tensor> vocab_parallel_nll_loss_forward(const at::Tensor& local_
   c10::optional<at::Tensor> w;
   if (weight && weight->defined()) w = *weight;
   LossCallRecord call = loss_call(op, local_logp, class_dim, vocab_size);
-  call.reduction = reduction;
-  call.ignore_index = ignore_index;
+  call.definition.reduction = reduction;
+  call.definition.ignore_index = ignore_index;
   if (w) call.class_weight = *w;
   record_guard_cross_entropy_options(call);
   // The checks settle in the call's record: a refusal on one member is the same error on all.

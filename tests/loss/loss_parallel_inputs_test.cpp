@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "harness/rank_harness.h"
+#include "hyper_parallel/cross_entropy_definition.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "loss/logits_device.h"
 #include "loss/loss_parallel_dispatch.h"
@@ -318,6 +319,93 @@ TEST_P(LossParallelInputs, AnIgnoreIndexWithProbabilityTargetsFollowsPyTorchsRul
 
 INSTANTIATE_TEST_SUITE_P(Ranks, LossParallelInputs, ::testing::Values(2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "Ranks"; });
+
+// One definition check for every front end (loss_input_checks.h): each bad cross-entropy
+// definition is refused on every rank by cross_entropy under loss_parallel (c10::Error, as
+// PyTorch's cross_entropy raises RuntimeError), vocab_parallel_cross_entropy and the fused
+// linear loss (c10::ValueError), with the same words after the op's name.
+struct BadDefinition {
+  const char* name;
+  CrossEntropyDefinition definition;
+  const char* words;
+};
+
+template <typename Options>
+Options with_definition(const CrossEntropyDefinition& d) {
+  Options o;
+  o.ignore_index = d.ignore_index;
+  o.reduction = d.reduction;
+  o.label_smoothing = d.label_smoothing;
+  o.z_loss_weight = d.z_loss_weight;
+  o.logit_softcap = d.logit_softcap;
+  return o;
+}
+
+TEST(LossDefinition, EveryFrontEndRefusesTheSameBadDefinitionOnEveryRank) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<BadDefinition> cases = {
+      {"reduction", {.reduction = 7}, "reduction must be at::Reduction None, Mean or Sum, got 7"},
+      {"label_smoothing", {.label_smoothing = 1.5}, "label_smoothing must be in [0, 1], got 1.5"},
+      {"negative z-loss", {.z_loss_weight = -1e-4}, "z_loss_weight must be >= 0 and finite (0: off)"},
+      {"infinite z-loss", {.z_loss_weight = inf}, "z_loss_weight must be >= 0 and finite (0: off), got inf"},
+      {"negative soft-cap", {.logit_softcap = -30}, "logit_softcap must be >= 0 and finite (0: off), got -30"},
+      {"infinite soft-cap", {.logit_softcap = inf}, "logit_softcap must be >= 0 and finite (0: off), got inf"},
+  };
+  constexpr int64_t kRanks = 2;
+  const at::Tensor full = random_tensor({kRows, kClasses}, 21);
+  const at::Tensor hidden = random_tensor({kRows, 3}, 23), head = random_tensor({kClasses, 3}, 24);
+  for (const BadDefinition& c : cases) {
+    SCOPED_TRACE(c.name);
+    const CrossEntropyDefinition& d = c.definition;
+    std::vector<std::string> route(kRanks), local(kRanks), linear(kRanks);
+    std::vector<int> value_errors(kRanks, 0);
+    run_ranks(
+        kRanks,
+        [&](int64_t rank) {
+          auto mesh = init_device_mesh("cpu", {kRanks});
+          const size_t r = static_cast<size_t>(rank);
+          try {
+            LossParallelOptions guard_options;
+            guard_options.z_loss_weight = d.z_loss_weight;
+            guard_options.logit_softcap = d.logit_softcap;
+            auto guard = loss_parallel(guard_options);
+            full_tensor(at::cross_entropy_loss(distribute_tensor(full, mesh, {Shard(1)}), good_target(), c10::nullopt,
+                                               d.reduction, d.ignore_index, d.label_smoothing));
+          } catch (const c10::ValueError& e) {
+            route[r] = "ValueError: " + message_of(e);
+          } catch (const std::exception& e) {
+            route[r] = message_of(e);
+          }
+          const auto vo = with_definition<VocabCrossEntropyOptions>(d);
+          try {
+            const at::Tensor piece = full.chunk(kRanks, 1)[r].contiguous();
+            VocabCrossEntropySaved saved;
+            vocab_parallel_cross_entropy_forward(piece, 1, good_target(), std::nullopt, &mesh.comm(0), kClasses, vo,
+                                                 &saved);
+          } catch (const c10::ValueError& e) {
+            local[r] = message_of(e);
+            ++value_errors[r];
+          } catch (const std::exception& e) {
+            local[r] = "not a ValueError: " + message_of(e);
+          }
+          const auto lo = with_definition<FusedLinearCrossEntropyOptions>(d);
+          try {
+            full_tensor(
+                fused_linear_cross_entropy(hidden, distribute_tensor(head, mesh, {Shard(0)}), good_target(), lo));
+          } catch (const c10::ValueError& e) {
+            linear[r] = message_of(e);
+            ++value_errors[r];
+          } catch (const std::exception& e) {
+            linear[r] = "not a ValueError: " + message_of(e);
+          }
+        },
+        std::chrono::seconds(10));
+    expect_same_error(route, std::string("cross_entropy: ") + c.words);
+    expect_same_error(local, std::string("vocab_parallel_cross_entropy: ") + c.words);
+    expect_same_error(linear, c.words);
+    for (size_t r = 0; r < value_errors.size(); ++r) EXPECT_EQ(value_errors[r], 2) << "rank " << r;
+  }
+}
 
 // The check itself on device descriptors: CUDA logits with a CPU target, no GPU needed.
 TEST(LossParallelDevices, TheMismatchNamesBothDevices) {

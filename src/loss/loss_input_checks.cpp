@@ -1,0 +1,100 @@
+#include "loss/loss_input_checks.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/Reduction.h>
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "hyper_parallel/loss_parallel.h"
+
+namespace hyper_parallel {
+
+namespace {
+
+// The first problem with `d`, or empty.
+std::string definition_problem(const CrossEntropyDefinition& d) {
+  if (d.reduction < at::Reduction::None || d.reduction > at::Reduction::Sum)
+    return c10::str("reduction must be at::Reduction None, Mean or Sum, got ", d.reduction);
+  if (!(d.label_smoothing >= 0.0 && d.label_smoothing <= 1.0))
+    return c10::str("label_smoothing must be in [0, 1], got ", d.label_smoothing);
+  if (!(std::isfinite(d.z_loss_weight) && d.z_loss_weight >= 0.0))
+    return c10::str("z_loss_weight must be >= 0 and finite (0: off), got ", d.z_loss_weight);
+  if (!(std::isfinite(d.logit_softcap) && d.logit_softcap >= 0.0))
+    return c10::str("logit_softcap must be >= 0 and finite (0: off), got ", d.logit_softcap);
+  return {};
+}
+
+}  // namespace
+
+void check_cross_entropy_definition(const CrossEntropyDefinition& definition, const std::string& op,
+                                    OptionErrorKind kind) {
+  const std::string problem = definition_problem(definition);
+  if (problem.empty()) return;
+  if (kind == OptionErrorKind::value_error) TORCH_CHECK_VALUE(false, op, ": ", problem);
+  TORCH_CHECK(false, op, ": ", problem);
+}
+
+void check_no_target_or_weight_grad(const at::Tensor& target, const c10::optional<at::Tensor>& weight,
+                                    const std::string& op) {
+  if (target.requires_grad() || (weight && weight->defined() && weight->requires_grad())) {
+    throw LossParallelUnsupportedError(op +
+                                       ": gradients with respect to the target or the class weights are not "
+                                       "supported");
+  }
+}
+
+void check_class_weight_dtype(at::ScalarType input, const at::Tensor& weight, const std::string& input_name,
+                              const std::string& op) {
+  TORCH_CHECK(weight.scalar_type() == input, op, ": expected scalar type ", input, " but found ", weight.scalar_type(),
+              " (the class weight must have the ", input_name, "' dtype)");
+}
+
+void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore_index) {
+  if (target.is_meta()) return;  // a dry run's targets: shapes, no ids to check
+  at::Tensor bad = target.ne(ignore_index).logical_and(target.lt(0).logical_or(target.ge(num_classes)));
+  if (bad.any().item<bool>()) {
+    const int64_t value = target.masked_select(bad).view({-1})[0].item<int64_t>();
+    TORCH_CHECK_INDEX(false, "Target ", value, " is out of bounds: expected a class in [0, ", num_classes,
+                      ") or ignore_index (", ignore_index, ")");
+  }
+}
+
+void check_probability_target_ignore_index(int64_t ignore_index, const std::string& op) {
+  if (ignore_index >= 0) {
+    throw LossParallelUnsupportedError(op + ": ignore_index is not supported for floating point target (got " +
+                                       std::to_string(ignore_index) +
+                                       "; as PyTorch's cross_entropy, only class-index targets can ignore a class)");
+  }
+}
+
+void check_nll_inputs(c10::IntArrayRef logp_shape, at::ScalarType logp_dtype, int64_t class_dim,
+                      const at::Tensor& target, const c10::optional<at::Tensor>& weight, int64_t num_classes,
+                      int64_t reduction, int64_t ignore_index, const std::string& op) {
+  check_cross_entropy_definition(CrossEntropyDefinition{.ignore_index = ignore_index, .reduction = reduction}, op,
+                                 OptionErrorKind::value_error);
+  // The error types and words are ATen's nll_loss's (RuntimeError, ValueError for the batch).
+  TORCH_CHECK(target.scalar_type() == at::kLong || target.scalar_type() == at::kByte, op,
+              ": expected target dtype to be Long or Byte, but got ", target.scalar_type());
+  std::vector<int64_t> expect = logp_shape.vec();
+  expect.erase(expect.begin() + class_dim);
+  // ATen's own words when only the batch differs.
+  TORCH_CHECK_VALUE(logp_shape.size() < 2 || target.dim() == 0 || target.size(0) == logp_shape[0],
+                    "Expected input batch_size (", logp_shape[0], ") to match target batch_size (", target.size(0),
+                    ").");
+  TORCH_CHECK_VALUE(target.sizes() == c10::IntArrayRef(expect), op, ": expected a target of shape ",
+                    c10::IntArrayRef(expect), " for log-probabilities of shape ", logp_shape, " (class dim ", class_dim,
+                    "), got ", target.sizes());
+  if (weight && weight->defined()) {
+    TORCH_CHECK(weight->dim() == 1 && weight->numel() == num_classes, op,
+                ": weight tensor should be defined either for all ", num_classes,
+                " classes or no classes but got weight tensor of shape: ", weight->sizes());
+    check_class_weight_dtype(logp_dtype, *weight, "log-probabilities", op);
+  }
+  check_targets(target, num_classes, ignore_index);
+}
+
+}  // namespace hyper_parallel
