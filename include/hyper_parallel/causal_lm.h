@@ -14,6 +14,7 @@
 
 #include "hyper_parallel/activation_checkpoint.h"
 #include "hyper_parallel/block_hooks.h"
+#include "hyper_parallel/decoder_sizes.h"
 #include "hyper_parallel/export.h"
 
 HP_PUBLIC_BEGIN
@@ -23,22 +24,6 @@ class Module;
 }
 
 namespace hyper_parallel {
-
-// The sizes every decoder has (a job's [model] keys; Hugging Face names in brackets).
-struct DecoderSizes {
-  int64_t dim = 256;            // hidden_size
-  int64_t n_layers = 2;         // num_hidden_layers
-  int64_t n_heads = 8;          // num_attention_heads
-  int64_t n_kv_heads = 0;       // num_key_value_heads; 0: n_heads
-  int64_t head_dim = 0;         // head_dim; 0: dim / n_heads
-  int64_t vocab_size = 32000;   // vocab_size
-  int64_t ffn_hidden_dim = 0;   // intermediate_size; 0: the family's derivation
-  int64_t multiple_of = 64;     // rounding of a derived ffn_hidden_dim
-  double norm_eps = 1e-5;       // rms_norm_eps
-  double rope_theta = 10000.0;  // rope_theta
-  int64_t max_seq_len = 512;    // max_position_embeddings
-  bool tie_word_embeddings = false;
-};
 
 class CausalLanguageModel {
  public:

@@ -34,18 +34,10 @@ namespace hyper_parallel {
 
 enum class Gemma2AttentionKind { full, sliding };
 
-// The defaults are transformers' Gemma2Config's (gemma-2-2b's sizes).
-struct Gemma2Args {
-  int64_t dim = 2304;  // hidden_size
-  int64_t n_layers = 26;
-  int64_t n_heads = 8;
-  int64_t n_kv_heads = 4;  // grouped-query attention
-  int64_t head_dim = 256;
-  int64_t vocab_size = 256000;
-  int64_t ffn_hidden_dim = 9216;  // intermediate_size
-  int64_t max_seq_len = 8192;     // max_position_embeddings: the RoPE tables' length
-  double norm_eps = 1e-6;
-  double rope_theta = 10000.0;
+// DecoderSizes (causal_lm.h) and what Gemma 2 adds to them. The defaults are transformers'
+// Gemma2Config's (gemma-2-2b's sizes), the sizes' included.
+struct Gemma2Args : DecoderSizes {
+  Gemma2Args();
   // Attention scores are scaled by query_pre_attn_scalar^-1/2 (not head_dim^-1/2).
   int64_t query_pre_attn_scalar = 256;
   // Scores become cap * tanh(scores / cap) before the mask; 0: off (null in config.json).
@@ -60,7 +52,6 @@ struct Gemma2Args {
   // The embedding row whose lookups give it no gradient (nn.Embedding's padding_idx, set
   // from pad_token_id as transformers does); nullopt: none.
   std::optional<int64_t> pad_token_id = 0;
-  bool tie_word_embeddings = true;
 
   Gemma2AttentionKind attention_kind(int64_t layer) const;
 

@@ -36,32 +36,18 @@ struct Llama3RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
-struct LlamaArgs {
-  int64_t dim = 256;
-  int64_t n_layers = 2;
-  int64_t n_heads = 8;
-  int64_t n_kv_heads = 0;         // grouped-query attention: key/value heads; 0: n_heads
-  int64_t explicit_head_dim = 0;  // 0: dim / n_heads (Hugging Face configs may set head_dim)
-  int64_t vocab_size = 32000;
-  int64_t ffn_hidden_dim = 0;  // 0: 2/3 * 4 * dim rounded up to multiple_of
-  int64_t multiple_of = 64;
-  double norm_eps = 1e-5;
-  double rope_theta = 10000.0;
+// DecoderSizes (causal_lm.h) and what Llama adds to them. ffn_hidden_dim 0: 2/3 * 4 * dim
+// rounded up to multiple_of (hidden_dim()).
+struct LlamaArgs : DecoderSizes {
   std::optional<Llama3RopeScaling> rope_scaling;
   // RoPE tables computed in float32 step by step as transformers does (set by
   // from_hf_config, so that long contexts agree with the checkpoint's own model); false:
   // in float64, rounded to float32 once.
   bool rope_tables_like_hf = false;
-  // The output head is the embeddings' parameter: one tensor [vocab, dim], registered by
-  // tok_embeddings only (docs/hf_models.md, "Tied embeddings").
-  bool tie_word_embeddings = false;
-  // Per-head RMSNorm of queries and keys (weights [head_dim]) before RoPE: Qwen3's
-  // attention (src/models/qwen3/); Llama has none.
+  // Per-head RMSNorm of queries and keys (weights [head_dim]) before RoPE: an option of the
+  // attention block that Qwen3 sets (src/models/qwen3/); Llama has none.
   bool qk_norm = false;
-  int64_t max_seq_len = 512;
   int64_t hidden_dim() const;
-  int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : dim / n_heads; }
-  int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
 
   // From a transformers LlamaConfig (config.json): the fields the model honours are read,
   // the ones it cannot represent (attention_bias, mlp_bias, hidden_act other than silu, a
@@ -69,7 +55,7 @@ struct LlamaArgs {
   // `model_type`: the one the caller's family reads (families shaped like Llama share
   // this reader and add their own fields).
   static LlamaArgs from_hf_config_file(const std::string& path);
-  // A decoder of these sizes (hp-train's [model] keys), untied, without GQA.
+  // A Llama of these sizes (hp-train's [model] keys), every field honoured.
   static LlamaArgs from_sizes(const DecoderSizes& sizes);
   static LlamaArgs from_hf_config_json(const std::string& json_text, const std::string& source = "config.json",
                                        const std::string& model_type = "llama");

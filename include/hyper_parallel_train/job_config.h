@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "hyper_parallel/decoder_sizes.h"
 #include "hyper_parallel/parallelism_config.h"
 #include "hyper_parallel/export.h"
 
@@ -39,19 +40,11 @@ struct ParallelismJobConfig : ParallelismConfig {
   int64_t dp_bucket_mb = 25;
 };
 
-// [model]: the model family (a name in the model registry) and its decoder sizes
-// (causal_lm.h DecoderSizes); with hf_assets_path the sizes come from its config.json.
-struct ModelConfig {
+// [model]: the model family (a name in the model registry) and its decoder sizes (the
+// DecoderSizes of causal_lm.h, each a key); with hf_assets_path the sizes come from its
+// config.json.
+struct ModelConfig : DecoderSizes {
   std::string name = "llama";
-  int64_t dim = 256;
-  int64_t n_layers = 2;
-  int64_t n_heads = 8;
-  int64_t vocab_size = 32000;
-  int64_t ffn_hidden_dim = 0;
-  int64_t multiple_of = 64;
-  double norm_eps = 1e-5;
-  double rope_theta = 10000.0;
-  int64_t max_seq_len = 512;
   std::string hf_assets_path = "";
   // Set once the sizes above were read from hf_assets_path (TrainSpec::build); until then
   // validate() skips the rules relating them to other keys. Not a TOML key.

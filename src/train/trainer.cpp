@@ -143,7 +143,7 @@ Trainer::Trainer(JobConfig config, std::ostream* log) : job_(start_job(std::move
   }
   dp_rank_ = job_->dims.dp_rank_of(rank_);
   checkpoints_ = std::make_unique<CheckpointManager>(c, rank_, job_->meshes.world, recorded_hf_config(c.model),
-                                                     as_causal_lm(*job_->model).sizes().ffn_hidden_dim, log_);
+                                                     as_causal_lm(*job_->model).sizes(), log_);
   // TP (init_weights(seed) gave every rank the same weights: each shards its own copy, with
   // no scatter from TP rank 0), the weights read into the TP pieces, then FSDP or DDP and
   // bfloat16's masters around the module.

@@ -57,7 +57,7 @@ LlamaArgs tiny_hf_args(bool tied = false) {
   a.n_layers = 1;
   a.n_heads = 4;
   a.n_kv_heads = 2;
-  a.explicit_head_dim = 8;
+  a.head_dim = 8;
   a.vocab_size = 11;
   a.ffn_hidden_dim = 24;
   a.max_seq_len = 8;
@@ -331,8 +331,8 @@ TEST(HfLlamaConfig, FieldsAreReadAndUnrepresentableOnesRefusedByName) {
       R"(, "head_dim": 8, "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "max_position_embeddings": 32,
           "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                               "high_freq_factor": 4.0, "original_max_position_embeddings": 16})"));
-  EXPECT_EQ(a.kv_heads(), 2);
-  EXPECT_EQ(a.head_dim(), 8);
+  EXPECT_EQ(a.resolved_kv_heads(), 2);
+  EXPECT_EQ(a.resolved_head_dim(), 8);
   EXPECT_EQ(a.hidden_dim(), 24);
   EXPECT_EQ(a.norm_eps, 1e-6);
   EXPECT_EQ(a.rope_theta, 500000.0);

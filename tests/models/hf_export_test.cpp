@@ -74,7 +74,7 @@ LlamaArgs export_args(bool tied = false) {
   a.n_layers = 2;
   a.n_heads = 8;
   a.n_kv_heads = 4;
-  a.explicit_head_dim = 8;
+  a.head_dim = 8;
   a.vocab_size = 13;
   a.ffn_hidden_dim = 24;
   a.max_seq_len = 16;
@@ -202,8 +202,8 @@ TEST(HfExport, LlamaConfigReadsBackAsTheSameArgs) {
     EXPECT_EQ(b.dim, a.dim);
     EXPECT_EQ(b.n_layers, a.n_layers);
     EXPECT_EQ(b.n_heads, a.n_heads);
-    EXPECT_EQ(b.kv_heads(), a.kv_heads());
-    EXPECT_EQ(b.head_dim(), a.head_dim());
+    EXPECT_EQ(b.resolved_kv_heads(), a.resolved_kv_heads());
+    EXPECT_EQ(b.resolved_head_dim(), a.resolved_head_dim());
     EXPECT_EQ(b.vocab_size, a.vocab_size);
     EXPECT_EQ(b.hidden_dim(), a.hidden_dim());
     EXPECT_EQ(b.norm_eps, a.norm_eps);
@@ -629,8 +629,8 @@ TEST(HfExport, HpHfExportWritesAFineTunedModelFromItsRecordedConfig) {
   hyper_parallel::testing::train_steps(job, 1, 2, /*save=*/true);
   const std::string folder = hyper_parallel::testing::checkpoint_path(job, "");
   const train::SavedModel saved = train::load_saved_model(folder);
-  EXPECT_EQ(as_llama(*saved.model)->args().kv_heads(), 4);
-  EXPECT_EQ(as_llama(*saved.model)->args().head_dim(), 16);
+  EXPECT_EQ(as_llama(*saved.model)->args().resolved_kv_heads(), 4);
+  EXPECT_EQ(as_llama(*saved.model)->args().resolved_head_dim(), 16);
   const std::string out = scratch("finetune_export");
   const auto r = run_command(binary_path("hp-hf-export") + " '" + folder + "' '" + out + "' 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.output;

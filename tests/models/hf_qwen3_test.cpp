@@ -84,8 +84,8 @@ TEST(HfQwen3Config, FieldsAreReadAndUnrepresentableOnesRefusedByName) {
          "max_window_layers": 28, "layer_types": ["full_attention"], "attention_bias": false,
          "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0})"));
   EXPECT_TRUE(a.qk_norm);
-  EXPECT_EQ(a.kv_heads(), 2);
-  EXPECT_EQ(a.head_dim(), 8);
+  EXPECT_EQ(a.resolved_kv_heads(), 2);
+  EXPECT_EQ(a.resolved_head_dim(), 8);
   EXPECT_EQ(a.norm_eps, 1e-6);
   EXPECT_EQ(a.rope_theta, 1e6);
   EXPECT_TRUE(a.tie_word_embeddings);
@@ -93,7 +93,7 @@ TEST(HfQwen3Config, FieldsAreReadAndUnrepresentableOnesRefusedByName) {
   // Qwen3Config's defaults, not LlamaConfig's: head_dim 128 (not hidden / heads), 32768 positions.
   const LlamaArgs d = qwen3_args_from_hf_config_json(
       R"({"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 11, "intermediate_size": 24})");
-  EXPECT_EQ(d.head_dim(), 128);
+  EXPECT_EQ(d.resolved_head_dim(), 128);
   EXPECT_EQ(d.max_seq_len, 32768);
   EXPECT_FALSE(LlamaArgs::from_hf_config_json(qwen3_config(""), "config.json", "qwen3").qk_norm);
 

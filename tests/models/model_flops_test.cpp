@@ -56,7 +56,7 @@ TEST(ModelFlops, TiedEmbeddingsCountOnceAndGqaHeadsAsTheyAre) {
   a.n_layers = 3;
   a.n_heads = 4;
   a.n_kv_heads = 2;
-  a.explicit_head_dim = 24;
+  a.head_dim = 24;
   a.vocab_size = 100;
   a.ffn_hidden_dim = 96;
   a.qk_norm = true;

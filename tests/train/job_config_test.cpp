@@ -198,6 +198,39 @@ TEST(JobConfig, ZeroFfnHiddenDimIsTheFamilysDerivation) {
   EXPECT_EQ(ffn_of(m), 100);
 }
 
+// Every [model] size is a DecoderSizes field the family honours: grouped-query attention, an
+// explicit head size and tied embeddings from the TOML keys alone.
+TEST(JobConfig, EveryModelSizeKeyReachesTheBuiltModel) {
+  ModelConfig m;
+  m.dim = 96;
+  m.n_layers = 1;
+  m.n_heads = 6;
+  m.n_kv_heads = 2;
+  m.head_dim = 8;
+  m.vocab_size = 64;
+  m.ffn_hidden_dim = 80;
+  m.norm_eps = 1e-6;
+  m.rope_theta = 500000.0;
+  m.max_seq_len = 40;
+  m.tie_word_embeddings = true;
+  const auto module = train_spec(m.name).build(m);
+  const hyper_parallel::DecoderSizes s = as_causal_lm(*module).sizes();
+  EXPECT_EQ(s.dim, 96);
+  EXPECT_EQ(s.n_heads, 6);
+  EXPECT_EQ(s.n_kv_heads, 2);
+  EXPECT_EQ(s.head_dim, 8);
+  EXPECT_EQ(s.ffn_hidden_dim, 80);
+  EXPECT_EQ(s.norm_eps, 1e-6);
+  EXPECT_EQ(s.rope_theta, 500000.0);
+  EXPECT_EQ(s.max_seq_len, 40);
+  EXPECT_TRUE(s.tie_word_embeddings);
+  // The parameters have those shapes: wk is [n_kv_heads * head_dim, dim]; tied: no separate output head.
+  const auto params = module->named_parameters();
+  EXPECT_EQ(params["layers.0.attention.wk.weight"].sizes(), c10::IntArrayRef({16, 96}));
+  EXPECT_EQ(params["layers.0.attention.wq.weight"].sizes(), c10::IntArrayRef({48, 96}));
+  EXPECT_FALSE(params.contains("output.weight"));
+}
+
 TEST(JobConfig, DebugModelFileLoadsTheTinyTwoRankJob) {
   const JobConfig c = load_job_config_file(kDebugModel);
   EXPECT_EQ(c.config_file, kDebugModel);
@@ -506,7 +539,19 @@ TEST(JobConfig, ToTomlRoundTripsEveryField) {
   JobConfig c;
   c.dump_folder = "out/\"quoted\" \\ dir";
   c.description = "line one\nline two\ttab \x01 ünïcode";
-  c.model = {"llama3", 96, 3, 6, 1001, 200, 32, 1e-6, 500000.0, 128};
+  c.model.name = "llama3";
+  c.model.dim = 96;
+  c.model.n_layers = 3;
+  c.model.n_heads = 6;
+  c.model.n_kv_heads = 3;
+  c.model.head_dim = 24;
+  c.model.vocab_size = 1001;
+  c.model.ffn_hidden_dim = 200;
+  c.model.multiple_of = 32;
+  c.model.norm_eps = 1e-6;
+  c.model.rope_theta = 500000.0;
+  c.model.max_seq_len = 128;
+  c.model.tie_word_embeddings = true;
   c.training.batch_size = 3;
   c.training.seq_len = 17;
   c.training.steps = 11;
@@ -582,7 +627,7 @@ TEST(JobConfig, UsageListsEveryKeyWithTypeAndDefault) {
     EXPECT_THAT(usage, HasSubstr(flag));
     ++keys;
   }
-  EXPECT_EQ(keys, 70);
+  EXPECT_EQ(keys, 73);
   EXPECT_THAT(usage, HasSubstr("--training.max_skipped_steps INT"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.load_step INT"));
   EXPECT_THAT(usage, HasSubstr("--checkpoint.allow_data_change BOOL"));
@@ -671,6 +716,15 @@ TEST(JobConfig, ValidateErrorsNameTheKey) {
        },
        "training.bos_id = 1 applies to pre-tokenized data (training.data_format bin_u16, bin_u32, megatron or auto "
        "on such a file), not to a text corpus"},
+      {[](JobConfig& c) { c.model.n_kv_heads = -1; }, "model.n_kv_heads = -1 must be >= 0 (0: n_heads)"},
+      {[](JobConfig& c) { c.model.n_kv_heads = 3; }, "model.n_kv_heads = 3 must divide model.n_heads = 8"},
+      {[](JobConfig& c) { c.model.head_dim = -2; }, "model.head_dim = -2 must be >= 0 (0: dim / n_heads)"},
+      {[](JobConfig& c) { c.model.head_dim = 33; }, "model.head_dim = 33 (the head size) must be even for RoPE"},
+      {[](JobConfig& c) {
+         c.model.n_kv_heads = 2;
+         c.parallelism.tensor_parallel_degree = 4;
+       },
+       "model.n_kv_heads = 2 must be divisible by parallelism.tensor_parallel_degree = 4"},
       {[](JobConfig& c) { c.parallelism.tensor_parallel_degree = 0; },
        "parallelism.tensor_parallel_degree = 0 must be >= 1"},
       {[](JobConfig& c) { c.parallelism.tensor_parallel_degree = 3; },

@@ -241,6 +241,32 @@ TEST(ResumeReshard, AnotherModelIsRefusedNamingTheFieldAndTheTensor) {
   compat::remove_all(saved.dump_folder);
 }
 
+// A checkpoint of an hp-train that recorded no n_kv_heads, head_dim or tie_word_embeddings
+// resumes where the job builds what it built (no GQA, heads of dim / n_heads, untied) and is
+// refused, naming the key, where it does not; with a recorded config.json that file decides.
+TEST(ResumeReshard, SizesAnOlderHpTrainDidNotRecordAreTheOnesItBuilt) {
+  CheckpointIdentity older;
+  older.dtype = "float32";
+  older.model = {
+      {"name", "llama"},       {"dim", 48},        {"n_layers", 2},         {"n_heads", 12},     {"vocab_size", 515},
+      {"ffn_hidden_dim", 128}, {"norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"max_seq_len", 512}};
+  CheckpointIdentity job = older;
+  job.model["n_kv_heads"] = 12;
+  job.model["head_dim"] = 4;
+  job.model["tie_word_embeddings"] = false;
+  EXPECT_TRUE(model_mismatches(older, job).empty());
+  CheckpointIdentity gqa = job;
+  gqa.model["n_kv_heads"] = 4;
+  gqa.model["tie_word_embeddings"] = true;
+  const std::string all = all_of(model_mismatches(older, gqa));
+  EXPECT_NE(all.find("model.n_kv_heads: checkpoint 12, this job 4"), std::string::npos) << all;
+  EXPECT_NE(all.find("model.tie_word_embeddings: checkpoint false, this job true"), std::string::npos) << all;
+  CheckpointIdentity older_from_config = older;
+  older_from_config.model["hf_config"] = {{"model_type", "llama"}};
+  gqa.model["hf_config"] = older_from_config.model["hf_config"];
+  EXPECT_TRUE(model_mismatches(older_from_config, gqa).empty());
+}
+
 TEST(ResumeReshard, AMissingOrDamagedFileThatARankNowNeedsStopsEveryRank) {
   const JobConfig saved = saved_at_tp2("damaged");
   const std::string step_dir = checkpoint_path(saved, "step-" + std::to_string(kSavedAt));

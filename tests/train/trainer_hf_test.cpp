@@ -133,7 +133,7 @@ TEST(TrainerHf, ModelSizesComeFromConfigJsonAndAConflictingSizeIsAnErrorNamingBo
     EXPECT_EQ(trainer.config().model.vocab_size, 67);
     EXPECT_EQ(trainer.config().model.norm_eps, 1e-6);
     EXPECT_EQ(trainer.config().model.ffn_hidden_dim, 48);
-    EXPECT_EQ(as_llama(trainer.model())->args().kv_heads(), 2);
+    EXPECT_EQ(as_llama(trainer.model())->args().resolved_kv_heads(), 2);
     EXPECT_TRUE(as_llama(trainer.model())->args().rope_tables_like_hf);
   });
 

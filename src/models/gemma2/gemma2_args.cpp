@@ -8,6 +8,20 @@
 
 namespace hyper_parallel {
 
+Gemma2Args::Gemma2Args() {
+  dim = 2304;  // hidden_size
+  n_layers = 26;
+  n_heads = 8;
+  n_kv_heads = 4;
+  head_dim = 256;
+  vocab_size = 256000;
+  ffn_hidden_dim = 9216;  // intermediate_size
+  max_seq_len = 8192;     // max_position_embeddings: the RoPE tables' length
+  norm_eps = 1e-6;
+  rope_theta = 10000.0;
+  tie_word_embeddings = true;
+}
+
 Gemma2AttentionKind Gemma2Args::attention_kind(int64_t layer) const {
   if (layer_types.empty()) return layer % 2 == 0 ? Gemma2AttentionKind::sliding : Gemma2AttentionKind::full;
   return layer_types.at(layer);

@@ -52,16 +52,16 @@ at::Tensor hidden_keys(int64_t s, int64_t window, at::Device device) {
 }  // namespace
 
 Gemma2AttentionImpl::Gemma2AttentionImpl(const Gemma2Args& a, int64_t layer)
-    : head_dim_(a.head_dim),
-      group_(a.n_heads / a.n_kv_heads),
+    : head_dim_(a.resolved_head_dim()),
+      group_(a.n_heads / a.resolved_kv_heads()),
       scaling_(std::pow(static_cast<double>(a.query_pre_attn_scalar), -0.5)),
       softcap_(a.attn_logit_softcapping),
       window_(a.attention_kind(layer) == Gemma2AttentionKind::sliding ? a.sliding_window : 0) {
   auto make = [&](const char* name, int64_t in, int64_t out) { return register_module(name, new_linear(in, out)); };
-  wq = make("wq", a.dim, a.n_heads * a.head_dim);
-  wk = make("wk", a.dim, a.n_kv_heads * a.head_dim);
-  wv = make("wv", a.dim, a.n_kv_heads * a.head_dim);
-  wo = make("wo", a.n_heads * a.head_dim, a.dim);
+  wq = make("wq", a.dim, a.n_heads * a.resolved_head_dim());
+  wk = make("wk", a.dim, a.resolved_kv_heads() * a.resolved_head_dim());
+  wv = make("wv", a.dim, a.resolved_kv_heads() * a.resolved_head_dim());
+  wo = make("wo", a.n_heads * a.resolved_head_dim(), a.dim);
 }
 
 at::Tensor Gemma2AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -117,9 +117,9 @@ at::Tensor Gemma2BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, 
 }
 
 Gemma2Impl::Gemma2Impl(const Gemma2Args& a) : args_(a) {
-  TORCH_CHECK(a.n_heads % a.n_kv_heads == 0, "Gemma2: n_heads ", a.n_heads, " must be a multiple of n_kv_heads ",
-              a.n_kv_heads);
-  TORCH_CHECK(a.head_dim % 2 == 0, "Gemma2: head_dim ", a.head_dim, " must be even for RoPE");
+  TORCH_CHECK(a.n_heads % a.resolved_kv_heads() == 0, "Gemma2: n_heads ", a.n_heads,
+              " must be a multiple of n_kv_heads ", a.resolved_kv_heads());
+  TORCH_CHECK(a.resolved_head_dim() % 2 == 0, "Gemma2: head_dim ", a.resolved_head_dim(), " must be even for RoPE");
   TORCH_CHECK(a.layer_types.empty() || static_cast<int64_t>(a.layer_types.size()) == a.n_layers,
               "Gemma2: layer_types has ", a.layer_types.size(), " entries for ", a.n_layers, " layers");
   TORCH_CHECK(!a.pad_token_id || (*a.pad_token_id >= 0 && *a.pad_token_id < a.vocab_size), "Gemma2: pad_token_id ",
@@ -135,7 +135,7 @@ Gemma2Impl::Gemma2Impl(const Gemma2Args& a) : args_(a) {
   // transformers' tables: inverse frequencies and angles in float32 (Llama's helper with
   // the same head_dim, theta and length).
   LlamaArgs rope;
-  rope.explicit_head_dim = a.head_dim;
+  rope.head_dim = a.resolved_head_dim();
   rope.rope_theta = a.rope_theta;
   rope.max_seq_len = a.max_seq_len;
   rope.rope_tables_like_hf = true;
@@ -159,18 +159,9 @@ at::Tensor Gemma2Impl::hidden_states(const at::Tensor& tokens) {
 }
 
 DecoderSizes Gemma2Impl::sizes() const {
-  DecoderSizes s;
-  s.dim = args_.dim;
-  s.n_layers = args_.n_layers;
-  s.n_heads = args_.n_heads;
-  s.n_kv_heads = args_.n_kv_heads;
-  s.head_dim = args_.head_dim;
-  s.vocab_size = args_.vocab_size;
-  s.ffn_hidden_dim = args_.ffn_hidden_dim;
-  s.norm_eps = args_.norm_eps;
-  s.rope_theta = args_.rope_theta;
-  s.max_seq_len = args_.max_seq_len;
-  s.tie_word_embeddings = args_.tie_word_embeddings;
+  DecoderSizes s = args_;
+  s.n_kv_heads = args_.resolved_kv_heads();
+  s.head_dim = args_.resolved_head_dim();
   return s;
 }
 
@@ -180,7 +171,7 @@ int64_t Gemma2Impl::flops_per_token(int64_t seq_len) const {
   // Gemma 2), where a sliding layer reads as many keys as a full one; beyond it, an
   // over-count of the sliding layers' scores.
   return dense_decoder_flops_per_token(*this, tok_embeddings->weight, args_.tie_word_embeddings, args_.n_layers,
-                                       args_.n_heads, args_.head_dim, seq_len);
+                                       args_.n_heads, args_.resolved_head_dim(), seq_len);
 }
 
 void Gemma2Impl::init_weights(uint64_t seed) {

@@ -23,9 +23,9 @@ void parallelize_gemma2(Gemma2& model, const DeviceMesh& tp_mesh, bool loss_para
   TORCH_CHECK(a.n_heads % tp == 0, "parallelize_gemma2: n_heads ", a.n_heads,
               " does not split over tensor_parallel_degree ", tp, " (each rank needs whole heads)");
   // Key/value heads are sharded like the query heads; replicating them is not implemented.
-  TORCH_CHECK(a.n_kv_heads % tp == 0, "parallelize_gemma2: n_kv_heads ", a.n_kv_heads,
+  TORCH_CHECK(a.resolved_kv_heads() % tp == 0, "parallelize_gemma2: n_kv_heads ", a.resolved_kv_heads(),
               " does not split over tensor_parallel_degree ", tp,
-              " (each rank needs whole key/value heads; choose a TP degree that divides ", a.n_kv_heads, ")");
+              " (each rank needs whole key/value heads; choose a TP degree that divides ", a.resolved_kv_heads(), ")");
   TORCH_CHECK(a.ffn_hidden_dim % tp == 0 && a.dim % tp == 0, "parallelize_gemma2: dim ", a.dim, " and ffn hidden ",
               a.ffn_hidden_dim, " must be divisible by tensor_parallel_degree ", tp);
   parallelize_module(*model, tp_mesh, gemma2_tp_plan(loss_parallel, sequence_parallel), src_data_rank);

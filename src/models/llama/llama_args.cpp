@@ -22,7 +22,7 @@ namespace {
 // (compute_default_rope_parameters, _compute_llama3_parameters): Python's `a / t` is
 // t.reciprocal() * a, so the same roundings happen here.
 at::Tensor hf_inverse_frequencies(const LlamaArgs& a) {
-  const int64_t d = a.head_dim();
+  const int64_t d = a.resolved_head_dim();
   at::Tensor exponent = at::arange(0, d, 2, at::kLong).to(at::kFloat) / static_cast<double>(d);
   at::Tensor inv = at::reciprocal(at::pow(a.rope_theta, exponent));
   if (!a.rope_scaling) return inv;
@@ -47,8 +47,8 @@ std::pair<at::Tensor, at::Tensor> llama_rope_tables(const LlamaArgs& a) {
         at::arange(a.max_seq_len, at::kLong).to(at::kFloat).unsqueeze(1) * hf_inverse_frequencies(a).unsqueeze(0);
     return {angles.cos(), angles.sin()};
   }
-  const int64_t half = a.head_dim() / 2;
-  at::Tensor freqs = at::pow(a.rope_theta, -at::arange(half, at::kDouble) * 2.0 / a.head_dim());
+  const int64_t half = a.resolved_head_dim() / 2;
+  at::Tensor freqs = at::pow(a.rope_theta, -at::arange(half, at::kDouble) * 2.0 / a.resolved_head_dim());
   at::Tensor angles = at::outer(at::arange(a.max_seq_len, at::kDouble), freqs);
   return {angles.cos().to(at::kFloat), angles.sin().to(at::kFloat)};
 }
@@ -57,18 +57,7 @@ using nlohmann::json;
 
 LlamaArgs LlamaArgs::from_sizes(const DecoderSizes& s) {
   LlamaArgs a;
-  a.dim = s.dim;
-  a.n_layers = s.n_layers;
-  a.n_heads = s.n_heads;
-  a.n_kv_heads = s.n_kv_heads;
-  a.explicit_head_dim = s.head_dim;
-  a.vocab_size = s.vocab_size;
-  a.ffn_hidden_dim = s.ffn_hidden_dim;
-  a.multiple_of = s.multiple_of;
-  a.norm_eps = s.norm_eps;
-  a.rope_theta = s.rope_theta;
-  a.max_seq_len = s.max_seq_len;
-  a.tie_word_embeddings = s.tie_word_embeddings;
+  static_cast<DecoderSizes&>(a) = s;
   return a;
 }
 
@@ -87,7 +76,7 @@ LlamaArgs LlamaArgs::from_hf_config_json(const std::string& text, const std::str
   a.n_layers = r.get<int64_t>("num_hidden_layers");
   a.n_heads = r.get<int64_t>("num_attention_heads");
   a.n_kv_heads = r.get<int64_t>("num_key_value_heads", a.n_heads);
-  a.explicit_head_dim = r.get<int64_t>("head_dim", int64_t{0});
+  a.head_dim = r.get<int64_t>("head_dim", int64_t{0});
   a.vocab_size = r.get<int64_t>("vocab_size");
   a.ffn_hidden_dim = r.get<int64_t>("intermediate_size");
   a.norm_eps = r.get<double>("rms_norm_eps", 1e-6);  // transformers' LlamaConfig default
@@ -98,15 +87,16 @@ LlamaArgs LlamaArgs::from_hf_config_json(const std::string& text, const std::str
                           "vocab_size", "intermediate_size", "max_position_embeddings"}) {
     if (r.has(j, key) && j.at(key).get<int64_t>() <= 0) r.refuse(key, j.at(key), "must be > 0");
   }
-  if (a.n_heads % a.kv_heads() != 0) {
+  if (a.n_heads % a.resolved_kv_heads() != 0) {
     r.refuse("num_key_value_heads", j.at("num_key_value_heads"),
              "must divide num_attention_heads = " + std::to_string(a.n_heads));
   }
-  if (a.explicit_head_dim == 0 && a.dim % a.n_heads != 0) {
+  if (a.head_dim == 0 && a.dim % a.n_heads != 0) {
     r.fail("hidden_size", "= " + std::to_string(a.dim) + " is not divisible by num_attention_heads = " +
                               std::to_string(a.n_heads) + " and head_dim is not given");
   }
-  if (a.head_dim() % 2 != 0) r.fail("head_dim", "= " + std::to_string(a.head_dim()) + " must be even for RoPE");
+  if (a.resolved_head_dim() % 2 != 0)
+    r.fail("head_dim", "= " + std::to_string(a.resolved_head_dim()) + " must be even for RoPE");
 
   // What the model cannot represent is refused, never ignored.
   const std::string act = r.get<std::string>("hidden_act", std::string("silu"));
@@ -162,8 +152,8 @@ std::string LlamaArgs::to_hf_config_json() const {
       {"intermediate_size", hidden_dim()},
       {"num_hidden_layers", n_layers},
       {"num_attention_heads", n_heads},
-      {"num_key_value_heads", kv_heads()},
-      {"head_dim", head_dim()},
+      {"num_key_value_heads", resolved_kv_heads()},
+      {"head_dim", resolved_head_dim()},
       {"rms_norm_eps", norm_eps},
       {"vocab_size", vocab_size},
       {"max_position_embeddings", max_seq_len},

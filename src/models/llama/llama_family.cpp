@@ -15,8 +15,8 @@ HfAdapter llama_hf_adapter(const LlamaArgs& a) {
   map("tok_embeddings.weight", "model.embed_tokens.weight");
   for (int64_t i = 0; i < a.n_layers; ++i) {
     const std::string ours = "layers." + std::to_string(i) + ".", hf = "model.layers." + std::to_string(i) + ".";
-    map(ours + "attention.wq.weight", hf + "self_attn.q_proj.weight", a.head_dim());
-    map(ours + "attention.wk.weight", hf + "self_attn.k_proj.weight", a.head_dim());
+    map(ours + "attention.wq.weight", hf + "self_attn.q_proj.weight", a.resolved_head_dim());
+    map(ours + "attention.wk.weight", hf + "self_attn.k_proj.weight", a.resolved_head_dim());
     map(ours + "attention.wv.weight", hf + "self_attn.v_proj.weight");
     map(ours + "attention.wo.weight", hf + "self_attn.o_proj.weight");
     map(ours + "feed_forward.w1.weight", hf + "mlp.gate_proj.weight");

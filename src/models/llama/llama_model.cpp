@@ -41,15 +41,16 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 
 }  // namespace
 
-AttentionImpl::AttentionImpl(const LlamaArgs& a) : head_dim_(a.head_dim()), group_(a.n_heads / a.kv_heads()) {
+AttentionImpl::AttentionImpl(const LlamaArgs& a)
+    : head_dim_(a.resolved_head_dim()), group_(a.n_heads / a.resolved_kv_heads()) {
   auto make = [&](const char* name, int64_t in, int64_t out) { return register_module(name, new_linear(in, out)); };
-  wq = make("wq", a.dim, a.n_heads * a.head_dim());
-  wk = make("wk", a.dim, a.kv_heads() * a.head_dim());
-  wv = make("wv", a.dim, a.kv_heads() * a.head_dim());
-  wo = make("wo", a.n_heads * a.head_dim(), a.dim);
+  wq = make("wq", a.dim, a.n_heads * a.resolved_head_dim());
+  wk = make("wk", a.dim, a.resolved_kv_heads() * a.resolved_head_dim());
+  wv = make("wv", a.dim, a.resolved_kv_heads() * a.resolved_head_dim());
+  wo = make("wo", a.n_heads * a.resolved_head_dim(), a.dim);
   if (a.qk_norm) {
-    q_norm = register_module("q_norm", RMSNorm(a.head_dim(), a.norm_eps));
-    k_norm = register_module("k_norm", RMSNorm(a.head_dim(), a.norm_eps));
+    q_norm = register_module("q_norm", RMSNorm(a.resolved_head_dim(), a.norm_eps));
+    k_norm = register_module("k_norm", RMSNorm(a.resolved_head_dim(), a.norm_eps));
   }
 }
 
@@ -106,11 +107,11 @@ at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const at::Tensor& 
 }
 
 LlamaImpl::LlamaImpl(const LlamaArgs& a) : args_(a) {
-  TORCH_CHECK(a.explicit_head_dim > 0 || a.dim % a.n_heads == 0, "Llama: dim ", a.dim, " must be divisible by n_heads ",
+  TORCH_CHECK(a.head_dim > 0 || a.dim % a.n_heads == 0, "Llama: dim ", a.dim, " must be divisible by n_heads ",
               a.n_heads, " (or head_dim given)");
-  TORCH_CHECK(a.n_heads % a.kv_heads() == 0, "Llama: n_heads ", a.n_heads, " must be a multiple of n_kv_heads ",
-              a.kv_heads());
-  TORCH_CHECK(a.head_dim() % 2 == 0, "Llama: head_dim ", a.head_dim(), " must be even for RoPE");
+  TORCH_CHECK(a.n_heads % a.resolved_kv_heads() == 0, "Llama: n_heads ", a.n_heads,
+              " must be a multiple of n_kv_heads ", a.resolved_kv_heads());
+  TORCH_CHECK(a.resolved_head_dim() % 2 == 0, "Llama: head_dim ", a.resolved_head_dim(), " must be even for RoPE");
   tok_embeddings = register_module("tok_embeddings", new_embedding(a.vocab_size, a.dim));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < a.n_layers; ++i) layers->push_back(TransformerBlock(a));
@@ -140,19 +141,10 @@ at::Tensor LlamaImpl::hidden_states(const at::Tensor& tokens) {
 }
 
 DecoderSizes LlamaImpl::sizes() const {
-  DecoderSizes s;
-  s.dim = args_.dim;
-  s.n_layers = args_.n_layers;
-  s.n_heads = args_.n_heads;
-  s.n_kv_heads = args_.kv_heads();
-  s.head_dim = args_.head_dim();
-  s.vocab_size = args_.vocab_size;
+  DecoderSizes s = args_;
+  s.n_kv_heads = args_.resolved_kv_heads();
+  s.head_dim = args_.resolved_head_dim();
   s.ffn_hidden_dim = args_.hidden_dim();
-  s.multiple_of = args_.multiple_of;
-  s.norm_eps = args_.norm_eps;
-  s.rope_theta = args_.rope_theta;
-  s.max_seq_len = args_.max_seq_len;
-  s.tie_word_embeddings = args_.tie_word_embeddings;
   return s;
 }
 
@@ -162,7 +154,7 @@ void LlamaImpl::init_weights(uint64_t seed) {
 
 int64_t LlamaImpl::flops_per_token(int64_t seq_len) const {
   return dense_decoder_flops_per_token(*this, tok_embeddings->weight, args_.tie_word_embeddings, args_.n_layers,
-                                       args_.n_heads, args_.head_dim(), seq_len);
+                                       args_.n_heads, args_.resolved_head_dim(), seq_len);
 }
 
 void LlamaImpl::tie_head() {

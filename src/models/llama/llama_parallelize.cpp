@@ -71,9 +71,9 @@ void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, const Paralleliz
               " does not split over tensor_parallel_degree ", tp, " (each rank needs whole heads)");
   // Key/value heads are sharded like the query heads (each rank keeps the kv heads its
   // query heads read); replicating them instead is not implemented.
-  TORCH_CHECK(a.kv_heads() % tp == 0, "parallelize_llama: n_kv_heads ", a.kv_heads(),
+  TORCH_CHECK(a.resolved_kv_heads() % tp == 0, "parallelize_llama: n_kv_heads ", a.resolved_kv_heads(),
               " does not split over tensor_parallel_degree ", tp,
-              " (each rank needs whole key/value heads; choose a TP degree that divides ", a.kv_heads(), ")");
+              " (each rank needs whole key/value heads; choose a TP degree that divides ", a.resolved_kv_heads(), ")");
   TORCH_CHECK(a.hidden_dim() % tp == 0 && a.dim % tp == 0, "parallelize_llama: dim ", a.dim, " and ffn hidden ",
               a.hidden_dim(), " must be divisible by tensor_parallel_degree ", tp);
   parallelize_module(*model, tp_mesh, plan, src_data_rank);

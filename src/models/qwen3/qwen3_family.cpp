@@ -11,8 +11,8 @@ HfAdapter qwen3_hf_adapter(const LlamaArgs& a) {
   for (int64_t i = 0; i < a.n_layers; ++i) {
     const std::string ours = "layers." + std::to_string(i) + ".attention.";
     const std::string hf = "model.layers." + std::to_string(i) + ".self_attn.";
-    m.push_back({ours + "q_norm.weight", hf + "q_norm.weight", a.head_dim()});
-    m.push_back({ours + "k_norm.weight", hf + "k_norm.weight", a.head_dim()});
+    m.push_back({ours + "q_norm.weight", hf + "q_norm.weight", a.resolved_head_dim()});
+    m.push_back({ours + "k_norm.weight", hf + "k_norm.weight", a.resolved_head_dim()});
   }
   return m;
 }

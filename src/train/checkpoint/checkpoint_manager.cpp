@@ -33,16 +33,21 @@ namespace hyper_parallel::train {
 
 namespace {
 
-nlohmann::json model_json(const ModelConfig& m, int64_t ffn_hidden_dim) {
-  return {{"name", m.name},
-          {"dim", m.dim},
-          {"n_layers", m.n_layers},
-          {"n_heads", m.n_heads},
-          {"vocab_size", m.vocab_size},
-          {"ffn_hidden_dim", ffn_hidden_dim},
-          {"norm_eps", m.norm_eps},
-          {"rope_theta", m.rope_theta},
-          {"max_seq_len", m.max_seq_len}};
+// The identity's model: the family's name and the module's resolved sizes, each under its
+// [model] key (load_saved_model rebuilds the module from them).
+nlohmann::json model_json(const std::string& name, const DecoderSizes& s) {
+  return {{"name", name},
+          {"dim", s.dim},
+          {"n_layers", s.n_layers},
+          {"n_heads", s.n_heads},
+          {"n_kv_heads", s.n_kv_heads},
+          {"head_dim", s.head_dim},
+          {"vocab_size", s.vocab_size},
+          {"ffn_hidden_dim", s.ffn_hidden_dim},
+          {"norm_eps", s.norm_eps},
+          {"rope_theta", s.rope_theta},
+          {"max_seq_len", s.max_seq_len},
+          {"tie_word_embeddings", s.tie_word_embeddings}};
 }
 
 // 64 random bits as hex: unique enough to tell two runs' files apart.
@@ -143,13 +148,13 @@ std::string layout_name(int64_t shard, int64_t tp) {
 }  // namespace
 
 CheckpointManager::CheckpointManager(const JobConfig& config, int64_t rank, std::optional<DeviceMesh> world_mesh,
-                                     nlohmann::json hf_config, int64_t ffn_hidden_dim, std::ostream* log)
+                                     nlohmann::json hf_config, const DecoderSizes& sizes, std::ostream* log)
     : config_(config),
       folder_(job_folder(config, config.checkpoint.folder)),
       rank_(rank),
       world_mesh_(std::move(world_mesh)),
       hf_config_(std::move(hf_config)),
-      ffn_hidden_dim_(ffn_hidden_dim),
+      sizes_(sizes),
       log_(log) {
   // One id for the run, from rank 0; a resume replaces it with the checkpoint's.
   at::Tensor id = at::zeros(
@@ -173,7 +178,7 @@ CheckpointIdentity CheckpointManager::identity(int64_t step) const {
   id.data_parallel_degree = config_.parallelism.data_parallel_degree;
   id.data_parallel_shard_degree = config_.parallelism.data_parallel_shard_degree;
   id.dtype = config_.training.dtype;
-  id.model = model_json(config_.model, ffn_hidden_dim_);
+  id.model = model_json(config_.model.name, sizes_);
   // A Hugging Face model's whole config (kv heads, head_dim, tying, rope scaling are not
   // [model] keys): a resume on another config is refused, and an export can rebuild it.
   if (!hf_config_.is_null()) id.model["hf_config"] = hf_config_;

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "hyper_parallel/decoder_sizes.h"
 #include "hyper_parallel/device_mesh.h"
 #include "train/checkpoint/checkpoint_manifest.h"
 #include "hyper_parallel_train/job_config.h"
@@ -46,11 +47,11 @@ class CheckpointManager {
  public:
   // `world_mesh`: every rank (none for a one-rank job).
   // `hf_config`: model.hf_assets_path's config.json (null otherwise), recorded in the
-  // checkpoints. `ffn_hidden_dim`: the module's as its family resolved it (a [model]
-  // ffn_hidden_dim of 0 is the family's derivation), recorded in the identity.
+  // checkpoints. `sizes`: the module's, as its family resolved them (a [model] key of 0, such
+  // as ffn_hidden_dim or n_kv_heads, is the family's value), recorded in the identity.
   // Collective: rank 0 draws the run's id and every rank receives it.
   CheckpointManager(const JobConfig& config, int64_t rank, std::optional<DeviceMesh> world_mesh,
-                    nlohmann::json hf_config, int64_t ffn_hidden_dim, std::ostream* log);
+                    nlohmann::json hf_config, const DecoderSizes& sizes, std::ostream* log);
 
   // checkpoint.folder under job.dump_folder.
   const std::string& folder() const { return folder_; }
@@ -96,7 +97,7 @@ class CheckpointManager {
   int64_t rank_ = 0;
   std::optional<DeviceMesh> world_mesh_;
   nlohmann::json hf_config_;
-  int64_t ffn_hidden_dim_;
+  DecoderSizes sizes_;
   nlohmann::json data_identity_;
   std::ostream* log_;
   std::string run_id_;

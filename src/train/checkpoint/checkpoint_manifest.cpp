@@ -143,8 +143,31 @@ std::vector<std::string> resume_mismatches(const CheckpointIdentity& saved, cons
   return out;
 }
 
-std::vector<std::string> model_mismatches(const CheckpointIdentity& saved, const CheckpointIdentity& job) {
+namespace {
+
+// The sizes an older hp-train did not record, as they were: its models built from [model] had
+// no grouped-query attention, heads of dim / n_heads and an untied head. Where it recorded a
+// config.json (hf_config, compared whole), that file said them: the job's values stand.
+nlohmann::json with_sizes_older_versions_implied(nlohmann::json saved, const nlohmann::json& job) {
+  const bool from_config = saved.contains("hf_config");
+  auto imply = [&](const char* key, const nlohmann::json& value) {
+    if (!saved.contains(key) && job.contains(key)) saved[key] = from_config ? job.at(key) : value;
+  };
+  if (saved.contains("n_heads") && saved.contains("dim")) {
+    const int64_t heads = saved.at("n_heads").get<int64_t>(), dim = saved.at("dim").get<int64_t>();
+    imply("n_kv_heads", heads);
+    imply("head_dim", heads > 0 ? dim / heads : 0);
+  }
+  imply("tie_word_embeddings", false);
+  return saved;
+}
+
+}  // namespace
+
+std::vector<std::string> model_mismatches(const CheckpointIdentity& saved_identity, const CheckpointIdentity& job) {
   std::vector<std::string> out;
+  CheckpointIdentity saved = saved_identity;
+  saved.model = with_sizes_older_versions_implied(saved.model, job.model);
   auto differ = [&out](const std::string& key, const std::string& a, const std::string& b) {
     if (a != b) out.push_back(key + ": checkpoint " + a + ", this job " + b);
   };

@@ -101,12 +101,17 @@ std::vector<Field> model_fields() {
       HP_FIELD(model, dim, "hidden (embedding) size"),
       HP_FIELD(model, n_layers, "transformer blocks"),
       HP_FIELD(model, n_heads, "attention heads (divides dim; divisible by the TP degree)"),
+      HP_FIELD(model, n_kv_heads,
+               "key/value heads of grouped-query attention (divides n_heads; divisible by the TP degree); 0: n_heads"),
+      HP_FIELD(model, head_dim, "size of one attention head (even, for RoPE); 0: dim / n_heads"),
       HP_FIELD(model, vocab_size, "token vocabulary size"),
       HP_FIELD(model, ffn_hidden_dim, "MLP hidden size; 0: 4*dim*2/3 rounded up to multiple_of"),
       HP_FIELD(model, multiple_of, "rounding of the derived ffn_hidden_dim"),
       HP_FIELD(model, norm_eps, "RMSNorm epsilon"),
       HP_FIELD(model, rope_theta, "RoPE base frequency"),
       HP_FIELD(model, max_seq_len, "longest sequence the RoPE tables cover"),
+      HP_FIELD(model, tie_word_embeddings,
+               "the output head is the token embedding's parameter (one [vocab, dim] tensor)"),
       HP_FIELD(model, hf_assets_path,
                "Hugging Face model folder: the model is built from its config.json, which sets the sizes above (one "
                "set to another value is an error); empty: the sizes above. Relative: to the working directory, as "
@@ -846,14 +851,20 @@ void check_model(const JobConfig& cfg, Checks& out) {
   out.positive("model.max_seq_len", m.max_seq_len);
   out.require(m.ffn_hidden_dim >= 0, "model.ffn_hidden_dim = " + std::to_string(m.ffn_hidden_dim) +
                                          " must be >= 0 (0: derived from model.dim)");
-  // A Hugging Face config may give head_dim explicitly (not dim / n_heads): the family checks it.
+  out.require(m.n_kv_heads >= 0, "model.n_kv_heads = " + std::to_string(m.n_kv_heads) + " must be >= 0 (0: n_heads)");
+  out.require(m.head_dim >= 0, "model.head_dim = " + std::to_string(m.head_dim) + " must be >= 0 (0: dim / n_heads)");
+  // A Hugging Face config's sizes are checked by its family when it is read.
   if (m.dim > 0 && m.n_heads > 0 && m.hf_assets_path.empty()) {
-    if (m.dim % m.n_heads != 0) {
-      out.errors.push_back("model.dim = " + std::to_string(m.dim) +
-                           " must be divisible by model.n_heads = " + std::to_string(m.n_heads));
-    } else if ((m.dim / m.n_heads) % 2 != 0) {  // RoPE rotates pairs of channels
-      out.errors.push_back("model.dim / model.n_heads = " + std::to_string(m.dim / m.n_heads) +
-                           " (the head size) must be even for RoPE");
+    if (m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads != 0) {
+      out.errors.push_back("model.n_kv_heads = " + std::to_string(m.n_kv_heads) +
+                           " must divide model.n_heads = " + std::to_string(m.n_heads));
+    }
+    if (m.head_dim == 0 && m.dim % m.n_heads != 0) {
+      out.errors.push_back("model.dim = " + std::to_string(m.dim) + " must be divisible by model.n_heads = " +
+                           std::to_string(m.n_heads) + " (or set model.head_dim)");
+    } else if (m.head_dim >= 0 && m.resolved_head_dim() % 2 != 0) {  // RoPE rotates pairs of channels
+      out.errors.push_back(std::string(m.head_dim > 0 ? "model.head_dim = " : "model.dim / model.n_heads = ") +
+                           std::to_string(m.resolved_head_dim()) + " (the head size) must be even for RoPE");
     }
   }
   out.require(m.norm_eps > 0, "model.norm_eps = " + num(m.norm_eps) + " must be > 0");
@@ -928,6 +939,10 @@ void check_parallelism(const JobConfig& cfg, Checks& out) {
     out.require(m.n_heads % tp == 0,
                 "model.n_heads = " + std::to_string(m.n_heads) +
                     " must be divisible by parallelism.tensor_parallel_degree = " + std::to_string(tp));
+    out.require(m.n_kv_heads <= 0 || m.n_kv_heads % tp == 0,
+                "model.n_kv_heads = " + std::to_string(m.n_kv_heads) +
+                    " must be divisible by parallelism.tensor_parallel_degree = " + std::to_string(tp) +
+                    " (each rank holds whole key/value heads)");
   }
   const int64_t dp = cfg.parallelism.data_parallel_degree;
   out.require(dp >= 1, "parallelism.data_parallel_degree = " + std::to_string(dp) + " must be >= 1");

@@ -30,20 +30,6 @@ std::string text(T v) {
   return os.str();
 }
 
-DecoderSizes sizes_of(const ModelConfig& m) {
-  DecoderSizes s;
-  s.dim = m.dim;
-  s.n_layers = m.n_layers;
-  s.n_heads = m.n_heads;
-  s.vocab_size = m.vocab_size;
-  s.ffn_hidden_dim = m.ffn_hidden_dim;
-  s.multiple_of = m.multiple_of;
-  s.norm_eps = m.norm_eps;
-  s.rope_theta = m.rope_theta;
-  s.max_seq_len = m.max_seq_len;
-  return s;
-}
-
 // [model]'s size field against the config's: takes the config's value, or records why not.
 template <class T>
 void take(T& field, T from_config, T default_value, const char* key, const char* hf_key, const std::string& config,
@@ -62,7 +48,7 @@ std::shared_ptr<torch::nn::Module> from_sizes(const ModelFamily& family, const M
     throw std::invalid_argument("model.name = \"" + m.name + "\" needs model.hf_assets_path (its config.json); " +
                                 "the sizes in [model] do not describe this family");
   }
-  return family.from_sizes(sizes_of(m));
+  return family.from_sizes(m);
 }
 
 std::shared_ptr<torch::nn::Module> build(const ModelFamily& family, ModelConfig& m) {
@@ -83,11 +69,15 @@ std::shared_ptr<torch::nn::Module> build(const ModelFamily& family, ModelConfig&
   take(m.dim, s.dim, d.dim, "dim", "hidden_size", config, conflicts);
   take(m.n_layers, s.n_layers, d.n_layers, "n_layers", "num_hidden_layers", config, conflicts);
   take(m.n_heads, s.n_heads, d.n_heads, "n_heads", "num_attention_heads", config, conflicts);
+  take(m.n_kv_heads, s.n_kv_heads, d.n_kv_heads, "n_kv_heads", "num_key_value_heads", config, conflicts);
+  take(m.head_dim, s.head_dim, d.head_dim, "head_dim", "head_dim", config, conflicts);
   take(m.vocab_size, s.vocab_size, d.vocab_size, "vocab_size", "vocab_size", config, conflicts);
   take(m.ffn_hidden_dim, s.ffn_hidden_dim, d.ffn_hidden_dim, "ffn_hidden_dim", "intermediate_size", config, conflicts);
   take(m.norm_eps, s.norm_eps, d.norm_eps, "norm_eps", "rms_norm_eps", config, conflicts);
   take(m.rope_theta, s.rope_theta, d.rope_theta, "rope_theta", "rope_theta", config, conflicts);
   take(m.max_seq_len, s.max_seq_len, d.max_seq_len, "max_seq_len", "max_position_embeddings", config, conflicts);
+  take(m.tie_word_embeddings, s.tie_word_embeddings, d.tie_word_embeddings, "tie_word_embeddings",
+       "tie_word_embeddings", config, conflicts);
   if (!conflicts.empty()) {
     std::string list;
     for (const auto& c : conflicts) list += (list.empty() ? "" : "; ") + c;
