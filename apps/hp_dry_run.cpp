@@ -119,23 +119,20 @@ int run_dry(const DryRunArgs& a, const train::JobConfig& cfg) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const train::StateBytes formula = train::state_bytes_formula(r.parameters, cfg, dims, rank);
     // Each mode's activations; the job's own [activation_checkpoint] is what the step ran.
-    // The formula knows Llama's blocks: for another family they are left out and said so.
+    // A family that counts no block activations gets none, and says so.
     const std::string& every = cfg.activation_checkpoint.selective_ac_option;
     const std::vector<std::pair<std::string, hp::BlockCheckpointing>> modes = {
         {"none", hp::block_checkpointing("none", every)},
         {"full", hp::block_checkpointing("full", every)},
         {"selective", hp::block_checkpointing("selective", every)}};
     nlohmann::json activations = nullptr;
-    std::string no_activations;
-    try {
+    const std::string& no_activations = r.no_block_activations;
+    if (r.block_activation_bytes >= 0) {
       activations = nlohmann::json::object();
       for (const auto& [mode, policy] : modes) {
-        activations[mode] =
-            activations_json(train::activation_bytes_formula(cfg.model.name, r.sizes, cfg, dims, policy));
+        activations[mode] = activations_json(
+            train::activation_bytes_formula(r.block_activation_bytes, r.sizes, r.loss_terms, cfg, dims, policy));
       }
-    } catch (const std::invalid_argument& e) {
-      activations = nullptr;
-      no_activations = e.what();
     }
     nlohmann::json collectives = nlohmann::json::object();
     for (const auto& c : r.collectives) collectives[c.kind] = {{"count", c.count}, {"bytes", c.bytes}};

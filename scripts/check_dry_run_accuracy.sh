@@ -24,6 +24,12 @@ model=(--config "$HP_ROOT/configs/debug_model.toml" --model.dim 256 --model.n_la
        --model.vocab_size 8192 --model.max_seq_len 256 --training.seq_len 256 --training.batch_size 8
        --lr_scheduler.warmup_steps 1 --validation.enable false --metrics.enable_plot false)
 tp1=(--parallelism.tensor_parallel_degree 1)
+# The other families come from a config.json of the same sizes (their blocks' own terms:
+# Qwen3's q/k norms, Gemma 2's four norms, soft-capped scores, float32 softmax and logits).
+mkdir -p "$work/qwen3" "$work/gemma2"
+sizes='"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32, "vocab_size": 8192, "intermediate_size": 704, "max_position_embeddings": 256'
+echo "{\"model_type\": \"qwen3\", $sizes}" >"$work/qwen3/config.json"
+echo "{\"model_type\": \"gemma2\", $sizes, \"query_pre_attn_scalar\": 32, \"sliding_window\": 128}" >"$work/gemma2/config.json"
 jobs=(
   "tp 1, float32|1|${tp1[*]}"
   "tp 1, float32, AC full|1|${tp1[*]} --activation_checkpoint.mode full"
@@ -32,6 +38,8 @@ jobs=(
   "dp 2, bfloat16|2|${tp1[*]} --parallelism.data_parallel_degree 2 --training.dtype bfloat16"
   "tp 2, float32|2|--parallelism.tensor_parallel_degree 2"
   "tp 2 + sp, float32|2|--parallelism.tensor_parallel_degree 2 --parallelism.sequence_parallel true"
+  "qwen3, tp 2, float32|2|--parallelism.tensor_parallel_degree 2 --model.name qwen3 --model.hf_assets_path $work/qwen3"
+  "gemma2, tp 1, bfloat16|1|${tp1[*]} --model.name gemma2 --model.hf_assets_path $work/gemma2 --training.dtype bfloat16"
 )
 echo "| job | ranks | state predicted MiB | state measured MiB | error | activations predicted MiB | activations measured MiB | error | checkpoint predicted MiB | rank-0 file MiB |"
 echo "|---|---|---|---|---|---|---|---|---|---|"

@@ -62,7 +62,7 @@ RUNTIME_PUBLIC_LAYER = {
     "gradient_buffers.h": "loss", "parallelism_config.h": "loss",
     "block_hooks.h": "nn", "activation_checkpoint.h": "nn", "module_utils.h": "nn", "parallel_style.h": "nn",
     "parameters_on_meta.h": "nn", "fully_shard.h": "nn",
-    "causal_lm.h": "models", "decoder_sizes.h": "models", "hf_checkpoint.h": "models", "model_registry.h": "models", "llama.h": "models",
+    "causal_lm.h": "models", "decoder_sizes.h": "models", "block_activations.h": "models", "hf_checkpoint.h": "models", "model_registry.h": "models", "llama.h": "models",
     "qwen3.h": "models", "gemma2.h": "models", "hyper_parallel.h": "models",
 }
 PUBLIC_LAYER = {"hyper_parallel": RUNTIME_PUBLIC_LAYER, "hyper_parallel_train": TRAIN_PUBLIC_LAYER}

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "hyper_parallel/block_activations.h"
 #include "hyper_parallel/block_hooks.h"
 #include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel/device_mesh.h"
@@ -169,6 +170,8 @@ void parallelize_gemma2(Gemma2& model, const DeviceMesh& tp_mesh, bool loss_para
 // Our parameter names against transformers' Gemma2ForCausalLM; no row is permuted. A tied
 // model has no output.weight and the file no lm_head.weight.
 HfAdapter gemma2_hf_adapter(const Gemma2Args& args);
+// What one block keeps for backward (ModelFamily::block_activation_bytes).
+int64_t gemma2_block_activation_bytes(const Gemma2Args& args, const BlockActivationShape& shape);
 
 struct ModelFamily;
 // The registry's entry (model_registry.h), "gemma2".

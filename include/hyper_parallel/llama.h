@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include "hyper_parallel/block_activations.h"
 #include "hyper_parallel/block_hooks.h"
 #include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel/device_mesh.h"
@@ -169,6 +170,8 @@ void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, const Paralleliz
 // Our parameter names against transformers' LlamaForCausalLM (q/k rows in rotate-half
 // order there; a tied model has no output.weight of its own and the file no lm_head.weight).
 HfAdapter llama_hf_adapter(const LlamaArgs& args);
+// What one block keeps for backward (ModelFamily::block_activation_bytes; qk_norm included).
+int64_t llama_block_activation_bytes(const LlamaArgs& args, const BlockActivationShape& shape);
 
 struct ModelFamily;
 // The registry's entry (model_registry.h).

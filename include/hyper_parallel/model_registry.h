@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "hyper_parallel/block_activations.h"
 #include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel/device_mesh.h"
 #include "hyper_parallel/hf_checkpoint.h"
@@ -46,6 +47,10 @@ struct ModelFamily {
   // The module of these sizes alone (hp-train's [model] keys without a config.json); null
   // when the sizes do not say the family's whole shape (its config.json is needed).
   std::function<std::shared_ptr<torch::nn::Module>(const DecoderSizes& sizes)> from_sizes;
+  // The bytes one block of `model` (parallelized, possibly on meta tensors) keeps for
+  // backward in eager mode without checkpointing (block_activations.h); null: the family
+  // gives no estimate, and hp-dry-run says so rather than guessing.
+  std::function<int64_t(const torch::nn::Module& model, const BlockActivationShape& shape)> block_activation_bytes;
 };
 
 // The family called `name`; an unknown name throws std::invalid_argument listing the known ones.
@@ -56,8 +61,8 @@ std::vector<std::string> model_family_names();
 
 // Adds `family` to the registry, from any thread. Refused (std::invalid_argument naming the
 // field): an empty or taken name, or a missing from_hf_config, from_hf_config_json,
-// parallelize or hf_adapter (to_hf_config and from_sizes may be null: no export, no
-// [model]-sizes build).
+// parallelize or hf_adapter (to_hf_config, from_sizes and block_activation_bytes may be null:
+// no export, no [model]-sizes build, no activation estimate).
 void register_model_family(ModelFamily family);
 
 // export_hf_checkpoint (hf_checkpoint.h) with the family's adapter and config.json.

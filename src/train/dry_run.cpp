@@ -12,6 +12,7 @@
 #include "hyper_parallel/distributed.h"
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/fully_shard.h"
+#include "hyper_parallel/model_registry.h"
 #include "train/data/batches.h"
 #include "hyper_parallel_train/parallelized_model.h"
 #include "train/metrics/state_bytes.h"
@@ -106,6 +107,15 @@ DryRunRank dry_run_rank(JobConfig config, int64_t world_size, int64_t rank) {
     out.state = measure_state_bytes(*job->parallelized, *job->optimizer);
     out.checkpoint_bytes = checkpoint_bytes(out.state);
     out.sizes = as_causal_lm(*job->model).sizes();
+    out.loss_terms = job->context.loss_terms();
+    const ModelFamily& family = model_family(job->config.model.name);
+    if (family.block_activation_bytes) {
+      out.block_activation_bytes =
+          family.block_activation_bytes(*job->model, block_activation_shape(job->config, job->dims));
+    } else {
+      out.no_block_activations = "model.name = \"" + family.name +
+                                 "\": its family gives no block_activation_bytes (hp-dry-run --measure measures it)";
+    }
     out.model = job->spec->describe(*job->model);
   }
   return out;

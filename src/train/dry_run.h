@@ -34,8 +34,13 @@ struct CollectiveUse {
 
 struct DryRunRank {
   int64_t rank = 0;
-  DecoderSizes sizes;  // the model's
-  std::string model;   // its TrainSpec's one-line description
+  DecoderSizes sizes;    // the model's
+  LossTerms loss_terms;  // the job's (the model's soft-cap included)
+  // One block's activations by its family (ModelFamily::block_activation_bytes) for this
+  // job's micro-batch; -1 with the reason in no_block_activations when the family gives none.
+  int64_t block_activation_bytes = -1;
+  std::string no_block_activations;
+  std::string model;  // its TrainSpec's one-line description
   // After one optimizer step: what hp-train's metrics would log as state_bytes.
   StateBytes state;
   // One optimizer step's collectives (all micro-batches), by kind: the kinds issued.

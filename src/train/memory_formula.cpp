@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <vector>
 
@@ -81,43 +82,38 @@ StateBytes state_bytes_formula(const std::vector<ParameterShape>& parameters, co
   return s;
 }
 
-ActivationBytes activation_bytes_formula(const std::string& family, const DecoderSizes& s, const JobConfig& job,
-                                         const ParallelDims& dims, const BlockCheckpointing& ac) {
-  if (family != "llama") {
-    throw std::invalid_argument("the activation formula knows the llama family's blocks, not model.name = \"" + family +
-                                "\" (hp-dry-run --measure measures them)");
-  }
+BlockActivationShape block_activation_shape(const JobConfig& job, const ParallelDims& dims) {
   const auto& t = job.training;
-  const int64_t e = bytes_per_element(t.dtype);
-  const int64_t f = std::max<int64_t>(e, 4);  // norms and logits are widened to float32
-  const int64_t tp = dims.tp();
-  const int64_t rows = t.batch_size / dims.dp_ranks() / t.grad_accum_steps;
-  const int64_t seq = t.seq_len, tokens = rows * seq;
-  const bool sp = job.parallelism.sequence_parallel && tp > 1;
-  const int64_t residual_tokens = sp ? chunk_range(seq, tp, 0).length * rows : tokens;
-  const int64_t heads = s.n_heads / tp, ffn = s.ffn_hidden_dim / tp;
-  // RMSNorm keeps its input widened to float32 (f) and its normalised output (e); the
-  // linears after it keep their input (the norm's output times its weight, whole sequence).
-  const int64_t norm = residual_tokens * s.dim * (f + e);
-  const int64_t linear_input = tokens * s.dim * e;
-  // Attention: the contiguous q, k, v the matmuls keep (k and v repeated to every query
-  // head), the softmax output [rows, heads, seq, seq], the causal mask (bool), wo's input.
-  // RoPE keeps nothing: its cos and sin need no gradient, so autograd saves neither factor.
-  const int64_t head_elems = tokens * s.head_dim;
-  const int64_t attention = head_elems * e * (3 * heads + heads) + rows * heads * seq * seq * e + seq * seq;
-  // SwiGLU: silu's input, its output, w3's output, w2's input (their product).
-  const int64_t mlp = 4 * tokens * ffn * e;
+  BlockActivationShape s;
+  s.rows = t.batch_size / dims.dp_ranks() / t.grad_accum_steps;
+  s.seq = t.seq_len;
+  s.tp = dims.tp();
+  const bool sp = job.parallelism.sequence_parallel && s.tp > 1;
+  s.residual_tokens = sp ? chunk_range(s.seq, s.tp, 0).length * s.rows : s.tokens();
+  s.element_bytes = bytes_per_element(t.dtype);
+  s.widened_bytes = std::max<int64_t>(s.element_bytes, 4);
+  return s;
+}
+
+ActivationBytes activation_bytes_formula(int64_t per_block, const DecoderSizes& s, const LossTerms& terms,
+                                         const JobConfig& job, const ParallelDims& dims, const BlockCheckpointing& ac) {
+  const BlockActivationShape shape = block_activation_shape(job, dims);
+  const int64_t e = shape.element_bytes, f = shape.widened_bytes, tokens = shape.tokens();
   ActivationBytes a;
-  a.per_block = 2 * norm + 2 * linear_input + attention + mlp;
-  a.checkpointed_block = residual_tokens * s.dim * e;
+  a.per_block = per_block;
+  a.checkpointed_block = shape.residual_tokens * s.dim * e;
   for (int64_t block = 0; block < s.n_layers; ++block) a.checkpointed_blocks += ac.checkpoints(block) ? 1 : 0;
-  // Outside the blocks: the token ids the embedding keeps (int64), the final norm, the
-  // head's input, and the logits the loss keeps (float32; its vocabulary piece under loss
-  // parallel; none with the fused linear loss).
-  const bool loss_parallel = tp > 1 && !job.parallelism.disable_loss_parallel;
-  const int64_t vocab = loss_parallel ? chunk_range(s.vocab_size, tp, 0).length : s.vocab_size;
-  const int64_t logits = t.fused_linear_loss ? 0 : tokens * vocab * f;
-  a.outside_blocks = tokens * 8 + norm + linear_input + logits;
+  // Outside the blocks: the token ids the embedding keeps (int64), the final norm (its input
+  // widened to float32 and its output), the head's input, and the logits the loss keeps
+  // (float32; its vocabulary piece under loss parallel; none with the fused linear loss),
+  // twice where the loss soft-caps them with plain ops (tanh keeps its output).
+  const bool loss_parallel = shape.tp > 1 && !job.parallelism.disable_loss_parallel;
+  const int64_t vocab = loss_parallel ? chunk_range(s.vocab_size, shape.tp, 0).length : s.vocab_size;
+  const bool fused = job.training.fused_linear_loss;
+  const int64_t logits = fused ? 0 : tokens * vocab * f;
+  const int64_t capped_logits = !fused && !loss_parallel && terms.logit_softcap > 0 ? logits : 0;
+  const int64_t final_norm = shape.residual_tokens * s.dim * (f + e);
+  a.outside_blocks = tokens * 8 + final_norm + tokens * s.dim * e + logits + capped_logits;
   a.held_after_forward = (s.n_layers - a.checkpointed_blocks) * a.per_block +
                          a.checkpointed_blocks * a.checkpointed_block + a.outside_blocks;
   return a;

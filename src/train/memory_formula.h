@@ -1,8 +1,8 @@
 // memory_formula.h — what one rank of a job holds, in closed form: its state after a step
 // (parameters, masters, gradients, AdamW's moments: the StateBytes hp-train logs; its
 // checkpoint follows, checkpoint_bytes in metrics/state_bytes.h) for any family, and the
-// activations one micro-batch of a Llama keeps for backward, with or without activation
-// checkpointing. hp-dry-run prints these beside what the
+// activations one micro-batch keeps for backward, with or without activation checkpointing,
+// from its family's per-block count. hp-dry-run prints these beside what the
 // job, built on meta tensors, holds (dry_run.h); docs/training.md ("Dry run") gives the formulas and what they leave
 // out.
 #pragma once
@@ -14,9 +14,11 @@
 #include <torch/nn/module.h>
 
 #include "hyper_parallel/activation_checkpoint.h"
+#include "hyper_parallel/block_activations.h"
 #include "hyper_parallel/causal_lm.h"
 #include "hyper_parallel_train/job_config.h"
 #include "hyper_parallel_train/parallel_dims.h"
+#include "hyper_parallel_train/train_context.h"
 #include "train/metrics/state_bytes.h"
 
 namespace hyper_parallel::train {
@@ -48,13 +50,18 @@ struct ActivationBytes {
   int64_t held_after_forward = 0;
 };
 
-// One micro-batch (training.batch_size / dp ranks / grad_accum_steps rows of seq_len) on
-// one rank, in training.dtype, for the model's eager attention; `ac` says which blocks
-// recompute theirs in backward ([activation_checkpoint], block_checkpointing()). The terms
-// are Llama's block (RoPE attention, SwiGLU, two RMSNorms): another family (model.name) is a
-// std::invalid_argument rather than a silently mis-sized estimate (hp-dry-run --measure
-// measures any family's).
-ActivationBytes activation_bytes_formula(const std::string& family, const DecoderSizes& sizes, const JobConfig& job,
-                                         const ParallelDims& dims, const BlockCheckpointing& ac);
+// One micro-batch (training.batch_size / dp ranks / grad_accum_steps rows of seq_len) on one
+// rank, in training.dtype, as its blocks see it: what a family's
+// ModelFamily::block_activation_bytes takes.
+BlockActivationShape block_activation_shape(const JobConfig& job, const ParallelDims& dims);
+
+// That micro-batch's activations for the model's eager attention: `per_block` is its family's
+// count for one block (block_activation_bytes); `ac` says which blocks recompute theirs in
+// backward ([activation_checkpoint], block_checkpointing()) and keep only their input. Outside
+// the blocks: the token ids, the final norm, the head's input, the logits the loss keeps and,
+// where the loss soft-caps plain logits (no loss parallel, no fused linear loss), their
+// capped copy (terms: the job's loss terms, the model's soft-cap included).
+ActivationBytes activation_bytes_formula(int64_t per_block, const DecoderSizes& sizes, const LossTerms& terms,
+                                         const JobConfig& job, const ParallelDims& dims, const BlockCheckpointing& ac);
 
 }  // namespace hyper_parallel::train

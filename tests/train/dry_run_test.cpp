@@ -274,14 +274,16 @@ TEST(DryRun, ActivationFormulaCountsTheBlocksEachModeCheckpoints) {
   s.dim = 40, s.n_layers = 4, s.n_heads = 2, s.n_kv_heads = 2, s.head_dim = 20, s.vocab_size = 515;
   s.ffn_hidden_dim = 112;
   const ParallelDims dims(1, 1, 1);
-  const auto none = activation_bytes_formula("llama", s, job, dims, block_checkpointing("none", "2"));
-  const auto full = activation_bytes_formula("llama", s, job, dims, block_checkpointing("full", "2"));
-  const auto half = activation_bytes_formula("llama", s, job, dims, block_checkpointing("selective", "2"));
+  const int64_t block = 123456;  // the family's count: this test is about the modes
+  const LossTerms terms;
+  const auto none = activation_bytes_formula(block, s, terms, job, dims, block_checkpointing("none", "2"));
+  const auto full = activation_bytes_formula(block, s, terms, job, dims, block_checkpointing("full", "2"));
+  const auto half = activation_bytes_formula(block, s, terms, job, dims, block_checkpointing("selective", "2"));
   EXPECT_EQ(none.held_after_forward, 4 * none.per_block + none.outside_blocks);
   EXPECT_EQ(full.held_after_forward, 4 * full.checkpointed_block + none.outside_blocks);
   EXPECT_EQ(half.held_after_forward, 2 * none.per_block + 2 * half.checkpointed_block + none.outside_blocks);
   // Every third of four blocks: TorchTitan's count checkpoints block 2 (of 0..3) only.
-  const auto third = activation_bytes_formula("llama", s, job, dims, block_checkpointing("selective", "3"));
+  const auto third = activation_bytes_formula(block, s, terms, job, dims, block_checkpointing("selective", "3"));
   EXPECT_EQ(third.checkpointed_blocks, 1);
 }
 

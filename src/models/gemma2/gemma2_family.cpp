@@ -53,6 +53,10 @@ ModelFamily gemma2_family() {
       .hf_adapter = [](const torch::nn::Module& m) { return gemma2_hf_adapter(as_gemma2(m)->args()); },
       .to_hf_config = [](const torch::nn::Module& m) { return as_gemma2(m)->args().to_hf_config_json(); },
       .from_sizes = nullptr,  // soft-caps, windows and head_dim come from config.json only
+      .block_activation_bytes =
+          [](const torch::nn::Module& m, const BlockActivationShape& s) {
+            return gemma2_block_activation_bytes(as_gemma2(m)->args(), s);
+          },
   };
 }
 

@@ -53,6 +53,10 @@ ModelFamily llama_family() {
       .hf_adapter = [](const torch::nn::Module& m) { return llama_hf_adapter(as_llama(m)->args()); },
       .to_hf_config = [](const torch::nn::Module& m) { return as_llama(m)->args().to_hf_config_json(); },
       .from_sizes = [](const DecoderSizes& s) { return Llama(LlamaArgs::from_sizes(s)).ptr(); },
+      .block_activation_bytes =
+          [](const torch::nn::Module& m, const BlockActivationShape& s) {
+            return llama_block_activation_bytes(as_llama(m)->args(), s);
+          },
   };
 }
 

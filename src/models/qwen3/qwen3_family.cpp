@@ -33,6 +33,10 @@ ModelFamily qwen3_family() {
       .hf_adapter = [](const torch::nn::Module& m) { return qwen3_hf_adapter(as_llama(m)->args()); },
       .to_hf_config = [](const torch::nn::Module& m) { return qwen3_hf_config_json(as_llama(m)->args()); },
       .from_sizes = nullptr,  // the q/k norms and head_dim come from config.json only
+      .block_activation_bytes =
+          [](const torch::nn::Module& m, const BlockActivationShape& s) {
+            return llama_block_activation_bytes(as_llama(m)->args(), s);
+          },
   };
 }
 
