@@ -3,7 +3,7 @@
 // kernel's running log-sum-exp (running_logsumexp.h) run the way the kernel runs it (256
 // threads striding the row in 16-byte packs after a scalar head, the block's tree merge,
 // rows split into pieces merged in order), and the CPU kernel through
-// loss_parallel at TP 1-3, loss and gradient. tests/cuda_test.cpp runs the same rows on a GPU.
+// loss_parallel at TP 1-3, loss and gradient. tests/loss/cuda_loss_parallel_test.cpp runs the same rows on a GPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

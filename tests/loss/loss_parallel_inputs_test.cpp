@@ -270,7 +270,7 @@ TEST_P(LossParallelInputs, ATargetOnAnotherMeshIsTheSameErrorEverywhere) {
 // PyTorch's device-mismatch error, naming both devices, on every rank, before any kernel
 // reads it (a CPU target with CUDA logits put a host pointer into the CUDA kernel). Without
 // a GPU, meta stands in for the other device: cross_entropy_parallel is called directly, as
-// the dispatcher would send a meta target to meta's kernels first. tests/cuda_test.cpp runs
+// the dispatcher would send a meta target to meta's kernels first. tests/loss/cuda_loss_parallel_test.cpp runs
 // the CPU-with-CUDA case on a GPU.
 TEST_P(LossParallelInputs, InputsOnAnotherDeviceThanTheLogitsAreAnErrorNamingBoth) {
   const auto ce = [](const at::Tensor& target, const c10::optional<at::Tensor>& weight) {
