@@ -330,14 +330,11 @@ struct BadDefinition {
   const char* words;
 };
 
+// The options of a front end whose definition is `d` (each option struct derives from it).
 template <typename Options>
 Options with_definition(const CrossEntropyDefinition& d) {
   Options o;
-  o.ignore_index = d.ignore_index;
-  o.reduction = d.reduction;
-  o.label_smoothing = d.label_smoothing;
-  o.z_loss_weight = d.z_loss_weight;
-  o.logit_softcap = d.logit_softcap;
+  static_cast<CrossEntropyDefinition&>(o) = d;
   return o;
 }
 
