@@ -1,5 +1,4 @@
 #include "loss/cross_entropy_kernels.h"
-#include "loss/loss_input_checks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
@@ -10,6 +9,7 @@
 #include <string>
 
 #include "hyper_parallel/loss_parallel.h"
+#include "loss/loss_input_checks.h"
 
 namespace hyper_parallel {
 

@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/nn/module.h>
 
 #include <fstream>
 #include <functional>
