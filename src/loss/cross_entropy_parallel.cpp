@@ -149,11 +149,7 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   const int64_t class_dim = class_dim_of(logits.dim());
   ClassSharding cs = resolve_class_sharding(&logits, class_dim, op, current_loss_parallel_options(),
                                             /*differentiable=*/true);
-  if (target.requires_grad() || (weight && weight->defined() && weight->requires_grad())) {
-    throw LossParallelUnsupportedError(op +
-                                       " under loss_parallel: gradients with respect to the "
-                                       "target or the class weights are not supported");
-  }
+  check_no_target_or_weight_grad(target, weight, loss_call_site(op));
   const at::Tensor& local_logits = local_of(logits);
   const at::ScalarType ct = compute_type(local_logits.scalar_type());
   FusedCrossEntropy ce;

@@ -164,19 +164,18 @@ nlohmann::json with_sizes_older_versions_implied(nlohmann::json saved, const nlo
 
 }  // namespace
 
-std::vector<std::string> model_mismatches(const CheckpointIdentity& saved_identity, const CheckpointIdentity& job) {
+std::vector<std::string> model_mismatches(const CheckpointIdentity& saved, const CheckpointIdentity& job) {
   std::vector<std::string> out;
-  CheckpointIdentity saved = saved_identity;
-  saved.model = with_sizes_older_versions_implied(saved.model, job.model);
+  const nlohmann::json saved_model = with_sizes_older_versions_implied(saved.model, job.model);
   auto differ = [&out](const std::string& key, const std::string& a, const std::string& b) {
     if (a != b) out.push_back(key + ": checkpoint " + a + ", this job " + b);
   };
   differ("training.dtype", saved.dtype, job.dtype);
   for (const auto& [key, value] : job.model.items()) {
-    const auto it = saved.model.find(key);
-    differ("model." + key, it == saved.model.end() ? "(absent)" : it->dump(), value.dump());
+    const auto it = saved_model.find(key);
+    differ("model." + key, it == saved_model.end() ? "(absent)" : it->dump(), value.dump());
   }
-  for (const auto& [key, value] : saved.model.items()) {
+  for (const auto& [key, value] : saved_model.items()) {
     if (!job.model.contains(key)) differ("model." + key, value.dump(), "(absent)");
   }
   return out;
