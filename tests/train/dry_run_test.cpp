@@ -174,6 +174,9 @@ TEST(DryRun, QwenAndGemmaJobsFromTheirConfigJsonPredictRealStepsAtTp2) {
     const JobConfig job = family_job(family, json);
     expect_state_is_the_formula(job, 2, {0, 1});
     expect_the_collectives_of_a_real_step(job, 2);
+    const DryRunRank r = dry_run_rank(job, 2, 0);  // the family counts its blocks' activations
+    EXPECT_GT(r.block_activation_bytes, 0);
+    EXPECT_EQ(r.no_block_activations, "");
   }
 }
 

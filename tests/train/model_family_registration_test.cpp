@@ -114,6 +114,11 @@ TEST(ModelFamilyRegistration, AFamilyDefinedHereTrainsAndDryRunsThroughHpTrainsL
   EXPECT_EQ(dry.state.gradients, steps.back().state.gradients);
   EXPECT_EQ(dry.state.optimizer, steps.back().state.optimizer);
   EXPECT_GT(dry.state.optimizer, 0);
+  // It counts no block activations: the dry run says so rather than guessing.
+  EXPECT_EQ(dry.block_activation_bytes, -1);
+  EXPECT_EQ(dry.no_block_activations,
+            "model.name = \"tied_test_decoder\": its family gives no "
+            "block_activation_bytes (hp-dry-run --measure measures it)");
 }
 
 TEST(ModelFamilyRegistration, BadRegistrationsAreRefusedNamingWhatIsWrong) {
