@@ -199,9 +199,15 @@ hp_ctest_sanitized() {
 }
 
 # Each fuzz target for HP_FUZZ_SECONDS (default 60) on a copy of its seed corpus; any
-# crash, leak, timeout (-timeout=10 s per input) or out-of-memory fails the run.
+# crash, leak, timeout (-timeout=10 s per input) or out-of-memory fails the run. As many
+# targets run side by side as there are cores: libFuzzer runs one process on one core, so
+# each target gets the same time and a core of its own, as when they ran one after another,
+# and the phase takes ceil(5 / cores) rounds instead of 5. The summaries are printed in a
+# fixed order once all have finished.
 hp_fuzz() {
-  local seconds="${HP_FUZZ_SECONDS:-60}" name work
+  local seconds="${HP_FUZZ_SECONDS:-60}" name work jobs failed=0
+  local names=(job_config op_spec checkpoint_reader megatron_index safetensors_header)
+  jobs="$(nproc 2>/dev/null || echo 2)"
   hp_sanitizer_env
   # A forged archive can claim a huge record: let that allocation fail with bad_alloc (as
   # it does without ASan, an error the readers report) instead of an ASan OOM report; a
@@ -209,16 +215,23 @@ hp_fuzz() {
   export ASAN_OPTIONS="$ASAN_OPTIONS:allocator_may_return_null=1:quarantine_size_mb=64"
   local crashes="$HP_SAN_BUILD_DIR/fuzz-crashes" log artifact rc
   rm -rf "$crashes" && mkdir -p "$crashes"
-  for name in job_config op_spec checkpoint_reader megatron_index safetensors_header; do
+  echo "==> fuzzing ${names[*]} for ${seconds} s each, ${jobs} at a time (seeds: fuzz/corpus/<name>)"
+  for name in "${names[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
     work="$HP_SAN_BUILD_DIR/fuzz-corpus/$name"
     log="$HP_SAN_BUILD_DIR/fuzz-$name.log"
-    rm -rf "$work" && mkdir -p "$work"
-    echo "==> fuzzing $name for ${seconds} s (seeds: fuzz/corpus/$name)"
+    rm -rf "$work" "$log.rc" && mkdir -p "$work"
     (cd "$HP_SAN_BUILD_DIR" && "$HP_SAN_BUILD_DIR/bin/fuzz_$name" -max_total_time="$seconds" -timeout=10 \
       -rss_limit_mb=4096 -malloc_limit_mb=65536 -print_final_stats=1 -artifact_prefix="$crashes/$name-" \
-      "$work" "$HP_ROOT/fuzz/corpus/$name" >"$log" 2>&1) && rc=0 || rc=$?
+      "$work" "$HP_ROOT/fuzz/corpus/$name" >"$log" 2>&1 && echo 0 >"$log.rc" || echo $? >"$log.rc") &
+  done
+  wait
+  for name in "${names[@]}"; do
+    log="$HP_SAN_BUILD_DIR/fuzz-$name.log"
+    rc="$(cat "$log.rc" 2>/dev/null || echo "no exit status")"
+    echo "==> fuzz_$name (${seconds} s)"
     grep -E "^(#[0-9]+[[:space:]]+(INITED|DONE)|stat::number_of_executed_units|stat::peak_rss_mb|==[0-9]+==|SUMMARY|INFO: Seed|Done)" "$log" || true
-    if [ "$rc" -ne 0 ]; then
+    if [ "$rc" != 0 ]; then
       # CI keeps only this output: print the report and the input, so the finding can be
       # reproduced (bin/fuzz_NAME FILE) and added to fuzz/corpus/NAME once fixed.
       echo "fuzz_$name FAILED (exit $rc); the end of its log:"
@@ -229,8 +242,10 @@ hp_fuzz() {
         base64 "$artifact" | head -c 20000
         echo
       done
-      return 1
+      failed=1
+      continue
     fi
     echo "fuzz_$name: no crash, leak or timeout in ${seconds} s"
   done
+  return "$failed"
 }
