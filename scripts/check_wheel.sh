@@ -13,10 +13,24 @@ out="${1:-$HP_BUILD_DIR/wheel}"
 python="$HP_VENV/bin/python"
 rm -rf "$out" && mkdir -p "$out/raw" "$out/repaired"
 
+# pip wheel compiles every source of the library and the module again, as a user's `pip install .`
+# does. Beside the suite's build tree (the same depth, build type and compilers), its compile lines
+# are the suite tree's (ccache writes paths under the clone relative to the tree), so the compiler
+# cache serves what that tree compiled; from build/pip/<tag>, pyproject.toml's own folder, each line
+# names the sources three folders further up and nothing would be served.
+config=()
+if [ -f "$HP_BUILD_DIR/CMakeCache.txt" ]; then
+  cached() { sed -n "s/^$1:[A-Z]*=//p" "$HP_BUILD_DIR/CMakeCache.txt"; }
+  config=(-Cbuild-dir="${HP_BUILD_DIR%/}-wheel" -Ccmake.build-type="$(cached CMAKE_BUILD_TYPE)"
+          -Ccmake.define.CMAKE_CXX_COMPILER="$(cached CMAKE_CXX_COMPILER)")
+  [ -n "$(cached CMAKE_CUDA_COMPILER)" ] && config+=(-Ccmake.define.CMAKE_CUDA_COMPILER="$(cached CMAKE_CUDA_COMPILER)")
+  echo "building beside $HP_BUILD_DIR, as it was configured (${config[*]})"
+fi
+
 t0=$(date +%s)
 # --no-build-isolation: the venv has scikit-build-core (HP_VENV_REQUIREMENTS); --no-deps: torch is
 # not a dependency on purpose (pyproject.toml says why).
-"$python" -m pip wheel -q --no-build-isolation --no-deps -w "$out/raw" "$HP_ROOT"
+"$python" -m pip wheel -q --no-build-isolation --no-deps "${config[@]}" -w "$out/raw" "$HP_ROOT"
 t1=$(date +%s)
 raw=$(ls "$out"/raw/*.whl)
 # torch's own libraries and the CUDA / NCCL / OpenMP libraries torch brings stay torch's: the module
