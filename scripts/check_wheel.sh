@@ -17,7 +17,7 @@ rm -rf "$out" && mkdir -p "$out/raw" "$out/repaired"
 # does. Beside the suite's build tree (the same depth, build type and compilers), its compile lines
 # are the suite tree's (ccache writes paths under the clone relative to the tree), so the compiler
 # cache serves what that tree compiled; from build/pip/<tag>, pyproject.toml's own folder, each line
-# names the sources three folders further up and nothing would be served.
+# names the sources two folders further up and nothing would be served.
 config=()
 if [ -f "$HP_BUILD_DIR/CMakeCache.txt" ]; then
   cached() { sed -n "s/^$1:[A-Z]*=//p" "$HP_BUILD_DIR/CMakeCache.txt"; }

@@ -205,9 +205,9 @@ hp_ctest_sanitized() {
 # and the phase takes ceil(5 / cores) rounds instead of 5. The summaries are printed in a
 # fixed order once all have finished.
 hp_fuzz() {
-  local seconds="${HP_FUZZ_SECONDS:-60}" name work jobs failed=0
+  local seconds="${HP_FUZZ_SECONDS:-60}" name work side_by_side failed=0
   local names=(job_config op_spec checkpoint_reader megatron_index safetensors_header)
-  jobs="$(nproc 2>/dev/null || echo 2)"
+  side_by_side="$(nproc 2>/dev/null || echo 2)"
   hp_sanitizer_env
   # A forged archive can claim a huge record: let that allocation fail with bad_alloc (as
   # it does without ASan, an error the readers report) instead of an ASan OOM report; a
@@ -215,9 +215,9 @@ hp_fuzz() {
   export ASAN_OPTIONS="$ASAN_OPTIONS:allocator_may_return_null=1:quarantine_size_mb=64"
   local crashes="$HP_SAN_BUILD_DIR/fuzz-crashes" log artifact rc
   rm -rf "$crashes" && mkdir -p "$crashes"
-  echo "==> fuzzing ${names[*]} for ${seconds} s each, ${jobs} at a time (seeds: fuzz/corpus/<name>)"
+  echo "==> fuzzing ${names[*]} for ${seconds} s each, ${side_by_side} at a time (seeds: fuzz/corpus/<name>)"
   for name in "${names[@]}"; do
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    while [ "$(jobs -rp | wc -l)" -ge "$side_by_side" ]; do wait -n || true; done
     work="$HP_SAN_BUILD_DIR/fuzz-corpus/$name"
     log="$HP_SAN_BUILD_DIR/fuzz-$name.log"
     rm -rf "$work" "$log.rc" && mkdir -p "$work"
