@@ -200,7 +200,7 @@ struct LayoutMemoSlot {
   uint64_t token = 0;
   Layout input;
   LayoutMemoArgs args;
-  std::optional<Layout> output;
+  LayoutMemoEntry entry;
 };
 struct ThreadMemo {
   std::array<LayoutMemoSlot, kMemoSlots> slots;
@@ -277,28 +277,28 @@ LayoutMemoSlot& memo_slot(const c10::FunctionSchema* op, const Layout& input, co
 }
 }  // namespace
 
-const std::optional<Layout>* layout_memo_find(const c10::FunctionSchema* op, const Layout& input,
-                                              const LayoutMemoArgs& args) {
-  const LayoutMemoSlot& slot = memo_slot(op, input, args);
+LayoutMemoEntry* layout_memo_find(const c10::FunctionSchema* op, const Layout& input, const LayoutMemoArgs& args) {
+  LayoutMemoSlot& slot = memo_slot(op, input, args);
   const bool holds = slot.op == op && slot.generation == op_resolution_generation() &&
                      slot.token == tls_context_token && slot.input == input && slot.args == args &&
                      capacity_per_thread.load(std::memory_order_relaxed) > 0;
   if (!holds) return nullptr;
   ThreadCache& c = thread_cache();
   c.hits.store(c.hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  return &slot.output;
+  return &slot.entry;
 }
 
-void layout_memo_insert(const c10::FunctionSchema* op, const Layout& input, const LayoutMemoArgs& args,
-                        std::optional<Layout> output) {
-  if (capacity_per_thread.load(std::memory_order_relaxed) == 0) return;  // caching switched off
+LayoutMemoEntry* layout_memo_insert(const c10::FunctionSchema* op, const Layout& input, const LayoutMemoArgs& args,
+                                    std::optional<Layout> output) {
+  if (capacity_per_thread.load(std::memory_order_relaxed) == 0) return nullptr;  // caching switched off
   LayoutMemoSlot& slot = memo_slot(op, input, args);
   slot.op = op;
   slot.generation = op_resolution_generation();
   slot.token = tls_context_token;
   slot.input = input;
   slot.args = args;
-  slot.output = std::move(output);
+  slot.entry = LayoutMemoEntry{std::move(output), {}};
+  return &slot.entry;
 }
 
 LayoutCacheStats layout_cache_stats() {

@@ -15,6 +15,7 @@
 #include <optional>
 #include <vector>
 
+#include "dispatch/local_view_geometry.h"
 #include "hyper_parallel/distributed_op.h"
 
 namespace hyper_parallel {
@@ -60,10 +61,18 @@ struct LayoutMemoArgs {
   }
 };
 
-// The memoised output for this key on the calling thread; nullptr when not memoised.
-const std::optional<Layout>* layout_memo_find(const c10::FunctionSchema* op, const Layout& input,
-                                              const LayoutMemoArgs& args);
-void layout_memo_insert(const c10::FunctionSchema* op, const Layout& input, const LayoutMemoArgs& args,
-                        std::optional<Layout> output);
+// What the memo keeps per key: the output layout (nullopt: the call takes the general
+// path) and, for a view, the geometry its op made of the local piece last.
+struct LayoutMemoEntry {
+  std::optional<Layout> output;
+  LocalViewGeometry view;
+};
+
+// The memoised entry for this key on the calling thread; nullptr when not memoised. The
+// entry stays the key's until the thread's next memo call.
+LayoutMemoEntry* layout_memo_find(const c10::FunctionSchema* op, const Layout& input, const LayoutMemoArgs& args);
+// Memoises `output` for the key; the new entry, or nullptr where caching is switched off.
+LayoutMemoEntry* layout_memo_insert(const c10::FunctionSchema* op, const Layout& input, const LayoutMemoArgs& args,
+                                    std::optional<Layout> output);
 
 }  // namespace hyper_parallel

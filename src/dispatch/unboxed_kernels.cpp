@@ -8,7 +8,8 @@
 //   of the common-layout fast path (common_layout_fast_path.h) checked on typed arguments;
 // - reductions and views of one DTensor (MemoisedKernel): the output layout memoised per
 //   input layout and static arguments (local_call_layout.h), decided once by the general
-//   path.
+//   path; a view's local piece remade from the geometry its op made before
+//   (local_view_geometry.h).
 // Any call that does not qualify is boxed and sent to OpDispatcher::dispatch, exactly as
 // the fallback would send it.
 #include <ATen/core/LegacyTypeDispatch.h>
@@ -42,6 +43,7 @@
 #include "dispatch/common_layout_fast_path.h"
 #include "dispatch/layout_cache.h"
 #include "dispatch/local_call_layout.h"
+#include "dispatch/local_view_geometry.h"
 #include "dispatch/op_resolution.h"
 #include "dispatch/dispatch_key_registration.h"
 #include "dtensor/dtensor_impl.h"
@@ -180,27 +182,30 @@ struct MemoisedKernel<Op, at::Tensor(const at::Tensor&, Static...)> {
       if (words.fits) {
         const c10::FunctionSchema* key = &op.schema();
         const Layout& input = impl->layout();
-        std::optional<Layout> output;
-        if (const std::optional<Layout>* memoised = layout_memo_find(key, input, words)) {
-          output = *memoised;
-        } else {
+        LayoutMemoEntry* entry = layout_memo_find(key, input, words);
+        std::optional<Layout> inserted;
+        if (!entry) {
           torch::jit::Stack stack;
           stack.reserve(1 + sizeof...(Static));
           stack.emplace_back(self);
           (stack.emplace_back(args), ...);
-          output = local_call_output_layout(op, stack);
-          layout_memo_insert(key, input, words, output);
+          inserted = local_call_output_layout(op, stack);
+          entry = layout_memo_insert(key, input, words, inserted);
         }
+        const std::optional<Layout>& output = entry ? entry->output : inserted;
         if (output) {
+          static const bool view = returns_view_of_self(op.schema());
           at::Tensor local;
-          {
+          if (view && entry) local = entry->view.remake(impl->local());
+          if (!local.defined()) {
             at::AutoDispatchBelowADInplaceOrView below_autograd;
             local = Op::call(impl->local(), args...);
+            if (view && entry) entry->view.record(impl->local(), local);
           }
           TORCH_CHECK(local.sizes() == c10::IntArrayRef(output->local_shape()), op.schema().name(),
                       ": the local result has shape ", local.sizes(), " but the memoised output ", output->str(),
                       " gives this rank ", c10::IntArrayRef(output->local_shape()));
-          return at::Tensor(c10::make_intrusive<DTensorImpl>(std::move(local), std::move(*output)));
+          return at::Tensor(c10::make_intrusive<DTensorImpl>(std::move(local), *output));
         }
       }
     }

@@ -1,5 +1,6 @@
 // The op registry: names, YAML specs, plugins, errors, and the layout cache.
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 
 #include <dirent.h>
@@ -13,6 +14,7 @@
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/sharding_strategy.h"
+#include "dtensor/dtensor_impl.h"
 #include "loss/loss_parallel_dispatch.h"
 #include "ops/pointwise_ops.h"
 
@@ -244,6 +246,99 @@ TEST(LayoutCache, MemoServesReductionsAndViewsExactlyAndSeesARuleChange) {
     EXPECT_EQ(layout_of(moved).placements(), Placements{Replicate()}) << "the replaced rule";
     EXPECT_TRUE(full_tensor(moved).equal(full.t()));
     EXPECT_EQ(layout_of(x.transpose(0, 1)).placements(), Placements{Shard(1)}) << "the rule restored";
+  });
+}
+
+namespace {
+
+thread_local int64_t ops_dispatched = 0;
+
+// How many ops LibTorch's dispatcher runs on this thread (RecordFunction, the profiler's
+// hook: every Dispatcher::call, not the redispatches between keys) while `f` runs.
+int64_t ops_dispatched_by(const std::function<void()>& f) {
+  const at::CallbackHandle handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> {
+        ++ops_dispatched;
+        return nullptr;
+      }).scopes({at::RecordScope::FUNCTION}));
+  const int64_t before = ops_dispatched;
+  f();
+  at::removeCallback(handle);
+  return ops_dispatched - before;
+}
+
+}  // namespace
+
+// A view's local piece is remade from the geometry its op made the first time, without a
+// trip through LibTorch's dispatcher (fewer ops dispatched the second time): the op's own
+// sizes, strides and storage offset, on the piece's storage (a write through the view lands
+// in the piece), for contiguous, transposed and offset pieces of one shape alike; a
+// conjugate piece takes the op itself every time (its key stands in front of the kernel);
+// and a view of a freed piece fails as the op's own does.
+TEST(LayoutCache, ViewsRemadeFromRecordedGeometryAreTheOpsOwnViews) {
+  run_ranks(2, [](int64_t rank) {
+    auto mesh = init_device_mesh("cpu", {2});
+    using View = std::function<at::Tensor(const at::Tensor&)>;
+    const std::vector<std::pair<const char*, View>> views = {
+        {"transpose", [](const at::Tensor& x) { return x.transpose(0, 1); }},
+        {"t", [](const at::Tensor& x) { return x.t(); }},
+        {"permute",
+         [](const at::Tensor& x) {
+           return x.permute({1, 0});
+         }},
+        {"unsqueeze", [](const at::Tensor& x) { return x.unsqueeze(1); }},
+        {"squeeze", [](const at::Tensor& x) { return x.unsqueeze(0).squeeze(0); }},
+    };
+    const at::Tensor base = random_tensor({7, 9}, 5 + rank);
+    const std::vector<std::pair<const char*, at::Tensor>> pieces = {
+        {"contiguous", random_tensor({4, 5}, 11 + rank)},
+        {"transposed", random_tensor({5, 4}, 13 + rank).t()},
+        {"offset", base.narrow(0, 2, 4).narrow(1, 3, 5)},
+    };
+    for (const auto& named_view : views) {
+      const View& view = named_view.second;  // (a lambda cannot capture a structured binding in C++17)
+      for (const auto& [piece_name, piece] : pieces) {
+        SCOPED_TRACE(std::string(named_view.first) + " of a " + piece_name + " piece");
+        const at::Tensor x = DTensor::from_local(piece, mesh, {Shard(0)});
+        const at::Tensor expected = view(piece);
+        at::Tensor first, again;
+        const int64_t first_ops = ops_dispatched_by([&] { first = view(x); });
+        const int64_t again_ops = ops_dispatched_by([&] { again = view(x); });
+        EXPECT_LT(again_ops, first_ops);
+        for (const at::Tensor& r : {first, again}) {
+          const at::Tensor& local = local_of(r);
+          EXPECT_EQ(local.sizes(), expected.sizes());
+          EXPECT_EQ(local.strides(), expected.strides());
+          EXPECT_EQ(local.storage_offset(), expected.storage_offset());
+          EXPECT_TRUE(local.is_alias_of(piece));
+          EXPECT_TRUE(local.equal(expected));
+        }
+      }
+    }
+    // A write through a remade view lands in the piece.
+    const at::Tensor piece = random_tensor({4, 5}, 17 + rank);
+    const at::Tensor x = DTensor::from_local(piece, mesh, {Shard(0)});
+    const int64_t first_ops = ops_dispatched_by([&] { (void)x.transpose(0, 1); });
+    at::Tensor xt;
+    ASSERT_LT(ops_dispatched_by([&] { xt = x.transpose(0, 1); }), first_ops);
+    local_of(xt).select(0, 2).select(0, 1).fill_(42.0);
+    EXPECT_EQ(piece[1][2].item<double>(), 42.0);
+    // A conjugate piece: its view keeps the bit and the values.
+    const at::Tensor complex_piece = at::complex(random_tensor({4, 5}, 19), random_tensor({4, 5}, 23));
+    const at::Tensor conj = DTensor::from_local(complex_piece.conj(), mesh, {Shard(0)});
+    ASSERT_TRUE(local_of(conj).is_conj());
+    at::Tensor conj_t;
+    const int64_t conj_first_ops = ops_dispatched_by([&] { (void)conj.transpose(0, 1); });
+    EXPECT_EQ(ops_dispatched_by([&] { conj_t = conj.transpose(0, 1); }), conj_first_ops);
+    EXPECT_TRUE(local_of(conj_t).is_conj());
+    EXPECT_TRUE(local_of(conj_t).resolve_conj().equal(complex_piece.conj().t().resolve_conj()));
+    // A freed piece (storage resized to nothing, as FSDP frees): the view fails as ATen's.
+    const at::Tensor freed_piece = random_tensor({4, 5}, 29 + rank);
+    const at::Tensor f = DTensor::from_local(freed_piece, mesh, {Shard(0)});
+    (void)f.transpose(0, 1);
+    freed_piece.storage().set_nbytes(0);
+    EXPECT_THROW((void)freed_piece.transpose(0, 1), c10::Error) << "ATen's own view";
+    EXPECT_THROW((void)f.transpose(0, 1), c10::Error) << "the remade view";
   });
 }
 
