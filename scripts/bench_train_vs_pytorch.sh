@@ -31,7 +31,8 @@ while [ $# -gt 0 ]; do
 done
 python="$(hp_python)"
 hp_require_binaries hp-run hp-train hp-export-train
-if [ -z "$python" ] || ! "$python" -c 'import torch.distributed.tensor.parallel' 2>/dev/null; then
+# One Python start-up (~2 s of importing torch) both checks and names PyTorch.
+if [ -z "$python" ] || ! torch_version="$("$python" -c 'import torch, torch.distributed.tensor.parallel; print(torch.__version__)' 2>/dev/null)"; then
   echo "SKIP: no Python with torch (set HP_PYTHON, or configure with -DHP_PYTHON=...)" >&2
   exit 77
 fi
@@ -46,7 +47,7 @@ for ((r = 1; r <= rounds; ++r)); do
   echo "==> round $r: hp-train (DP $dp x TP $tp, $threads thread(s) per rank, $steps steps)"
   "$bin/hp-run" --nproc-per-node "$((dp * tp))" "$bin/hp-train" "${job[@]}" --job.dump_folder "$work/hp$r" \
     > "$work/hp$r.log" 2>&1 || { cat "$work/hp$r.log"; exit 1; }
-  echo "==> round $r: PyTorch $("$python" -c 'import torch; print(torch.__version__)') (torchrun, Gloo)"
+  echo "==> round $r: PyTorch $torch_version (torchrun, Gloo)"
   "$python" -m torch.distributed.run --standalone --nproc-per-node "$((dp * tp))" \
     "$HP_ROOT/apps/bench_train_pytorch.py" "$work/export" "$work/pytorch$r.json" "$dp" \
     > "$work/pytorch$r.log" 2>&1 || { cat "$work/pytorch$r.log"; exit 1; }
