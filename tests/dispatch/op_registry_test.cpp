@@ -191,6 +191,22 @@ class ReplicatedTranspose : public DistributedOp {
   bool leaves_local_call_alone(const OpCall&, const ShardingDecision&) const override { return true; }
 };
 
+using UnaryOp = std::function<at::Tensor(const at::Tensor&)>;
+
+// The views of one DTensor that have memoised unboxed kernels, by name.
+std::vector<std::pair<const char*, UnaryOp>> view_ops() {
+  return {
+      {"transpose", [](const at::Tensor& x) { return x.transpose(0, 1); }},
+      {"t", [](const at::Tensor& x) { return x.t(); }},
+      {"permute",
+       [](const at::Tensor& x) {
+         return x.permute({1, 0});
+       }},
+      {"unsqueeze", [](const at::Tensor& x) { return x.unsqueeze(1); }},
+      {"squeeze", [](const at::Tensor& x) { return x.unsqueeze(0).squeeze(0); }},
+  };
+}
+
 // The unboxed kernels of single-DTensor reductions and views memoise the output layout per
 // input layout: a repeated call is a cache hit, its values are one process's, a mean over a
 // sharded dim (rescaled after the local op) and a rule that moves its input still take the
@@ -199,8 +215,7 @@ TEST(LayoutCache, MemoServesReductionsAndViewsExactlyAndSeesARuleChange) {
   run_ranks(3, [](int64_t) {
     auto mesh = init_device_mesh("cpu", {3});
     const at::Tensor full = random_tensor({5, 7}, 3);
-    using Op = std::function<at::Tensor(const at::Tensor&)>;
-    const std::vector<std::pair<const char*, Op>> ops = {
+    std::vector<std::pair<const char*, UnaryOp>> ops = {
         {"sum(1)", [](const at::Tensor& x) { return at::sum(x, {1}); }},
         {"sum(0, keepdim)", [](const at::Tensor& x) { return at::sum(x, {0}, true); }},
         {"sum()", [](const at::Tensor& x) { return at::sum(x); }},
@@ -208,15 +223,8 @@ TEST(LayoutCache, MemoServesReductionsAndViewsExactlyAndSeesARuleChange) {
         {"mean(1)", [](const at::Tensor& x) { return at::mean(x, {1}); }},
         {"amax(1)", [](const at::Tensor& x) { return at::amax(x, {1}); }},
         {"amin(0)", [](const at::Tensor& x) { return at::amin(x, {0}); }},
-        {"transpose", [](const at::Tensor& x) { return x.transpose(0, 1); }},
-        {"t", [](const at::Tensor& x) { return x.t(); }},
-        {"permute",
-         [](const at::Tensor& x) {
-           return x.permute({1, 0});
-         }},
-        {"unsqueeze", [](const at::Tensor& x) { return x.unsqueeze(1); }},
-        {"squeeze", [](const at::Tensor& x) { return x.unsqueeze(0).squeeze(0); }},
     };
+    for (const auto& view : view_ops()) ops.push_back(view);
     for (const Placements& p : {Placements{Shard(0)}, Placements{Shard(1)}, Placements{Replicate()}}) {
       const at::Tensor x = distribute_tensor(full, mesh, p);
       for (const auto& [name, op] : ops) {
@@ -278,17 +286,7 @@ int64_t ops_dispatched_by(const std::function<void()>& f) {
 TEST(LayoutCache, ViewsRemadeFromRecordedGeometryAreTheOpsOwnViews) {
   run_ranks(2, [](int64_t rank) {
     auto mesh = init_device_mesh("cpu", {2});
-    using View = std::function<at::Tensor(const at::Tensor&)>;
-    const std::vector<std::pair<const char*, View>> views = {
-        {"transpose", [](const at::Tensor& x) { return x.transpose(0, 1); }},
-        {"t", [](const at::Tensor& x) { return x.t(); }},
-        {"permute",
-         [](const at::Tensor& x) {
-           return x.permute({1, 0});
-         }},
-        {"unsqueeze", [](const at::Tensor& x) { return x.unsqueeze(1); }},
-        {"squeeze", [](const at::Tensor& x) { return x.unsqueeze(0).squeeze(0); }},
-    };
+    const std::vector<std::pair<const char*, UnaryOp>> views = view_ops();
     const at::Tensor base = random_tensor({7, 9}, 5 + rank);
     const std::vector<std::pair<const char*, at::Tensor>> pieces = {
         {"contiguous", random_tensor({4, 5}, 11 + rank)},
@@ -296,7 +294,7 @@ TEST(LayoutCache, ViewsRemadeFromRecordedGeometryAreTheOpsOwnViews) {
         {"offset", base.narrow(0, 2, 4).narrow(1, 3, 5)},
     };
     for (const auto& named_view : views) {
-      const View& view = named_view.second;  // (a lambda cannot capture a structured binding in C++17)
+      const UnaryOp& view = named_view.second;  // (a lambda cannot capture a structured binding in C++17)
       for (const auto& [piece_name, piece] : pieces) {
         SCOPED_TRACE(std::string(named_view.first) + " of a " + piece_name + " piece");
         const at::Tensor x = DTensor::from_local(piece, mesh, {Shard(0)});
