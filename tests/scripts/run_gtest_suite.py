@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Runs every test of one GoogleTest suite of a test binary in one process.
+"""Runs the named tests of a GoogleTest binary (one suite's, as ctest calls it) in one process.
 
-    run_gtest_suite.py BINARY SUITE
+    run_gtest_suite.py BINARY SUITE.TEST...
 
-ctest runs this once per suite where the build asks for a process per suite
-(HP_GTEST_PROCESS_PER_SUITE, on in the sanitizer build): there, a process costs about a
+ctest runs this once per suite, with the suite's tests as tests/gtest_suites.cmake listed
+them, where the build asks for a process per suite (HP_GTEST_PROCESS_PER_SUITE, on in the
+sanitizer build): there, a process costs about a
 second of LibTorch's start-up under ASan and of the leak check at its exit, a third of
 that suite's time when every test had its own. A test that crashes the process (a signal,
 an ASan or UBSan report, an abort) does not hide the tests after it: the runner names it
@@ -21,22 +22,6 @@ import sys
 
 RESULT = re.compile(r"^\[ +(OK|FAILED|SKIPPED) +\] (\S+)")
 RUN = re.compile(r"^\[ RUN +\] (\S+)")
-
-
-def list_tests(binary, suite):
-    """The suite's test names, in the binary's order (parameterised ones included)."""
-    out = subprocess.run([binary, "--gtest_list_tests", f"--gtest_filter={suite}.*",
-                          "--gtest_also_run_disabled_tests"],
-                         check=True, capture_output=True, text=True).stdout
-    names, current = [], None
-    for line in out.splitlines():
-        if not line.strip() or line.startswith("Running main()"):
-            continue
-        if not line.startswith(" "):
-            current = line.split("#")[0].strip()  # "Suite." (a comment may follow)
-        elif current:
-            names.append(current + line.split("#")[0].strip())
-    return names
 
 
 def run_once(binary, names):
@@ -62,14 +47,11 @@ def run_once(binary, names):
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) < 3:
         print(__doc__, file=sys.stderr)
         return 2
-    binary, suite = sys.argv[1], sys.argv[2]
-    names = list_tests(binary, suite)
-    if not names:
-        print(f"run_gtest_suite: {binary} has no test in suite {suite}", file=sys.stderr)
-        return 1
+    binary, names = sys.argv[1], sys.argv[2:]
+    suite = names[0].split(".")[0]
     results, remaining, process_failures = {}, list(names), []
     while remaining:
         got, crashed, rc = run_once(binary, remaining)
