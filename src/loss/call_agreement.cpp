@@ -8,6 +8,7 @@
 
 #include "hyper_parallel/communicator.h"
 #include "hyper_parallel/loss_parallel.h"
+#include "hyper_parallel/pending_collective.h"
 #include "loss/input_agreement.h"
 
 namespace hyper_parallel {
@@ -163,16 +164,10 @@ int64_t check_vocab_pieces(const std::vector<int64_t>& counts, int64_t vocab_siz
   return total;
 }
 
-std::vector<int64_t> agree_on_call(const LossCallRecord& mine, const Communicator* comm, const c10::Device& device,
-                                   const InputAgreement* checks) {
-  if (!comm || comm->size() == 1) {
-    if (checks) {
-      const at::Tensor own = at::zeros({1, InputAgreement::kRecordSize}, at::kDouble);
-      checks->write_record(own[0]);
-      checks->settle(own, nullptr);
-    }
-    return {mine.local_classes};
-  }
+namespace {
+
+// `mine` as the record's float64 slots (kRecordSize of them).
+std::vector<double> record_values(const LossCallRecord& mine) {
   const uint64_t wh = weight_hash(mine.class_weight);
   std::vector<double> v(kRecordSize, 0.0);
   v[kOpHash] = static_cast<double>(op_hash(mine.op));
@@ -190,23 +185,53 @@ std::vector<int64_t> agree_on_call(const LossCallRecord& mine, const Communicato
   v[kWeightHashLow] = static_cast<double>(wh & 0xffffffffull);
   v[kWeightHashHigh] = static_cast<double>(wh >> 32);
   v[kLocalClasses] = static_cast<double>(mine.local_classes);
+  return v;
+}
+
+}  // namespace
+
+PendingCallAgreement::PendingCallAgreement(const LossCallRecord& mine, const Communicator* comm,
+                                           const c10::Device& device, const InputAgreement* checks)
+    : op_(mine.op), local_classes_(mine.local_classes), comm_(comm), checks_(checks) {
+  if (!comm || comm->size() == 1) return;
   const int64_t n = comm->size();
   const int64_t width = kRecordSize + InputAgreement::kRecordSize;
   if (device.is_meta()) {
     // A dry run: the collective is counted, there are no values to compare.
-    const at::Tensor records = comm->all_gather(
-        at::empty({1, width}, at::TensorOptions().dtype(at::kDouble).device(device)), 0, std::vector<int64_t>(n, 1));
-    if (checks) checks->settle(records.narrow(1, kRecordSize, InputAgreement::kRecordSize), comm);
-    return {};
+    gathered_ = comm->all_gather(at::empty({1, width}, at::TensorOptions().dtype(at::kDouble).device(device)), 0,
+                                 std::vector<int64_t>(n, 1));
+    return;
   }
   at::Tensor record = at::zeros({1, width}, at::kDouble);
-  record.narrow(1, 0, kRecordSize).copy_(at::tensor(v, at::kDouble).unsqueeze(0));
+  record.narrow(1, 0, kRecordSize).copy_(at::tensor(record_values(mine), at::kDouble).unsqueeze(0));
   if (checks) checks->write_record(record[0].narrow(0, kRecordSize, InputAgreement::kRecordSize));
-  const at::Tensor gathered = comm->all_gather(record.to(device), 0, std::vector<int64_t>(n, 1));
-  const at::Tensor all = gathered.cpu().contiguous();
-  const double* r = all.data_ptr<double>();
+  record = record.to(device);
+  gathered_ = at::empty({n, width}, record.options());
+  gather_ = std::make_unique<PendingCollective>(PendingCollective::start_all_gather(*comm, record, gathered_));
+}
+
+PendingCallAgreement::~PendingCallAgreement() = default;
+
+std::vector<int64_t> PendingCallAgreement::settle() {
+  if (settled_) return classes_;
+  settled_ = true;
+  if (!comm_ || comm_->size() == 1) {
+    if (checks_) {
+      const at::Tensor own = at::zeros({1, InputAgreement::kRecordSize}, at::kDouble);
+      checks_->write_record(own[0]);
+      checks_->settle(own, nullptr);
+    }
+    classes_ = {local_classes_};
+    return classes_;
+  }
+  const int64_t n = comm_->size();
+  const int64_t width = kRecordSize + InputAgreement::kRecordSize;
+  if (gather_) gather_->wait();
   // Refusals first: a rank that refused may have left fields (the class weight) unset.
-  if (checks) checks->settle(gathered.narrow(1, kRecordSize, InputAgreement::kRecordSize), comm);
+  if (checks_) checks_->settle(gathered_.narrow(1, kRecordSize, InputAgreement::kRecordSize), comm_);
+  if (gathered_.is_meta()) return classes_;  // a dry run knows no counts
+  const at::Tensor all = gathered_.cpu().contiguous();
+  const double* r = all.data_ptr<double>();
   for (const SlotName& s : kCompared) {
     // Ranks grouped by their value, in rank order: every rank builds the same message.
     std::map<double, std::vector<int64_t>> by_value;
@@ -224,14 +249,19 @@ std::vector<int64_t> agree_on_call(const LossCallRecord& mine, const Communicato
       groups += (groups.empty() ? "" : "; ") + std::string("rank(s) ") + ranks + ": " + readable(s.slot, x);
     }
     // The same words on every rank, so ranks in different ops do not name their own.
-    const std::string who = s.slot == kOpHash ? std::string("loss_parallel") : loss_call_site(mine.op);
+    const std::string who = s.slot == kOpHash ? std::string("loss_parallel") : loss_call_site(op_);
     throw LossParallelLayoutError(who + ": the ranks of the loss's group disagree on the " + s.what + " (" + groups +
                                   "); every rank must make the same call, with the same options and inputs of the "
                                   "same shape and dtype");
   }
-  std::vector<int64_t> classes(static_cast<size_t>(n));
-  for (int64_t p = 0; p < n; ++p) classes[p] = static_cast<int64_t>(r[p * width + kLocalClasses]);
-  return classes;
+  classes_.resize(static_cast<size_t>(n));
+  for (int64_t p = 0; p < n; ++p) classes_[p] = static_cast<int64_t>(r[p * width + kLocalClasses]);
+  return classes_;
+}
+
+std::vector<int64_t> agree_on_call(const LossCallRecord& mine, const Communicator* comm, const c10::Device& device,
+                                   const InputAgreement* checks) {
+  return PendingCallAgreement(mine, comm, device, checks).settle();
 }
 
 }  // namespace hyper_parallel

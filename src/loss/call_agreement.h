@@ -10,8 +10,10 @@
 // record the same way: a difference is the same LossParallelLayoutError on every rank,
 // naming the field and the ranks, before anything sized by rows is sent.
 //
-// Cost: one all-gather of kRecordSize float64 values per forward (latency only); where the
-// vocabulary is learnt from the ranks' class counts it replaces that count's all-gather.
+// Cost: one all-gather of kRecordSize float64 values per forward (latency only), in flight
+// while the fused cross-entropies compute their local statistics (PendingCallAgreement);
+// where the vocabulary is learnt from the ranks' class counts it replaces that count's
+// all-gather (and is waited for first: the counts place this rank's classes).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,6 +21,7 @@
 #include <c10/util/Optional.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,6 +30,7 @@
 namespace hyper_parallel {
 
 class Communicator;
+class PendingCollective;
 class InputAgreement;
 
 // What one rank is about to compute. Fields an op has no use for keep their defaults (they
@@ -64,6 +68,33 @@ int64_t rows_over_class_dim(const at::Tensor& t, int64_t class_dim);
 // rank's alone for a null or one-member comm; empty for a dry run, which knows none).
 std::vector<int64_t> agree_on_call(const LossCallRecord& mine, const Communicator* comm, const c10::Device& device,
                                    const InputAgreement* checks = nullptr);
+
+// agree_on_call in two steps, for a forward with local work to do before its first
+// collective sized by rows: the record's all-gather is issued here and travels while this
+// rank computes, so that its latency is not added to the forward's; settle() waits for it
+// and compares (the same errors, the same result as agree_on_call). Settle before that
+// first collective. A rank that throws in between has sent its record: the others' settle()
+// returns and their next collective fails within its timeout, as without the overlap.
+class PendingCallAgreement {
+ public:
+  PendingCallAgreement(const LossCallRecord& mine, const Communicator* comm, const c10::Device& device,
+                       const InputAgreement* checks = nullptr);
+  ~PendingCallAgreement();
+  PendingCallAgreement(const PendingCallAgreement&) = delete;
+  PendingCallAgreement& operator=(const PendingCallAgreement&) = delete;
+  // What agree_on_call returns; later calls return it again without waiting.
+  std::vector<int64_t> settle();
+
+ private:
+  std::string op_;
+  int64_t local_classes_ = 0;
+  const Communicator* comm_ = nullptr;
+  const InputAgreement* checks_ = nullptr;
+  at::Tensor gathered_;  // [members, record + input-agreement record]
+  std::unique_ptr<PendingCollective> gather_;
+  bool settled_ = false;
+  std::vector<int64_t> classes_;
+};
 
 // Throws LossParallelLayoutError, the same on every member, unless `counts` (every member's
 // class count) are torch.chunk's pieces of `vocab_size` classes; vocab_size < 0: of their sum.

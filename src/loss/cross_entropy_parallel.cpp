@@ -170,7 +170,8 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
       options.gradient_in_forward && wants_grad && !leaf_values && ce.x_rows.is_alias_of(local_logits) &&
       (ce.x_rows.size(1) <= 1 || ce.x_rows.stride(1) == 1) && local_logits.is_non_overlapping_and_dense();
   // The call's record before the statistics' all-gather, which is sized by rows (one
-  // all-gather more): ranks whose rows, dtype, vocabulary or options differ are named.
+  // all-gather more, issued now and settled once the local statistics are computed): ranks
+  // whose rows, dtype, vocabulary or options differ are named.
   LossCallRecord call;
   call.op = op;
   call.rows = rows_over_class_dim(local_logits, class_dim);
@@ -180,7 +181,7 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   call.definition = ce.definition;
   call.gradient_in_forward = options.gradient_in_forward;
   if (weight && weight->defined()) call.class_weight = dtensor_impl(*weight) ? local_of(*weight) : *weight;
-  agree_on_call(call, cs.shard.comm, local_logits.device());
+  PendingCallAgreement call_agreement(call, cs.shard.comm, local_logits.device());
   std::vector<int64_t> loss_shape;
   ce.soft = target.is_floating_point();
   const InputAgreement agreement(op, target, [&] {
@@ -225,7 +226,7 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
     ce.gradient_in_forward = false;
   }
   const ClassShard& shard = cs.shard;
-  at::Tensor loss = fused_cross_entropy_forward(ce, shard, &agreement).to(local_logits.scalar_type());
+  at::Tensor loss = fused_cross_entropy_forward(ce, shard, &agreement, &call_agreement).to(local_logits.scalar_type());
   if (reduction == at::Reduction::None) {
     loss = loss.reshape(loss_shape);
   } else {

@@ -429,8 +429,8 @@ void fused_cross_entropy_block_gradient(const FusedCrossEntropy& ce, const Coeff
   k::backward(args);
 }
 
-at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& shard,
-                                       const InputAgreement* agreement) {
+at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& shard, const InputAgreement* agreement,
+                                       PendingCallAgreement* call) {
   const at::Tensor x = unit_class_stride(ce.x_rows);
   TORCH_CHECK(!ce.gradient_in_forward || x.is_same(ce.x_rows),
               "fused cross-entropy: gradient_in_forward needs logits rows with a unit class stride");
@@ -441,6 +441,7 @@ at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& 
   // every rank before they are combined.
   const at::Tensor stats = agreement && agreement->refused() ? at::zeros({k::kStats, rows}, opts)
                                                              : fused_cross_entropy_block_stats(ce, x, 0, 0, shard);
+  if (call) call->settle();
   const at::Tensor loss = fused_cross_entropy_combine(ce, stats, shard, agreement);
   if (ce.gradient_in_forward) {
     // d loss / d x for a unit incoming gradient, over the logits: backward only scales it.

@@ -12,6 +12,7 @@
 #include <c10/util/Optional.h>
 
 #include "hyper_parallel/cross_entropy_definition.h"
+#include "loss/call_agreement.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/input_agreement.h"
 
@@ -46,8 +47,10 @@ struct FusedCrossEntropy {
 // Returns the loss (compute type): [M] for none, a scalar otherwise. One all-gather, which
 // also carries `agreement`'s record (when given): it is settled before anything is combined,
 // and a rank that refused its inputs computes no statistics (its target may be anything).
+// `call` (when given) is settled after the local statistics and before their all-gather:
+// its record's all-gather travels while they are computed.
 at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& shard,
-                                       const InputAgreement* agreement = nullptr);
+                                       const InputAgreement* agreement = nullptr, PendingCallAgreement* call = nullptr);
 
 // The same forward in steps, for callers that produce the logits a block at a time and
 // never hold them whole (the fused linear + cross-entropy). x_rows stays unset.

@@ -73,13 +73,16 @@ Logprobs vocab_parallel_logprobs_forward(const at::Tensor& local_logits, int64_t
   const std::string op = kLogprobsOp;
   TORCH_CHECK_VALUE(local_logits.dim() >= 1, op, ": expected logits with a class dim, got a 0-dim tensor");
   const int64_t class_dim = c10::maybe_wrap_dim(class_dim_in, local_logits.dim());
-  // The call's record first: its all-gather also gives the members' class counts.
+  // The call's record first: its all-gather also gives the members' class counts. A given
+  // vocabulary places this member's classes without them: the record then travels while the
+  // statistics are computed, settled before their all-gather.
   const LossCallRecord call =
       logprobs_call(op, rows_over_class_dim(local_logits, class_dim), local_logits.scalar_type(),
                     local_logits.size(class_dim), vocab_size, options);
-  const std::vector<int64_t> counts = agree_on_call(call, comm, local_logits.device());
+  PendingCallAgreement call_agreement(call, comm, local_logits.device());
   VocabPiece piece;
   if (vocab_size < 0) {
+    const std::vector<int64_t> counts = call_agreement.settle();
     // A dry run knows no counts: its pieces are even.
     const int64_t n = comm ? comm->size() : 1;
     piece =
@@ -114,6 +117,7 @@ Logprobs vocab_parallel_logprobs_forward(const at::Tensor& local_logits, int64_t
   fused_cross_entropy_prepare(ce, rows, shard, local_logits.options().dtype(ct));
   const at::Tensor stats = agreement.refused() ? at::zeros({ce_kernel::kStats, rows}, local_logits.options().dtype(ct))
                                                : fused_cross_entropy_block_stats(ce, ce.x_rows, 0, 0, shard);
+  call_agreement.settle();
   const auto combined = fused_logprobs_combine(ce, stats, shard, &agreement);
   return logprobs_results(ce, combined, local_logits.scalar_type(), out_shape, piece.total, saved);
 }

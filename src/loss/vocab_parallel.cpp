@@ -114,9 +114,12 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
   call.definition = options;
   call.gradient_in_forward = options.gradient_in_forward;
   if (weight && weight->defined()) call.class_weight = *weight;
-  const std::vector<int64_t> counts = agree_on_call(call, comm, local_logits.device());
+  // A given vocabulary makes this member's piece known here: the record's all-gather then
+  // travels while the statistics are computed, settled before their all-gather.
+  PendingCallAgreement call_agreement(call, comm, local_logits.device());
   VocabPiece piece;
   if (vocab_size < 0) {
+    const std::vector<int64_t> counts = call_agreement.settle();
     // A dry run knows no counts: its pieces are even (hp-dry-run passes the vocabulary anyway).
     const int64_t total = counts.empty() ? call.local_classes * comm->size() : check_vocab_pieces(counts, -1);
     piece = vocab_piece(comm, call.local_classes, total);
@@ -168,7 +171,7 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
     piece.local = ce.x_rows.size(1);
   }
   const ClassShard shard = class_shard(comm, piece);
-  at::Tensor loss = fused_cross_entropy_forward(ce, shard, &agreement).to(local_logits.scalar_type());
+  at::Tensor loss = fused_cross_entropy_forward(ce, shard, &agreement, &call_agreement).to(local_logits.scalar_type());
   if (options.reduction == at::Reduction::None) loss = loss.reshape(loss_shape);
   if (saved) {
     saved->row_max = ce.row_max;

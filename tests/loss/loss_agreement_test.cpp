@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <functional>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "hyper_parallel/fused_linear_loss.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/vocab_parallel.h"
+#include "loss/call_agreement.h"
 
 namespace loss_agreement_test {
 
@@ -165,6 +167,48 @@ TEST(LossAgreement, ALearntVocabularyCostsNoCollectiveMoreThanAGivenOne) {
       EXPECT_NEAR(loss.item<double>(), at::cross_entropy_loss(full, targets(kRows)).item<double>(), 1e-12);
     }
   });
+}
+
+// The forwards issue the call's record and compute their local statistics while it travels
+// (PendingCallAgreement): issuing must not wait for the other ranks, and settling must give
+// what agree_on_call gives, errors included. Rank 0 issues only once rank 1 has issued: were
+// issuing a blocking collective, rank 1 would wait for rank 0 and rank 0 would give up.
+TEST(LossAgreement, TheCallsRecordIsIssuedWithoutWaitingAndSettledLater) {
+  for (const int64_t rows_on_1 : {kRows, kRows - 2}) {
+    std::promise<void> issued_1;
+    std::shared_future<void> issued = issued_1.get_future().share();
+    std::vector<std::string> got(kRanks);
+    run_ranks(
+        kRanks,
+        [&](int64_t rank) {
+          auto mesh = init_device_mesh("cpu", {kRanks});
+          LossCallRecord call;
+          call.op = "cross_entropy";
+          call.rows = rank == 1 ? rows_on_1 : kRows;
+          call.dtype = static_cast<int64_t>(at::kFloat);
+          call.vocab_size = kVocab;
+          call.local_classes = chunk_range(kVocab, kRanks, rank).length;
+          if (rank == 0 && issued.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+            got[0] = "rank 1 did not return from issuing its record before rank 0 issued";
+          }
+          PendingCallAgreement pending(call, &mesh.comm(0), at::kCPU);
+          if (rank == 1) issued_1.set_value();
+          try {
+            const std::vector<int64_t> classes = pending.settle();
+            EXPECT_EQ(pending.settle(), classes) << "settling again gives the same";
+            if (got[rank].empty())
+              got[rank] = "classes " + std::to_string(classes[0]) + " " + std::to_string(classes[1]);
+          } catch (const LossParallelLayoutError& e) {
+            if (got[rank].empty()) got[rank] = e.what();
+          }
+        },
+        std::chrono::seconds(20));
+    if (rows_on_1 == kRows) {
+      EXPECT_EQ(got, std::vector<std::string>(kRanks, "classes 7 6"));
+    } else {
+      expect_named_everywhere(got, "row count", "PendingCallAgreement");
+    }
+  }
 }
 
 TEST(LossAgreement, UnderLossParallelAGuardOptionOnOneRankOnlyIsNamedEverywhere) {
