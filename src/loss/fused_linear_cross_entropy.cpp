@@ -163,14 +163,16 @@ LossCallRecord linear_call(const std::string& op, int64_t tokens, at::ScalarType
 
 // Forward: the per-token statistics of this rank's classes, one logits block at a time, then
 // the one all-gather (carrying `agreement`'s record when given) and the loss, compute type.
+// `call`, when given, is settled between the two: its record travels while the blocks are computed.
 at::Tensor linear_forward(FusedCrossEntropy& ce, const Inputs& in, const LinearBlocks& blocks,
-                          const InputAgreement* agreement) {
+                          const InputAgreement* agreement, PendingCallAgreement* call) {
   const at::ScalarType ct = compute_type(in.h.scalar_type());
   const int64_t T = in.h.size(0);
   fused_cross_entropy_prepare(ce, T, in.shard, in.h.options().dtype(ct));
   const at::Tensor stats = agreement && agreement->refused()
                                ? at::zeros({ce_kernel::kStats, T}, in.h.options().dtype(ct))
                                : linear_block_stats(ce, in.h, in.w, in.shard, blocks);
+  if (call) call->settle();
   // The forward's one collective (an all-gather of 5 x tokens values), and the loss.
   return fused_cross_entropy_combine(ce, stats, in.shard, agreement);
 }
@@ -232,14 +234,18 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
                              : !hidden.defined()    ? c10::Device(c10::kCPU)
                              : dtensor_impl(hidden) ? local_of(hidden).device()
                                                     : hidden.device();
-  agree_on_call(linear_call(kOp, in.h.defined() ? in.h.size(0) : 0, in.h.defined() ? in.h.scalar_type() : at::kFloat,
-                            in.shard.local, in.shard.total, options, in.class_weight.value_or(at::Tensor())),
-                in.shard.comm, device, &agreement);
+  // A refusal here is settled at once (the placeholders make no blocks); otherwise the record
+  // travels while the blocks are computed.
+  PendingCallAgreement call_agreement(
+      linear_call(kOp, in.h.defined() ? in.h.size(0) : 0, in.h.defined() ? in.h.scalar_type() : at::kFloat,
+                  in.shard.local, in.shard.total, options, in.class_weight.value_or(at::Tensor())),
+      in.shard.comm, device, &agreement);
+  if (agreement.refused()) call_agreement.settle();
   const at::ScalarType dt = in.h.scalar_type();
   const LinearBlocks blocks =
       linear_block_sizes(options.chunk_tokens, options.vocab_block, in.h.size(0), in.w.size(0), dt);
   FusedCrossEntropy ce = cross_entropy_of(in, options);
-  at::Tensor loss = linear_forward(ce, in, blocks, nullptr).to(options.loss_dtype.value_or(dt));
+  at::Tensor loss = linear_forward(ce, in, blocks, nullptr, &call_agreement).to(options.loss_dtype.value_or(dt));
   if (in.weight_layout) {
     const DeviceMesh& mesh = in.weight_layout->mesh();
     std::vector<int64_t> shape = loss.sizes().vec();
@@ -271,12 +277,14 @@ at::Tensor vocab_parallel_linear_cross_entropy_forward(const at::Tensor& hidden,
   const at::Tensor class_weight =
       options.class_weight && options.class_weight->defined() ? *options.class_weight : at::Tensor();
   const int64_t local_classes = local_weight.dim() == 2 ? local_weight.size(0) : 0;
-  const std::vector<int64_t> counts =
-      agree_on_call(linear_call(op, hidden.dim() >= 1 ? hidden.size(0) : 0, hidden.scalar_type(), local_classes,
-                                vocab_size, options, class_weight),
-                    comm, hidden.device());
+  // A given vocabulary places this member's classes without them: the record then travels
+  // while the blocks are computed.
+  PendingCallAgreement call_agreement(linear_call(op, hidden.dim() >= 1 ? hidden.size(0) : 0, hidden.scalar_type(),
+                                                  local_classes, vocab_size, options, class_weight),
+                                      comm, hidden.device());
   VocabPiece piece;
   if (vocab_size < 0) {
+    const std::vector<int64_t> counts = call_agreement.settle();
     // A dry run knows no counts: its pieces are even.
     const int64_t n = comm ? comm->size() : 1;
     piece = vocab_piece(comm, local_classes, counts.empty() ? local_classes * n : check_vocab_pieces(counts, -1));
@@ -302,7 +310,7 @@ at::Tensor vocab_parallel_linear_cross_entropy_forward(const at::Tensor& hidden,
   at::Tensor loss;
   {
     at::NoGradGuard no_grad;  // the caller owns the graph
-    loss = linear_forward(ce, in, blocks, &agreement).to(dt);
+    loss = linear_forward(ce, in, blocks, &agreement, &call_agreement).to(dt);
   }
   if (saved) {
     saved->row_max = ce.row_max;

@@ -119,11 +119,14 @@ Logprobs vocab_parallel_linear_logprobs_forward(const at::Tensor& hidden, const 
   const std::string op = kLinearLogprobsOp;
   const int64_t local_classes = local_weight.dim() == 2 ? local_weight.size(0) : 0;
   const int64_t tokens = hidden.dim() >= 1 ? hidden.size(0) : 0;
-  // The call's record first; its all-gather also gives the members' class counts.
-  const std::vector<int64_t> counts = agree_on_call(
+  // The call's record first; its all-gather also gives the members' class counts. A given
+  // vocabulary places this member's classes without them: the record then travels while the
+  // blocks are computed.
+  PendingCallAgreement call_agreement(
       logprobs_call(op, tokens, hidden.scalar_type(), local_classes, vocab_size, options), comm, hidden.device());
   VocabPiece piece;
   if (vocab_size < 0) {
+    const std::vector<int64_t> counts = call_agreement.settle();
     // A dry run knows no counts: its pieces are even.
     const int64_t n = comm ? comm->size() : 1;
     piece = vocab_piece(comm, local_classes, counts.empty() ? local_classes * n : check_vocab_pieces(counts, -1));
@@ -160,6 +163,7 @@ Logprobs vocab_parallel_linear_logprobs_forward(const at::Tensor& hidden, const 
   const at::Tensor stats = agreement.refused()
                                ? at::zeros({ce_kernel::kStats, h.size(0)}, h.options().dtype(ct))
                                : linear_block_stats(ce, h, w, shard, blocks_of(used, h.size(0), w.size(0), dt));
+  call_agreement.settle();
   const auto combined = fused_logprobs_combine(ce, stats, shard, &agreement);
   return logprobs_results(ce, combined, dt, {h.size(0)}, piece.total, saved);
 }
