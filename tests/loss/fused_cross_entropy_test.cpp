@@ -514,10 +514,10 @@ TEST(FusedCrossEntropyKernel, StatisticsAndGradientMatchAtenOnAwkwardRows) {
 
 // The gradient of a logits matrix larger than the caches (written with streaming stores)
 // is the gradient of its rows computed a few at a time (cached stores), bit for bit, in
-// every dtype, also written over the logits; and the bf16 gradient is the float32 gradient of the same values rounded
-// as ATen rounds, bit for bit. Plain rows (the kernel's own bf16 rounding) and rows with a smoothing term (ATen's
-// rounding); large, small and negative incoming gradients; -inf logits; rows 32-byte aligned (cols 4112) and not (cols
-// 4099, and the small matrix).
+// every dtype, also written over the logits; and the bf16 and fp16 gradients are the float32 gradient of the same
+// values rounded as ATen rounds, bit for bit. Plain rows (the kernel's own bf16 rounding) and rows with a smoothing
+// term (ATen's rounding); large, small and negative incoming gradients; -inf logits; rows 32-byte aligned (cols 4112)
+// and not (cols 4099, and the small matrix).
 TEST(FusedCrossEntropyKernel, LargeAndBf16GradientsAreTheSmallFloat32OnesBitForBit) {
   for (const auto& shape : {std::pair<int64_t, int64_t>{6, 5003}, {1200, 4112}, {1200, 4099}}) {
     // Named copies, not a structured binding: the lambdas below capture them (clang < 16).
@@ -578,7 +578,10 @@ TEST(FusedCrossEntropyKernel, LargeAndBf16GradientsAreTheSmallFloat32OnesBitForB
       expect_same_bits(by_rows(xf), f32, "float32 whole vs by rows");
       expect_same_bits(in_place(xf), f32, "float32 in place vs not");
       expect_same_bits(in_place(x), whole(x), "bf16 in place vs not");
-      expect_same_bits(by_rows(x.to(at::kHalf)), whole(x.to(at::kHalf)), "float16 whole vs by rows");
+      const at::Tensor xh = x.to(at::kHalf);
+      expect_same_bits(by_rows(xh), whole(xh), "float16 whole vs by rows");
+      expect_same_bits(in_place(xh), whole(xh), "float16 in place vs not");
+      expect_same_bits(whole(xh.to(at::kFloat)).to(at::kHalf), whole(xh), "float16 vs float32 rounded by ATen");
       expect_same_bits(by_rows(x), whole(x), "bf16 whole vs by rows");
       expect_same_bits(f32.to(at::kBFloat16), whole(x), "bf16 vs float32 rounded by ATen");
     }
