@@ -378,7 +378,6 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
   constexpr int64_t kStep = IO::kStep;
   static_assert(kBlock % kStep == 0);
   alignas(64) acc_t buf[kBlock];
-  alignas(64) acc_t lanes[VS];
   const acc_t cap = static_cast<acc_t>(args.logit_softcap);
   const Vec vcap(cap);
   const auto* x_all = static_cast<const scalar_t*>(args.x);
@@ -410,9 +409,11 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
       const int64_t nv = n - n % kStep;
       // Pass 1 (memory): convert, soft-cap, keep in buf; block max. One loop per way of
       // loading and transforming, so that no test runs per vector.
-      BlockMax<acc_t> block_max;
+      // Two maxima taking steps in turn: one alone waits a max instruction's latency per
+      // step, longer than the step's conversion takes.
+      BlockMax<acc_t> max_even, max_odd;
       auto convert = [&](auto load, auto transform) {
-        for (int64_t j = 0; j < nv; j += kStep) {
+        auto step = [&](int64_t j, BlockMax<acc_t>& block_max) {
           Vec a, b;
           load(x + c0 + j, a, b);
           transform(a);
@@ -420,7 +421,13 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
           a.store(buf + j);
           b.store(buf + j + VS);
           block_max.add(a, b);
+        };
+        int64_t j = 0;
+        for (; j + 2 * kStep <= nv; j += 2 * kStep) {
+          step(j, max_even);
+          step(j + kStep, max_odd);
         }
+        if (j < nv) step(j, max_even);
       };
       auto load = [](const scalar_t* p, Vec& a, Vec& b) { IO::load2(p, a, b); };
       if (cap > 0 || scaled) {
@@ -433,9 +440,9 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
       } else {
         convert(load, [](Vec&) {});
       }
-      block_max.value().store(lanes);
-      acc_t bm = ninf;
-      for (int64_t l = 0; l < VS; ++l) bm = (std::isnan(lanes[l]) || lanes[l] > bm) ? lanes[l] : bm;
+      // NaN if either saw one (at::vec::maximum propagates it).
+      acc_t bm = at::vec::vec_reduce_all<acc_t>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); },
+                                                at::vec::maximum(max_even.value(), max_odd.value()));
       for (int64_t j = nv; j < n; ++j) {
         buf[j] = softcapped(static_cast<acc_t>(x[c0 + j]), cap) * inv_t;
         bm = (std::isnan(buf[j]) || buf[j] > bm) ? buf[j] : bm;
