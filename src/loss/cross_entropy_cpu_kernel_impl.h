@@ -225,10 +225,12 @@ inline Vectorized<float> pow2_of_magic(const Vectorized<float>& t) {
 // the overflow clamp and the scaling tricks general exps need: a lower clamp (x < -88
 // gives exactly 0, as do -inf, as ATen's exps flush below FLT_MIN), n = round(x log2 e)
 // and 2^n from one FMA and one shift, r = x - n ln 2 in two FMAs (Cody-Waite), and
-// e^r by its Taylor polynomial of degree 7 (truncation < 2^-27 on |r| <= ln 2 / 2).
-// Within 1 ulp with a fused FMA, 1.5 without (FusedCrossEntropyKernel.ItsExpIsWithinAnUlp*
-// measures it), at 14 vector instructions, where ATen's polynomial exp takes 17 for ~2 ulp
-// and Sleef's 1-ulp exp about twice as many. On AVX512, 13: vscalefps applies 2^n (for the
+// e^r ~ 1 + r + r^2 q(r), q of degree 4 fitted for the least relative error on
+// |r| <= ln 2 / 2 (3.1e-9; scripts/exp_polynomial.py): six FMAs where the Taylor polynomial
+// of degree 7 takes seven for 7.5e-9. Within 1 ulp with a fused FMA (0.84 worst), 1.5
+// without (FusedCrossEntropyKernel.ItsExpIsWithinAnUlp* measures it), at 13 vector
+// instructions, where ATen's polynomial exp takes 17 for ~2 ulp and Sleef's 1-ulp exp
+// about twice as many. On AVX512, 12: vscalefps applies 2^n (for the
 // shift and the multiply), and a mask gives exactly 0 below ln(FLT_MIN) in place of the
 // clamp (-inf's NaN included; no denormal results, which take the slow path) — the same
 // values where they are normal; it is what the 16-bit kernels, bound by their exps rather
@@ -245,12 +247,11 @@ inline Vectorized<float> exp_of_nonpositive(const Vectorized<float>& x) {
   const Vec n = t - Vec(kExpMagic);
   Vec r = at::vec::fmadd(n, Vec(-0.693145751953125f), xc);  // ln 2's high 16 bits: n * hi exact
   r = at::vec::fmadd(n, Vec(-1.42860682030941723212e-6f), r);
-  Vec p(1.0f / 5040);
-  p = at::vec::fmadd(p, r, Vec(1.0f / 720));
-  p = at::vec::fmadd(p, r, Vec(1.0f / 120));
-  p = at::vec::fmadd(p, r, Vec(1.0f / 24));
-  p = at::vec::fmadd(p, r, Vec(1.0f / 6));
-  p = at::vec::fmadd(p, r, Vec(0.5f));
+  Vec p(0.0013814583942447865f);
+  p = at::vec::fmadd(p, r, Vec(0.008368723934910892f));
+  p = at::vec::fmadd(p, r, Vec(0.04166838873132871f));
+  p = at::vec::fmadd(p, r, Vec(0.16666520573579802f));
+  p = at::vec::fmadd(p, r, Vec(0.49999993443874075f));
   p = at::vec::fmadd(p, r, Vec(1.0f));
   p = at::vec::fmadd(p, r, Vec(1.0f));
 #if defined(CPU_CAPABILITY_AVX512)
