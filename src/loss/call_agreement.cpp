@@ -259,6 +259,12 @@ std::vector<int64_t> PendingCallAgreement::settle() {
   return classes_;
 }
 
+VocabPiece PendingCallAgreement::settle_learnt_vocabulary() {
+  const std::vector<int64_t> counts = settle();
+  const int64_t n = comm_ ? comm_->size() : 1;
+  return vocab_piece(comm_, local_classes_, counts.empty() ? local_classes_ * n : check_vocab_pieces(counts, -1));
+}
+
 std::vector<int64_t> agree_on_call(const LossCallRecord& mine, const Communicator* comm, const c10::Device& device,
                                    const InputAgreement* checks) {
   return PendingCallAgreement(mine, comm, device, checks).settle();

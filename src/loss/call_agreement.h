@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "hyper_parallel/cross_entropy_definition.h"
+#include "hyper_parallel/vocab_parallel.h"  // VocabPiece
 
 namespace hyper_parallel {
 
@@ -84,6 +85,10 @@ class PendingCallAgreement {
   PendingCallAgreement& operator=(const PendingCallAgreement&) = delete;
   // What agree_on_call returns; later calls return it again without waiting.
   std::vector<int64_t> settle();
+  // For a call whose vocabulary is the members' classes together (vocab_size < 0): settles,
+  // then returns this member's piece of their sum, every member's count checked on every
+  // member (the same verdict everywhere). A dry run knows no counts: its pieces are even.
+  VocabPiece settle_learnt_vocabulary();
 
  private:
   std::string op_;

@@ -283,12 +283,7 @@ at::Tensor vocab_parallel_linear_cross_entropy_forward(const at::Tensor& hidden,
                                                   local_classes, vocab_size, options, class_weight),
                                       comm, hidden.device());
   VocabPiece piece;
-  if (vocab_size < 0) {
-    const std::vector<int64_t> counts = call_agreement.settle();
-    // A dry run knows no counts: its pieces are even.
-    const int64_t n = comm ? comm->size() : 1;
-    piece = vocab_piece(comm, local_classes, counts.empty() ? local_classes * n : check_vocab_pieces(counts, -1));
-  }
+  if (vocab_size < 0) piece = call_agreement.settle_learnt_vocabulary();
   Inputs in;
   // Every check inside the agreement: one rank's refusal is the same error on every rank.
   const InputAgreement agreement(op, target, [&] {

@@ -125,12 +125,7 @@ Logprobs vocab_parallel_linear_logprobs_forward(const at::Tensor& hidden, const 
   PendingCallAgreement call_agreement(
       logprobs_call(op, tokens, hidden.scalar_type(), local_classes, vocab_size, options), comm, hidden.device());
   VocabPiece piece;
-  if (vocab_size < 0) {
-    const std::vector<int64_t> counts = call_agreement.settle();
-    // A dry run knows no counts: its pieces are even.
-    const int64_t n = comm ? comm->size() : 1;
-    piece = vocab_piece(comm, local_classes, counts.empty() ? local_classes * n : check_vocab_pieces(counts, -1));
-  }
+  if (vocab_size < 0) piece = call_agreement.settle_learnt_vocabulary();
   at::Tensor h = hidden, w = local_weight, t;
   // Every check inside the agreement: one rank's refusal is the same error on every rank.
   const InputAgreement agreement(op, target, [&] {

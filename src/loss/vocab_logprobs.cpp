@@ -81,13 +81,7 @@ Logprobs vocab_parallel_logprobs_forward(const at::Tensor& local_logits, int64_t
                     local_logits.size(class_dim), vocab_size, options);
   PendingCallAgreement call_agreement(call, comm, local_logits.device());
   VocabPiece piece;
-  if (vocab_size < 0) {
-    const std::vector<int64_t> counts = call_agreement.settle();
-    // A dry run knows no counts: its pieces are even.
-    const int64_t n = comm ? comm->size() : 1;
-    piece =
-        vocab_piece(comm, call.local_classes, counts.empty() ? call.local_classes * n : check_vocab_pieces(counts, -1));
-  }
+  if (vocab_size < 0) piece = call_agreement.settle_learnt_vocabulary();
   FusedCrossEntropy ce;
   ce.x_rows = contiguous_class_rows(to_rows(local_logits, class_dim));
   ce.definition.reduction = at::Reduction::None;

@@ -118,12 +118,7 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
   // travels while the statistics are computed, settled before their all-gather.
   PendingCallAgreement call_agreement(call, comm, local_logits.device());
   VocabPiece piece;
-  if (vocab_size < 0) {
-    const std::vector<int64_t> counts = call_agreement.settle();
-    // A dry run knows no counts: its pieces are even (hp-dry-run passes the vocabulary anyway).
-    const int64_t total = counts.empty() ? call.local_classes * comm->size() : check_vocab_pieces(counts, -1);
-    piece = vocab_piece(comm, call.local_classes, total);
-  }
+  if (vocab_size < 0) piece = call_agreement.settle_learnt_vocabulary();
   const at::ScalarType ct = compute_type(local_logits.scalar_type());
   FusedCrossEntropy ce = settings_of(local_logits, class_dim, target, options);
   ce.gradient_in_forward = options.gradient_in_forward && ce.x_rows.is_alias_of(local_logits) &&
