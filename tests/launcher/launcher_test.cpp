@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -22,6 +23,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -518,33 +520,37 @@ TEST(Launcher, ExplicitMasterPortAndAddressArePassedThrough) {
   EXPECT_EQ(o.out, "[rank0]: 127.0.0.1:4321\n");
 }
 
-// OMP_NUM_THREADS of hp-run's own environment for one scope.
-class ScopedOmpNumThreads {
+// One variable of hp-run's own environment (it inherits this process's) for one scope;
+// a null value unsets it.
+class ScopedEnv {
  public:
-  explicit ScopedOmpNumThreads(const char* value) {
-    if (const char* old = std::getenv("OMP_NUM_THREADS")) old_ = old;
+  ScopedEnv(std::string name, const char* value) : name_(std::move(name)) {
+    if (const char* old = std::getenv(name_.c_str())) old_ = old;
     if (value != nullptr) {
-      ::setenv("OMP_NUM_THREADS", value, 1);
+      ::setenv(name_.c_str(), value, 1);
     } else {
-      ::unsetenv("OMP_NUM_THREADS");
+      ::unsetenv(name_.c_str());
     }
   }
-  ~ScopedOmpNumThreads() {
+  ~ScopedEnv() {
     if (old_) {
-      ::setenv("OMP_NUM_THREADS", old_->c_str(), 1);
+      ::setenv(name_.c_str(), old_->c_str(), 1);
     } else {
-      ::unsetenv("OMP_NUM_THREADS");
+      ::unsetenv(name_.c_str());
     }
   }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
 
  private:
+  std::string name_;
   std::optional<std::string> old_;
 };
 
 TEST(Launcher, RanksSharingANodeGetOneIntraOpThreadEachAndAreToldOnce) {
   const char* script = "echo threads=${OMP_NUM_THREADS:-unset}";
   {
-    ScopedOmpNumThreads unset(nullptr);
+    ScopedEnv unset("OMP_NUM_THREADS", nullptr);
     const Outcome o = run_hp(sh_ranks(2, script));
     EXPECT_EQ(o.exit_code, 0) << o.err;
     EXPECT_TRUE(contains(o.out, "[rank0]: threads=1\n")) << o.out;
@@ -560,7 +566,7 @@ TEST(Launcher, RanksSharingANodeGetOneIntraOpThreadEachAndAreToldOnce) {
     const Outcome one = run_hp({"sh", "-c", script});
     EXPECT_EQ(one.out, "[rank0]: threads=unset\n");
   }
-  ScopedOmpNumThreads set("2");
+  ScopedEnv set("OMP_NUM_THREADS", "2");
   const Outcome o = run_hp(sh_ranks(2, script));
   EXPECT_TRUE(contains(o.out, "[rank1]: threads=2\n")) << o.out;
   EXPECT_EQ(o.err.find("OMP_NUM_THREADS"), std::string::npos) << o.err;
@@ -684,11 +690,10 @@ TEST(Launcher, ACrashWithoutAnErrorFileIsNamedBeforeLaterErrors) {
 TEST(Launcher, ErrorFilesAreCleanedUp) {
   char dir[] = "/tmp/hp_run_tmpdir_XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);
-  const char* before = std::getenv("TMPDIR");
-  const std::string saved = before ? before : "";
-  ::setenv("TMPDIR", dir, 1);  // hp-run inherits this process's environment
-  const Outcome o = run_hp(sh_ranks(2, "echo \"$HP_ERROR_FILE\"; echo oops > \"$HP_ERROR_FILE\"; exit 4"));
-  before ? ::setenv("TMPDIR", saved.c_str(), 1) : ::unsetenv("TMPDIR");
+  const Outcome o = [&] {
+    ScopedEnv tmpdir("TMPDIR", dir);
+    return run_hp(sh_ranks(2, "echo \"$HP_ERROR_FILE\"; echo oops > \"$HP_ERROR_FILE\"; exit 4"));
+  }();
   EXPECT_EQ(o.exit_code, 4) << o.err;
   EXPECT_TRUE(contains(o.out, std::string(dir) + "/hp-run-errors-")) << o.out;
   EXPECT_TRUE(contains(o.err, "hp-run: FAILED: rank ")) << o.err;
@@ -726,7 +731,7 @@ TEST(Launcher, RankIgnoringSigtermIsKilledAfterTimeoutOnFailure) {
 }
 
 TEST(Launcher, AllRanksSucceedingExitsZeroEvenIfTheyFinishAtDifferentTimes) {
-  ScopedOmpNumThreads set("1");  // else hp-run's one line on threads per rank is on stderr
+  ScopedEnv set("OMP_NUM_THREADS", "1");  // else hp-run's one line on threads per rank is on stderr
   const Outcome o = run_hp(sh_ranks(3, "sleep 0.$RANK; echo done"));
   EXPECT_EQ(o.exit_code, 0) << o.err;
   EXPECT_EQ(by_rank(o.out).size(), 3u);
@@ -764,7 +769,12 @@ TEST(Launcher, RanksDieWhenLauncherIsKilled) {
 #ifndef __linux__
   GTEST_SKIP() << "relies on PR_SET_PDEATHSIG";
 #endif
+  // A SIGKILLed hp-run cannot remove its folder of error files: it makes it in this test's.
+  char dir[] = "/tmp/hp_run_tmpdir_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  std::optional<ScopedEnv> tmpdir(std::in_place, "TMPDIR", dir);
   HpRun run(sh_ranks(2, "echo started $$; exec sleep 60"));
+  tmpdir.reset();
   ASSERT_TRUE(run.wait_for_stdout([](const std::string& out) { return lines_of(out).size() >= 2; }, 5.0));
   std::vector<pid_t> ranks;
   for (const auto& entry : by_rank(run.out())) {
@@ -774,11 +784,13 @@ TEST(Launcher, RanksDieWhenLauncherIsKilled) {
   const Outcome o = run.finish(10.0);
   EXPECT_EQ(o.term_signal, SIGKILL);
   for (pid_t pid : ranks) EXPECT_TRUE(wait_until_gone(pid, 3.0)) << "rank pid " << pid;
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
 }
 
 TEST(Launcher, LongOutputIsPrefixedLineByLineAndComplete) {
   // Each line is written in two pieces, and the last has no newline at all.
-  ScopedOmpNumThreads set("1");  // stderr holds the ranks' lines alone
+  ScopedEnv set("OMP_NUM_THREADS", "1");  // stderr holds the ranks' lines alone
   const Outcome o = run_hp(sh_ranks(2,
                                     "i=0; while [ $i -lt 2000 ]; do printf 'r%s-' $RANK; printf '%s\\n' $i; "
                                     "printf 'e%s-%s\\n' $RANK $i >&2; i=$((i+1)); done; printf 'tail-r%s' $RANK"));
