@@ -68,15 +68,12 @@ FusedCrossEntropy settings_of(const at::Tensor& local_logits, int64_t class_dim,
 VocabPiece agreed_piece(const LossCallRecord& call, const Communicator* comm, const at::Device& device,
                         const InputAgreement* checks = nullptr) {
   const std::vector<int64_t> counts = agree_on_call(call, comm, device, checks);
-  const int64_t n = comm ? comm->size() : 1, r = comm ? comm->rank() : 0;
+  const int64_t n = comm ? comm->size() : 1;
   // A dry run knows no counts: this member's own piece is checked (its pieces even when unknown).
   const int64_t total = !counts.empty()        ? check_vocab_pieces(counts, call.vocab_size)
                         : call.vocab_size >= 0 ? call.vocab_size
                                                : call.local_classes * n;
-  const ChunkRange want = chunk_range(total, n, r);
-  if (want.length != call.local_classes)
-    throw LossParallelLayoutError("vocab_parallel: " + piece_mismatch(comm, call.local_classes, total));
-  return {want.offset, want.length, total};
+  return vocab_piece(comm, call.local_classes, total);
 }
 
 }  // namespace

@@ -772,9 +772,8 @@ TEST(Launcher, RanksDieWhenLauncherIsKilled) {
   // A SIGKILLed hp-run cannot remove its folder of error files: it makes it in this test's.
   char dir[] = "/tmp/hp_run_tmpdir_XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);
-  std::optional<ScopedEnv> tmpdir(std::in_place, "TMPDIR", dir);
+  ScopedEnv tmpdir("TMPDIR", dir);
   HpRun run(sh_ranks(2, "echo started $$; exec sleep 60"));
-  tmpdir.reset();
   ASSERT_TRUE(run.wait_for_stdout([](const std::string& out) { return lines_of(out).size() >= 2; }, 5.0));
   std::vector<pid_t> ranks;
   for (const auto& entry : by_rank(run.out())) {
