@@ -183,8 +183,13 @@ def compare_loss_paths(rank, world):
     """TorchTitan's cross_entropy_loss and ours on the logits each SPMD backend hands the loss
     (TorchTitan 0.3.0's trainer at TP 2 stops in FSDP's setup on PyTorch 2.15 under spmd_types
     and full_dtensor, before any loss: "Expected param's DTensor mesh to be the same mesh"):
-    spmd_types (plain local pieces), full_dtensor (logits and labels DTensors), partial_dtensor
-    (a Shard(-1) DTensor); an uneven vocabulary (19 + 18) and ignored labels."""
+    spmd_types (plain local pieces; also under its type checker), full_dtensor (logits and labels
+    DTensors), partial_dtensor (a Shard(-1) DTensor); an uneven vocabulary (19 + 18) and ignored
+    labels."""
+    from contextlib import nullcontext
+
+    import spmd_types as spmd
+    from spmd_types.checker import typecheck as spmd_typecheck
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torchtitan.components.loss import cross_entropy_loss as their_loss
@@ -203,11 +208,16 @@ def compare_loss_paths(rank, world):
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
 
     def loss_and_grad(fn, backend, **kwargs):
-        dist_utils.set_spmd_backend(backend)
+        dist_utils.set_spmd_backend(backend.split()[0])
         local = piece.clone().requires_grad_()
-        if backend == "spmd_types":
-            with set_current_spmd_mesh(mesh):
-                loss = fn(local, labels, **kwargs)
+        if backend.startswith("spmd_types"):
+            typechecked = backend.endswith("typechecking")
+            target = labels.clone()  # typed below, when checked
+            with set_current_spmd_mesh(mesh), spmd_typecheck(local=False) if typechecked else nullcontext():
+                if typechecked:  # the inputs' types, as TorchTitan's trainer annotates them
+                    spmd.assert_type(local, {mesh.get_group("tp"): spmd.S(2)})
+                    spmd.assert_type(target, {mesh.get_group("tp"): spmd.I})
+                loss = fn(local, target, **kwargs)
         else:
             pred = DTensor.from_local(local, mesh, [Shard(2)], shape=logits.shape, stride=logits.stride())
             if backend == "full_dtensor":
@@ -219,7 +229,7 @@ def compare_loss_paths(rank, world):
         return value.detach(), local.grad
 
     try:
-        for backend in ("spmd_types", "full_dtensor", "partial_dtensor"):
+        for backend in ("spmd_types", "spmd_types with debug.spmd_typechecking", "full_dtensor", "partial_dtensor"):
             want, want_grad = loss_and_grad(their_loss, backend, global_vocab_size=vocab)
             got, got_grad = loss_and_grad(our_loss, backend, global_vocab_size=vocab)
             torch.testing.assert_close(got, want, rtol=2e-6, atol=0, msg=backend)

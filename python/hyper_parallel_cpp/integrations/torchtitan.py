@@ -139,6 +139,22 @@ def _define_loss_class() -> type:
             local_logits.flatten(0, 1).float(), labels.flatten(0, 1), group, vocab_size=vocab_size,
             ignore_index=ignore_index, reduction="sum")
 
+    def spmd_local_loss(pred, labels, group, vocab_size):
+        # Under debug.spmd_typechecking, spmd_types sees our op as an unknown op mixing a varying
+        # and an invariant operand; so, as TorchTitan's own loss declares: logits S(-1) and
+        # labels I on the TP axis in, the loss I on it out (other axes pass through).
+        import spmd_types as spmd
+        if not spmd.is_type_checking():
+            return local_loss(pred, labels, group, vocab_size)
+        spmd.assert_type(pred, {group: spmd.S(pred.dim() - 1)})
+        spmd.assert_type(labels, {group: spmd.I})
+        loss_type = dict(spmd.get_local_type(pred))
+        with spmd.no_typecheck():
+            loss = local_loss(pred, labels, group, vocab_size)
+        loss_type[group] = spmd.I
+        spmd.assert_type(loss, loss_type)
+        return loss
+
     def vocab_axis(pred):
         # The one mesh axis that shards the class (last) dim, or None.
         axes = [i for i, p in enumerate(pred.placements) if isinstance(p, Shard) and p.dim % pred.ndim == pred.ndim - 1]
@@ -183,7 +199,7 @@ def _define_loss_class() -> type:
             from torchtitan.distributed.spmd_types import current_spmd_mesh, spmd_mesh_size
             if spmd_mesh_size("tp") > 1:
                 # Plain local pieces; None learns V from the pieces in the call's record.
-                return local_loss(pred, labels, current_spmd_mesh().get_group("tp"), global_vocab_size)
+                return spmd_local_loss(pred, labels, current_spmd_mesh().get_group("tp"), global_vocab_size)
         return titan_loss.cross_entropy_loss(pred, labels, global_vocab_size=global_vocab_size)
 
     class VocabParallelCrossEntropyLoss(titan_loss.CrossEntropyLoss):
