@@ -1,8 +1,9 @@
 """TorchTitan 0.3's own trainer (its llama3 debug model, TP 2, CPU/Gloo) trained a few steps with
 its loss and with ours (hyper_parallel_cpp.integrations.torchtitan.use_vocab_parallel_loss), from
-the same seed and batches: per-step losses and the last step's gradients agree. One launch of 2
-ranks runs both trainers, for each SPMD backend the debug model trains with. The tokenizer and the
-corpus are made here (no hub access); skipped where torchtitan is not installed."""
+the same seed and batches: per-step losses and the last step's gradients agree; both loss functions
+on what each SPMD backend hands the loss; TorchTitan's command line taking a config function that
+uses ours; the refusals. One launch of 2 ranks. The tokenizer and the corpus are made here (no hub
+access); skipped where torchtitan is not installed."""
 
 import importlib.util
 import json
@@ -264,3 +265,22 @@ def test_a_config_without_cross_entropy_is_refused():
 
     with pytest.raises(ValueError, match="holds no CrossEntropyLoss.Config"):
         hp_titan.use_vocab_parallel_loss(Trainer.Config(loss=MSELoss.Config()))
+
+
+def llama3_debugmodel_with_our_loss():
+    """A config function as a user writes one (TorchTitan's CLI: --module <module> --config <function>)."""
+    from hyper_parallel_cpp.integrations import torchtitan as hp_titan
+    from torchtitan.models.llama3.config_registry import llama3_debugmodel
+
+    return hp_titan.use_vocab_parallel_loss(llama3_debugmodel())
+
+
+def test_torchtitans_command_line_takes_a_config_with_our_loss():
+    _run_torchtitan_on_cpu()
+    from torchtitan.config import ConfigManager
+
+    config = ConfigManager().parse_args(["--module", __name__, "--config", "llama3_debugmodel_with_our_loss",
+                                         "--parallelism.tensor_parallel_degree", "2",
+                                         "--loss.loss_fn.global_vocab_size", "2000"])
+    assert type(config.loss.loss_fn).__qualname__ == "VocabParallelCrossEntropyLoss.Config"
+    assert config.loss.loss_fn.global_vocab_size == 2000 and config.parallelism.tensor_parallel_degree == 2
