@@ -3,8 +3,11 @@
 // (ATen's get_cpu_capability() is not exported from libtorch_cpu, so the CPU is asked here.)
 #include "loss/cross_entropy_cpu_kernel.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
+
+#include "compat/intra_op_parallel.h"
 
 namespace hyper_parallel::ce_kernel {
 
@@ -72,6 +75,14 @@ void backward(const BackwardArgs& args) { HP_CE_DISPATCH(backward(args)) }
 double exp_throughput_probe(float* buf, int64_t n, int reps) { HP_CE_DISPATCH(exp_throughput_probe(buf, n, reps)) }
 double read_probe(const float* buf, int64_t n) { HP_CE_DISPATCH(read_probe(buf, n)) }
 void exp_values(const float* x, float* out, int64_t n) { HP_CE_DISPATCH(exp_values(x, out, n)) }
+
+namespace {
+std::atomic<RowTaskObserver> the_row_task_observer{nullptr};
+}  // namespace
+
+void set_row_task_observer(RowTaskObserver observer) { the_row_task_observer.store(observer); }
+RowTaskObserver row_task_observer() { return the_row_task_observer.load(std::memory_order_relaxed); }
+const char* serial_rows_reason() { return compat::intra_op_serial_reason(); }
 
 const char* capability_name() {
   switch (chosen()) {

@@ -75,6 +75,16 @@ void backward(const BackwardArgs& args);
 // Which variant runs here ("DEFAULT", "AVX2", "AVX512", "AVX512_BF16"): benchmarks print it.
 const char* capability_name();
 
+// forward_stats and backward run their rows in tasks on LibTorch's intra-op threads
+// (at::get_num_threads()). For the tests: an observer called at the start of every task, on
+// the thread that runs it, with its rows [r0, r1); null (the default) calls none.
+using RowTaskObserver = void (*)(int64_t r0, int64_t r1);
+void set_row_task_observer(RowTaskObserver observer);
+RowTaskObserver row_task_observer();
+// Why this build's kernels run every row on the calling thread, or null where they use
+// LibTorch's threads (src/compat/intra_op_parallel.h).
+const char* serial_rows_reason();
+
 // The per-capability entry points (cross_entropy_cpu_kernel_impl.h instantiates them).
 #define HP_CE_DECLARE(CAP)                                      \
   namespace CAP {                                               \

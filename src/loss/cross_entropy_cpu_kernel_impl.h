@@ -12,7 +12,6 @@
 #pragma once
 
 #include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
@@ -26,6 +25,7 @@
 #include <limits>
 #include <mutex>
 
+#include "compat/intra_op_parallel.h"
 #include "loss/cross_entropy_cpu_kernel.h"
 #include "loss/logits_dtype_dispatch.h"
 #include "loss/running_logsumexp.h"
@@ -348,9 +348,23 @@ inline acc_t softcapped(acc_t x, acc_t cap) {
   return cap > 0 ? cap * std::tanh(x / cap) : x;
 }
 
-// Rows per at::parallel_for task: about 64 K elements, so tasks amortise their start.
+// Rows per at::parallel_for task: at least 64 K elements, so that a task amortises waking a
+// thread (~10-20 us for OpenMP's sleeping workers, where 64 K elements take ~15-40 us): a call
+// below that, such as 8 x 4000, runs on the calling thread without starting any.
 inline int64_t grain_rows(int64_t cols) {
   return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, cols));
+}
+
+// Rows [0, rows) in tasks on LibTorch's intra-op threads (at::get_num_threads()), each a
+// contiguous range of at least grain_rows(cols) rows; fn(r0, r1) does one. A call made inside
+// another parallel region runs on its thread (ATen's rule: no nested teams).
+// row_task_observer() lets the tests see which threads run which rows.
+template <typename Fn>
+void parallel_rows(int64_t rows, int64_t cols, const Fn& fn) {
+  at::parallel_for(0, rows, grain_rows(cols), [&](int64_t r0, int64_t r1) {
+    if (const RowTaskObserver observe = row_task_observer()) observe(r0, r1);
+    fn(r0, r1);
+  });
 }
 
 constexpr int64_t kBlock = 2048;  // classes per block: 8 KiB of float in L1
@@ -704,16 +718,14 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
 void forward_stats(const ForwardArgs& args) {
   fused_ce::dispatch_logits_dtype(args.dtype, [&](auto tag) {
     using scalar_t = decltype(tag);
-    at::parallel_for(0, args.rows, grain_rows(args.cols),
-                     [&](int64_t r0, int64_t r1) { forward_rows<scalar_t>(args, r0, r1); });
+    parallel_rows(args.rows, args.cols, [&](int64_t r0, int64_t r1) { forward_rows<scalar_t>(args, r0, r1); });
   });
 }
 
 void backward(const BackwardArgs& args) {
   fused_ce::dispatch_logits_dtype(args.dtype, [&](auto tag) {
     using scalar_t = decltype(tag);
-    at::parallel_for(0, args.rows, grain_rows(args.cols),
-                     [&](int64_t r0, int64_t r1) { backward_rows<scalar_t>(args, r0, r1); });
+    parallel_rows(args.rows, args.cols, [&](int64_t r0, int64_t r1) { backward_rows<scalar_t>(args, r0, r1); });
   });
 }
 
