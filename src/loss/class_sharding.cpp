@@ -1,8 +1,9 @@
 #include "loss/class_sharding.h"
 
+#include <ATen/core/Reduction.h>
 #include <c10/util/Exception.h>
 
-#include <sstream>
+#include <algorithm>
 
 #include "core/redistribute.h"
 #include "dtensor/dtensor_impl.h"
@@ -12,11 +13,70 @@
 namespace hyper_parallel {
 
 namespace {
+
 std::string expected_layout(int64_t class_dim) {
-  return "a DTensor sharded along its class dim: placements [Shard(" + std::to_string(class_dim) +
-         ")] on a 1-D tensor-parallel mesh";
+  return "a DTensor sharded along its class dim " + std::to_string(class_dim) + " on exactly one mesh dim (Shard(" +
+         std::to_string(class_dim) + ")), its other mesh dims Replicate or Shard of another dim";
 }
+
+std::string describe(const Layout& layout) { return to_string(layout.placements()) + " on " + layout.mesh().str(); }
+
+// The contract layout nearest to `layout`: the class dim sharded by the last mesh dim that
+// shards it, other shards of other dims kept, Partials reduced, other class shards gathered.
+// Empty when no mesh dim shards the class dim.
+Placements contract_placements(const Layout& layout, int64_t class_dim) {
+  const auto sharding = layout.mesh_dims_sharding(class_dim);
+  if (sharding.empty()) return {};
+  Placements want;
+  for (int64_t i = 0; i < static_cast<int64_t>(layout.placements().size()); ++i) {
+    const Placement& p = layout.placement(i);
+    if (i == sharding.back()) {
+      want.push_back(Placement::shard(class_dim));
+    } else if (p.is_shard() && p.dim() != class_dim) {
+      want.push_back(p);
+    } else {
+      want.push_back(Placement::replicate());
+    }
+  }
+  return want;
+}
+
 }  // namespace
+
+Placements ClassSharding::row_placements() const {
+  Placements out;
+  const Placements& ps = layout.placements();
+  for (int64_t i = 0; i < static_cast<int64_t>(ps.size()); ++i) {
+    if (i == mesh_dim || !ps[i].is_shard()) {
+      out.push_back(Placement::replicate());
+    } else {
+      const int64_t d = ps[i].dim();
+      out.push_back(Placement::shard(d > class_dim ? d - 1 : d));
+    }
+  }
+  return out;
+}
+
+Layout ClassSharding::row_layout() const {
+  std::vector<int64_t> shape = layout.shape();
+  shape.erase(shape.begin() + class_dim);
+  return Layout(layout.mesh(), row_placements(), shape);
+}
+
+std::vector<int64_t> ClassSharding::row_mesh_dims() const {
+  std::vector<int64_t> dims;
+  const Placements& ps = layout.placements();
+  for (int64_t i = 0; i < static_cast<int64_t>(ps.size()); ++i) {
+    if (i != mesh_dim && ps[i].is_shard()) dims.push_back(i);
+  }
+  return dims;
+}
+
+Placements ClassSharding::sum_placements() const {
+  Placements out(layout.mesh().ndim(), Placement::replicate());
+  for (int64_t d : row_mesh_dims()) out[d] = Placement::partial(ReduceOp::Sum);
+  return out;
+}
 
 bool effective_strict(const LossParallelOptions& options) {
   return options.strict.value_or(parallelism_config().loss_parallel_strict_mesh);
@@ -37,24 +97,13 @@ ClassSharding resolve_class_sharding(at::Tensor* t, int64_t class_dim, const std
   }
   const Layout& layout = impl->layout();
   const DeviceMesh& mesh = layout.mesh();
-  const std::string got = to_string(layout.placements()) + " on " + mesh.str();
-  const auto sharding = layout.mesh_dims_sharding(class_dim);
-  for (const auto& p : layout.placements()) {
-    if (p.is_partial()) {
-      throw LossParallelLayoutError(op + " under loss_parallel: expected the input to be " +
-                                    expected_layout(class_dim) + ", got " + got + " (reduce the Partial first)");
-    }
-  }
-  if (sharding.empty()) {
+  const std::string got = describe(layout);
+  const Placements want = contract_placements(layout, class_dim);
+  if (want.empty()) {
     throw LossParallelLayoutError(op + " under loss_parallel: expected the input to be " + expected_layout(class_dim) +
                                   ", got " + got + ": the class dim " + std::to_string(class_dim) + " is not sharded");
   }
-  if (sharding.size() > 1) {
-    throw LossParallelUnsupportedError(op + " under loss_parallel: the class dim is sharded by " +
-                                       std::to_string(sharding.size()) + " mesh dims (" + got +
-                                       "); expected exactly one");
-  }
-  const int64_t m = sharding[0];
+  const int64_t m = layout.mesh_dims_sharding(class_dim).back();
   if (options.mesh) {
     const bool whole = *options.mesh == mesh;
     const bool that_dim = options.mesh->ndim() == 1 && options.mesh->ranks() == mesh.comm(m).global_ranks();
@@ -63,22 +112,17 @@ ClassSharding resolve_class_sharding(at::Tensor* t, int64_t class_dim, const std
                                     "): expected the input on that mesh, got " + got);
     }
   }
-  const bool strict = effective_strict(options);
-  if (mesh.ndim() != 1) {
-    if (strict) {
-      throw LossParallelLayoutError(op + " under loss_parallel (strict): expected " + expected_layout(class_dim) +
-                                    ", got " + got + ". Use the 1-D sub-mesh (mesh[\"tp\"]) or strict = false");
+  if (want != layout.placements()) {
+    if (effective_strict(options)) {
+      throw LossParallelLayoutError(op + " under loss_parallel (strict): expected the input to be " +
+                                    expected_layout(class_dim) + " (PyTorch's loss_parallel contract), got " + got +
+                                    ". Reduce a Partial and gather the other shardings of the class dim first, or "
+                                    "use strict = false");
     }
-    // Non-strict: keep the class shard, gather every other mesh dim.
-    Placements want(mesh.ndim(), Placement::replicate());
-    want[m] = Placement::shard(class_dim);
-    if (want != layout.placements()) {
-      TORCH_WARN_ONCE("loss_parallel (strict = false): gathering the logits' non-class mesh dims (", got, " -> ",
-                      to_string(want), ")");
-      *t = differentiable ? redistribute(*t, want)
-                          : make_dtensor(redistribute_local(impl->local(), layout, layout.with_placements(want)),
-                                         layout.with_placements(want));
-    }
+    TORCH_WARN_ONCE("loss_parallel (strict = false): re-laying out the logits (", got, " -> ", to_string(want), ")");
+    *t = differentiable ? redistribute(*t, want)
+                        : make_dtensor(redistribute_local(impl->local(), layout, layout.with_placements(want)),
+                                       layout.with_placements(want));
   }
   const Layout& final_layout = layout_of(*t);
   ClassSharding cs;
@@ -90,6 +134,70 @@ ClassSharding resolve_class_sharding(at::Tensor* t, int64_t class_dim, const std
   cs.shard.local = final_layout.local_shape()[class_dim];
   cs.shard.total = final_layout.shape()[class_dim];
   return cs;
+}
+
+at::Tensor laid_out_local(const at::Tensor& t, const Placements& want, c10::IntArrayRef global_shape,
+                          const std::string& what, const std::string& op, const ClassSharding& cs, bool strict) {
+  const DeviceMesh& mesh = cs.layout.mesh();
+  const bool all_replicate =
+      std::all_of(want.begin(), want.end(), [](const Placement& p) { return p.is_replicate(); });
+  auto* impl = dtensor_impl(t);
+  if (!impl) {
+    for (int64_t i = 0; i < static_cast<int64_t>(want.size()); ++i) {
+      if (i != cs.mesh_dim && want[i].is_shard()) {
+        throw LossParallelLayoutError(
+            op + " under loss_parallel: expected the " + what + " as a DTensor laid out " + to_string(want) +
+            " on " + mesh.str() +
+            " (loss_parallel requires a DTensor, not a plain tensor, when the logits' other mesh dims shard their "
+            "rows: a plain tensor could be the whole or this rank's piece), got a plain tensor of shape " +
+            c10::str(t.sizes()) + ". Wrap it with make_dtensor or distribute_tensor");
+      }
+    }
+    if (all_replicate) return t;  // the whole value: the caller checks its shape, in ATen's words
+    TORCH_CHECK_VALUE(t.sizes() == global_shape, op, ": expected a ", what, " of shape ", global_shape,
+                      " for logits of shape ", c10::IntArrayRef(cs.layout.shape()), ", got ", t.sizes());
+    return local_piece(t, Layout(mesh, want, global_shape.vec()));  // a local cut along the class dim
+  }
+  const Layout& l = impl->layout();
+  if (l.mesh() != mesh) {
+    throw LossParallelLayoutError(op + " under loss_parallel: expected the " + what + " on the logits' mesh " +
+                                  mesh.str() + " (or a plain tensor), got one on " + l.mesh().str());
+  }
+  if (all_replicate && l.is_replicated()) return impl->local();  // as a plain tensor
+  TORCH_CHECK_VALUE(c10::IntArrayRef(l.shape()) == global_shape, op, ": expected a ", what, " of shape ",
+                    global_shape, " for logits of shape ", c10::IntArrayRef(cs.layout.shape()), ", got ",
+                    c10::IntArrayRef(l.shape()));
+  if (l.placements() == want) return impl->local();
+  const Layout want_layout(mesh, want, global_shape.vec());
+  if (l.is_replicated()) return redistribute_local(impl->local(), l, want_layout);  // a local cut
+  if (strict) {
+    const std::string expected = all_replicate ? " to be replicated (a plain tensor or a DTensor with Replicate() "
+                                                 "on every mesh dim)"
+                                               : " laid out " + to_string(want) + " on " + mesh.str() +
+                                                     " (the rows of the logits " + describe(cs.layout) +
+                                                     "), or replicated";
+    throw LossParallelLayoutError(op + " under loss_parallel (strict): expected the " + what + expected + ", got " +
+                                  describe(l));
+  }
+  TORCH_WARN_ONCE("loss_parallel (strict = false): re-laying out the ", what, " (", to_string(l.placements()), " -> ",
+                  to_string(want), ")");
+  return redistribute_local(impl->local(), l, want_layout);
+}
+
+void check_mean_on_mesh(const ClassSharding& cs, int64_t reduction, const std::string& op, bool strict) {
+  if (reduction != at::Reduction::Mean || cs.layout.mesh().ndim() <= 1 || !strict) return;
+  throw LossParallelUnsupportedError(
+      op + " under loss_parallel (strict): reduction 'mean' is only supported on a one-dimensional mesh "
+           "(PyTorch's loss_parallel contract), got a mesh of " +
+      std::to_string(cs.layout.mesh().ndim()) + " dims (" + describe(cs.layout) +
+      "). Use reduction 'sum' or 'none', or strict = false for the exact global mean (one small all-reduce of its "
+      "denominator over each mesh dim that shards the rows)");
+}
+
+at::Tensor global_mean_denominator(const at::Tensor& local_denominator, const ClassSharding& cs) {
+  at::Tensor total = local_denominator.clone();
+  for (int64_t d : cs.row_mesh_dims()) cs.layout.mesh().comm(d).all_reduce_(total, ReduceOp::Sum);
+  return total;
 }
 
 at::Tensor replicated_value(const at::Tensor& t, const std::string& what, const std::string& op) {

@@ -1,9 +1,17 @@
 // Which mesh dim shards the class dim of a tensor, validated against the loss_parallel
 // contract (internal). Every loss_parallel kernel starts here, so every layout error
 // is raised in one place with one wording.
+//
+// The contract (PyTorch 2.15's loss_parallel): exactly one mesh dim shards the class dim
+// (Shard(class_dim), the tensor-parallel dim, anywhere in the mesh); every other mesh dim
+// is Replicate or a Shard of another tensor dim (batch, sequence). Tensors over the
+// logits' rows (the target, a per-row loss) take the "row placements": the logits' with the
+// class shard made Replicate and a Shard of a later dim moved down one.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include <vector>
 
 #include "hyper_parallel/layout.h"
 #include "hyper_parallel/loss_parallel.h"
@@ -24,6 +32,15 @@ struct ClassSharding {
   int64_t class_dim = 1;  // tensor dim holding the classes
   int64_t mesh_dim = 0;   // mesh dim sharding it
   ClassShard shard;       // this rank's slice of that dim
+
+  // The placements of a tensor over the logits' rows (the target, a per-row loss).
+  Placements row_placements() const;
+  // That tensor's layout: the logits' mesh, row placements, shape without the class dim.
+  Layout row_layout() const;
+  // The mesh dims other than the class dim's that shard the rows.
+  std::vector<int64_t> row_mesh_dims() const;
+  // A sum over the local rows: Partial(sum) on row_mesh_dims, Replicate elsewhere.
+  Placements sum_placements() const;
 };
 
 // Tensor dim holding the classes for cross_entropy / nll_loss inputs: 1, or 0 for 1-D.
@@ -33,12 +50,31 @@ inline int64_t class_dim_of(int64_t ndim) { return ndim == 1 ? 0 : 1; }
 bool is_class_sharded(const at::Tensor& t, int64_t class_dim);
 
 // Validates `t` (named `what` in messages, for op `op`) under the options in force and
-// returns its sharding. With strict = false, other sharded mesh dims are gathered (a
-// warning) and *t is replaced by the re-laid-out tensor — differentiably when called
-// above autograd (`differentiable`), on the raw pieces below it. Throws
-// LossParallelLayoutError or LossParallelUnsupportedError.
+// returns its sharding. A layout outside the contract (a Partial, the class dim sharded by
+// two mesh dims) is LossParallelLayoutError under strict; with strict = false *t is
+// re-laid out to the nearest contract layout (a warning): the class shard kept on the last
+// mesh dim that shards it, Partials reduced, the rest gathered — differentiably when called
+// above autograd (`differentiable`), on the raw pieces below it.
 ClassSharding resolve_class_sharding(at::Tensor* t, int64_t class_dim, const std::string& op,
                                      const LossParallelOptions& options, bool differentiable);
+
+// This rank's piece of `t` (the `what` of op `op`), which must be laid out as `want` on the
+// logits' mesh: the target (want = row placements), probability targets (the logits').
+// `global_shape` is what its global shape must be. A plain tensor is taken only where the
+// row placements shard nothing (it could be the whole or a piece); a Replicate DTensor is
+// cut to the piece locally (no communication); another layout is LossParallelLayoutError
+// under strict, redistributed with a warning without. Probability targets given as a plain
+// tensor are cut along the class dim too.
+at::Tensor laid_out_local(const at::Tensor& t, const Placements& want, c10::IntArrayRef global_shape,
+                          const std::string& what, const std::string& op, const ClassSharding& cs, bool strict);
+
+// reduction 'mean' under strict on a mesh of more than one dim: LossParallelUnsupportedError
+// (PyTorch's contract: its loss_parallel supports 'mean' on a one-dimensional mesh only).
+void check_mean_on_mesh(const ClassSharding& cs, int64_t reduction, const std::string& op, bool strict);
+
+// The global mean's denominator: this rank's (the weight or count of its counted rows)
+// summed over the mesh dims that shard the rows, one small all-reduce per such dim.
+at::Tensor global_mean_denominator(const at::Tensor& local_denominator, const ClassSharding& cs);
 
 // A target or weight must be a plain tensor or a Replicate DTensor; returns its value.
 at::Tensor replicated_value(const at::Tensor& t, const std::string& what, const std::string& op);

@@ -33,6 +33,9 @@ struct CrossEntropyParallelBackward : Node {
   FusedCrossEntropy ce;
   ClassSharding sharding;
   std::vector<int64_t> local_shape;  // of the local logits
+  // The global mean on a mesh whose other dims shard the rows (strict = false): the kernel
+  // summed, the loss was divided by the global denominator; its inverse scales the gradient.
+  at::Tensor mean_scale;
   // The logits whose rows `ce` keeps, saved so that an in-place change between forward and
   // backward raises LibTorch's usual error instead of giving the gradient of other logits.
   torch::autograd::SavedVariable saved_logits;
@@ -47,7 +50,11 @@ struct CrossEntropyParallelBackward : Node {
                 "tensors after they have already been freed). Specify retain_graph=True if you need to backward "
                 "a second time.");
     if (!grads[0].defined()) return {at::Tensor()};
-    const at::Tensor g = full_value(grads[0]);
+    // A per-row loss's gradient is laid out as its rows (this rank's piece, no collective); a
+    // reduced loss's is its value (Replicate, as PyTorch's gradient of a Partial(sum) is).
+    at::Tensor g = ce.definition.reduction == at::Reduction::None ? local_piece(grads[0], sharding.row_layout())
+                                                                  : full_value(grads[0]);
+    if (mean_scale.defined()) g = g * mean_scale;
     const ClassShard& shard = sharding.shard;
     at::Tensor rows =
         ce.gradient_in_forward ? gradient_written_in_forward(g, shard) : fused_cross_entropy_backward(ce, g, shard);
@@ -95,32 +102,15 @@ struct CrossEntropyParallelBackward : Node {
   void release_variables() override {
     saved_logits.reset_data();
     ce = FusedCrossEntropy{};
+    mean_scale = at::Tensor();
     grad_applied = at::Tensor();
   }
 };
 
-// Probability targets: this rank's class slice, as rows.
-at::Tensor soft_target_rows(const at::Tensor& target, const ClassSharding& cs, const std::string& op) {
-  at::Tensor local;
-  if (auto* impl = dtensor_impl(target)) {
-    const Layout& l = impl->layout();
-    if (l.placements() == cs.layout.placements()) {
-      local = impl->local();
-    } else if (l.is_replicated()) {
-      local = impl->local().narrow(cs.class_dim, cs.shard.offset, cs.shard.local);
-    } else {
-      throw LossParallelLayoutError(op +
-                                    " under loss_parallel: expected probability targets "
-                                    "replicated or laid out like the logits (" +
-                                    to_string(cs.layout.placements()) + "), got " + to_string(l.placements()));
-    }
-  } else {
-    TORCH_CHECK(target.sizes() == c10::IntArrayRef(cs.layout.shape()), op,
-                ": probability targets must have the logits' shape ", c10::IntArrayRef(cs.layout.shape()), ", got ",
-                target.sizes());
-    local = target.narrow(cs.class_dim, cs.shard.offset, cs.shard.local);
-  }
-  return to_rows(local, cs.class_dim);
+// Probability targets, laid out as the logits (or replicated: cut here): this rank's piece, as rows.
+at::Tensor soft_target_rows(const at::Tensor& target, const ClassSharding& cs, const std::string& op, bool strict) {
+  return to_rows(laid_out_local(target, cs.layout.placements(), cs.layout.shape(), "probability target", op, cs, strict),
+                 cs.class_dim);
 }
 
 // A replicated target or weight must live on the logits' mesh (or be a plain tensor).
@@ -155,9 +145,22 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   FusedCrossEntropy ce;
   ce.x_rows = to_rows(local_logits, class_dim);
   const LossParallelOptions options = current_loss_parallel_options();
+  const bool strict = effective_strict(options);
+  check_mean_on_mesh(cs, reduction, op, strict);
+  // 'mean' over rows that other mesh dims shard: the kernel sums, the sum is divided by the
+  // global denominator below (one small all-reduce per such mesh dim).
+  const bool global_mean = reduction == at::Reduction::Mean && !cs.row_mesh_dims().empty();
+  if (global_mean && options.z_loss_weight != 0) {
+    throw LossParallelUnsupportedError(
+        op + " under loss_parallel(z_loss_weight = " + std::to_string(options.z_loss_weight) +
+        "): reduction 'mean' on a mesh whose other dims shard the rows (" + to_string(cs.layout.placements()) +
+        " on " + cs.layout.mesh().str() +
+        ") is not supported: the z-loss divides by another count than the cross-entropy. Use reduction 'sum' or "
+        "'none'");
+  }
   // The call gives three fields of the definition, the guard the other two.
   ce.definition = CrossEntropyDefinition{.ignore_index = ignore_index,
-                                         .reduction = reduction,
+                                         .reduction = global_mean ? at::Reduction::Sum : reduction,
                                          .label_smoothing = label_smoothing,
                                          .z_loss_weight = options.z_loss_weight,
                                          .logit_softcap = options.logit_softcap};
@@ -182,7 +185,10 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   call.gradient_in_forward = options.gradient_in_forward;
   if (weight && weight->defined()) call.class_weight = dtensor_impl(*weight) ? local_of(*weight) : *weight;
   PendingCallAgreement call_agreement(call, cs.shard.comm, local_logits.device());
-  std::vector<int64_t> loss_shape;
+  // The rows' shape: the logits' without the class dim, global and this rank's.
+  const Layout row_layout = cs.row_layout();
+  const std::vector<int64_t>& rows_shape = row_layout.shape();
+  std::vector<int64_t> loss_shape = row_layout.local_shape();
   ce.soft = target.is_floating_point();
   const InputAgreement agreement(op, target, [&] {
     // PyTorch's cross_entropy raises RuntimeError for a bad option: so does this route.
@@ -200,21 +206,18 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
     }
     if (ce.soft) {
       check_probability_target_ignore_index(ignore_index, op);
-      ce.target = soft_target_rows(target, cs, op);
-      loss_shape = cs.layout.shape();
-      loss_shape.erase(loss_shape.begin() + class_dim);
+      ce.target = soft_target_rows(target, cs, op, strict);
     } else {
-      at::Tensor t = replicated_value(target, "target", op);
+      at::Tensor t = laid_out_local(target, cs.row_placements(), rows_shape, "target", op, cs, strict);
       // As PyTorch's nll_loss: class indices are int64 (or uint8).
       TORCH_CHECK(t.scalar_type() == at::kLong || t.scalar_type() == at::kByte, op,
                   ": expected target dtype to be Long or Byte, but got ", t.scalar_type());
-      std::vector<int64_t> expect = cs.layout.shape();
-      expect.erase(expect.begin() + class_dim);
-      TORCH_CHECK(t.sizes() == c10::IntArrayRef(expect), op, ": expected a target of shape ", c10::IntArrayRef(expect),
-                  " for logits of shape ", c10::IntArrayRef(cs.layout.shape()), ", got ", t.sizes());
+      // This rank's rows (the whole target where no other mesh dim shards them).
+      TORCH_CHECK(t.sizes() == c10::IntArrayRef(loss_shape), op, ": expected a target of shape ",
+                  c10::IntArrayRef(rows_shape), " for logits of shape ", c10::IntArrayRef(cs.layout.shape()), ", got ",
+                  t.sizes());
       check_targets(t, cs.shard.total, ignore_index);
       ce.target = t.reshape({-1}).to(at::kLong);
-      loss_shape = expect;
     }
   });
   if (agreement.refused()) {
@@ -226,14 +229,19 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
     ce.gradient_in_forward = false;
   }
   const ClassShard& shard = cs.shard;
-  at::Tensor loss = fused_cross_entropy_forward(ce, shard, &agreement, &call_agreement).to(local_logits.scalar_type());
-  if (reduction == at::Reduction::None) {
-    loss = loss.reshape(loss_shape);
-  } else {
-    loss_shape.clear();
+  at::Tensor loss = fused_cross_entropy_forward(ce, shard, &agreement, &call_agreement);
+  at::Tensor mean_scale;
+  if (global_mean) {
+    const at::Tensor total = global_mean_denominator(ce.ce_denominator, cs);
+    loss = loss / total;
+    mean_scale = total.reciprocal();
   }
-  const DeviceMesh& mesh = cs.layout.mesh();
-  at::Tensor out = make_dtensor(loss, Layout(mesh, Placements(mesh.ndim(), Placement::replicate()), loss_shape));
+  loss = loss.to(local_logits.scalar_type());
+  // As PyTorch 2.15 lays the loss out: per row as the target; reduced, Partial(sum) over the
+  // mesh dims that shard the rows (each rank reduced its own), Replicate elsewhere.
+  at::Tensor out = reduction == at::Reduction::None
+                       ? make_dtensor(loss.reshape(loss_shape), row_layout)
+                       : make_dtensor(loss, Layout(cs.layout.mesh(), cs.sum_placements(), {}));
   if (ce.gradient_in_forward) {
     // The logits now hold the gradient: any other saved user of them must raise.
     torch::autograd::impl::bump_version(local_logits);
@@ -244,6 +252,7 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
     auto* node = static_cast<CrossEntropyParallelBackward*>(owner.get());
     node->ce = std::move(ce);
     node->sharding = cs;
+    node->mean_scale = mean_scale;
     node->local_shape = local_logits.sizes().vec();
     if (node->ce.gradient_in_forward) node->grad_version = node->ce.grad_rows._version();
     if (!node->ce.gradient_in_forward) node->saved_logits = torch::autograd::SavedVariable(logits, /*is_output=*/false);

@@ -77,6 +77,17 @@ LossCallRecord routed_call(const std::string& op, const at::Tensor& local, int64
   return call;
 }
 
+// What nll_loss's 'mean' divides this rank's rows by (as ATen's total weight): the class
+// weights of the counted targets, or their count without weights; in compute type `ct`.
+at::Tensor nll_mean_denominator(const at::Tensor& target, const c10::optional<at::Tensor>& weight,
+                                int64_t ignore_index, at::ScalarType ct) {
+  const at::Tensor t = target.reshape({-1}).to(at::kLong);
+  const at::Tensor counted = t.ne(ignore_index);
+  if (!weight) return counted.sum().to(ct);
+  const at::Tensor w = weight->to(ct).index_select(0, at::where(counted, t, at::zeros_like(t)));
+  return at::where(counted, w, at::zeros_like(w)).sum();
+}
+
 c10::optional<at::Tensor> optional_tensor(const c10::IValue& v) {
   if (v.isNone()) return c10::nullopt;
   const at::Tensor& t = v.toTensor();
@@ -131,6 +142,12 @@ bool nll_forward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
                                             /*differentiable=*/false);
   const int64_t reduction = args[3].toInt();
   const int64_t ignore_index = args[4].toInt();
+  const bool strict = effective_strict(current_loss_parallel_options());
+  check_mean_on_mesh(cs, reduction, op, strict);
+  // 'mean' over rows other mesh dims shard (strict = false): the kernel sums, the sum is
+  // divided by the global total weight (one small all-reduce per such mesh dim).
+  const bool global_mean = reduction == at::Reduction::Mean && !cs.row_mesh_dims().empty();
+  const Layout row_layout = cs.row_layout();
   const at::Tensor& local = local_of(self);
   at::Tensor target;
   c10::optional<at::Tensor> weight = optional_tensor(args[2]);
@@ -140,19 +157,36 @@ bool nll_forward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   // The checks settle in the call's record (one all-gather more): a refusal on one rank is
   // the same error on every rank, and every rank stays in step.
   const InputAgreement agreement(op, args[1].toTensor(), [&] {
-    target = replicated_value(args[1].toTensor(), "target", op);
+    target = laid_out_local(args[1].toTensor(), row_layout.placements(), row_layout.shape(), "target", op, cs, strict);
     if (weight) weight = replicated_value(*weight, "class weight", op);
-    check_nll_inputs(cs.layout.shape(), local.scalar_type(), class_dim, target, weight, cs.shard.total, reduction,
+    // This rank's rows: the local log-probs' shape (the global one where no other mesh dim shards them).
+    check_nll_inputs(local.sizes(), local.scalar_type(), class_dim, target, weight, cs.shard.total, reduction,
                      ignore_index, op);
   });
   if (weight && !agreement.refused()) call.class_weight = *weight;
   agree_on_call(call, cs.shard.comm, local.device(), &agreement);
-  auto result = distributed_nll_forward(to_rows(local, class_dim), target.reshape({-1}), weight, reduction,
-                                        ignore_index, cs.shard);
-  at::Tensor out = reduction == at::Reduction::None ? result.first.reshape(target.sizes()) : result.first;
+  auto result = distributed_nll_forward(to_rows(local, class_dim), target.reshape({-1}), weight,
+                                        global_mean ? at::Reduction::Sum : reduction, ignore_index, cs.shard);
+  const DeviceMesh& mesh = cs.layout.mesh();
+  at::Tensor out, total_weight;
+  if (reduction == at::Reduction::None) {
+    out = make_dtensor(result.first.reshape(target.sizes()), row_layout);
+    total_weight = replicated_dtensor(result.second, mesh);
+  } else if (global_mean) {
+    // The total weight handed to backward is the global one: its mean gradient divides by it.
+    const at::ScalarType ct = compute_type(local.scalar_type());
+    const at::Tensor total = global_mean_denominator(nll_mean_denominator(target, weight, ignore_index, ct), cs);
+    out = make_dtensor((result.first.to(ct) / total).to(local.scalar_type()),
+                       Layout(mesh, cs.sum_placements(), {}));
+    total_weight = replicated_dtensor(total.to(local.scalar_type()), mesh);
+  } else {
+    // As PyTorch 2.15: each rank reduced its rows, Partial(sum) over the mesh dims sharding them.
+    out = make_dtensor(result.first, Layout(mesh, cs.sum_placements(), {}));
+    total_weight = make_dtensor(result.second, Layout(mesh, cs.sum_placements(), {}));
+  }
   torch::jit::drop(*stack, 5);
-  stack->push_back(replicated_dtensor(out, cs.layout.mesh()));
-  stack->push_back(replicated_dtensor(result.second, cs.layout.mesh()));
+  stack->push_back(out);
+  stack->push_back(total_weight);
   return true;
 }
 
@@ -165,14 +199,23 @@ bool nll_backward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   if (!is_class_sharded(self, class_dim)) return false;
   const std::string op = "nll_loss backward";
   ClassSharding cs = sharding_for_backward(self, class_dim, op);
-  at::Tensor grad = full_value(args[0].toTensor());
-  at::Tensor target = replicated_value(args[2].toTensor(), "target", op);
+  const int64_t reduction = args[4].toInt();
+  const Layout row_layout = cs.row_layout();
+  // A per-row loss's gradient is laid out as its rows (this rank's piece); a reduced loss's is
+  // its value (Replicate, as PyTorch's gradient of a Partial(sum)).
+  at::Tensor grad = reduction == at::Reduction::None ? local_piece(args[0].toTensor(), row_layout)
+                                                     : full_value(args[0].toTensor());
+  at::Tensor target = laid_out_local(args[2].toTensor(), row_layout.placements(), row_layout.shape(), "target", op, cs,
+                                     /*strict=*/false);
   c10::optional<at::Tensor> weight = optional_tensor(args[3]);
   if (weight) weight = replicated_value(*weight, "class weight", op);
   const at::Tensor& local = local_of(self);
   const int64_t rows = to_rows(local, class_dim).size(0);
-  at::Tensor g = nll_backward_rows(grad, rows, target.reshape({-1}), weight, args[4].toInt(), args[5].toInt(),
-                                   full_value(args[6].toTensor()), local.scalar_type(), cs.shard);
+  // The total weight only 'mean' reads: the forward's, replicated (the global one for the
+  // global mean), so this rank's copy, without a collective.
+  const at::Tensor& tw = args[6].toTensor();
+  at::Tensor g = nll_backward_rows(grad, rows, target.reshape({-1}), weight, reduction, args[5].toInt(),
+                                   dtensor_impl(tw) ? local_of(tw) : tw, local.scalar_type(), cs.shard);
   torch::jit::drop(*stack, 7);
   stack->push_back(make_dtensor(from_rows(g, local.sizes(), class_dim), cs.layout));
   return true;

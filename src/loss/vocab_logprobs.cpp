@@ -43,15 +43,18 @@ struct LogprobsParallelBackward : Node {
   LogprobsOptions options;
   at::Tensor target;
   const Communicator* comm = nullptr;
-  c10::optional<Layout> layout;  // of the logits, when a DTensor
+  c10::optional<Layout> layout;      // of the logits, when a DTensor
+  c10::optional<Layout> row_layout;  // of the outputs, when a DTensor (the logits' rows)
   int64_t class_dim = -1;
   bool entropy_output = false;
   torch::autograd::SavedVariable saved_logits;
 
   variable_list apply(variable_list&& grads) override {
     const at::Tensor logits = saved_logits.unpack();
-    const at::Tensor g_lp = grads[0].defined() ? full_value(grads[0]) : at::Tensor();
-    const at::Tensor g_h = entropy_output && grads[1].defined() ? full_value(grads[1]) : at::Tensor();
+    // The outputs are laid out as the logits' rows: their gradients' pieces, no collective.
+    auto piece = [&](const at::Tensor& g) { return row_layout ? local_piece(g, *row_layout) : full_value(g); };
+    const at::Tensor g_lp = grads[0].defined() ? piece(grads[0]) : at::Tensor();
+    const at::Tensor g_h = entropy_output && grads[1].defined() ? piece(grads[1]) : at::Tensor();
     if (!g_lp.defined() && !g_h.defined()) return {at::Tensor()};
     const at::Tensor local = layout ? local_of(logits) : logits;
     const at::Tensor grad =
@@ -76,9 +79,10 @@ Logprobs vocab_parallel_logprobs_forward(const at::Tensor& local_logits, int64_t
   // The call's record first: its all-gather also gives the members' class counts. A given
   // vocabulary places this member's classes without them: the record then travels while the
   // statistics are computed, settled before their all-gather.
-  const LossCallRecord call =
-      logprobs_call(op, rows_over_class_dim(local_logits, class_dim), local_logits.scalar_type(),
-                    local_logits.size(class_dim), vocab_size, options);
+  LossCallRecord call = logprobs_call(op, rows_over_class_dim(local_logits, class_dim), local_logits.scalar_type(),
+                                      local_logits.size(class_dim), vocab_size, options);
+  record_logits(call, local_logits, class_dim);
+  record_target(call, target, class_dim);
   PendingCallAgreement call_agreement(call, comm, local_logits.device());
   VocabPiece piece;
   if (vocab_size < 0) piece = call_agreement.settle_learnt_vocabulary();
@@ -93,7 +97,7 @@ Logprobs vocab_parallel_logprobs_forward(const at::Tensor& local_logits, int64_t
   // Every check inside the agreement: a refusal on one member is the same error on all.
   const InputAgreement agreement(op, target, [&] {
     if (vocab_size >= 0) piece = vocab_piece(comm, call.local_classes, vocab_size);
-    check_logprobs_options(options, op);
+    check_logprobs_options(options, op, local_logits.scalar_type());
     TORCH_CHECK_VALUE(local_logits.is_floating_point(), op, ": expected floating-point logits, got ",
                       local_logits.scalar_type());
     check_on_logits_device(local_logits.device(), target.device(), "target", op);
@@ -138,7 +142,7 @@ at::Tensor vocab_parallel_logprobs_backward(const at::Tensor& grad_logprobs, con
   fused_cross_entropy_prepare(ce, rows, shard, local_logits.options().dtype(compute_type(local_logits.scalar_type())));
   ce.row_max = saved.row_max;
   ce.log_sum = saved.log_sum;
-  const FusedCrossEntropyCoefficients co = fused_logprobs_coefficients(ce, saved.entropy, grad_logprobs, grad_entropy);
+  const FusedCrossEntropyCoefficients co = fused_logprobs_coefficients(ce, saved.mean_difference, grad_logprobs, grad_entropy);
   at::Tensor out = at::empty({rows, shard.local}, ce.x_rows.options());
   fused_cross_entropy_block_gradient(ce, co, ce.x_rows, out, 0, 0, shard);
   return from_rows(out, local_logits.sizes(), class_dim);
@@ -157,11 +161,19 @@ Logprobs vocab_parallel_logprobs(const at::Tensor& logits_in, const at::Tensor& 
   }
   const Communicator* comm = cs ? cs->shard.comm : nullptr;
   const at::Tensor local = cs ? local_of(logits) : logits;
-  const at::Tensor local_target = replicated_value(target, "target", kLogprobsOp);
+  // Laid out as the logits' rows (loss_parallel's layout rules): this rank's piece.
+  const at::Tensor local_target =
+      cs ? laid_out_local(target, cs->row_placements(), cs->row_layout().shape(), "target", kLogprobsOp, *cs,
+                          effective_strict(current_loss_parallel_options()))
+         : replicated_value(target, "target", kLogprobsOp);
   LogprobsSaved saved;
   Logprobs out = vocab_parallel_logprobs_forward(local, class_dim, local_target, comm,
                                                  cs ? cs->shard.total : local.size(class_dim), options, &saved);
-  if (cs) out = replicated_on(cs->layout.mesh(), std::move(out));
+  if (cs) {
+    const Layout rows = cs->row_layout();
+    out.logprobs = make_dtensor(out.logprobs, rows);
+    if (out.entropy.defined()) out.entropy = make_dtensor(out.entropy, rows);
+  }
   if (torch::autograd::GradMode::is_enabled() && logits.requires_grad()) {
     compat::NodePtr owner = compat::make_node<LogprobsParallelBackward>();
     auto* node = static_cast<LogprobsParallelBackward*>(owner.get());
@@ -170,6 +182,7 @@ Logprobs vocab_parallel_logprobs(const at::Tensor& logits_in, const at::Tensor& 
     node->target = local_target;
     node->comm = comm;
     if (cs) node->layout = cs->layout;
+    if (cs) node->row_layout = cs->row_layout();
     node->class_dim = class_dim;
     node->entropy_output = out.entropy.defined();
     node->saved_logits = torch::autograd::SavedVariable(logits, /*is_output=*/false);

@@ -210,15 +210,18 @@ TEST(LossParallelErrors, LayoutErrorsNameTheExpectedLayout) {
     at::Tensor full = random_tensor({4, 6}, 8);
     at::Tensor t = torch::tensor({0, 1, 2, 3});
     auto guard = loss_parallel();
-    // Strict: a 2-D mesh is refused.
+    // Strict: a 2-D mesh outside PyTorch's contract (Partial on the non-class dim) is refused,
+    // naming the layout expected and the one found.
+    const at::Tensor piece = to_local(distribute_tensor(full, mesh2d, {Replicate(), Shard(1)}));
     std::string msg = error_of<LossParallelLayoutError>([&] {
-      F::cross_entropy(distribute_tensor(full, mesh2d, {Replicate(), Shard(1)}), t);
+      F::cross_entropy(DTensor::from_local(piece, mesh2d, {Partial(), Shard(1)}), t,
+                       F::CrossEntropyFuncOptions().reduction(torch::kSum));
     });
-    EXPECT_NE(msg.find("1-D"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("[Replicate(), Shard(1)]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("exactly one mesh dim"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[Partial(sum), Shard(1)]"), std::string::npos) << msg;
     // The class dim must be the sharded one.
     msg = error_of<LossParallelLayoutError>([&] { F::cross_entropy(distribute_tensor(full, tp, {Shard(0)}), t); });
-    EXPECT_NE(msg.find("[Shard(1)]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("exactly one mesh dim (Shard(1))"), std::string::npos) << msg;
     EXPECT_NE(msg.find("got [Shard(0)]"), std::string::npos) << msg;
     // Targets and weights must be replicated.
     at::Tensor x = distribute_tensor(full, tp, {Shard(1)});
@@ -331,9 +334,10 @@ TEST(LossParallelContext, ConfigIsTheRootAndGuardOptionsOverrideStrictness) {
     at::Tensor full = random_tensor({4, 6}, 12);
     at::Tensor t = torch::tensor({0, 1, 5, 3});
     at::Tensor ref = F::cross_entropy(full, t);
-    at::Tensor x = distribute_tensor(full, mesh, {Shard(0), Shard(1)}).set_requires_grad(true);
+    // The class dim sharded by both mesh dims: outside the contract.
+    at::Tensor x = distribute_tensor(full, mesh, {Shard(1), Shard(1)}).set_requires_grad(true);
     {
-      auto g = loss_parallel();  // strict from the config: false -> dim 0 gathered
+      auto g = loss_parallel();  // strict from the config: false -> re-laid out to [Replicate(), Shard(1)]
       at::Tensor loss = F::cross_entropy(x, t);
       EXPECT_TRUE(close(full_tensor(loss), ref));
       loss.backward();
