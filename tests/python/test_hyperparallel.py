@@ -347,3 +347,182 @@ def test_install_refuses_a_hyperparallel_with_its_own_loss_parallel():
             print("refused:", e)
     """, os.environ["PYTHONPATH"])
     assert "refused:" in r.stdout and "ships its own loss_parallel" in r.stdout, r.stdout + r.stderr
+
+
+def target_on_another_mesh(rank, world):
+    # dp 2 x tp 2: logits [Replicate(), Shard(1)] on the 2-D mesh; DTensor targets, weights and
+    # probability targets Replicate on mesh["dp"] (values that differ along tp), which promises
+    # nothing along the class axis: the named error on every rank, as on the PyTorch route.
+    hpar, hp, Shard, Replicate = _hp()
+    from hyper_parallel_cpp import LossParallelLayoutError
+    mesh = hpar.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp_mesh = mesh["dp"]
+    tp = rank % 2
+    gen = torch.Generator().manual_seed(11)
+    full = torch.randn(8, VOCAB, dtype=torch.float64, generator=gen)
+    targets = [torch.randint(0, VOCAB, (8,), generator=gen) for _ in range(2)]  # one per tp coordinate
+    weights = [torch.rand(VOCAB, dtype=torch.float64, generator=gen) + 0.5 for _ in range(2)]
+    probs = [torch.softmax(torch.randn(8, VOCAB, dtype=torch.float64, generator=gen), 1) for _ in range(2)]
+
+    def logits():
+        return hpar.DTensor.from_local(torch.chunk(full, 2, 1)[tp].clone(), mesh, [Replicate(), Shard(1)])
+
+    def on_dp(value):
+        return hpar.DTensor.from_local(value.clone(), dp_mesh, [Replicate()])
+
+    bad = [
+        ("index target", "target", lambda: F.cross_entropy(logits(), on_dp(targets[tp]))),
+        ("class weight", "class weight", lambda: F.cross_entropy(logits(), targets[0], weight=on_dp(weights[tp]))),
+        ("probability target", "probability target", lambda: F.cross_entropy(logits(), on_dp(probs[tp]))),
+        ("nll_loss target", "target", lambda: F.nll_loss(logits(), on_dp(targets[tp]))),
+        ("nll_loss weight", "class weight", lambda: F.nll_loss(logits(), targets[0], weight=on_dp(weights[tp]))),
+    ]
+    for what, named, call in bad:
+        with hp.loss_parallel(strict=False):
+            with pytest.raises(LossParallelLayoutError, match=f"expected the {named} on the logits' mesh"):
+                call()
+        # The ranks stayed in step: a good call follows, exact.
+        with hp.loss_parallel(strict=False):
+            got = F.cross_entropy(logits(), targets[0], weight=weights[0]).to_local()
+        assert_close(got, F.cross_entropy(full, targets[0], weight=weights[0]), TOL, f"the call after {what}")
+    # The same values on the logits' own mesh are accepted (Replicate on every axis).
+    with hp.loss_parallel(strict=False):
+        got = F.cross_entropy(logits(), hpar.DTensor.from_local(targets[0].clone(), mesh, [Replicate(), Replicate()]))
+    assert_close(got.to_local(), F.cross_entropy(full, targets[0]), TOL, "a Replicate target on the logits' mesh")
+
+
+def test_a_target_on_another_mesh_is_refused_on_every_rank():
+    run_ranks(4, target_on_another_mesh, timeout=180)
+
+
+def permuted_rank_list(rank, world):
+    # rank_list (2, 1, 0): rank 1 sits at its own place in the group (ranks increase), ranks 0
+    # and 2 do not. Every rank must refuse, from the rank list alone, before any collective.
+    hpar, hp, Shard, Replicate = _hp()
+    from hyper_parallel_cpp import LossParallelLayoutError
+    order = (2, 1, 0)
+    mesh = hpar.init_device_mesh("cpu", (3,), mesh_dim_names=("tp",), rank_list=order)
+    gen = torch.Generator().manual_seed(13)
+    full = torch.randn(6, VOCAB, dtype=torch.float64, generator=gen)
+    target = torch.randint(0, VOCAB, (6,), generator=gen)
+
+    def logits(on):
+        return hpar.DTensor.from_local(_piece(full, list(on.rank_list).index(rank), world, 1), on, [Shard(1)])
+
+    for what, call in [("cross_entropy", lambda: F.cross_entropy(logits(mesh), target)),
+                       ("nll_loss", lambda: F.nll_loss(logits(mesh), target)),
+                       ("log_softmax", lambda: F.log_softmax(logits(mesh), dim=1))]:
+        with hp.loss_parallel():
+            with pytest.raises(LossParallelLayoutError, match=r"orders its ranks \[2, 1, 0\]"):
+                call()
+    # The ranks stayed in step: the same call on an ordered mesh is exact.
+    ordered = _tp_mesh(hpar, world)
+    with hp.loss_parallel():
+        assert_close(F.cross_entropy(logits(ordered), target).to_local(), F.cross_entropy(full, target), TOL,
+                     "the call after the permuted mesh")
+
+
+def test_a_permuted_rank_list_is_refused_on_every_rank():
+    run_ranks(3, permuted_rank_list, timeout=120, fresh=True)
+
+
+def permuted_two_dim_mesh(rank, world):
+    # dp 2 x tp 2 with rank_list (0, 1, 3, 2): the tp line (0, 1) is in order, (3, 2) is not.
+    # Logits on the whole mesh: every rank reads every line from the rank list and refuses.
+    hpar, hp, Shard, Replicate = _hp()
+    from hyper_parallel_cpp import LossParallelLayoutError
+    mesh = hpar.init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"), rank_list=(0, 1, 3, 2))
+    gen = torch.Generator().manual_seed(17)
+    full = torch.randn(6, VOCAB, dtype=torch.float64, generator=gen)
+    target = torch.randint(0, VOCAB, (6,), generator=gen)
+    line = (0, 1) if rank in (0, 1) else (3, 2)
+    piece = _piece(full, line.index(rank), 2, 1)
+    with hp.loss_parallel(strict=False):
+        with pytest.raises(LossParallelLayoutError, match=r"orders its ranks \[3, 2\]"):
+            F.cross_entropy(hpar.DTensor.from_local(piece, mesh, [Replicate(), Shard(1)]), target)
+    # On mesh["tp"], which holds only a rank's own line (and whose copy in the layout no longer
+    # knows the mesh it was cut from), the ranks of the disordered line refuse; those of the
+    # ordered one compute the exact loss over their own group, which no other rank joins: no rank
+    # waits.
+    tp_mesh = mesh["tp"]
+    with hp.loss_parallel():
+        if line == (3, 2):
+            with pytest.raises(LossParallelLayoutError, match=r"orders its ranks \[3, 2\]"):
+                F.cross_entropy(hpar.DTensor.from_local(piece, tp_mesh, [Shard(1)]), target)
+        else:
+            got = F.cross_entropy(hpar.DTensor.from_local(piece, tp_mesh, [Shard(1)]), target).to_local()
+            assert_close(got, F.cross_entropy(full, target), TOL, "an ordered line of a permuted mesh")
+
+
+def test_a_permuted_two_dim_mesh_is_refused_on_every_rank():
+    run_ranks(4, permuted_two_dim_mesh, timeout=120)
+
+
+def _fake_mindspore(tmp_path):
+    """A folder holding an importable stand-in `mindspore` package (what HyperParallel probes)."""
+    (tmp_path / "mindspore").mkdir()
+    (tmp_path / "mindspore" / "__init__.py").write_text("STAND_IN = True\n")
+    return str(tmp_path)
+
+
+_INSTALL = """
+    import sys
+    from hyper_parallel_cpp.integrations import hyperparallel
+    try:
+        hyperparallel.install()
+    except hyperparallel.HyperParallelPlatformError as e:
+        print("refused:", e)
+        print("hyper_parallel imported:", "hyper_parallel" in sys.modules)
+    else:
+        from hyper_parallel.platform import get_platform
+        print("installed:", hyperparallel.is_installed(), type(get_platform()).__name__)
+"""
+
+
+def _without_platform_variable(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "HYPER_PARALLEL_PLATFORM"}
+    env.update(extra)
+    return env
+
+
+def test_install_refuses_when_mindspore_would_be_selected(tmp_path):
+    # HyperParallel prefers MindSpore whenever `import mindspore` works: refused before importing it.
+    path = _fake_mindspore(tmp_path) + os.pathsep + os.environ["PYTHONPATH"]
+    env = _without_platform_variable(PYTHONPATH=path)
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_INSTALL)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert "refused:" in r.stdout, r.stdout + r.stderr
+    assert "HYPER_PARALLEL_PLATFORM=torch" in r.stdout and "mindspore is importable" in r.stdout, r.stdout
+    assert "hyper_parallel imported: False" in r.stdout, r.stdout
+    # HYPER_PARALLEL_PLATFORM=mindspore says so, whether or not mindspore is there.
+    env = _without_platform_variable(PYTHONPATH=os.environ["PYTHONPATH"], HYPER_PARALLEL_PLATFORM="mindspore")
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_INSTALL)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert "refused:" in r.stdout and "HYPER_PARALLEL_PLATFORM=mindspore selects" in r.stdout, r.stdout + r.stderr
+
+
+def test_install_works_beside_mindspore_with_the_torch_platform_named(tmp_path):
+    path = _fake_mindspore(tmp_path) + os.pathsep + os.environ["PYTHONPATH"]
+    env = _without_platform_variable(PYTHONPATH=path, HYPER_PARALLEL_PLATFORM="torch")
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_INSTALL)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert "installed: True TorchPlatform" in r.stdout, r.stdout + r.stderr
+
+
+def test_install_refuses_a_hyperparallel_that_selected_another_platform():
+    # What HyperParallel selected decides, not the variable as it reads now: a stand-in MindSpore
+    # platform chosen before install().
+    r = _run("""
+        import hyper_parallel.platform.platform as chooser
+        class MindSporePlatform:
+            pass
+        MindSporePlatform.__module__ = "hyper_parallel.platform.mindspore.platform"
+        chooser.platform = MindSporePlatform()
+        from hyper_parallel_cpp.integrations import hyperparallel
+        try:
+            hyperparallel.install()
+        except hyperparallel.HyperParallelPlatformError as e:
+            print("refused:", e)
+    """, os.environ["PYTHONPATH"])
+    assert "refused:" in r.stdout and "MindSporePlatform, not on torch" in r.stdout, r.stdout + r.stderr
+    assert "HYPER_PARALLEL_PLATFORM=torch" in r.stdout, r.stdout

@@ -21,7 +21,10 @@ every rank, which is exact. Any other layout is an error that names it.
 """
 
 import importlib
+import importlib.util
 import inspect
+import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, List, Optional
@@ -48,6 +51,15 @@ _installed = False
 _CROSS_ENTROPY = inspect.signature(F.cross_entropy)
 _NLL_LOSS = inspect.signature(F.nll_loss)
 
+# HyperParallel picks its framework once, when hyper_parallel is first imported
+# (hyper_parallel/platform/platform.py): this variable if it names one, else MindSpore whenever
+# mindspore imports, else torch. Our route serves its torch platform only.
+PLATFORM_VARIABLE = "HYPER_PARALLEL_PLATFORM"
+
+
+class HyperParallelPlatformError(RuntimeError):
+    """install() found HyperParallel on (or about to pick) a platform other than torch."""
+
 
 def is_installed() -> bool:
     return _installed
@@ -56,19 +68,23 @@ def is_installed() -> bool:
 def install() -> None:
     """Routes HyperParallel's dispatcher to our kernels for ROUTED_NAMES. Opt-in and idempotent.
 
-    Raises ImportError naming what is missing when HyperParallel is not importable, and
-    RuntimeError when this HyperParallel already has a rule of its own for one of the names or
+    Raises HyperParallelPlatformError when HyperParallel has selected (or, not yet imported, would
+    select) a platform other than torch: set HYPER_PARALLEL_PLATFORM=torch before hyper_parallel is
+    first imported. Raises ImportError naming what is missing when HyperParallel is not importable,
+    and RuntimeError when this HyperParallel already has a rule of its own for one of the names or
     ships its own loss_parallel (either would decide those calls before or instead of ours)."""
     global _installed
     with _lock:
         if _installed:
             return
+        _refuse_another_platform()  # before the import: importing it would load MindSpore
         try:
             import hyper_parallel  # noqa: F401
         except ImportError as e:
             raise ImportError(
                 "hyper_parallel_cpp.integrations.hyperparallel.install(): HyperParallel is not importable "
                 f"({e}). It is not on PyPI: put a checkout of mindspore-ai/hyper-parallel on PYTHONPATH") from e
+        _refuse_another_platform()  # what the import selected decides
         _refuse_own_loss_parallel()
         hp = _HyperParallel.load()
         for name in ROUTED_NAMES:
@@ -111,6 +127,49 @@ class _HyperParallel:
                 "hyper_parallel.core.shard._op_dispatch") from e
         return _HyperParallel(DTensor, DeviceMesh, DistributedOp, _OP_DISPATCHER,
                               LayoutCacheManager.get_instance().get_layout_cache(), get_distributed_op)
+
+
+def _selected_platform() -> Optional[type]:
+    """The class of the platform HyperParallel selected in this process, or None before it chose."""
+    module = sys.modules.get("hyper_parallel.platform.platform")
+    chosen = getattr(module, "platform", None) if module is not None else None
+    return None if chosen is None else type(chosen)
+
+
+def _is_torch_platform(cls: type) -> bool:
+    return cls.__module__.startswith("hyper_parallel.platform.torch.")
+
+
+def _refuse_another_platform() -> None:
+    """HyperParallelPlatformError unless HyperParallel runs (or, not yet imported, will run) on torch:
+    on MindSpore its DTensor holds MindSpore tensors and torch functions never reach its dispatcher."""
+    where = "hyper_parallel_cpp.integrations.hyperparallel.install()"
+    remedy = (f"Set {PLATFORM_VARIABLE}=torch in the environment before hyper_parallel is first imported (needed "
+              f"wherever MindSpore is installed beside torch)")
+    selected = _selected_platform()
+    if selected is not None:
+        if not _is_torch_platform(selected):
+            raise HyperParallelPlatformError(
+                f"{where}: HyperParallel in this process runs on the platform {selected.__module__}."
+                f"{selected.__name__}, not on torch; this route serves its torch platform only. {remedy}")
+        return
+    chosen = os.environ.get(PLATFORM_VARIABLE)
+    if chosen is not None and chosen.lower() == "torch":
+        return
+    if chosen is not None and chosen.lower() == "mindspore":
+        raise HyperParallelPlatformError(
+            f"{where}: {PLATFORM_VARIABLE}={chosen} selects HyperParallel's MindSpore platform; this route serves "
+            f"its torch platform only. {remedy}")
+    try:
+        mindspore = importlib.util.find_spec("mindspore")
+    except (ImportError, ValueError):
+        mindspore = None
+    if mindspore is not None:
+        unset = "is unset" if chosen is None else f"is {chosen!r}, which HyperParallel does not recognise"
+        raise HyperParallelPlatformError(
+            f"{where}: mindspore is importable here ({mindspore.origin}) and {PLATFORM_VARIABLE} {unset}, so "
+            f"HyperParallel would select its MindSpore platform (it prefers MindSpore whenever it can import it); "
+            f"this route serves its torch platform only. {remedy}")
 
 
 def _refuse_own_loss_parallel() -> None:
@@ -193,14 +252,52 @@ def _class_axis(layout, class_dim: int, ndim: int, op: str, options: lp.LossPara
         if not (options.mesh.ndim == 1 and list(options.mesh.rank_list) == axis_ranks):
             raise LossParallelLayoutError(f"{op} under loss_parallel(mesh={options.mesh}): expected the input on "
                                           f"that mesh, got {_describe(layout)}")
+    # Decided from the rank list every rank holds alike, before any collective: a check of this
+    # rank's own line only would let the ranks of an ordered line enter the kernel's all-gather
+    # while the others raise (rank_list (2, 1, 0): rank 1 sits at its own group rank).
+    disordered = _lines_out_of_order(mesh, axis)
+    if disordered:
+        raise LossParallelLayoutError(
+            f"{op} under loss_parallel: the class axis {axis} of the mesh {tuple(mesh.mesh_shape)} "
+            f"{tuple(mesh.mesh_dim_names or ())} (rank list {tuple(mesh.rank_list)}) orders its ranks "
+            f"{disordered[0]}, but HyperParallel's process group for an "
+            f"axis numbers its ranks in increasing order, so the pieces would not line up with the group's ranks; "
+            f"expected a mesh whose rank list increases along each axis")
     group = mesh.get_group(axis)
     coordinate = _coordinate(mesh, axis)
-    if dist.get_rank(group) != coordinate:
+    if dist.get_rank(group) != coordinate:  # not reached while groups number their ranks in order
         raise LossParallelLayoutError(
             f"{op} under loss_parallel: the mesh axis {axis} orders its ranks {_axis_ranks(mesh, axis)} differently "
             f"from its process group {dist.get_process_group_ranks(group)}; expected a mesh whose rank list "
             f"increases along each axis")
     return _ClassAxis(group.group_name, mesh.mesh_shape[axis], coordinate)
+
+
+def _lines_out_of_order(mesh, axis: int) -> List[List[int]]:
+    """Every line of ranks along `axis` (over the whole mesh) that does not increase."""
+    # A sub-mesh (mesh["tp"]) holds only this rank's line, and the layout's copy of it no longer
+    # knows the mesh it was cut from: there only the ranks of a disordered line refuse, while an
+    # ordered line's ranks compute over their own group, which no other rank joins.
+    shape = tuple(mesh.mesh_shape)
+    lines = torch.tensor(list(mesh.rank_list)).reshape(shape).movedim(axis, -1).reshape(-1, shape[axis]).tolist()
+    return [line for line in lines if line != sorted(line)]
+
+
+def _same_mesh(a, b) -> bool:
+    # HyperParallel's DeviceMesh defines no equality: the same ranks in the same shape and names.
+    return a is b or (tuple(a.mesh_shape) == tuple(b.mesh_shape) and tuple(a.rank_list) == tuple(b.rank_list)
+                      and tuple(a.mesh_dim_names or ()) == tuple(b.mesh_dim_names or ()))
+
+
+def _on_logits_mesh(layout, x, what: str, op: str) -> None:
+    """A DTensor argument must live on the logits' mesh, as on the PyTorch route: Replicate on
+    another mesh (mesh["dp"] beside dp x tp logits) promises nothing along the class axis."""
+    if layout is not None and not _same_mesh(layout.mesh, x.mesh):
+        raise LossParallelLayoutError(
+            f"{op} under loss_parallel: expected the {what} on the logits' mesh {tuple(x.mesh.mesh_shape)} "
+            f"{tuple(x.mesh.mesh_dim_names or ())} (ranks {tuple(x.mesh.rank_list)}) or a plain tensor, got one on "
+            f"the mesh {tuple(layout.mesh.mesh_shape)} {tuple(layout.mesh.mesh_dim_names or ())} "
+            f"(ranks {tuple(layout.mesh.rank_list)})")
 
 
 def _coordinate(mesh, axis: int) -> int:
@@ -225,7 +322,8 @@ def _named_layouts(signature: inspect.Signature, layouts, args, kwargs) -> dict:
     return {name: layouts[i] if i < len(layouts) else None for name, i in positions.items()}
 
 
-def _replicated_value(value, layout, what: str, op: str):
+def _replicated_value(value, layout, x, what: str, op: str):
+    _on_logits_mesh(layout, x, what, op)
     if layout is not None and not _all_replicated(layout):
         raise LossParallelLayoutError(f"{op} under loss_parallel: expected the {what} to be replicated (a plain "
                                       f"tensor or a DTensor with [Replicate()]), got {_describe(layout)}")
@@ -368,9 +466,9 @@ def _cross_entropy(func, layouts, args, kwargs):
     if target.is_floating_point():
         target = _probability_target_local(target, named.get("target"), x, logits, class_dim, axis, op)
     else:
-        target = _replicated_value(target, named.get("target"), "target", op)
+        target = _replicated_value(target, named.get("target"), x, "target", op)
     if weight is not None:
-        weight = _replicated_value(weight, named.get("weight"), "class weight", op)
+        weight = _replicated_value(weight, named.get("weight"), x, "class weight", op)
     loss, *_ = ops._cross_entropy(
         logits, target, weight, axis.group_name, logits.shape[class_dim] * axis.size, class_dim,
         int(a.get("ignore_index", -100)), ops.reduction_code(reduction, op), float(a.get("label_smoothing", 0.0)),
@@ -379,6 +477,7 @@ def _cross_entropy(func, layouts, args, kwargs):
 
 
 def _probability_target_local(target, layout, x, logits, class_dim: int, axis: _ClassAxis, op: str):
+    _on_logits_mesh(layout, x, "probability target", op)
     if layout is not None and list(layout.placements) == list(x.placements):
         return target  # laid out like the logits: already this rank's classes
     if layout is not None and not _all_replicated(layout):
@@ -402,9 +501,9 @@ def _nll_loss(func, layouts, args, kwargs):
     if target.is_floating_point():
         raise LossParallelUnsupportedError("nll_loss under loss_parallel: expected class-index targets (as "
                                            "F.nll_loss), got floating-point ones")
-    target = _replicated_value(target, named.get("target"), "target", op)
+    target = _replicated_value(target, named.get("target"), named["input"], "target", op)
     if weight is not None:
-        weight = _replicated_value(weight, named.get("weight"), "class weight", op)
+        weight = _replicated_value(weight, named.get("weight"), named["input"], "class weight", op)
     reduction = lp._legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
     code, ignore_index = ops.reduction_code(reduction, op), int(a.get("ignore_index", -100))
     vocab_size = logp.shape[class_dim] * axis.size
@@ -440,4 +539,4 @@ def _log_softmax(func, layouts, args, kwargs):
     return ops._log_softmax(local, dim, axis.group_name, vocab_size)
 
 
-__all__ = ["ROUTED_NAMES", "install", "is_installed"]
+__all__ = ["HyperParallelPlatformError", "PLATFORM_VARIABLE", "ROUTED_NAMES", "install", "is_installed"]
