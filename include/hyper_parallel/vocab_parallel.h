@@ -17,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "hyper_parallel/communicator.h"
@@ -40,6 +41,25 @@ struct VocabPiece {
 // learnt from every member's count in one all-gather, then checked the same way on every
 // member. A null comm is one process.
 VocabPiece vocab_piece(const Communicator* comm, int64_t local_classes, int64_t vocab_size);
+
+// The vocabulary the members' torch.chunk pieces make up, for a call of `op` (e.g.
+// "vocab_parallel_nll_loss") that needs it before its own collectives: learnt in that op's
+// call record (one small all-gather on `device`), so that it is the same first collective a
+// member given the vocabulary makes, and members that disagree on giving it are the same
+// named LossParallelLayoutError on every member, not out of step.
+int64_t learn_vocab_size(const std::string& op, int64_t local_classes, const Communicator* comm,
+                         const c10::Device& device);
+
+// For a front end that decides alone, before its call's first collective, whether to refuse a
+// layout or to gather the logits' other mesh dims, by the loss_parallel context's strictness
+// (a loss on a mesh of more than one dim): the members of `groups` agree on `op` and `strict`
+// first, or every member raises the same LossParallelLayoutError. One group (the one sharding
+// the classes, where nothing is gathered): one record, the same first collective the members
+// that go on make (their call's record of `op`; they were not strict). Several (every mesh
+// dim's, where the logits are gathered next): one small all-gather per group, after which
+// every member of the mesh knows whether all of them agree.
+void agree_on_loss_strictness(const std::string& op, bool strict, const std::vector<const Communicator*>& groups,
+                              const c10::Device& device);
 
 // The cross-entropy's definition (cross_entropy_definition.h) and how it runs.
 struct VocabCrossEntropyOptions : CrossEntropyDefinition {

@@ -108,11 +108,30 @@ PYBIND11_MODULE(_C, m) {
       });
   m.def(
       "vocab_size",
-      [](int64_t local_classes, const std::string& group) {
+      [](int64_t local_classes, const std::string& group, const std::string& op, const at::Tensor& like) {
         py::gil_scoped_release no_gil;
-        return hp::vocab_piece(communicator(group).get(), local_classes, -1).total;
+        return hp::learn_vocab_size(op, local_classes, communicator(group).get(), like.device());
       },
-      "The vocabulary the members' torch.chunk pieces make up (one all-gather)");
+      py::arg("local_classes"), py::arg("group"), py::arg("op"), py::arg("like"),
+      "The vocabulary the members' torch.chunk pieces make up, learnt in a call record of `op` on `like`'s "
+      "device (one small all-gather: the first collective `op` makes when given the vocabulary)");
+  m.def(
+      "agree_on_loss_strictness",
+      [](const std::string& op, bool strict, const std::vector<std::string>& groups, const at::Tensor& like) {
+        py::gil_scoped_release no_gil;
+        std::vector<std::unique_ptr<hp::Communicator>> held;
+        std::vector<const hp::Communicator*> comms;
+        for (const std::string& g : groups) {
+          held.push_back(communicator(g));
+          comms.push_back(held.back().get());
+        }
+        hp::agree_on_loss_strictness(op, strict, comms, like.device());
+      },
+      py::arg("op"), py::arg("strict"), py::arg("groups"), py::arg("like"),
+      "Before a decision taken from loss_parallel's strictness alone (refusing a layout, gathering other mesh "
+      "dims): the members of `groups` agree on `op` and `strict`, or every member raises the same "
+      "LossParallelLayoutError. One group: the call's record (the first collective of members that go on into "
+      "`op`); several: one small all-gather per group");
   // guard_z_loss_weight / guard_logit_softcap: the Python loss_parallel context's cross-entropy-only
   // options, set by its log_softmax and nll_loss routes. Non-zero, they open the C++ guard for the
   // call, whose record then carries them: compared between ranks, then refused on every rank.

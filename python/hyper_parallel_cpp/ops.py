@@ -11,10 +11,11 @@ Collectives: cross-entropy one all-gather forward (which also carries the input 
 bad input is the same error on every rank), none backward; log_softmax two all-reduces
 forward, one backward; nll_loss one all-reduce forward, none backward. Each forward first
 all-gathers one small fixed-size record in which the ranks agree on the call (rows, dtype,
-vocabulary, options; nll_loss's checks ride in it), so a difference is the same
+vocabulary and whether it was given, the logits' shape and class dim, the target's kind and
+shape, the hidden size, options; nll_loss's checks ride in it), so a difference is the same
 LossParallelLayoutError (a ValueError) on every rank. A ``vocab_size`` of None is learnt in
-that record for the cross-entropies, and costs log_softmax and nll_loss one small all-gather
-more (the pieces' sizes).
+that record, and costs nll_loss one small all-gather more (a record of its own before its
+checks, which need the vocabulary).
 """
 
 from typing import Optional, Tuple, Union
@@ -243,9 +244,8 @@ def vocab_parallel_log_softmax(local_logits: Tensor, group: GroupLike = None, *,
     """
     name = group_name_of(group)
     dim = dim % local_logits.dim()
-    if vocab_size is None:
-        vocab_size = _C.vocab_size(local_logits.shape[dim], name)
-    return _log_softmax(local_logits, dim, name, int(vocab_size))
+    # None is learnt in the call's record (-1), the op's first collective either way.
+    return _log_softmax(local_logits, dim, name, -1 if vocab_size is None else int(vocab_size))
 
 
 def vocab_parallel_nll_loss(local_logp: Tensor, target: Tensor, group: GroupLike = None, *,
@@ -255,7 +255,8 @@ def vocab_parallel_nll_loss(local_logp: Tensor, target: Tensor, group: GroupLike
     name = group_name_of(group)
     class_dim = local_logp.dim() - 1
     if vocab_size is None:
-        vocab_size = _C.vocab_size(local_logp.shape[class_dim], name)
+        # Learnt in a record of this op: the first collective a rank given vocab_size makes too.
+        vocab_size = _C.vocab_size(local_logp.shape[class_dim], name, "vocab_parallel_nll_loss", local_logp)
     out, _ = _nll_loss(local_logp, target, weight, class_dim, reduction_code(reduction, "vocab_parallel_nll_loss"),
                        int(ignore_index), name, int(vocab_size))
     return out

@@ -4,11 +4,15 @@
 // others' statistics under its own options. Ranks whose row counts or dtypes differ would
 // hand Gloo buffers of different sizes (a SIGABRT, no message), and ranks whose options
 // differ would each return a plausible but wrong loss. So each forward first all-gathers one
-// fixed-size record of what must be equal on every rank (the op, the rows, the dtype, the
-// vocabulary this rank believes in, every option that changes the result, a hash of the
-// class weights) and of what may differ (this rank's class count). Every rank reads every
-// record the same way: a difference is the same LossParallelLayoutError on every rank,
-// naming the field and the ranks, before anything sized by rows is sent.
+// fixed-size record of what must be equal on every rank (the op; whether it runs under
+// loss_parallel() and how strictly; whether the vocabulary was given, and the vocabulary
+// this rank believes in; the rows, the logits' shape, class dim and dtype; the target's
+// kind and shape; the fused losses' hidden size; every option that changes the result; a
+// hash of the class weights) and of what may differ (this rank's class count). Every rank
+// reads every record the same way: a difference is the same LossParallelLayoutError on
+// every rank, naming the field and the ranks, before anything sized by rows is sent. What
+// a rank decides alone (its op, its context, whether to learn the vocabulary) never changes
+// this first collective, only the values in it.
 //
 // Cost: one all-gather of kRecordSize float64 values per forward (latency only), in flight
 // while the fused cross-entropies compute their local statistics (PendingCallAgreement);
@@ -34,6 +38,9 @@ class Communicator;
 class PendingCollective;
 class InputAgreement;
 
+// What a loss's target holds, which changes the loss it computes.
+enum class LossTargetKind : int64_t { none = 0, index = 1, probability = 2 };
+
 // What one rank is about to compute. Fields an op has no use for keep their defaults (they
 // are then equal on every rank).
 struct LossCallRecord {
@@ -42,12 +49,30 @@ struct LossCallRecord {
   int64_t dtype = -1;                 // the logits' (or hidden's) at::ScalarType
   int64_t vocab_size = -1;            // the global vocabulary this rank assumes (-1: to be learnt)
   int64_t local_classes = 0;          // this rank's classes (may differ between ranks)
+  int64_t class_dim = -1;             // of the logits (-1: none, the fused linear losses)
+  std::vector<int64_t> logits_shape;  // every dim, the class dim's as -1 (its size may differ); empty: none
+  LossTargetKind target_kind = LossTargetKind::none;
+  std::vector<int64_t> target_shape;  // a probability target's class dim as -1, like the logits'
+  int64_t hidden_dim = -1;            // the fused linear losses' hidden size (-1: none)
+  // Whether the call runs under loss_parallel() (the DTensor routes; the functions on local
+  // pieces record false), and its effective strictness there: what decides, on each rank
+  // alone, whether the call refuses a layout or which collectives gather it.
+  bool in_context = false;
+  bool strict = false;
   CrossEntropyDefinition definition;  // nll_loss: its reduction and ignore_index
   bool gradient_in_forward = false;
   double temperature = 1.0;  // the log-probabilities'
   bool entropy = false;      // the log-probabilities': whether the entropy is computed too
   at::Tensor class_weight;   // hashed when defined (its values, dtype and length)
 };
+
+// The logits' rows, dtype, class dim, shape and this rank's class count into `call`.
+void record_logits(LossCallRecord& call, const at::Tensor& local_logits, int64_t class_dim);
+// The target's kind (index or probability: its dtype decides, as F.cross_entropy's) and shape
+// into `call`; a probability target's class dim is recorded as the logits' is (-1).
+void record_target(LossCallRecord& call, const at::Tensor& target, int64_t class_dim);
+// Whether the C++ loss_parallel guard is active on this thread, and its effective strictness.
+void record_context(LossCallRecord& call);
 
 // How errors name the call: "<op> under loss_parallel" for the DTensor route's ops, the bare
 // name for the functions on local pieces (vocab_parallel_*), which no context surrounds.
@@ -100,6 +125,21 @@ class PendingCallAgreement {
   bool settled_ = false;
   std::vector<int64_t> classes_;
 };
+
+// The vocabulary the members' torch.chunk pieces make up, learnt in a record of `op` whose
+// vocabulary is unknown: the same first collective as the op's own record, so that members
+// that learn the vocabulary and members given it are the same named error, not out of step.
+// For a call that needs the vocabulary before its own record (its checks do).
+int64_t learn_vocabulary(const std::string& op, int64_t local_classes, const Communicator* comm,
+                         const c10::Device& device);
+
+// For a decision each rank takes alone before any collective of the call (whether to refuse
+// a layout, whether to gather other mesh dims): the ranks of every group in `comms` (a
+// mesh's dims, whose groups together span it) agree on `mine`'s op, context and
+// strictness first, or every rank raises the same LossParallelLayoutError. One small
+// all-gather per group, the call's first collective on each rank.
+void agree_on_context(const LossCallRecord& mine, const std::vector<const Communicator*>& comms,
+                      const c10::Device& device);
 
 // Throws LossParallelLayoutError, the same on every member, unless `counts` (every member's
 // class count) are torch.chunk's pieces of `vocab_size` classes; vocab_size < 0: of their sum.

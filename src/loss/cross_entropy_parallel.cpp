@@ -177,8 +177,9 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   // whose rows, dtype, vocabulary or options differ are named.
   LossCallRecord call;
   call.op = op;
-  call.rows = rows_over_class_dim(local_logits, class_dim);
-  call.dtype = static_cast<int64_t>(local_logits.scalar_type());
+  record_logits(call, local_logits, class_dim);
+  record_target(call, target, class_dim);
+  record_context(call);
   call.vocab_size = cs.shard.total;
   call.local_classes = cs.shard.local;
   call.definition = ce.definition;

@@ -145,15 +145,21 @@ FusedCrossEntropy cross_entropy_of(const Inputs& in, const FusedLinearCrossEntro
   return ce;
 }
 
-// The record agree_on_call compares for this loss: `tokens` rows of `dtype`, this rank's
-// `local_classes` of `vocab_size`, the options, the class weight.
-LossCallRecord linear_call(const std::string& op, int64_t tokens, at::ScalarType dtype, int64_t local_classes,
-                           int64_t vocab_size, const FusedLinearCrossEntropyOptions& o,
+// The record agree_on_call compares for this loss: hidden's tokens, size and dtype, the
+// target's kind and shape, this rank's `local_classes` of `vocab_size`, the options, the
+// class weight.
+LossCallRecord linear_call(const std::string& op, const at::Tensor& hidden, const at::Tensor& target,
+                           int64_t local_classes, int64_t vocab_size, const FusedLinearCrossEntropyOptions& o,
                            const at::Tensor& class_weight) {
   LossCallRecord call;
   call.op = op;
-  call.rows = tokens;
-  call.dtype = static_cast<int64_t>(dtype);
+  // hidden [tokens, dim] (undefined where this rank refused its inputs, which settles first).
+  call.rows = hidden.defined() && hidden.dim() >= 1 ? hidden.size(0) : 0;
+  call.dtype = static_cast<int64_t>(hidden.defined() ? hidden.scalar_type() : at::kFloat);
+  // Ranks whose hidden sizes differ would combine statistics of different products, and
+  // all-reduce hidden gradients of different sizes in backward.
+  call.hidden_dim = hidden.defined() && hidden.dim() >= 1 ? hidden.size(-1) : -1;
+  record_target(call, target, -1);
   call.vocab_size = vocab_size;
   call.local_classes = local_classes;
   call.definition = o;
@@ -237,8 +243,8 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
   // A refusal here is settled at once (the placeholders make no blocks); otherwise the record
   // travels while the blocks are computed.
   PendingCallAgreement call_agreement(
-      linear_call(kOp, in.h.defined() ? in.h.size(0) : 0, in.h.defined() ? in.h.scalar_type() : at::kFloat,
-                  in.shard.local, in.shard.total, options, in.class_weight.value_or(at::Tensor())),
+      linear_call(kOp, in.h, in.target, in.shard.local, in.shard.total, options,
+                  in.class_weight.value_or(at::Tensor())),
       in.shard.comm, device, &agreement);
   if (agreement.refused()) call_agreement.settle();
   const at::ScalarType dt = in.h.scalar_type();
@@ -279,8 +285,7 @@ at::Tensor vocab_parallel_linear_cross_entropy_forward(const at::Tensor& hidden,
   const int64_t local_classes = local_weight.dim() == 2 ? local_weight.size(0) : 0;
   // A given vocabulary places this member's classes without them: the record then travels
   // while the blocks are computed.
-  PendingCallAgreement call_agreement(linear_call(op, hidden.dim() >= 1 ? hidden.size(0) : 0, hidden.scalar_type(),
-                                                  local_classes, vocab_size, options, class_weight),
+  PendingCallAgreement call_agreement(linear_call(op, hidden, target, local_classes, vocab_size, options, class_weight),
                                       comm, hidden.device());
   VocabPiece piece;
   if (vocab_size < 0) piece = call_agreement.settle_learnt_vocabulary();

@@ -122,8 +122,12 @@ Logprobs vocab_parallel_linear_logprobs_forward(const at::Tensor& hidden, const 
   // The call's record first; its all-gather also gives the members' class counts. A given
   // vocabulary places this member's classes without them: the record then travels while the
   // blocks are computed.
-  PendingCallAgreement call_agreement(
-      logprobs_call(op, tokens, hidden.scalar_type(), local_classes, vocab_size, options), comm, hidden.device());
+  LossCallRecord call = logprobs_call(op, tokens, hidden.scalar_type(), local_classes, vocab_size, options);
+  // Ranks whose hidden sizes differ would combine statistics of different products, and
+  // all-reduce hidden gradients of different sizes in backward.
+  call.hidden_dim = hidden.dim() >= 1 ? hidden.size(-1) : -1;
+  record_target(call, target, -1);
+  PendingCallAgreement call_agreement(call, comm, hidden.device());
   VocabPiece piece;
   if (vocab_size < 0) piece = call_agreement.settle_learnt_vocabulary();
   at::Tensor h = hidden, w = local_weight, t;

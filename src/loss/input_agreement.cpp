@@ -60,7 +60,7 @@ std::string without_prefix(const std::string& message, const std::string& op) {
 
 }  // namespace
 
-InputAgreement::InputAgreement(std::string op, const at::Tensor& target, const std::function<void()>& checks)
+InputAgreement::InputAgreement(std::string op, const at::Tensor& replicated, const std::function<void()>& checks)
     : op_(std::move(op)), compare_(check_replicated_enabled()) {
   try {
     checks();
@@ -71,11 +71,12 @@ InputAgreement::InputAgreement(std::string op, const at::Tensor& target, const s
     own_ = std::current_exception();
     message_ = e.what();
   }
-  // A target laid out like the logits (probabilities, sharded) legitimately differs between
-  // ranks: only plain and replicated targets are compared.
-  const auto* impl = dtensor_impl(target);
-  if (compare_ && !own_ && !target.is_meta() && (!impl || impl->layout().is_replicated())) {
-    target_hash_ = bytes_hash(impl ? impl->local() : target);
+  // A DTensor laid out like the logits (probabilities, sharded) legitimately differs between
+  // ranks: only plain and replicated tensors are compared.
+  const auto* impl = replicated.defined() ? dtensor_impl(replicated) : nullptr;
+  if (compare_ && !own_ && replicated.defined() && !replicated.is_meta() &&
+      (!impl || impl->layout().is_replicated())) {
+    target_hash_ = bytes_hash(impl ? impl->local() : replicated);
   }
 }
 

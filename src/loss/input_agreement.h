@@ -6,7 +6,8 @@
 // between ranks) is the same error on every rank, not an error on one rank and a hang in
 // the collective on the others. Only that error path costs one more collective (to carry
 // the messages). With HYPER_PARALLEL_CHECK_REPLICATED=1 the record also holds a hash of
-// the target, and ranks whose target differs are named.
+// the input meant to be replicated (the target, where it is), and ranks where it differs
+// are named; inputs that legitimately differ (a probability target's class piece) are not.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,9 +27,11 @@ class InputAgreement {
   // exact in every compute type (float32, float64) the statistics travel in.
   static constexpr int64_t kRecordSize = 5;
 
-  // Runs `checks` on this rank and remembers the outcome. `target` is hashed when
+  // Runs `checks` on this rank and remembers the outcome. `replicated` is the input the call
+  // means to be identical on every rank (class-index targets; a probability target only where
+  // it is the whole of them, not this rank's piece; undefined: none): it is hashed when
   // HYPER_PARALLEL_CHECK_REPLICATED=1 and it is a plain or replicated tensor.
-  InputAgreement(std::string op, const at::Tensor& target, const std::function<void()>& checks);
+  InputAgreement(std::string op, const at::Tensor& replicated, const std::function<void()>& checks);
 
   bool refused() const { return own_ != nullptr; }
   // Fills this rank's record ([kRecordSize], any floating dtype).

@@ -69,12 +69,25 @@ at::Tensor replicated_dtensor(const at::Tensor& local, const DeviceMesh& mesh) {
 LossCallRecord routed_call(const std::string& op, const at::Tensor& local, int64_t class_dim, const ClassSharding& cs) {
   LossCallRecord call;
   call.op = op;
-  call.rows = rows_over_class_dim(local, class_dim);
-  call.dtype = static_cast<int64_t>(local.scalar_type());
+  record_logits(call, local, class_dim);
   call.vocab_size = cs.shard.total;
   call.local_classes = cs.shard.local;
+  record_context(call);
   record_guard_cross_entropy_options(call);
   return call;
+}
+
+// For a loss on class-sharded `logits` outside loss_parallel(): the call's record, as the ranks
+// inside it would make it but for the context, over the group sharding the classes.
+void agree_outside_context(const at::Tensor& logits, int64_t class_dim, const std::string& op) {
+  const auto* impl = dtensor_impl(logits);
+  const Layout& layout = impl->layout();
+  const auto dims = layout.mesh_dims_sharding(class_dim);
+  LossCallRecord call;
+  call.op = op;
+  record_logits(call, impl->local(), class_dim);
+  call.vocab_size = layout.shape()[class_dim];
+  agree_on_call(call, &layout.mesh().comm(dims.back()), impl->local().device());
 }
 
 // What nll_loss's 'mean' divides this rank's rows by (as ATen's total weight): the class
@@ -152,6 +165,7 @@ bool nll_forward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   at::Tensor target;
   c10::optional<at::Tensor> weight = optional_tensor(args[2]);
   LossCallRecord call = routed_call(op, local, class_dim, cs);
+  record_target(call, args[1].toTensor(), class_dim);
   call.definition.reduction = reduction;
   call.definition.ignore_index = ignore_index;
   // The checks settle in the call's record (one all-gather more): a refusal on one rank is
@@ -272,6 +286,10 @@ void cross_entropy_loss_kernel(const c10::OperatorHandle&, torch::jit::Stack* st
     result = cross_entropy_parallel(self, target, weight, reduction, ignore_index, label_smoothing);
   } else {
     if (sharded) {
+      // First the record the ranks inside loss_parallel() send first: a context entered on
+      // some ranks only is then the same named error on every rank (one small all-gather,
+      // on this error or fallback path only).
+      agree_outside_context(self, class_dim, "cross_entropy");
       if (!parallelism_config().loss_parallel_fallback_on_layout_error) {
         throw LossParallelLayoutError(
             "cross_entropy on logits sharded along the class dim (" + to_string(placements_of(self)) + " on " +

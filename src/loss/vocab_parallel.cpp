@@ -40,10 +40,8 @@ ClassShard class_shard(const Communicator* comm, const VocabPiece& p) {
 LossCallRecord loss_call(const std::string& op, const at::Tensor& local, int64_t class_dim, int64_t vocab_size) {
   LossCallRecord call;
   call.op = op;
-  call.rows = rows_over_class_dim(local, class_dim);
-  call.dtype = static_cast<int64_t>(local.scalar_type());
+  record_logits(call, local, class_dim);
   call.vocab_size = vocab_size;
-  call.local_classes = local.size(class_dim);
   return call;
 }
 
@@ -98,6 +96,23 @@ VocabPiece vocab_piece(const Communicator* comm, int64_t local_classes, int64_t 
   return {want.offset, want.length, total};
 }
 
+int64_t learn_vocab_size(const std::string& op, int64_t local_classes, const Communicator* comm,
+                         const c10::Device& device) {
+  return learn_vocabulary(op, local_classes, comm, device);
+}
+
+void agree_on_loss_strictness(const std::string& op, bool strict, const std::vector<const Communicator*>& groups,
+                              const c10::Device& device) {
+  LossCallRecord call;
+  call.op = op;
+  call.strict = strict;
+  if (groups.size() == 1) {
+    agree_on_call(call, groups[0], device);
+  } else {
+    agree_on_context(call, groups, device);
+  }
+}
+
 at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, int64_t class_dim_in,
                                                 const at::Tensor& target, const std::optional<at::Tensor>& weight,
                                                 const Communicator* comm, int64_t vocab_size,
@@ -108,6 +123,7 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
   // The call's record first (agree_on_call): its all-gather also gives the members' class
   // counts, so an unknown vocabulary costs no collective of its own.
   LossCallRecord call = loss_call(op, local_logits, class_dim, vocab_size);
+  record_target(call, target, class_dim);
   call.definition = options;
   call.gradient_in_forward = options.gradient_in_forward;
   if (weight && weight->defined()) call.class_weight = *weight;
@@ -124,7 +140,8 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
   std::vector<int64_t> loss_shape = local_logits.sizes().vec();
   loss_shape.erase(loss_shape.begin() + class_dim);
   // Every check runs inside the agreement: a refusal on one member is the same error on all.
-  const InputAgreement agreement(op, target, [&] {
+  // Probability targets are this member's piece, which differs between members.
+  const InputAgreement agreement(op, ce.soft ? at::Tensor() : target, [&] {
     if (vocab_size >= 0) piece = vocab_piece(comm, local_logits.size(class_dim), vocab_size);
     check_cross_entropy_definition(options, op, OptionErrorKind::value_error);
     TORCH_CHECK_VALUE(local_logits.is_floating_point(), op, ": expected floating-point logits, got ",
@@ -240,7 +257,10 @@ at::Tensor vocab_parallel_log_softmax_backward(const at::Tensor& grad, const at:
                                                const Communicator* comm, int64_t vocab_size,
                                                at::ScalarType input_dtype) {
   const int64_t class_dim = wrap_class_dim(output, class_dim_in, "vocab_parallel_log_softmax backward");
-  const ClassShard shard = shard_for(comm, output, class_dim, vocab_size);
+  // The backward needs this member's classes and the group, not where its classes sit: a
+  // vocabulary forward learnt (vocab_size < 0) costs no collective here.
+  const ClassShard shard = vocab_size >= 0 ? shard_for(comm, output, class_dim, vocab_size)
+                                           : ClassShard{comm, 0, output.size(class_dim), -1};
   const at::Tensor rows = distributed_log_softmax_backward(to_rows(grad, class_dim), to_rows(output, class_dim), shard);
   return from_rows(rows.to(input_dtype), output.sizes(), class_dim);
 }
@@ -252,11 +272,13 @@ std::vector<at::Tensor> vocab_parallel_nll_loss_forward(const at::Tensor& local_
                                                         int64_t vocab_size) {
   const std::string op = "vocab_parallel_nll_loss";
   const int64_t class_dim = wrap_class_dim(local_logp, class_dim_in, op.c_str());
-  // The checks need the vocabulary: an unknown one is learnt first (one all-gather more).
-  if (vocab_size < 0) vocab_size = vocab_piece(comm, local_logp.size(class_dim), -1).total;
+  // The checks need the vocabulary: an unknown one is learnt first, in a record of this op
+  // (one all-gather more, the same first collective as a member given the vocabulary makes).
+  if (vocab_size < 0) vocab_size = learn_vocabulary(op, local_logp.size(class_dim), comm, local_logp.device());
   c10::optional<at::Tensor> w;
   if (weight && weight->defined()) w = *weight;
   LossCallRecord call = loss_call(op, local_logp, class_dim, vocab_size);
+  record_target(call, target, class_dim);
   call.definition.reduction = reduction;
   call.definition.ignore_index = ignore_index;
   if (w) call.class_weight = *w;

@@ -340,4 +340,178 @@ TEST(LossAgreement, ARefusalOnSomeRanksSaysWhereWithoutGuessingWhy) {
   }
 }
 
+// Issue 68, item 1: the target's kind changes the loss, so it is in the record. Index targets
+// on rank 0 and probability targets on rank 1 used to give each rank a different plausible loss.
+TEST(LossAgreement, IndexTargetsOnOneRankAndProbabilitiesOnAnotherAreNamedEverywhere) {
+  const at::Tensor full = random_tensor({kRows, kVocab}, 15);
+  const at::Tensor probs = random_tensor({kRows, kVocab}, 16).softmax(1);
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            const at::Tensor target = rank == 1 ? piece(probs, rank) : targets(kRows);
+                            vocab_parallel_cross_entropy_forward(piece(full, rank), 1, target, std::nullopt,
+                                                                 &mesh.comm(0), kVocab, {}, nullptr);
+                          }),
+                          "target kind", "vocab_parallel_cross_entropy");
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            auto guard = loss_parallel();
+                            F::cross_entropy(distribute_tensor(full, mesh, {Shard(1)}),
+                                             rank == 1 ? probs : targets(kRows));
+                          }),
+                          "target kind", "cross_entropy");
+}
+
+// Item 2: hidden sizes that differ (8 on rank 0, 4 on rank 1) used to give wrong values under
+// no_grad and a Gloo abort in backward's all-reduce of hidden's gradient.
+TEST(LossAgreement, HiddenSizesThatDifferAreNamedOnEveryFusedLinearPath) {
+  auto hidden_on = [](int64_t rank) { return random_tensor({kRows, rank == 1 ? 4 : 8}, 17); };
+  auto head_on = [](int64_t rank) {
+    const auto r = chunk_range(kVocab, kRanks, rank);
+    return random_tensor({kVocab, rank == 1 ? 4 : 8}, 18).narrow(0, r.offset, r.length);
+  };
+  const std::string field = "hidden size";
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            at::NoGradGuard no_grad;
+                            vocab_parallel_linear_cross_entropy_forward(hidden_on(rank), head_on(rank), targets(kRows),
+                                                                        &mesh.comm(0), kVocab, {}, nullptr);
+                          }),
+                          field, "vocab_parallel_linear_cross_entropy");
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            FromLocalOptions o;
+                            o.shape = std::vector<int64_t>{kVocab, rank == 1 ? 4 : 8};
+                            const at::Tensor w =
+                                DTensor::from_local(head_on(rank).clone().requires_grad_(), mesh, {Shard(0)}, o);
+                            const at::Tensor h = hidden_on(rank).requires_grad_();
+                            fused_linear_cross_entropy(h, w, targets(kRows)).backward();
+                          }),
+                          field, "fused_linear_cross_entropy");
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            vocab_parallel_linear_logprobs_forward(hidden_on(rank), head_on(rank), targets(kRows),
+                                                                   &mesh.comm(0), kVocab, {}, nullptr);
+                          }),
+                          field, "vocab_parallel_linear_logprobs");
+}
+
+// Item 3: whether the vocabulary is given is in the record, and a call that needs it first
+// learns it in a record of its own op: the first collective is the same either way.
+TEST(LossAgreement, AVocabularyGivenOnOneRankAndLearntOnAnotherIsNamedNotAGlooAbort) {
+  const at::Tensor full = random_tensor({kRows, kVocab}, 19);
+  const at::Tensor logp = full.log_softmax(1);
+  auto vocab_on = [](int64_t rank) { return rank == 1 ? int64_t{-1} : kVocab; };
+  const std::string field = "vocabulary's source";
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            vocab_parallel_log_softmax(piece(full, rank), 1, &mesh.comm(0), vocab_on(rank));
+                          }),
+                          field, "vocab_parallel_log_softmax");
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            vocab_parallel_nll_loss_forward(piece(logp, rank), 1, targets(kRows), std::nullopt,
+                                                            at::Reduction::Mean, -100, &mesh.comm(0), vocab_on(rank));
+                          }),
+                          field, "vocab_parallel_nll_loss");
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            vocab_parallel_cross_entropy_forward(piece(full, rank), 1, targets(kRows), std::nullopt,
+                                                                 &mesh.comm(0), vocab_on(rank), {}, nullptr);
+                          }),
+                          field, "vocab_parallel_cross_entropy");
+  // Cross-entropy on rank 0, log_softmax then nll_loss on rank 1, the vocabulary learnt or given.
+  for (const int64_t vocab : {int64_t{-1}, kVocab}) {
+    const auto errors = layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+      if (rank == 0) {
+        vocab_parallel_cross_entropy_forward(piece(full, rank), 1, targets(kRows), std::nullopt, &mesh.comm(0), vocab,
+                                             {}, nullptr);
+      } else {
+        vocab_parallel_log_softmax(piece(full, rank), 1, &mesh.comm(0), vocab);
+      }
+    });
+    expect_named_everywhere(errors, "loss op", "cross_entropy against log_softmax, vocab " + std::to_string(vocab));
+  }
+  // Learnt on both: the values of one process, and nll_loss learns it in a record of its own.
+  run_ranks(kRanks, [&](int64_t rank) {
+    auto mesh = init_device_mesh("cpu", {kRanks});
+    const at::Tensor lp = vocab_parallel_log_softmax(piece(full, rank), 1, &mesh.comm(0), -1);
+    EXPECT_TRUE(at::allclose(lp, piece(logp, rank), 1e-12, 1e-12));
+    reset_collective_counts();
+    const at::Tensor nll = vocab_parallel_nll_loss_forward(piece(logp, rank), 1, targets(kRows), std::nullopt,
+                                                           at::Reduction::Mean, -100, &mesh.comm(0), -1)[0];
+    EXPECT_EQ(collective_counts().all_gather, 2) << "the vocabulary's record, then the call's record";
+    EXPECT_NEAR(nll.item<double>(), at::nll_loss(logp, targets(kRows)).item<double>(), 1e-12);
+  });
+}
+
+// Item 4: loss_parallel() entered on one rank only, or with another strictness: the rank
+// outside the context meets the others in the call's record.
+TEST(LossAgreement, ALossParallelContextOnOneRankOnlyIsNamedEverywhere) {
+  const at::Tensor full = random_tensor({kRows, kVocab}, 20);
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            std::optional<LossParallelGuard> guard;
+                            if (rank == 0) guard.emplace(LossParallelOptions{});
+                            F::cross_entropy(distribute_tensor(full, mesh, {Shard(1)}), targets(kRows));
+                          }),
+                          "loss_parallel context", "cross_entropy inside on rank 0 only");
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            LossParallelOptions o;
+                            o.strict = rank == 0;
+                            auto guard = loss_parallel(o);
+                            F::cross_entropy(distribute_tensor(full, mesh, {Shard(1)}), targets(kRows));
+                          }),
+                          "loss_parallel strictness", "cross_entropy, strict on rank 0 only");
+  // Outside the context on every rank: the usual error, on every rank alike.
+  for (const auto& e : layout_errors([&](int64_t, const DeviceMesh& mesh) {
+         F::cross_entropy(distribute_tensor(full, mesh, {Shard(1)}), targets(kRows));
+       })) {
+    EXPECT_NE(e.find("outside loss_parallel()"), std::string::npos) << e;
+  }
+}
+
+// Item 7: ranks whose logits agree on the row count only ([12, 6] with class dim 1 on rank 0,
+// [6, 12] with class dim 0 on rank 1; [2, 3, V] against [3, 2, V]) used to get garbage.
+TEST(LossAgreement, ShapesThatDifferBeyondTheRowCountAreNamed) {
+  const at::Tensor a = random_tensor({12, 12}, 21);
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            const at::Tensor local = rank == 0 ? a.narrow(1, 0, 6) : a.narrow(0, 6, 6);
+                            vocab_parallel_log_softmax(local.contiguous(), rank == 0 ? 1 : 0, &mesh.comm(0), 12);
+                          }),
+                          "class dim", "vocab_parallel_log_softmax");
+  const at::Tensor full = random_tensor({6, kVocab}, 22);
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            const at::Tensor local = piece(full, rank).reshape({rank == 1 ? 3 : 2, rank == 1 ? 2 : 3, -1});
+                            vocab_parallel_log_softmax(local, 2, &mesh.comm(0), kVocab);
+                          }),
+                          "logits' shape", "vocab_parallel_log_softmax [2, 3, V] against [3, 2, V]");
+}
+
+// Item 8: HYPER_PARALLEL_CHECK_REPLICATED=1 compares what is meant to be replicated (class-index
+// targets, a whole probability target) and not a rank's own piece of the probabilities.
+TEST(LossAgreement, CheckReplicatedComparesOnlyWhatIsMeantToBeReplicated) {
+  const at::Tensor full = random_tensor({kRows, kVocab}, 23);
+  const at::Tensor probs = random_tensor({kRows, kVocab}, 24).softmax(1);
+  const double want = at::cross_entropy_loss(full, probs).item<double>();
+  setenv("HYPER_PARALLEL_CHECK_REPLICATED", "1", 1);
+  std::vector<double> got(2 * kRanks);
+  run_ranks(kRanks, [&](int64_t rank) {
+    auto mesh = init_device_mesh("cpu", {kRanks});
+    got[rank] = vocab_parallel_cross_entropy_forward(piece(full, rank), 1, piece(probs, rank), std::nullopt,
+                                                     &mesh.comm(0), kVocab, {}, nullptr)
+                    .item<double>();
+    auto guard = loss_parallel();
+    got[kRanks + rank] = to_local(F::cross_entropy(distribute_tensor(full, mesh, {Shard(1)}),
+                                                   distribute_tensor(probs, mesh, {Shard(1)})))
+                             .item<double>();
+  });
+  // Index targets that differ are still found.
+  const auto errors = layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+    at::Tensor t = targets(kRows).clone();
+    if (rank == 1) t[0] = 5;
+    try {
+      vocab_parallel_cross_entropy_forward(piece(full, rank), 1, t, std::nullopt, &mesh.comm(0), kVocab, {}, nullptr);
+    } catch (const c10::Error& e) {
+      throw LossParallelLayoutError(e.what_without_backtrace());
+    }
+  });
+  unsetenv("HYPER_PARALLEL_CHECK_REPLICATED");
+  for (double g : got) EXPECT_NEAR(g, want, 1e-12);
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("the target differs between ranks: rank(s) 1"), std::string::npos) << e;
+    EXPECT_EQ(e, errors[0]);
+  }
+}
+
 }  // namespace loss_agreement_test

@@ -9,9 +9,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 import hyper_parallel_cpp as hp
+from hyper_parallel_cpp import _C
 from ranks import run_ranks
 
 VOCAB = 13  # pieces 7 and 6
@@ -232,3 +233,154 @@ def empty_vocabulary_pieces(rank, world):
 
 def test_empty_vocabulary_pieces_are_exact_on_every_python_path():
     run_ranks(3, empty_vocabulary_pieces)
+
+
+# --- issue 68: what the record did not cover -------------------------------------------------
+
+
+def target_kinds_that_differ(rank, world):
+    mesh = init_device_mesh("cpu", (world,))
+    logits = _same(rank, torch.randn(ROWS, VOCAB, dtype=torch.float64))
+    probs = _same(rank, torch.randn(ROWS, VOCAB, dtype=torch.float64).softmax(1))
+    index = torch.arange(ROWS) % VOCAB
+    piece = torch.chunk(logits, world, dim=-1)[rank]
+    one = rank == 1
+    # Index targets on rank 0, probabilities on rank 1: a different plausible loss on each, before.
+    _expect_named("target kind", lambda: hp.vocab_parallel_cross_entropy(
+        piece, torch.chunk(probs, world, dim=-1)[rank] if one else index))
+    x = distribute_tensor(logits, mesh, [Shard(1)])
+    sharded_probs = distribute_tensor(probs, mesh, [Shard(1)])
+    with hp.loss_parallel():
+        _expect_named("target kind", lambda: F.cross_entropy(x, sharded_probs if one else index))
+
+
+def test_index_targets_on_one_rank_and_probabilities_on_another_are_the_same_named_error():
+    run_ranks(2, target_kinds_that_differ)
+
+
+def hidden_sizes_that_differ(rank, world):
+    dim = 4 if rank == 1 else 8
+    hidden = torch.randn(ROWS, dim, dtype=torch.float64)
+    head = torch.chunk(torch.randn(VOCAB, dim, dtype=torch.float64), world)[rank]
+    target = torch.arange(ROWS) % VOCAB
+    # Under no_grad (old / reference log-probabilities in RL) they were wrong values on both
+    # ranks; with grad a Gloo abort in backward's all-reduce of hidden's gradient.
+    with torch.no_grad():
+        _expect_named("hidden size", lambda: hp.fused_linear_cross_entropy(hidden, head, target))
+        _expect_named("hidden size", lambda: hp.fused_linear_logprobs(hidden, head, target))
+    h = hidden.clone().requires_grad_()
+    _expect_named("hidden size", lambda: hp.fused_linear_cross_entropy(h, head, target).backward())
+    _expect_named("hidden size", lambda: hp.fused_linear_logprobs(h, head, target).sum().backward())
+
+
+def test_hidden_sizes_that_differ_are_the_same_named_error_not_wrong_values_or_an_abort():
+    run_ranks(2, hidden_sizes_that_differ)
+
+
+def vocabulary_sources_and_ops_that_differ(rank, world):
+    logits = _same(rank, torch.randn(ROWS, VOCAB, dtype=torch.float64))
+    piece = torch.chunk(logits, world, dim=-1)[rank]
+    logp = torch.chunk(logits.log_softmax(1), world, dim=-1)[rank]
+    target = torch.arange(ROWS) % VOCAB
+    given = None if rank == 1 else VOCAB
+    # vocab_size None on one rank only: a Gloo abort ("80 vs 4") on one rank, before.
+    _expect_named("vocabulary's source", lambda: hp.vocab_parallel_log_softmax(piece, vocab_size=given))
+    _expect_named("vocabulary's source", lambda: hp.vocab_parallel_nll_loss(logp, target, vocab_size=given))
+    _expect_named("vocabulary's source", lambda: hp.vocab_parallel_cross_entropy(piece, target, vocab_size=given))
+    # Cross-entropy on one rank, log_softmax on the other: "op with hash 0" garbled, before.
+    for vocab in (None, VOCAB):
+        if rank == 0:
+            call = lambda: hp.vocab_parallel_cross_entropy(piece, target, vocab_size=vocab)  # noqa: E731
+        else:
+            call = lambda: hp.vocab_parallel_log_softmax(piece, vocab_size=vocab)  # noqa: E731
+        _expect_named("loss op", call)
+    # None everywhere: one process's values and gradients, log_softmax in one collective
+    # forward (the record learns the vocabulary) and one backward.
+    x = piece.clone().requires_grad_()
+    _C.reset_collective_counts()
+    lp = hp.vocab_parallel_log_softmax(x)
+    forward = dict(_C.collective_counts())
+    _C.reset_collective_counts()
+    (lp * lp.detach().exp()).sum().backward()
+    backward = dict(_C.collective_counts())
+    assert forward["all_gather"] == 1 and forward["all_reduce"] == 2 and sum(forward.values()) == 3, forward
+    assert backward["all_reduce"] == 1 and sum(backward.values()) == 1, backward
+    ref = logits.clone().requires_grad_()
+    ref_lp = ref.log_softmax(1)
+    (ref_lp * ref_lp.detach().exp()).sum().backward()
+    torch.testing.assert_close(lp, torch.chunk(ref_lp, world, dim=-1)[rank], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(x.grad, torch.chunk(ref.grad, world, dim=-1)[rank], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(hp.vocab_parallel_nll_loss(logp, target), F.nll_loss(logits.log_softmax(1), target),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_a_vocabulary_given_on_one_rank_only_or_another_op_is_the_same_named_error_not_an_abort():
+    run_ranks(2, vocabulary_sources_and_ops_that_differ)
+
+
+def shapes_that_differ_beyond_rows(rank, world):
+    a = _same(rank, torch.randn(12, 12, dtype=torch.float64))
+    # [12, 6] with dim 1 on rank 0, [6, 12] with dim 0 on rank 1: the same 12 rows, garbage before.
+    local = a[:, :6] if rank == 0 else a[6:, :]
+    _expect_named("class dim", lambda: hp.vocab_parallel_log_softmax(local.contiguous(), vocab_size=12,
+                                                                      dim=1 if rank == 0 else 0))
+    piece = torch.chunk(_same(rank, torch.randn(6, VOCAB, dtype=torch.float64)), world, dim=-1)[rank]
+    _expect_named("logits' shape", lambda: hp.vocab_parallel_log_softmax(piece.reshape(3 if rank else 2, -1,
+                                                                                        piece.shape[-1])))
+
+
+def test_shapes_that_differ_beyond_the_row_count_are_the_same_named_error():
+    run_ranks(2, shapes_that_differ_beyond_rows)
+
+
+def check_replicated_compares_what_is_replicated(rank, world):
+    import os
+    mesh = init_device_mesh("cpu", (world,))
+    logits = _same(rank, torch.randn(ROWS, VOCAB, dtype=torch.float64))
+    probs = _same(rank, torch.randn(ROWS, VOCAB, dtype=torch.float64).softmax(1))
+    index = torch.arange(ROWS) % VOCAB
+    want = F.cross_entropy(logits, probs)
+    os.environ["HYPER_PARALLEL_CHECK_REPLICATED"] = "1"
+    try:
+        # Legitimate probability targets, refused on every rank before: this rank's piece
+        # (functional), a sharded or a whole DTensor target (loss_parallel).
+        got = hp.vocab_parallel_cross_entropy(torch.chunk(logits, world, dim=-1)[rank],
+                                              torch.chunk(probs, world, dim=-1)[rank])
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        x = distribute_tensor(logits, mesh, [Shard(1)])
+        with hp.loss_parallel():
+            for t in (distribute_tensor(probs, mesh, [Shard(1)]), distribute_tensor(probs, mesh, [Replicate()]), probs):
+                torch.testing.assert_close(F.cross_entropy(x, t).full_tensor(), want, rtol=1e-12, atol=1e-12)
+        # What is meant to be replicated is still compared: index targets that differ.
+        bad = index.clone()
+        if rank == 1:
+            bad[0] = 5
+        with pytest.raises(RuntimeError, match=r"the target differs between ranks: rank\(s\) 1"):
+            hp.vocab_parallel_cross_entropy(torch.chunk(logits, world, dim=-1)[rank], bad)
+    finally:
+        del os.environ["HYPER_PARALLEL_CHECK_REPLICATED"]
+
+
+def test_check_replicated_compares_what_is_meant_to_be_replicated_and_nothing_else():
+    run_ranks(2, check_replicated_compares_what_is_replicated)
+
+
+def strictness_that_differs(rank, world):
+    # What loss_parallel()'s strictness decides alone on a mesh of more than one dim: the
+    # ranks agree on it first (_C.agree_on_loss_strictness), so a difference is named.
+    logits = torch.randn(ROWS, VOCAB, dtype=torch.float64)
+    group = dist.group.WORLD.group_name
+    _expect_named("loss_parallel strictness",
+                  lambda: _C.agree_on_loss_strictness("vocab_parallel_cross_entropy", rank == 0, [group], logits))
+    # One group: the strict rank meets a non-strict one in its call's record.
+    piece = torch.chunk(logits, world, dim=-1)[rank]
+    if rank == 0:
+        call = lambda: _C.agree_on_loss_strictness("vocab_parallel_cross_entropy", True, [group], logits)  # noqa: E731
+    else:
+        call = lambda: hp.vocab_parallel_cross_entropy(piece, torch.arange(ROWS) % VOCAB)  # noqa: E731
+    _expect_named("loss_parallel strictness", call)
+    _C.agree_on_loss_strictness("vocab_parallel_cross_entropy", True, [group], logits)  # agreed: no error
+
+
+def test_strictness_that_differs_between_ranks_is_the_same_named_error():
+    run_ranks(2, strictness_that_differs)
