@@ -1,6 +1,7 @@
 """Side-by-side benchmark of the Python front end, every figure from one run:
 
     PYTHONPATH=build/python torchrun --nproc-per-node 2 apps/bench_python_loss.py --tokens 4096 --vocab 32000 --dtype float32
+    PYTHONPATH=build/python torchrun --nproc-per-node 4 apps/bench_python_loss.py --dp 2 ...   # dp 2 x tp 2
 
 Per rank, cross-entropy forward + backward on [tokens, vocab] logits sharded along the
 vocabulary (median of --iters after a warm-up), and the peak memory the step allocated
@@ -16,6 +17,9 @@ statistics):
 the call overhead: forward + backward of each on a [1, 8] input over a one-rank mesh,
 where neither the kernels nor a transfer take time; and what each context adds to an op it
 does not route (ours sees every torch call inside it). Ratios are against PyTorch's loss_parallel in the same run.
+With --dp N the mesh is (dp N, tp world / N), the logits [Shard(0), Shard(1)] and the target
+[Shard(0), Replicate()] (PyTorch 2.15's multi-dim loss_parallel), and the loss a sum: PyTorch
+refuses reduction="mean" on a mesh of more than one dim.
 """
 
 import argparse
@@ -27,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import loss_parallel as torch_loss_parallel
 
 import hyper_parallel_cpp as hp
@@ -44,6 +48,7 @@ def main(argv=None):
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (default 1, as torchrun)")
+    p.add_argument("--dp", type=int, default=1, help="a (dp, tp) mesh with this many batch shards (default 1: 1-D)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--probe", default=DEFAULT_PROBE,
                    help="libhp_memory_probe.so of the build hyper_parallel_cpp comes from (CPU memory)")
@@ -61,14 +66,24 @@ def main(argv=None):
     if cuda:
         torch.cuda.set_device(device)
     mem = DeviceMemory(device, None if cuda else load_memory_probe(a.probe))
-    mesh = init_device_mesh(a.device, (world,))
+    if world % a.dp:
+        p.error(f"--dp {a.dp} does not divide the {world} ranks")
+    if a.dp > 1:
+        mesh = init_device_mesh(a.device, (a.dp, world // a.dp), mesh_dim_names=("dp", "tp"))
+        placements, target_placements, reduction = [Shard(0), Shard(1)], [Shard(0), Replicate()], "sum"
+    else:
+        mesh = init_device_mesh(a.device, (world,))
+        placements, target_placements, reduction = [Shard(1)], [Replicate()], "mean"
     dtype = _DTYPES[a.dtype]
     g = torch.Generator().manual_seed(7)
     full = (torch.randn(a.tokens, a.vocab, generator=g) * 2).to(dtype)
-    target = torch.randint(a.vocab, (a.tokens,), generator=g).to(device)
-    sharded = distribute_tensor(full.to(device), mesh, [Shard(1)])
+    full_target = torch.randint(a.vocab, (a.tokens,), generator=g).to(device)
+    sharded = distribute_tensor(full.to(device), mesh, placements)
+    dist_target = distribute_tensor(full_target, mesh, target_placements)
+    target = dist_target if a.dp > 1 else full_target  # what the DTensor routes take
     local = sharded.to_local()
-    group = mesh.get_group(0)
+    local_target = dist_target.to_local()
+    group = mesh.get_group(mesh.ndim - 1)
     del full
 
     def measure(step, iters, ours=False):
@@ -91,20 +106,20 @@ def main(argv=None):
     def ours_context():
         x = sharded.detach().requires_grad_()
         with hp.loss_parallel():
-            loss = F.cross_entropy(x, target)
+            loss = F.cross_entropy(x, target, reduction=reduction)
         loss.backward()
         return loss.to_local().item()
 
     def ours_functional():
         x = local.detach().requires_grad_()
-        loss = hp.vocab_parallel_cross_entropy(x, target, group, vocab_size=a.vocab)
+        loss = hp.vocab_parallel_cross_entropy(x, local_target, group, vocab_size=a.vocab, reduction=reduction)
         loss.backward()
         return loss.item()
 
     def pytorch():
         x = sharded.detach().requires_grad_()
         with torch_loss_parallel():
-            loss = F.cross_entropy(x, target)
+            loss = F.cross_entropy(x, target, reduction=reduction)
             loss.backward()
         return loss.to_local().item()
 
@@ -112,7 +127,7 @@ def main(argv=None):
 
     def compiled_gather():
         x = sharded.detach().requires_grad_()
-        loss = compiled_ce(x.full_tensor(), target)
+        loss = compiled_ce(x.full_tensor(), full_target, reduction=reduction)
         loss.backward()
         return loss.item()
 
@@ -164,7 +179,8 @@ def main(argv=None):
                   ("inside PyTorch's", torch_loss_parallel))]
     if rank == 0:
         base_t, base_m = rows[2][1][0], rows[2][1][1]
-        print(f"cross-entropy forward + backward, {a.tokens} x {a.vocab} {a.dtype}, {world} ranks "
+        print(f"cross-entropy ({reduction}) forward + backward, {a.tokens} x {a.vocab} {a.dtype}, {world} ranks "
+              f"on {'dp %d x tp %d' % (a.dp, world // a.dp) if a.dp > 1 else 'tp %d' % world} "
               f"({'Gloo' if not cuda else 'NCCL'}, {a.threads} thread(s) per rank), per rank, median of {a.iters}; "
               f"torch {torch.__version__}")
         print(f"{'':24}{'ms':>10}{'peak MiB':>11}{'x time':>9}{'x memory':>10}{'loss':>14}")

@@ -3,16 +3,19 @@
 
 Inside the context, ``F.cross_entropy`` / ``nn.CrossEntropyLoss``, ``F.nll_loss`` and
 ``log_softmax`` on DTensor logits sharded along the class dim run on the local shards over
-the process group of the mesh dim that shards them: cross-entropy in one all-gather forward
-and no collective backward, exact under ignore_index, class weights, every reduction, label
-smoothing and probability targets. The loss is a replicated DTensor.
+the process group of the mesh dim that shards them (any mesh PyTorch 2.15's loss_parallel
+takes: the other mesh dims Replicate or sharding the batch / sequence): cross-entropy in two
+small all-gathers forward (the call's record, the statistics) and no collective backward,
+exact under ignore_index, class weights, every reduction, label smoothing and probability
+targets. The loss is laid out as PyTorch 2.15 lays it out. Plain tensors are PyTorch's.
 
-The hook: a ``TorchFunctionMode``, entered with the outermost context. It sees
+The hook: a ``TorchFunctionMode`` on the thread while any context is open there. It sees
 ``F.cross_entropy`` whole, before it decomposes into ATen ops (the level where PyTorch's own
 loss_parallel hooks DTensor's op handlers, and so never sees label smoothing or probability
-targets as one loss). The active state is a ``contextvars.ContextVar``: local to the thread
-and to the context, re-entrant (an inner context with no options, or the same ones, nests).
-Backward needs no context: the gradients are the ops' own autograd formulas.
+targets as one loss). The active state is a ``contextvars.ContextVar`` of the open entries:
+local to the thread and to the context, re-entrant (an inner context with no options, or the
+same ones, nests), and any order of exits restores it. Backward needs no context: the
+gradients are the kernels' own autograd formulas.
 """
 
 import contextlib
@@ -26,7 +29,8 @@ from typing import Any, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.tensor import DeviceMesh, DTensor, Replicate, Shard
+from torch.distributed.tensor import DeviceMesh, DTensor, Partial, Replicate, Shard
+from torch._C import _len_torch_function_stack, _pop_torch_function_stack, _push_on_torch_function_stack
 from torch.overrides import TorchFunctionMode
 
 from . import ops
@@ -47,13 +51,43 @@ class LossParallelOptions:
         return parallelism_config().loss_parallel_strict_mesh if self.strict is None else self.strict
 
 
-@dataclass(frozen=True)
-class _Active:
-    depth: int
-    options: LossParallelOptions
+class _Entry:
+    """One entry into loss_parallel(): what its exit removes, whichever entries exit before it."""
+
+    __slots__ = ("options",)
+
+    def __init__(self, options: LossParallelOptions):
+        self.options = options
 
 
-_active: ContextVar[Optional[_Active]] = ContextVar("hyper_parallel_cpp.loss_parallel", default=None)
+# The entries active in this contextvars context, outermost first. Each exit removes its own
+# entry, so any order of exits (generators holding a context across a yield, closed in
+# creation order) leaves exactly the entries still open.
+_active: ContextVar[Tuple[_Entry, ...]] = ContextVar("hyper_parallel_cpp.loss_parallel", default=())
+
+
+class _ThreadModes(threading.local):
+    """The routing mode on this thread's torch-function mode stack, and the entries it serves."""
+
+    def __init__(self):
+        self.mode: Optional["_LossParallelMode"] = None
+        self.entries = 0
+
+
+_thread_modes = _ThreadModes()
+
+
+def _remove_from_mode_stack(mode) -> None:
+    # Modes entered after ours (and still open) stay, in their order.
+    above = []
+    while _len_torch_function_stack() > 0:
+        top = _pop_torch_function_stack()
+        if top is mode:
+            break
+        above.append(top)
+    for m in reversed(above):
+        _push_on_torch_function_stack(m)
+
 
 _BUILT_IN_NAMES = frozenset({"cross_entropy", "log_softmax", "nll_loss"})
 _extra_names_lock = threading.Lock()
@@ -62,7 +96,7 @@ _extra_names: frozenset = frozenset()
 
 def is_loss_parallel_active() -> bool:
     """Whether the calling thread, in its current contextvars context, is inside loss_parallel()."""
-    return _active.get() is not None
+    return bool(_active.get())
 
 
 def loss_parallel_op_names() -> frozenset:
@@ -99,8 +133,8 @@ def register_foreign_dtensor(dtensor_type: type, mesh_type: type) -> None:
 
 def active_options() -> Optional[LossParallelOptions]:
     """The options of the calling context's loss_parallel(), or None outside it."""
-    state = _active.get()
-    return None if state is None else state.options
+    entries = _active.get()
+    return entries[0].options if entries else None
 
 
 def _is_foreign(args, kwargs) -> bool:
@@ -151,40 +185,75 @@ def loss_parallel(
         return
     options = LossParallelOptions(mesh, strict, float(z_loss_weight), float(logit_softcap), gradient_in_forward)
     outer = _active.get()
-    if outer is not None and options != LossParallelOptions() and options != outer.options:
+    if outer and options != LossParallelOptions() and options != outer[0].options:
         raise LossParallelLayoutError(
             f"loss_parallel: a nested context's options ({options}) contradict the enclosing one's "
-            f"({outer.options}); nest with no options or the same ones")
-    token = _active.set(_Active(1 if outer is None else outer.depth + 1,
-                                options if outer is None else outer.options))
-    mode = _LossParallelMode() if outer is None else None
-    if mode is not None:
-        mode.__enter__()
+            f"({outer[0].options}); nest with no options or the same ones")
+    entry = _Entry(options if not outer else outer[0].options)
+    _active.set(outer + (entry,))
+    modes = _thread_modes
+    if modes.entries == 0:
+        modes.mode = _LossParallelMode()
+        _push_on_torch_function_stack(modes.mode)
+    modes.entries += 1
     try:
         yield
     finally:
-        if mode is not None:
-            mode.__exit__(None, None, None)
-        _active.reset(token)
+        modes.entries -= 1
+        if modes.entries == 0:
+            _remove_from_mode_stack(modes.mode)
+            modes.mode = None
+        _active.set(tuple(e for e in _active.get() if e is not entry))
 
 
 # --- layouts ------------------------------------------------------------------------------
+# PyTorch 2.15's contract (torch/distributed/tensor/parallel/loss.py): exactly one mesh dim
+# shards the class dim (the tensor-parallel dim, anywhere in the mesh); every other mesh dim is
+# Replicate or shards another tensor dim (batch, sequence). Tensors over the logits' rows (the
+# target, a per-row loss) are laid out as the logits with the class dim's Shard made Replicate
+# and a Shard of a later dim moved down one. Under strict (the default) that is the contract;
+# strict=False re-lays out what it cannot take (a warning) and gives the exact global mean on a
+# batch-sharded mesh.
 
 
 @dataclass
 class _ClassSharding:
-    logits: DTensor  # possibly re-laid-out (strict=False on a mesh of more than one dim)
+    logits: DTensor  # possibly re-laid-out (strict=False)
     class_dim: int
-    mesh_dim: int
+    mesh_dim: int  # the mesh dim that shards the class dim
     group_name: str
     vocab_size: int
     offset: int  # first class held here
     local: int  # classes held here
 
+    @property
+    def mesh(self) -> DeviceMesh:
+        return self.logits.device_mesh
+
+    def row_placements(self) -> Tuple:
+        """The placements of a tensor over the logits' rows (target, per-row loss)."""
+        out = []
+        for i, p in enumerate(self.logits.placements):
+            if i == self.mesh_dim or not isinstance(p, Shard):
+                out.append(Replicate())
+            else:
+                d = p.dim % self.logits.ndim
+                out.append(Shard(d - 1 if d > self.class_dim else d))
+        return tuple(out)
+
+    def batch_mesh_dims(self) -> List[int]:
+        """The mesh dims other than the class dim's that shard the rows."""
+        return [i for i, p in enumerate(self.logits.placements) if i != self.mesh_dim and isinstance(p, Shard)]
+
+    def sum_placements(self) -> Tuple:
+        """A sum over the local rows: Partial on the mesh dims that shard the rows."""
+        batch = self.batch_mesh_dims()
+        return tuple(Partial("sum") if i in batch else Replicate() for i in range(self.mesh.ndim))
+
 
 def _expected(class_dim: int) -> str:
-    return (f"a DTensor sharded along its class dim: placements [Shard({class_dim})] on a 1-D "
-            f"tensor-parallel mesh")
+    return (f"a DTensor sharded along its class dim {class_dim} on exactly one mesh dim (Shard({class_dim})), "
+            f"its other mesh dims Shard or Replicate (a Shard of another dim)")
 
 
 def _describe(t: DTensor) -> str:
@@ -205,38 +274,52 @@ def _group_ranks(mesh: DeviceMesh, mesh_dim: int) -> List[int]:
     return dist.get_process_group_ranks(mesh.get_group(mesh_dim))
 
 
+def _contract_placements(t: DTensor, class_dim: int) -> Optional[List]:
+    """The placements closest to t's that the contract takes (class dim on one mesh dim, the
+    last that shards it; Partial reduced; other shardings of the class dim and strided shards
+    gathered), or None where nothing shards the class dim."""
+    dims = [i for i, p in enumerate(t.placements) if _shards_dim(p, class_dim, t.ndim)]
+    if not dims:
+        return None
+    want = []
+    for i, p in enumerate(t.placements):
+        if i == dims[-1]:
+            want.append(Shard(class_dim))
+        elif type(p) is Shard and p.dim % t.ndim != class_dim:
+            want.append(Shard(p.dim % t.ndim))
+        else:
+            want.append(Replicate())
+    return want
+
+
 def _resolve(t: Any, class_dim: int, op: str, options: LossParallelOptions) -> _ClassSharding:
     if not isinstance(t, DTensor):
         raise LossParallelLayoutError(f"{op} under loss_parallel: expected the input to be {_expected(class_dim)}, "
                                       f"got a plain tensor of shape {list(t.shape)}")
     mesh = t.device_mesh
-    if any(p.is_partial() for p in t.placements):
-        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the input to be {_expected(class_dim)}, "
-                                      f"got {_describe(t)} (reduce the Partial first)")
-    dims = [i for i, p in enumerate(t.placements) if _shards_dim(p, class_dim, t.ndim)]
-    if not dims:
+    if options.effective_strict() and any(p.is_partial() for p in t.placements):
+        raise LossParallelLayoutError(f"{op} under loss_parallel (strict): expected the input to be "
+                                      f"{_expected(class_dim)}, got {_describe(t)}: reduce the Partial first, or use "
+                                      f"strict=False")
+    want = _contract_placements(t, class_dim)
+    if want is None:
         raise LossParallelLayoutError(f"{op} under loss_parallel: expected the input to be {_expected(class_dim)}, "
                                       f"got {_describe(t)}: the class dim {class_dim} is not sharded")
-    if len(dims) > 1:
-        raise LossParallelUnsupportedError(f"{op} under loss_parallel: the class dim is sharded by {len(dims)} "
-                                           f"mesh dims ({_describe(t)}); expected exactly one")
-    m = dims[0]
+    if list(t.placements) != want:
+        if options.effective_strict():
+            raise LossParallelLayoutError(
+                f"{op} under loss_parallel (strict): expected the input to be {_expected(class_dim)} (PyTorch's "
+                f"loss_parallel contract), got {_describe(t)}: gather the other shardings first, or use strict=False")
+        _warn_once("relayout:" + str(list(t.placements)),
+                   f"loss_parallel (strict=False): re-laying out the logits ({_describe(t)} -> {want})")
+        t = t.redistribute(mesh, want)
+    m = want.index(Shard(class_dim))
     if options.mesh is not None:
         whole = options.mesh == mesh
         that_dim = options.mesh.ndim == 1 and options.mesh.mesh.flatten().tolist() == _group_ranks(mesh, m)
         if not whole and not that_dim:
             raise LossParallelLayoutError(f"{op} under loss_parallel(mesh = {options.mesh}): expected the input on "
                                           f"that mesh, got {_describe(t)}")
-    if mesh.ndim != 1:
-        if options.effective_strict():
-            raise LossParallelLayoutError(f"{op} under loss_parallel (strict): expected {_expected(class_dim)}, got "
-                                          f"{_describe(t)}. Use the 1-D sub-mesh (mesh[\"tp\"]) or strict=False")
-        want = [Replicate()] * mesh.ndim
-        want[m] = Shard(class_dim)
-        if list(t.placements) != want:
-            _warn_once("gather", f"loss_parallel (strict=False): gathering the logits' non-class mesh dims "
-                                 f"({_describe(t)} -> {want})")
-            t = t.redistribute(mesh, want)
     n = mesh.size(m)
     r = mesh.get_local_rank(m)
     vocab = t.shape[class_dim]
@@ -258,45 +341,116 @@ def _replicated_local(t: Any, what: str, op: str, mesh: DeviceMesh) -> torch.Ten
     return t.to_local()
 
 
-def _probability_target_local(target: Any, cs: _ClassSharding, op: str) -> torch.Tensor:
+def _laid_out_local(t: Any, want: Tuple, what: str, op: str, cs: _ClassSharding,
+                    options: LossParallelOptions) -> torch.Tensor:
+    """This rank's piece of a tensor that must be laid out as `want` on the logits' mesh (the
+    target: the rows' placements; probability targets: the logits'). A plain tensor is taken
+    only where `want` shards nothing (as PyTorch: it could be the whole or a piece); a DTensor
+    replicated on the mesh is cut to its piece here (no communication)."""
+    mesh = cs.mesh
+    if not isinstance(t, DTensor):
+        if any(isinstance(p, Shard) for i, p in enumerate(want) if i != cs.mesh_dim):
+            raise LossParallelLayoutError(
+                f"{op} under loss_parallel: expected the {what} as a DTensor laid out {list(want)} (loss_parallel "
+                f"requires a DTensor, not a plain torch.Tensor, when the logits' other mesh dims shard their rows: "
+                f"a plain tensor could be the whole or this rank's piece). Wrap it with DTensor.from_local or "
+                f"distribute_tensor")
+        return t
+    if t.device_mesh != mesh:
+        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the {what} on the logits' mesh {mesh}, "
+                                      f"got one on {t.device_mesh}")
+    if tuple(t.placements) == tuple(want):
+        return t.to_local()
+    if all(p.is_replicate() for p in t.placements):
+        return t.redistribute(mesh, list(want)).to_local()
+    if options.effective_strict():
+        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the {what} laid out {list(want)} (or "
+                                      f"replicated), got {list(t.placements)}")
+    _warn_once("relayout-" + what, f"loss_parallel (strict=False): re-laying out the {what} "
+                                   f"({list(t.placements)} -> {list(want)})")
+    return t.redistribute(mesh, list(want)).to_local()
+
+
+def _probability_target_local(target: Any, cs: _ClassSharding, op: str, options: LossParallelOptions) -> torch.Tensor:
     logits = cs.logits
-    if isinstance(target, DTensor):
-        if target.device_mesh != logits.device_mesh:
-            raise LossParallelLayoutError(f"{op} under loss_parallel: expected the probability target on the "
-                                          f"logits' mesh {logits.device_mesh}, got one on {target.device_mesh}")
-        if list(target.placements) == list(logits.placements):
-            return target.to_local()
-        if all(p.is_replicate() for p in target.placements):
-            return target.to_local().narrow(cs.class_dim, cs.offset, cs.local)
-        raise LossParallelLayoutError(f"{op} under loss_parallel: expected probability targets replicated or laid "
-                                      f"out like the logits ({list(logits.placements)}), got "
-                                      f"{list(target.placements)}")
-    if tuple(target.shape) != tuple(logits.shape):
+    if not isinstance(target, DTensor) and tuple(target.shape) != tuple(logits.shape):
         raise ValueError(f"{op}: probability targets must have the logits' shape {list(logits.shape)}, got "
                          f"{list(target.shape)}")
-    return target.narrow(cs.class_dim, cs.offset, cs.local)
+    if not isinstance(target, DTensor):
+        _laid_out_local(target, cs.row_placements(), "probability target", op, cs, options)  # refuses a batch shard
+        return target.narrow(cs.class_dim, cs.offset, cs.local)
+    return _laid_out_local(target, tuple(logits.placements), "probability target", op, cs, options)
 
 
-def _replicated_result(local: torch.Tensor, mesh: DeviceMesh) -> DTensor:
-    return DTensor.from_local(local, mesh, [Replicate()] * mesh.ndim, run_check=False)
+def _rows_shape(cs: _ClassSharding) -> List[int]:
+    return [s for i, s in enumerate(cs.logits.shape) if i != cs.class_dim]
+
+
+def _contiguous_stride(shape: List[int]) -> Tuple[int, ...]:
+    stride, acc = [], 1
+    for s in reversed(shape):
+        stride.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(stride))
+
+
+def _loss_result(local: torch.Tensor, cs: _ClassSharding, reduction: str) -> DTensor:
+    """The loss as PyTorch 2.15's loss_parallel lays it out: per row ('none') as the target;
+    reduced, Replicate over the class dim's mesh dim and Partial("sum") over the mesh dims that
+    shard the rows (each rank summed its rows)."""
+    if reduction == "none":
+        shape = _rows_shape(cs)
+        return DTensor.from_local(local, cs.mesh, cs.row_placements(), run_check=False, shape=torch.Size(shape),
+                                  stride=_contiguous_stride(shape))
+    return DTensor.from_local(local, cs.mesh, cs.sum_placements(), run_check=False)
+
+
+def _check_mean(cs: _ClassSharding, reduction: str, op: str, options: LossParallelOptions) -> None:
+    if reduction == "mean" and cs.mesh.ndim > 1 and options.effective_strict():
+        raise LossParallelUnsupportedError(
+            f"{op} under loss_parallel (strict): reduction='mean' is only supported on a one-dimensional DeviceMesh "
+            f"(PyTorch's loss_parallel contract), got a mesh with ndim={cs.mesh.ndim} ({_describe(cs.logits)}). Use "
+            f"reduction='sum' or 'none', or strict=False for the exact global mean (one all-reduce of the weight "
+            f"total over the mesh dims that shard the rows)")
+
+
+def _mean_denominator(target_local: torch.Tensor, weight_local: Optional[torch.Tensor], ignore_index: int,
+                      rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """What 'mean' divides this rank's rows by, as F.cross_entropy / F.nll_loss define it: the
+    class weights of the counted targets (their count without weights), or the rows for
+    probability targets."""
+    if target_local.is_floating_point():
+        return torch.tensor(float(rows), dtype=dtype)
+    counted = target_local != ignore_index
+    if weight_local is None:
+        return counted.sum().to(dtype)
+    return torch.where(counted, weight_local.to(dtype)[torch.where(counted, target_local, 0)],
+                       torch.zeros((), dtype=dtype)).sum()
+
+
+def _global_mean_scale(cs: _ClassSharding, denominator: torch.Tensor) -> torch.Tensor:
+    """1 / the denominator summed over the mesh dims that shard the rows (one all-reduce each)."""
+    total = denominator.clone()
+    for d in cs.batch_mesh_dims():
+        dist.all_reduce(total, group=cs.mesh.get_group(d))
+    return 1.0 / total
 
 
 def logprobs_of_dtensor(logits: DTensor, target: Any, temperature: float, return_entropy: bool,
                         ignore_index: int):
     """ops.vocab_parallel_logprobs on PyTorch DTensor logits sharded along their last dim (the
-    layout rules of loss_parallel(), in or outside it): replicated DTensors out, the gradient
-    back to the logits' shards through to_local()."""
+    layout rules of loss_parallel(), in or outside it): per-token DTensors laid out as the
+    target (the logits' rows), the gradient back to the logits' shards through to_local()."""
     op = "vocab_parallel_logprobs"
     options = active_options() or LossParallelOptions()
     cs = _resolve(logits, logits.ndim - 1, op, options)
-    mesh = cs.logits.device_mesh
-    local_target = _replicated_local(target, "target", op, mesh)
+    local_target = _laid_out_local(target, cs.row_placements(), "target", op, cs, options)
     out = ops.vocab_parallel_logprobs(cs.logits.to_local(), local_target, cs.group_name, temperature=temperature,
                                       return_entropy=return_entropy, ignore_index=ignore_index,
                                       vocab_size=cs.vocab_size)
     if return_entropy:
-        return _replicated_result(out[0], mesh), _replicated_result(out[1], mesh)
-    return _replicated_result(out, mesh)
+        return _loss_result(out[0], cs, "none"), _loss_result(out[1], cs, "none")
+    return _loss_result(out, cs, "none")
 
 
 def _legacy_reduction(size_average, reduce, reduction: str) -> str:
@@ -326,7 +480,7 @@ def _gathered(func, mesh: DeviceMesh, args, kwargs) -> DTensor:
             return v.redistribute(v.device_mesh, [Replicate()] * v.device_mesh.ndim).to_local()
         return v
     out = func(*[whole(a) for a in args], **{k: whole(v) for k, v in kwargs.items()})
-    return _replicated_result(out, mesh)
+    return DTensor.from_local(out, mesh, [Replicate()] * mesh.ndim, run_check=False)
 
 
 # --- the handlers -----------------------------------------------------------------------------
@@ -339,47 +493,68 @@ _NLL_LOSS = inspect.signature(F.nll_loss)
 def _cross_entropy(options: LossParallelOptions, args, kwargs):
     a = _CROSS_ENTROPY.bind(*args, **kwargs).arguments
     logits, target, weight = a["input"], a["target"], a.get("weight")
+    if not isinstance(logits, DTensor):
+        return NotImplemented  # plain tensors are PyTorch's, as under its own loss_parallel
     op = "cross_entropy"
     class_dim = 1 if logits.ndim >= 2 else 0
     if not _is_class_sharded(logits, class_dim) and not options.effective_strict():
         _warn_once("unsharded", f"loss_parallel (strict=False): logits are not sharded along the class dim "
-                                f"({_describe(logits) if isinstance(logits, DTensor) else 'plain tensor'}); "
-                                f"computing cross_entropy the ordinary way")
+                                f"({_describe(logits)}); computing cross_entropy the ordinary way")
         return NotImplemented
     cs = _resolve_or_fallback(logits, class_dim, op, options)
     if cs is None:
         return _gathered(F.cross_entropy, logits.device_mesh, args, kwargs)
-    mesh = cs.logits.device_mesh
     reduction = _legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
+    _check_mean(cs, reduction, op, options)
     if target.is_floating_point():
-        target_local = _probability_target_local(target, cs, op)
+        target_local = _probability_target_local(target, cs, op, options)
     else:
-        target_local = _replicated_local(target, "target", op, mesh)
-    weight_local = None if weight is None else _replicated_local(weight, "class weight", op, mesh)
-    args = (cs.group_name, cs.vocab_size, class_dim, int(a.get("ignore_index", -100)),
-            ops.reduction_code(reduction, op), float(a.get("label_smoothing", 0.0)), options.z_loss_weight,
-            options.logit_softcap)
+        target_local = _laid_out_local(target, cs.row_placements(), "target", op, cs, options)
+    weight_local = None if weight is None else _replicated_local(weight, "class weight", op, cs.mesh)
+    ignore_index = int(a.get("ignore_index", -100))
+    global_mean = reduction == "mean" and bool(cs.batch_mesh_dims())
+    if global_mean and options.z_loss_weight != 0:
+        raise LossParallelUnsupportedError(
+            f"{op} under loss_parallel(z_loss_weight={options.z_loss_weight}): reduction='mean' on a mesh whose "
+            f"other dims shard the rows ({_describe(cs.logits)}) divides the z-loss by another count than the "
+            f"cross-entropy; use reduction='sum' and divide yourself")
+    kernel_reduction = "sum" if global_mean else reduction
+    args = (cs.group_name, cs.vocab_size, class_dim, ignore_index, ops.reduction_code(kernel_reduction, op),
+            float(a.get("label_smoothing", 0.0)), options.z_loss_weight, options.logit_softcap)
     local = cs.logits.to_local()
-    if options.gradient_in_forward and torch.is_grad_enabled() and cs.logits.grad_fn is not None:
-        # Not for leaves: their values are the caller's, and their .grad would alias them.
-        loss = _CrossEntropyGradientInForward.apply(local, target_local, weight_local, *args, [cs.logits])
-    else:
-        loss, *_ = ops._cross_entropy(local, target_local, weight_local, *args)
-    return _replicated_result(loss, mesh)
+    # Not for leaves: their values are the caller's, and their .grad would alias them.
+    in_forward = options.gradient_in_forward and torch.is_grad_enabled() and cs.logits.grad_fn is not None
+    loss = _CrossEntropy.apply(local, target_local, weight_local, *args, in_forward, [cs.logits])
+    if global_mean:
+        loss = loss * _global_mean_scale(cs, _mean_denominator(target_local, weight_local, ignore_index,
+                                                               _rows_count(local.shape, class_dim), loss.dtype))
+    return _loss_result(loss, cs, reduction)
 
 
-class _CrossEntropyGradientInForward(torch.autograd.Function):
-    """cross_entropy that writes its gradient over the logits' local piece in forward."""
+def _rows_count(shape, class_dim: int) -> int:
+    n = 1
+    for i, s in enumerate(shape):
+        if i != class_dim:
+            n *= s
+    return n
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """cross_entropy on the local pieces, calling the library's kernels directly rather than as
+    the registered op: a registered op runs below any dispatch mode (CommDebugMode counts it as
+    one op), while here the collectives it issues through the process group are the c10d ops
+    that PyTorch's CommDebugMode counts. With `in_forward` the gradient is written over the
+    logits' local piece in forward (gradient_in_forward)."""
 
     @staticmethod
     def forward(ctx, local, target, weight, group_name, vocab_size, class_dim, ignore_index, reduction, smoothing,
-                z, cap, owner):
+                z, cap, in_forward, owner):
         # owner: [the DTensor whose local piece `local` is]. A DTensor has a version counter of
         # its own, which autograd checks for its saved users and which in-place DTensor ops bump
         # (not the local piece's): both are bumped here and both checked in backward.
         loss, row_max, log_sum, row_weight, grad_rows = _C.cross_entropy_forward(
             local, class_dim, target, weight, group_name, vocab_size, ignore_index, reduction, smoothing, z, cap,
-            True)
+            in_forward)
         ctx.args = (class_dim, group_name, vocab_size, ignore_index, reduction, smoothing, z, cap)
         ctx.written = grad_rows.numel() > 0
         if ctx.written:
@@ -389,7 +564,7 @@ class _CrossEntropyGradientInForward(torch.autograd.Function):
                 torch.autograd.graph.increment_version(t)
             ctx.local, ctx.dtensor, ctx.grad_rows = local, dtensor, grad_rows
             ctx.versions = (local._version, dtensor._version)
-        else:  # not written (rows without a unit class stride, or no classes here): as without it
+        else:  # not asked, or not written (rows without a unit class stride, or no classes here)
             ctx.save_for_backward(local, target, weight, row_max, log_sum, row_weight)
         return loss
 
@@ -415,7 +590,7 @@ class _CrossEntropyGradientInForward(torch.autograd.Function):
             grad = _C.cross_entropy_backward(grad_loss, local, class_dim, target, weight, row_max, log_sum, row_weight,
                                              ops._EMPTY, group_name, vocab_size, ignore_index, reduction, smoothing, z,
                                              cap)
-        return (grad,) + (None,) * 11
+        return (grad,) + (None,) * 12
 
 
 def _reject_cross_entropy_only_options(options: LossParallelOptions, op: str) -> None:
@@ -480,20 +655,25 @@ def _nll_loss(options: LossParallelOptions, args, kwargs):
     if cs is None:
         _reject_cross_entropy_only_options(options, op)
         return _gathered(F.nll_loss, logp.device_mesh, args, kwargs)
-    mesh = cs.logits.device_mesh
     if target.is_floating_point():
         raise LossParallelUnsupportedError("nll_loss under loss_parallel: expected class-index targets (as "
                                            "F.nll_loss), got floating-point ones")
     reduction = _legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
-    target_local = _replicated_local(target, "target", op, mesh)
-    weight_local = None if weight is None else _replicated_local(weight, "class weight", op, mesh)
+    _check_mean(cs, reduction, op, options)
+    target_local = _laid_out_local(target, cs.row_placements(), "target", op, cs, options)
+    weight_local = None if weight is None else _replicated_local(weight, "class weight", op, cs.mesh)
     local = cs.logits.to_local()
-    code, ignore_index = ops.reduction_code(reduction, op), int(a.get("ignore_index", -100))
+    ignore_index = int(a.get("ignore_index", -100))
+    global_mean = reduction == "mean" and bool(cs.batch_mesh_dims())
+    code = ops.reduction_code("sum" if global_mean else reduction, op)
     _settle_cross_entropy_only_options(options, op, lambda z, cap: _C.nll_loss_forward(
         local, class_dim, target_local, weight_local, code, ignore_index, cs.group_name, cs.vocab_size, z, cap))
     out, _ = ops._nll_loss(local, target_local, weight_local, class_dim, code, ignore_index, cs.group_name,
                            cs.vocab_size)
-    return _replicated_result(out, mesh)
+    if global_mean:
+        out = out * _global_mean_scale(cs, _mean_denominator(target_local, weight_local, ignore_index,
+                                                             _rows_count(local.shape, class_dim), out.dtype))
+    return _loss_result(out, cs, reduction)
 
 
 # The functions the mode routes, and their handlers: one dict lookup per torch call decides.
@@ -521,15 +701,15 @@ class _LossParallelMode(TorchFunctionMode):
         kwargs = kwargs or {}
         route = _ROUTES.get(func)
         if route is None:
-            if _extra_names and getattr(func, "__name__", "") in _extra_names and _active.get() is not None \
+            if _extra_names and getattr(func, "__name__", "") in _extra_names and _active.get() \
                     and _first_class_sharded(args, kwargs) is not None:
                 raise LossParallelUnsupportedError(
                     f"loss_parallel: '{func.__name__}' is in the loss_parallel op names but has no loss_parallel "
                     f"kernel")
             return func(*args, **kwargs)
-        state = _active.get()
-        if state is not None and not _is_foreign(args, kwargs):
-            result = route(state.options, args, kwargs, func)
+        entries = _active.get()
+        if entries and not _is_foreign(args, kwargs):
+            result = route(entries[0].options, args, kwargs, func)
             if result is not NotImplemented:
                 return result
         return func(*args, **kwargs)

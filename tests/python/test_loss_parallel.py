@@ -2,6 +2,7 @@
 (float64, 1e-12) and PyTorch's own loss_parallel, TP 1-4 (3 and 4 shard 13 classes unevenly)."""
 
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -170,44 +171,41 @@ def test_log_softmax_is_right_for_every_consumer(world):
 
 
 def two_dim_mesh(rank, world):
+    # PyTorch 2.15's contract under strict (test_loss_parallel_meshes.py has every layout); the
+    # config is the root: strict=None follows loss_parallel_strict_mesh.
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     gen = torch.Generator().manual_seed(5)
     logits, target, weight, _ = _make_inputs(gen, (8, CLASSES), 3, True, False)
     ref_x = logits.clone().requires_grad_()
     ref = F.cross_entropy(ref_x, target, weight=weight, ignore_index=3, label_smoothing=0.1)
     ref.backward()
-    for placements in ([Replicate(), Shard(1)], [Shard(0), Shard(1)]):
-        x = distribute_tensor(logits, mesh, placements)
-        with pytest.raises(hp.LossParallelLayoutError, match="strict"):
-            with hp.loss_parallel():
-                F.cross_entropy(x, target, weight=weight, ignore_index=3)
-        x = distribute_tensor(logits, mesh, placements).requires_grad_()
-        with pytest.warns(UserWarning, match="gathering") if placements[0] != Replicate() else _no_warning():
-            with hp.loss_parallel(strict=False):
-                loss = F.cross_entropy(x, target, weight=weight, ignore_index=3, label_smoothing=0.1)
-        loss.backward()
-        assert_close(loss.full_tensor(), ref, TOL, f"{placements} loss")
-        assert_close(x.grad.full_tensor(), ref_x.grad, TOL, f"{placements} grad")
-    # The config is the root: strict=None follows loss_parallel_strict_mesh.
+    x = distribute_tensor(logits, mesh, [Replicate(), Shard(1)])
+    with pytest.raises(hp.LossParallelUnsupportedError, match="one-dimensional"):
+        with hp.loss_parallel():
+            F.cross_entropy(x, target, weight=weight, ignore_index=3)
     hp.set_parallelism_config(hp.ParallelismConfig(loss_parallel_strict_mesh=False))
     try:
-        x = distribute_tensor(logits, mesh, [Replicate(), Shard(1)])
-        with hp.loss_parallel(mesh=mesh):
-            loss = F.cross_entropy(x, target, weight=weight, ignore_index=3, label_smoothing=0.1)
+        x = distribute_tensor(logits, mesh, [Replicate(), Shard(1)]).requires_grad_()
+        with _no_warning():
+            with hp.loss_parallel(mesh=mesh):
+                loss = F.cross_entropy(x, target, weight=weight, ignore_index=3, label_smoothing=0.1)
+        loss.backward()
+        assert loss.placements == (Replicate(), Replicate())
         assert_close(loss.full_tensor(), ref, TOL, "strict from the config")
+        assert_close(x.grad.full_tensor(), ref_x.grad, TOL, "strict from the config: gradient")
     finally:
         hp.set_parallelism_config(hp.ParallelismConfig())
 
 
-class _no_warning:
+class _no_warning(warnings.catch_warnings):
+    """Any warning inside is an error: nothing is re-laid out."""
+
     def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+        super().__enter__()
+        warnings.simplefilter("error")
 
 
-def test_a_two_dim_mesh_is_refused_when_strict_and_gathered_when_not():
+def test_a_two_dim_mesh_follows_pytorchs_contract_and_the_config():
     run_ranks(4, two_dim_mesh, fresh=True)
 
 

@@ -35,9 +35,9 @@ def bad_inputs(rank, world):
             with hp.loss_parallel(**options):
                 fn()
 
-    # A plain tensor where a DTensor is needed.
-    expect(hp.LossParallelLayoutError, r"expected the input to be a DTensor sharded along its class dim.*plain tensor",
-           lambda: F.cross_entropy(logits, target))
+    # A plain tensor is PyTorch's own (test_loss_parallel_context.py has the rest).
+    with hp.loss_parallel():
+        torch.testing.assert_close(F.cross_entropy(logits, target), F.cross_entropy(logits, target), rtol=0, atol=0)
     # Replicate logits: the class dim is not sharded.
     expect(hp.LossParallelLayoutError, r"the class dim 1 is not sharded",
            lambda: F.cross_entropy(distribute_tensor(logits, mesh, [Replicate()]), target))
@@ -63,7 +63,7 @@ def bad_inputs(rank, world):
         expect(RuntimeError, rf"refused on rank\(s\) {world - 1} .*Target {CLASSES + 4} is out of bounds",
                lambda: F.cross_entropy(x, bad))
     # A sharded target for index targets.
-    expect(hp.LossParallelLayoutError, r"target to be replicated",
+    expect(hp.LossParallelLayoutError, r"expected the target laid out \[Replicate\(\)\] \(or replicated\)",
            lambda: F.cross_entropy(x, distribute_tensor(target.double(), mesh, [Shard(0)]).long()))
     # Options that only cross_entropy takes, on log_softmax.
     expect(hp.LossParallelUnsupportedError, r"cross_entropy only", lambda: F.log_softmax(x, 1), z_loss_weight=1e-4)
@@ -170,18 +170,32 @@ def test_errors_derive_from_the_python_classes_the_spec_names():
     assert issubclass(hp.LossParallelUnsupportedError, NotImplementedError)
 
 
-def test_fallback_on_layout_error_gathers_with_a_warning(mesh):
+def test_the_class_dim_sharded_twice_is_refused_when_strict_and_re_laid_out_when_not():
     logits = torch.randn(4, CLASSES, dtype=torch.float64)
     target = torch.randint(0, CLASSES, (4,))
     mesh2 = init_device_mesh("cpu", (1, 1), mesh_dim_names=("a", "b"))
-    x = distribute_tensor(logits, mesh2, [Shard(1), Shard(1)])  # the class dim sharded twice
-    with pytest.raises(hp.LossParallelUnsupportedError, match="sharded by 2 mesh dims"):
+    x = distribute_tensor(logits, mesh2, [Shard(1), Shard(1)])
+    with pytest.raises(hp.LossParallelLayoutError, match=r"\(strict\).*exactly one mesh dim"):
+        with hp.loss_parallel():
+            F.cross_entropy(x, target)
+    with pytest.warns(UserWarning, match="re-laying out the logits"):
         with hp.loss_parallel(strict=False):
+            loss = F.cross_entropy(x, target)
+    torch.testing.assert_close(loss.full_tensor(), F.cross_entropy(logits, target))
+
+
+def test_fallback_on_layout_error_gathers_with_a_warning(mesh):
+    logits = torch.randn(4, CLASSES, dtype=torch.float64)
+    target = torch.randint(0, CLASSES, (4,))
+    other = init_device_mesh("cpu", (1, 1), mesh_dim_names=("a", "b"))
+    x = distribute_tensor(logits, mesh, [Shard(1)])  # not on mesh=
+    with pytest.raises(hp.LossParallelLayoutError, match="expected the input on that mesh"):
+        with hp.loss_parallel(mesh=other, strict=False):
             F.cross_entropy(x, target)
     hp.set_parallelism_config(hp.ParallelismConfig(loss_parallel_fallback_on_layout_error=True))
     try:
         with pytest.warns(UserWarning, match="all-gathering the logits"):
-            with hp.loss_parallel(strict=False):
+            with hp.loss_parallel(mesh=other, strict=False):
                 loss = F.cross_entropy(x, target)
         torch.testing.assert_close(loss.full_tensor(), F.cross_entropy(logits, target))
     finally:
