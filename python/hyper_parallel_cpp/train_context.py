@@ -1,4 +1,7 @@
-"""get_train_context: TorchTitan's TrainContext protocol, entering our loss_parallel."""
+"""get_train_context: the TrainContext protocol of TorchTitan up to 0.2.2, entering our loss_parallel.
+
+TorchTitan 0.3 has no train context that enters loss_parallel(): integrations.torchtitan serves it.
+"""
 
 import contextlib
 from typing import Callable, ContextManager, Iterator, Optional
@@ -12,7 +15,7 @@ TrainContext = Callable[..., ContextManager[None]]
 def get_train_context(enable_loss_parallel: bool) -> TrainContext:
     """A callable whose every call is a ``with`` target for one step's forward and backward
     (and the validator's forward): loss_parallel() when ``enable_loss_parallel`` and
-    ParallelismConfig.disable_loss_parallel is not set, nothing otherwise. As TorchTitan's,
+    ParallelismConfig.disable_loss_parallel is not set, nothing otherwise. As TorchTitan's did,
     it takes an optional context of its own (context parallelism) to enter inside it.
 
     The trainer's ``enable_loss_parallel`` is ``tp_enabled and not disable_loss_parallel``.
