@@ -185,14 +185,14 @@ def compare_loss_paths(rank, world):
     (TorchTitan 0.3.0's trainer at TP 2 stops in FSDP's setup on PyTorch 2.15 under spmd_types
     and full_dtensor, before any loss: "Expected param's DTensor mesh to be the same mesh"):
     spmd_types (plain local pieces; also under its type checker), full_dtensor (logits and labels
-    DTensors), partial_dtensor (a Shard(-1) DTensor); an uneven vocabulary (19 + 18) and ignored
-    labels."""
+    DTensors; also with the batch sharded on a dp axis), partial_dtensor (a Shard(-1) DTensor); an
+    uneven vocabulary (19 + 18) and ignored labels."""
     from contextlib import nullcontext
 
     import spmd_types as spmd
     from spmd_types.checker import typecheck as spmd_typecheck
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
     from torchtitan.components.loss import cross_entropy_loss as their_loss
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.distributed.spmd_types import set_current_spmd_mesh
@@ -238,6 +238,22 @@ def compare_loss_paths(rank, world):
         # Without global_vocab_size (TorchTitan's own needs it there), ours learns it from the pieces.
         got, _ = loss_and_grad(our_loss, "spmd_types", global_vocab_size=None)
         torch.testing.assert_close(got, want, rtol=2e-6, atol=0)
+
+        # full_dtensor with the batch sharded on another mesh axis (dp 2 x tp 1 here): the loss is
+        # a Partial sum on that axis, as TorchTitan's.
+        dist_utils.set_spmd_backend("full_dtensor")
+        mesh_2d = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp", "tp"))
+        results = []
+        for fn in (their_loss, our_loss):
+            local = logits[rank:rank + 1].clone().requires_grad_()
+            pred = DTensor.from_local(local, mesh_2d, [Shard(0), Shard(2)], shape=logits.shape, stride=logits.stride())
+            target = DTensor.from_local(labels[rank:rank + 1], mesh_2d, [Shard(0), Replicate()])
+            loss = fn(pred, target, global_vocab_size=vocab)
+            assert tuple(loss.placements) == (Partial(), Replicate()), loss.placements
+            loss.backward()
+            results.append((loss.full_tensor().detach(), local.grad))
+        torch.testing.assert_close(results[1][0], results[0][0], rtol=2e-6, atol=0)
+        torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-7)
     finally:
         dist_utils.set_spmd_backend("spmd_types")
 
