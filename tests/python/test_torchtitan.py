@@ -300,3 +300,17 @@ def test_torchtitans_command_line_takes_a_config_with_our_loss():
                                          "--loss.loss_fn.global_vocab_size", "2000"])
     assert type(config.loss.loss_fn).__qualname__ == "VocabParallelCrossEntropyLoss.Config"
     assert config.loss.loss_fn.global_vocab_size == 2000 and config.parallelism.tensor_parallel_degree == 2
+
+
+def test_a_plain_loss_config_is_replaced_too_and_a_second_call_changes_nothing():
+    _run_torchtitan_on_cpu()
+    from hyper_parallel_cpp.integrations import torchtitan as hp_titan
+    from torchtitan.components.loss import CrossEntropyLoss
+    from torchtitan.models.llama3.config_registry import llama3_debugmodel_ce_loss
+
+    config = hp_titan.use_vocab_parallel_loss(llama3_debugmodel_ce_loss())  # Trainer.Config.loss itself
+    ours = config.loss
+    assert isinstance(ours, hp_titan.VocabParallelCrossEntropyLoss.Config) and ours.global_vocab_size == 2048
+    assert hp_titan.use_vocab_parallel_loss(config).loss is ours
+    with pytest.raises(ValueError, match="pass the config that holds the loss"):
+        hp_titan.use_vocab_parallel_loss(CrossEntropyLoss.Config())
