@@ -30,7 +30,7 @@ HP_PUBLIC_BEGIN
 namespace hyper_parallel {
 
 struct LogprobsOptions {
-  double temperature = 1.0;     // > 0, finite: the logits are scaled by 1 / T (within an ulp of x / T)
+  double temperature = 1.0;     // > 0, 1 / T finite in the compute type: the softmax of (x - max) / T
   bool return_entropy = false;  // also the entropy of softmax(x / T) (a little more work per logit)
   int64_t ignore_index = -100;
   // The fused linear variant's blocks (FusedLinearCrossEntropyOptions has their meaning; 0:
@@ -46,9 +46,13 @@ struct Logprobs {
 
 // What backward needs besides the inputs ([rows], compute type).
 struct LogprobsSaved {
-  at::Tensor row_max, log_sum;  // of y = x / T: lse = row_max + log_sum, kept apart
-  at::Tensor entropy;           // undefined without return_entropy
-  int64_t vocab_size = -1;      // the vocabulary forward used (learnt when given < 0)
+  // max_c x_c (the logits' units, not divided by T) and log sum_c exp((x_c - row_max) / T):
+  // log p_c = (x_c - row_max) / T - log_sum, the difference taken before it is scaled.
+  at::Tensor row_max, log_sum;
+  // sum_c p_c (x_c - row_max) / T (<= 0; the entropy is log_sum minus it), which the entropy's
+  // gradient needs; undefined without return_entropy.
+  at::Tensor mean_difference;
+  int64_t vocab_size = -1;  // the vocabulary forward used (learnt when given < 0)
 };
 
 // On class-sharded logits: a DTensor whose last dim (the classes) is sharded, as loss_parallel

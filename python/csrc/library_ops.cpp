@@ -293,18 +293,19 @@ LinearOutputs linear_cross_entropy_autograd(const Tensor& hidden, const Tensor& 
 
 using LogprobsOutputs = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
-// A forward's outputs may not alias one another: the entropy handed out (the input's dtype)
-// and the one backward keeps (compute type) are one tensor for float32/float64.
+// Beside the results: what backward keeps, the entropy's mean difference (LogprobsSaved; empty
+// without the entropy, which tells backward that forward computed none). A forward's outputs
+// may not alias one another.
 LogprobsOutputs logprobs_outputs(const hp::Logprobs& out, const hp::LogprobsSaved& saved) {
   const Tensor entropy = or_empty(out.entropy, saved.row_max);
-  Tensor kept = or_empty(saved.entropy, saved.row_max);
+  Tensor kept = or_empty(saved.mean_difference, saved.row_max);
   if (kept.is_alias_of(entropy)) kept = kept.clone();
   return {out.logprobs, entropy, saved.row_max, saved.log_sum, kept, vocab_tensor(saved.vocab_size)};
 }
 
-hp::LogprobsSaved logprobs_saved(const Tensor& row_max, const Tensor& log_sum, const Tensor& entropy,
+hp::LogprobsSaved logprobs_saved(const Tensor& row_max, const Tensor& log_sum, const Tensor& mean_difference,
                                  int64_t vocab_size) {
-  return {row_max, log_sum, entropy.numel() ? entropy : Tensor(), vocab_size};
+  return {row_max, log_sum, mean_difference.numel() ? mean_difference : Tensor(), vocab_size};
 }
 
 LogprobsOutputs logprobs(const Tensor& logits, const Tensor& target, std::string_view group, int64_t vocab_size,
@@ -317,19 +318,19 @@ LogprobsOutputs logprobs(const Tensor& logits, const Tensor& target, std::string
 }
 
 Tensor logprobs_backward(const OptTensor& grad_logprobs, const OptTensor& grad_entropy, const Tensor& logits,
-                         const Tensor& target, const Tensor& row_max, const Tensor& log_sum, const Tensor& entropy,
-                         const Tensor& vocab_size, std::string_view group, int64_t class_dim, double temperature,
-                         int64_t ignore_index) {
+                         const Tensor& target, const Tensor& row_max, const Tensor& log_sum,
+                         const Tensor& mean_difference, const Tensor& vocab_size, std::string_view group,
+                         int64_t class_dim, double temperature, int64_t ignore_index) {
   const int64_t vocab = vocab_size.item<int64_t>();
-  return hp::vocab_parallel_logprobs_backward(or_undefined(grad_logprobs), or_undefined(grad_entropy), logits,
-                                              class_dim, target, logprobs_saved(row_max, log_sum, entropy, vocab),
-                                              communicator(group).get(), vocab,
-                                              logprobs_options(temperature, entropy.numel() > 0, ignore_index));
+  return hp::vocab_parallel_logprobs_backward(
+      or_undefined(grad_logprobs), or_undefined(grad_entropy), logits, class_dim, target,
+      logprobs_saved(row_max, log_sum, mean_difference, vocab), communicator(group).get(), vocab,
+      logprobs_options(temperature, mean_difference.numel() > 0, ignore_index));
 }
 
 // The incoming gradient of the entropy output, when the forward computed one.
-OptTensor entropy_gradient(const variable_list& grads, const Tensor& kept_entropy) {
-  return kept_entropy.numel() > 0 && grads[1].defined() ? OptTensor(grads[1]) : std::nullopt;
+OptTensor entropy_gradient(const variable_list& grads, const Tensor& kept_mean_difference) {
+  return kept_mean_difference.numel() > 0 && grads[1].defined() ? OptTensor(grads[1]) : std::nullopt;
 }
 
 struct LogprobsFunction : torch::autograd::Function<LogprobsFunction> {
@@ -383,13 +384,13 @@ LogprobsOutputs linear_logprobs(const Tensor& hidden, const Tensor& local_weight
 std::tuple<Tensor, Tensor> linear_logprobs_backward(const OptTensor& grad_logprobs, const OptTensor& grad_entropy,
                                                     const Tensor& hidden, const Tensor& local_weight,
                                                     const Tensor& target, const Tensor& row_max, const Tensor& log_sum,
-                                                    const Tensor& entropy, const Tensor& vocab_size,
+                                                    const Tensor& mean_difference, const Tensor& vocab_size,
                                                     std::string_view group, double temperature, int64_t ignore_index) {
   const int64_t vocab = vocab_size.item<int64_t>();
   auto g = hp::vocab_parallel_linear_logprobs_backward(
       or_undefined(grad_logprobs), or_undefined(grad_entropy), hidden, local_weight, target,
-      logprobs_saved(row_max, log_sum, entropy, vocab), communicator(group).get(), vocab,
-      logprobs_options(temperature, entropy.numel() > 0, ignore_index), true, true);
+      logprobs_saved(row_max, log_sum, mean_difference, vocab), communicator(group).get(), vocab,
+      logprobs_options(temperature, mean_difference.numel() > 0, ignore_index), true, true);
   return {g[0], g[1]};
 }
 
@@ -463,7 +464,7 @@ TORCH_LIBRARY(hyper_parallel_cpp, m) {
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "vocab_parallel_logprobs_backward(Tensor? grad_logprobs, Tensor? grad_entropy, Tensor logits, "
-      "Tensor target, Tensor row_max, Tensor log_sum, Tensor entropy, Tensor vocab_size, str group_name, "
+      "Tensor target, Tensor row_max, Tensor log_sum, Tensor mean_difference, Tensor vocab_size, str group_name, "
       "int class_dim, float temperature, int ignore_index) -> Tensor");
   m.def(
       "fused_linear_logprobs(Tensor hidden, Tensor local_weight, Tensor target, str group_name, int vocab_size, "
@@ -471,7 +472,7 @@ TORCH_LIBRARY(hyper_parallel_cpp, m) {
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "fused_linear_logprobs_backward(Tensor? grad_logprobs, Tensor? grad_entropy, Tensor hidden, "
-      "Tensor local_weight, Tensor target, Tensor row_max, Tensor log_sum, Tensor entropy, Tensor vocab_size, "
+      "Tensor local_weight, Tensor target, Tensor row_max, Tensor log_sum, Tensor mean_difference, Tensor vocab_size, "
       "str group_name, float temperature, int ignore_index) -> (Tensor, Tensor)");
 }
 

@@ -131,8 +131,8 @@ def _(grad, hidden, local_weight, *args):
 
 
 # The log-probabilities' outputs: logprobs, entropy (empty unless asked), row_max, log_sum, the
-# entropy backward keeps (compute type; empty unless asked), the vocabulary used. Their backward
-# takes either incoming gradient (None: none).
+# entropy's mean difference backward keeps (compute type; empty unless asked), the vocabulary
+# used. Their backward takes either incoming gradient (None: none).
 def _logprobs_fake_outputs(like: Tensor, rows_shape, return_entropy: bool):
     ct = _compute_dtype(like.dtype)
     rows = 1
@@ -295,6 +295,17 @@ def fused_linear_cross_entropy(
     return loss.reshape(lead) if reduction == "none" else loss
 
 
+def _temperature_number(temperature, op: str) -> float:
+    """The temperature as the number the kernels take. A tensor that requires grad is refused:
+    the ops have no gradient for it, and float() would drop that gradient without a word. (RL
+    samples at a fixed temperature; a learnt one can divide the logits itself, at T = 1 here.)"""
+    if isinstance(temperature, Tensor) and temperature.requires_grad:
+        raise TypeError(f"{op}: temperature requires grad, but it is taken as a number and gets no gradient; "
+                        "pass a float or a tensor without grad (or divide the logits by a learnt temperature "
+                        "yourself and pass temperature=1)")
+    return float(temperature)
+
+
 def vocab_parallel_logprobs(
     logits: Tensor,
     target: Tensor,
@@ -318,15 +329,17 @@ def vocab_parallel_logprobs(
     of four numbers per token forward (beside the call's small record), none backward; the
     temperature is applied as the kernel reads the logits. At temperature 1 the
     log-probabilities equal ``-vocab_parallel_cross_entropy(..., reduction="none")`` exactly.
+    ``temperature``: a number (or a tensor without grad; one that requires grad is a TypeError).
     """
+    temperature = _temperature_number(temperature, "vocab_parallel_logprobs")
     if logits.dim() < 1:
         raise ValueError("vocab_parallel_logprobs: expected logits with a class dim, got a 0-dim tensor")
     if isinstance(logits, DTensor):
         from .loss_parallel import logprobs_of_dtensor  # the layout rules (that module imports this one)
-        return logprobs_of_dtensor(logits, target, float(temperature), bool(return_entropy), int(ignore_index))
+        return logprobs_of_dtensor(logits, target, temperature, bool(return_entropy), int(ignore_index))
     lp, entropy, _, _, _, _ = _logprobs(logits, target, group_name_of(group),
                                         -1 if vocab_size is None else int(vocab_size), logits.dim() - 1,
-                                        float(temperature), bool(return_entropy), int(ignore_index))
+                                        temperature, bool(return_entropy), int(ignore_index))
     return (lp, entropy) if return_entropy else lp
 
 
@@ -348,12 +361,13 @@ def fused_linear_logprobs(
     a time in forward (statistics only) and again in backward; hidden's gradient is summed
     over the group (one all-reduce), the weight's is this rank's rows.
     """
+    temperature = _temperature_number(temperature, "fused_linear_logprobs")
     if hidden.dim() < 1:
         raise ValueError("fused_linear_logprobs: expected hidden [..., dim], got a 0-dim tensor")
     lead = hidden.shape[:-1]
     lp, entropy, _, _, _, _ = _linear_logprobs(
         hidden.reshape(-1, hidden.shape[-1]), local_weight, target.reshape(-1), group_name_of(group),
-        -1 if vocab_size is None else int(vocab_size), float(temperature), bool(return_entropy), int(ignore_index))
+        -1 if vocab_size is None else int(vocab_size), temperature, bool(return_entropy), int(ignore_index))
     if return_entropy:
         return lp.reshape(lead), entropy.reshape(lead)
     return lp.reshape(lead)

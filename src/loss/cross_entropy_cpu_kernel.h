@@ -13,13 +13,13 @@ namespace hyper_parallel::ce_kernel {
 // Per-row statistics, [kStats, rows] in the compute type (float for float/half/bfloat16,
 // double for double): what the ranks exchange in the forward's one all-gather.
 enum Stat : int64_t {
-  kMax = 0,     // max over this rank's classes of y (y = softcap(x))
-  kSumExp = 1,  // sum of exp(y - max) over them
-  kV1 = 2,      // index targets: y at the target when this rank owns it, else 0
+  kMax = 0,     // max over this rank's classes of y (y = softcap(x); not divided by a temperature)
+  kSumExp = 1,  // sum of exp((y - max) / T) over them (T: the temperature, 1 but for log-probabilities)
+  kV1 = 2,      // index targets: y at the target when this rank owns it, else 0 (not divided by T)
                 // probability targets: A = sum_c w_c q'_c
   kV2 = 3,      // index + label smoothing: sum_c w_c (y_c - ref); probability targets:
                 // sum_c w_c q'_c (y_c - ref); ref = relative_sum_reference(max) (running_logsumexp.h);
-                // entropy_sum: sum_c exp(y_c - max) (y_c - max), the entropy's numerator
+                // entropy_sum: sum_c exp(d_c) d_c, d_c = (y_c - max) / T: the entropy's numerator
   kU = 4,       // the weight summed into kV2: sum_c w_c, or sum_c w_c q'_c (0 when kV2 is unused
                 // or holds the entropy sum)
   kStats = 5,
@@ -30,7 +30,7 @@ struct ForwardArgs {
   const void* x;          // [rows, cols] with row stride ldx, unit class stride
   int64_t rows = 0, cols = 0, ldx = 0;
   double logit_softcap = 0;             // > 0: y = cap * tanh(x / cap)
-  double inv_temperature = 1;           // y = x * inv_temperature (the log-probabilities' 1 / T)
+  double inv_temperature = 1;           // 1 / T: scales y - max, never y (the log-probabilities')
   const int64_t* target_col = nullptr;  // [rows], local column or -1 (index targets)
   bool smoothing_sum = false;           // fill kV2 and kU (index targets)
   bool entropy_sum = false;             // fill kV2 with the entropy sum (index targets, no smoothing)
@@ -42,10 +42,12 @@ struct ForwardArgs {
 };
 
 // grad_j = cap'(x_j) * (p_j (a_r + e_r d_j) - w_j (b_r + c_r q_j) - [j == t_r] t_coef_r),
-// with d_j = y_j - max_r, p_j = exp(d_j - log_sum_r), y_j = softcap(x_j) * inv_temperature and
+// with d_j = (y_j - max_r) * inv_temperature, p_j = exp(d_j - log_sum_r), y_j = softcap(x_j) and
 // cap' = 1 - tanh^2(x/cap) (1 without soft-capping); the e term is the entropy's (1 / T is
-// the caller's to fold into the coefficients). Rows with a = b = c = e = t_coef = 0 get exact
-// zeros. out may be x itself (the gradient written over the logits).
+// the caller's to fold into the coefficients). The difference is taken before it is scaled:
+// at a small T, y / T rounded first would put an error of 1 / T ulps of y into every d_j.
+// Rows with a = b = c = e = t_coef = 0 get exact zeros. out may be x itself (the gradient
+// written over the logits).
 // The log-sum-exp travels as (max, log_sum), never as their rounded sum: y - max is exact
 // near the max, so the softmax keeps its relative accuracy at any logit scale (a float
 // lse of 3e4 is already 1e-3 off, which every exp(y - lse) would carry), as ATen's.
@@ -57,7 +59,7 @@ struct BackwardArgs {
   double logit_softcap = 0;
   double inv_temperature = 1;
   const void* row_max = nullptr;        // [rows] compute type: max_c y_c over all classes
-  const void* log_sum = nullptr;        // [rows] compute type: log sum_c exp(y_c - max)
+  const void* log_sum = nullptr;        // [rows] compute type: log sum_c exp((y_c - max) / T)
   const void* a = nullptr;              // [rows] compute type
   const void* b = nullptr;              // [rows] or null (0)
   const void* c = nullptr;              // [rows] or null (0); needs q

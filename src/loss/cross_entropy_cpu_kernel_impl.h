@@ -401,7 +401,10 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
   auto* stats = static_cast<acc_t*>(args.stats);
   const acc_t q_scale = static_cast<acc_t>(args.q_scale), q_shift = static_cast<acc_t>(args.q_shift);
   const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
-  // A temperature scales every logit as it is loaded (never a logits-sized pass of its own).
+  // A temperature scales each difference from the max as it is exponentiated, (z - m) / T,
+  // never z / T itself: z / T is rounded at its own scale (at T = 1e-3 an ulp of x / T is 1e3
+  // ulps of x), and the differences that decide the softmax, taken after that rounding, would
+  // carry an error growing as 1 / T; z - m is exact near the max at any T.
   const acc_t inv_t = static_cast<acc_t>(args.inv_temperature);
   const bool scaled = inv_t != acc_t(1);
   const Vec vinv_t(inv_t);
@@ -445,11 +448,8 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
         if (j < nv) step(j, max_even);
       };
       auto load = [](const scalar_t* p, Vec& a, Vec& b) { IO::load2(p, a, b); };
-      if (cap > 0 || scaled) {
-        convert(load, [&](Vec& v) {
-          if (cap > 0) v = vcap * (v / vcap).tanh();
-          if (scaled) v = v * vinv_t;
-        });
+      if (cap > 0) {
+        convert(load, [&](Vec& v) { v = vcap * (v / vcap).tanh(); });
       } else if (any_order) {
         convert([](const scalar_t* p, Vec& a, Vec& b) { IO::load2_in_any_order(p, a, b); }, [](Vec&) {});
       } else {
@@ -459,17 +459,19 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
       acc_t bm = at::vec::vec_reduce_all<acc_t>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); },
                                                 at::vec::maximum(max_even.value(), max_odd.value()));
       for (int64_t j = nv; j < n; ++j) {
-        buf[j] = softcapped(static_cast<acc_t>(x[c0 + j]), cap) * inv_t;
+        buf[j] = softcapped(static_cast<acc_t>(x[c0 + j]), cap);
         bm = (std::isnan(buf[j]) || buf[j] > bm) ? buf[j] : bm;
       }
       // A larger (or NaN) block max rescales what was summed so far, and moves the
       // reference the relative sum v2 is kept against.
       if (!(bm <= m)) {
-        const acc_t f = std::exp(m - bm);
+        const acc_t shift = (m - bm) * inv_t, f = std::exp(shift);
         if (entropy && m != ninf) {
-          // sum e^(y - bm) (y - bm) = f (sum e^(y - m) (y - m) + (m - bm) sum e^(y - m))
-          vh = (vh + vs * Vec(m - bm)) * Vec(f);
-          h_tail = (h_tail + s_tail * (m - bm)) * f;
+          // With d = (z - m) / T and s = (m - bm) / T: sum e^(d + s) (d + s) = f (sum e^d d + s sum e^d);
+          // s clamped as d is (f is 0 below it), so that an overflowing s times 0 is not NaN.
+          const acc_t sc = std::max(shift, static_cast<acc_t>(kZeroProbabilityDifference));
+          vh = (vh + vs * Vec(sc)) * Vec(f);
+          h_tail = (h_tail + s_tail * sc) * f;
         }
         vs = vs * Vec(f);
         s_tail *= f;
@@ -492,16 +494,23 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
         const Vec vmax(m), vfloor(static_cast<acc_t>(kZeroProbabilityDifference));
         for (int64_t j = 0, line = 0; j < nv; j += VS, line += kVectorBytes) {
           if (line < next_bytes && line % 64 == 0) __builtin_prefetch(next + line + kForwardPrefetchLead);
-          const Vec d = Vec::loadu(buf + j) - vmax;
+          const Vec d = (Vec::loadu(buf + j) - vmax) * vinv_t;  // exact at T = 1
           const Vec e = vexp(d);
           vs = vs + e;
           vh = at::vec::fmadd(e, at::vec::clamp_min(d, vfloor), vh);
         }
         for (int64_t j = nv; j < n; ++j) {
-          const acc_t d = buf[j] - m, e = std::exp(d);
+          const acc_t d = (buf[j] - m) * inv_t, e = std::exp(d);
           s_tail += e;
           h_tail += e * std::max(d, static_cast<acc_t>(kZeroProbabilityDifference));
         }
+      } else if (m != ninf && scaled) {
+        const Vec vmax(m);
+        for (int64_t j = 0, line = 0; j < nv; j += VS, line += kVectorBytes) {
+          if (line < next_bytes && line % 64 == 0) __builtin_prefetch(next + line + kForwardPrefetchLead);
+          vs = vs + vexp((Vec::loadu(buf + j) - vmax) * vinv_t);
+        }
+        for (int64_t j = nv; j < n; ++j) s_tail += std::exp((buf[j] - m) * inv_t);
       } else if (m != ninf) {
         const Vec vmax(m);
         for (int64_t j = 0, line = 0; j < nv; j += VS, line += kVectorBytes) {
@@ -559,7 +568,7 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
       stats[kV1 * args.rows + r] = at::vec::vec_reduce_all<acc_t>([](Vec& a, Vec& b) { return a + b; }, v1) + t1;
     } else {
       const int64_t t = args.target_col ? args.target_col[r] : -1;
-      stats[kV1 * args.rows + r] = t >= 0 ? softcapped(static_cast<acc_t>(x[t]), cap) * inv_t : acc_t(0);
+      stats[kV1 * args.rows + r] = t >= 0 ? softcapped(static_cast<acc_t>(x[t]), cap) : acc_t(0);
     }
     const bool relative = q || args.smoothing_sum;
     stats[kV2 * args.rows + r] =
@@ -619,19 +628,20 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
     auto grad = [&](Vec xv, int64_t j) {
       // cap' = 1 - tanh^2 from the tanh itself, as ATen's tanh backward: recovering it as
       // y / cap rounds again, and near saturation 1 - th^2 keeps only that rounding.
-      Vec y = xv, th(0);
+      Vec z = xv, th(0);
       if (cap > 0) {
         th = (xv / vcap).tanh();
-        y = vcap * th;
+        z = vcap * th;
       }
-      if (scaled) y = y * vinv_t;
+      // d = (z - max) / T: the difference first, then scaled (forward_rows says why).
+      Vec d = z - vmax;
+      if (scaled) d = d * vinv_t;
       Vec g;
       if (e != 0) {
         // The entropy's term: p (a + e d), d clamped (kZeroProbabilityDifference).
-        const Vec d = y - vmax;
         g = vexp(d - vlog_sum) * at::vec::fmadd(ve, at::vec::clamp_min(d, vfloor), va);
       } else {
-        g = va * vexp((y - vmax) - vlog_sum);
+        g = va * vexp(d - vlog_sum);
       }
       if (b != 0 || c != 0) {
         Vec sub = q ? at::vec::fmadd(vc, Vec::loadu(q + j), vb) : vb;
@@ -699,8 +709,7 @@ void backward_rows(const BackwardArgs& args, int64_t r0, int64_t r1) {
     }
     auto scalar_grad = [&](acc_t xv, int64_t j, bool is_target) {
       const acc_t th = cap > 0 ? std::tanh(xv / cap) : acc_t(0);
-      const acc_t y = (cap > 0 ? cap * th : xv) * inv_t;
-      const acc_t d = y - mr, p = std::exp(d - lr);
+      const acc_t d = ((cap > 0 ? cap * th : xv) - mr) * inv_t, p = std::exp(d - lr);
       acc_t g = e != 0 ? p * (a + e * std::max(d, static_cast<acc_t>(kZeroProbabilityDifference))) : a * p;
       if (b != 0 || c != 0) g -= (q ? b + c * q[j] : b) * (w ? w[j] : acc_t(1));
       if (is_target) g -= tc;

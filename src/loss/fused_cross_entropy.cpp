@@ -87,12 +87,13 @@ void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const 
   // device (an .item() here was a host sync per block on CUDA).
   const at::Tensor weight_sum = w.defined() && ce.definition.label_smoothing > 0 && !ce.soft ? w.sum() : at::Tensor();
   for_aten_row_blocks(x.size(0), x.size(1), [&](int64_t r0, int64_t n) {
-    at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.definition.logit_softcap);
-    if (ce.temperature != 1.0) y = y * (1.0 / ce.temperature);
+    const at::Tensor y = capped(x.narrow(0, r0, n).to(ct), ce.definition.logit_softcap);
     const at::Tensor m = y.amax(1);
     const at::Tensor shift = at::where(at::isneginf(m), at::zeros_like(m), m);
+    // (y - max) / T, the kernel's d (cross_entropy_cpu_kernel_impl.h: why not y / T - max / T).
+    const at::Tensor d = scaled_difference(y - shift.unsqueeze(1), ce.temperature);
     stats[k::kMax].narrow(0, r0, n).copy_(m);
-    stats[k::kSumExp].narrow(0, r0, n).copy_((y - shift.unsqueeze(1)).exp().sum(1));
+    stats[k::kSumExp].narrow(0, r0, n).copy_(d.exp().sum(1));
     // kV2 relative to the row's max (running_logsumexp.h), with its weight kU.
     const at::Tensor relative_y = y - relative_sum_reference(m).unsqueeze(1);
     if (ce.soft) {
@@ -107,7 +108,6 @@ void forward_stats_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const 
       stats[k::kV1].narrow(0, r0, n).copy_(at::where(col.ge(0), picked, at::zeros_like(picked)));
       if (ce.entropy_sum) {
         // d clamped as the kernel clamps it (cross_entropy_cpu_kernel_impl.h: a -inf logit).
-        const at::Tensor d = y - shift.unsqueeze(1);
         stats[k::kV2].narrow(0, r0, n).copy_((d.exp() * d.clamp_min(-1000.0)).sum(1));
         stats[k::kU].narrow(0, r0, n).zero_();
       } else if (ce.definition.label_smoothing > 0) {
@@ -171,13 +171,12 @@ void backward_aten(const FusedCrossEntropy& ce, const at::Tensor& x, const at::T
     const at::Tensor xc = x.narrow(0, r0, n).to(ct);
     // cap' from the tanh itself (cross_entropy_cpu_kernel_impl.h says why).
     const at::Tensor th = ce.definition.logit_softcap > 0 ? (xc / ce.definition.logit_softcap).tanh_() : at::Tensor();
-    at::Tensor y = ce.definition.logit_softcap > 0 ? th * ce.definition.logit_softcap : xc;
-    if (ce.temperature != 1.0) y = y * (1.0 / ce.temperature);
-    at::Tensor g = (y - rows(row_max)).sub_(rows(log_sum)).exp_();
+    const at::Tensor y = ce.definition.logit_softcap > 0 ? th * ce.definition.logit_softcap : xc;
+    const at::Tensor d = scaled_difference(y - rows(row_max), ce.temperature);
+    at::Tensor g = (d - rows(log_sum)).exp_();
     if (co.e.defined()) {
       // p (a + e d), d clamped as the kernel clamps it (a -inf logit has p = 0).
-      const at::Tensor d = (y - rows(row_max)).clamp_min(-1000.0);
-      g.mul_(d.mul(rows(co.e)).add_(rows(co.a)));
+      g.mul_(d.clamp_min(-1000.0).mul_(rows(co.e)).add_(rows(co.a)));
     } else {
       g.mul_(rows(co.a));
     }
@@ -240,6 +239,9 @@ at::Tensor fused_cross_entropy_block_stats(const FusedCrossEntropy& ce, const at
   const double eps = ce.definition.label_smoothing;
   const double C = static_cast<double>(shard.total);
   const BlockView v = block_view(ce, r0, n, c0, nc, shard);
+  // The relative sums of smoothing and probability targets are kept in the logits' units.
+  TORCH_INTERNAL_ASSERT(ce.temperature == 1.0 || (!ce.soft && eps == 0),
+                        "fused cross-entropy: a temperature only for index targets without label smoothing");
   if (!has_kernel(ce, x)) {
     forward_stats_aten(ce, x, v, stats, 1 - eps, eps / C);
     return stats;
@@ -284,23 +286,32 @@ void merge_block_stats(const FusedCrossEntropy& ce, at::Tensor& acc, const at::T
   // kV2 from both halves before kSumExp is merged (the entropy sum is rebased with it).
   at::Tensor v2;
   if (ce.entropy_sum) {
-    v2 = rebased_entropy_sum(acc[k::kV2], acc[k::kSumExp], m1, shift) +
-         rebased_entropy_sum(block[k::kV2], block[k::kSumExp], m2, shift);
+    v2 = rebased_entropy_sum(acc[k::kV2], acc[k::kSumExp], m1, shift, ce.temperature) +
+         rebased_entropy_sum(block[k::kV2], block[k::kSumExp], m2, shift, ce.temperature);
   } else {
     const at::Tensor ref = relative_sum_reference(top);
     v2 = rebased_relative_sum(acc[k::kV2], acc[k::kU], m1, ref) +
          rebased_relative_sum(block[k::kV2], block[k::kU], m2, ref);
   }
-  acc[k::kSumExp].copy_(acc[k::kSumExp] * (m1 - shift).exp() + block[k::kSumExp] * (m2 - shift).exp());
+  acc[k::kSumExp].copy_(acc[k::kSumExp] * scaled_difference(m1 - shift, ce.temperature).exp() +
+                        block[k::kSumExp] * scaled_difference(m2 - shift, ce.temperature).exp());
   acc[k::kV2].copy_(v2);
   acc[k::kMax].copy_(top);
   acc[k::kV1].add_(block[k::kV1]);
   acc[k::kU].add_(block[k::kU]);
 }
 
-at::Tensor rebased_entropy_sum(const at::Tensor& h, const at::Tensor& s, const at::Tensor& m, const at::Tensor& shift) {
-  const at::Tensor moved = (h + (m - shift) * s) * (m - shift).exp();
+at::Tensor rebased_entropy_sum(const at::Tensor& h, const at::Tensor& s, const at::Tensor& m, const at::Tensor& shift,
+                               double temperature) {
+  // g clamped in the product as the kernel clamps d: exp(g) is 0 below it, and an overflowing
+  // g (a tiny T) times that 0 would be NaN.
+  const at::Tensor g = scaled_difference(m - shift, temperature);
+  const at::Tensor moved = (h + g.clamp_min(-1000.0) * s) * g.exp();
   return at::where(at::isneginf(m), at::zeros_like(moved), moved);
+}
+
+at::Tensor scaled_difference(const at::Tensor& difference, double temperature) {
+  return temperature == 1.0 ? difference : difference * (1.0 / temperature);
 }
 
 at::Tensor all_gather_stats(const at::Tensor& stats, const ClassShard& shard, const InputAgreement* agreement) {
@@ -328,7 +339,7 @@ at::Tensor combine_log_sum_exp(FusedCrossEntropy& ce, const at::Tensor& all) {
   // stays: exp(inf - inf) makes the row NaN, as ATen's exp(x - max) does.
   top = at::where(at::isneginf(top), at::zeros_like(top), top);
   ce.row_max = top.contiguous();
-  const at::Tensor sum_exp = (s * (m - top).exp()).sum(0);
+  const at::Tensor sum_exp = (s * scaled_difference(m - top, ce.temperature).exp()).sum(0);
   ce.log_sum = sum_exp.log();
   ce.lse = ce.row_max + ce.log_sum;
   return sum_exp;

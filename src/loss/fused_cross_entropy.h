@@ -26,16 +26,18 @@ struct FusedCrossEntropy {
   c10::optional<at::Tensor> weight;   // full [C], compute type
   CrossEntropyDefinition definition;  // what is computed (the front end checked it)
   // The log-probabilities (fused_logprobs.h) use the same statistics: their logits divided by
-  // a temperature (applied by the kernel as it reads them), and with entropy_sum the
-  // entropy's numerator in place of the smoothing sum (index targets, no smoothing).
+  // a temperature (index targets, no smoothing), and with entropy_sum the entropy's numerator
+  // in place of the smoothing sum. The max stays in the logits' units; the kernels divide each
+  // difference from it by T (scaled_difference), never a logit itself.
   double temperature = 1.0;
   bool entropy_sum = false;
   // Write d loss / d x (for a unit incoming gradient) over x_rows during forward; backward
   // then only scales it. The caller checks that x_rows is the logits' own storage.
   bool gradient_in_forward = false;
   // Forward results, kept for backward ([M], compute type unless said).
-  at::Tensor row_max, log_sum;               // lse = row_max + log_sum, kept apart (cross_entropy_cpu_kernel.h)
-  at::Tensor lse;                            // their sum, for the z-loss
+  at::Tensor row_max, log_sum;               // lse = row_max + log_sum, kept apart (cross_entropy_cpu_kernel.h);
+                                             // log_sum = log sum exp((y - row_max) / T)
+  at::Tensor lse;                            // their sum, for the z-loss (at T = 1)
   at::Tensor row_weight;                     // index: w[t] (0 where ignored); soft: A = sum_c w_c q'_c
   at::Tensor valid;                          // 1 for counted rows, 0 for ignored ones
   at::Tensor target_col;                     // index: local column of an owned target, else -1 (int64)
@@ -75,9 +77,13 @@ at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& 
 // (sets ce.row_max, ce.log_sum and ce.lse; returns the sum of exps, exp(log_sum) unrounded).
 at::Tensor all_gather_stats(const at::Tensor& stats, const ClassShard& shard, const InputAgreement* agreement);
 at::Tensor combine_log_sum_exp(FusedCrossEntropy& ce, const at::Tensor& all);
-// The entropy sum h (sum exp(y - m) (y - m), of max m and sum s) relative to `shift` instead
-// of m: exp(m - shift) (h + (m - shift) s); 0 where m is -inf (nothing summed).
-at::Tensor rebased_entropy_sum(const at::Tensor& h, const at::Tensor& s, const at::Tensor& m, const at::Tensor& shift);
+// The entropy sum h (sum exp(d) d, d = (y - m) / T, of max m and sum s) relative to `shift`
+// instead of m: exp(g) (h + g s), g = (m - shift) / T; 0 where m is -inf (nothing summed).
+at::Tensor rebased_entropy_sum(const at::Tensor& h, const at::Tensor& s, const at::Tensor& m, const at::Tensor& shift,
+                               double temperature);
+// A difference of logits (y - max) in units of the temperature: divided by T after it is taken,
+// so that it keeps its relative accuracy at any T (the difference itself, exactly, at T = 1).
+at::Tensor scaled_difference(const at::Tensor& difference, double temperature);
 
 // Backward in blocks: per-row coefficients for an incoming loss gradient, then the
 // gradient of each logits block (`out` may be x itself). No collective.

@@ -134,7 +134,7 @@ Logprobs vocab_parallel_linear_logprobs_forward(const at::Tensor& hidden, const 
   // Every check inside the agreement: one rank's refusal is the same error on every rank.
   const InputAgreement agreement(op, target, [&] {
     if (vocab_size >= 0) piece = vocab_piece(comm, local_classes, vocab_size);
-    check_logprobs_options(options, op);
+    check_logprobs_options(options, op, hidden.scalar_type());
     TORCH_CHECK_VALUE(local_weight.dim() == 2 && hidden.dim() == 2 && hidden.size(1) == local_weight.size(1), op,
                       ": expected hidden [tokens, dim] and this rank's weight rows [V_local, dim], got ",
                       hidden.sizes(), " and ", local_weight.sizes());
@@ -181,7 +181,8 @@ std::vector<at::Tensor> vocab_parallel_linear_logprobs_backward(
   fused_cross_entropy_prepare(ce, hidden.size(0), shard, hidden.options().dtype(compute_type(dt)));
   ce.row_max = saved.row_max;
   ce.log_sum = saved.log_sum;
-  const FusedCrossEntropyCoefficients co = fused_logprobs_coefficients(ce, saved.entropy, grad_logprobs, grad_entropy);
+  const FusedCrossEntropyCoefficients co =
+      fused_logprobs_coefficients(ce, saved.mean_difference, grad_logprobs, grad_entropy);
   at::NoGradGuard no_grad;
   const LinearBlocks blocks = blocks_of(options, hidden.size(0), local_weight.size(0), dt);
   auto [gh, gw] = linear_block_gradients(ce, co, hidden, local_weight, shard, blocks, hidden_grad, weight_grad);

@@ -28,9 +28,17 @@ LossCallRecord logprobs_call(const std::string& op, int64_t rows, at::ScalarType
   return call;
 }
 
-void check_logprobs_options(const LogprobsOptions& o, const std::string& op) {
+void check_logprobs_options(const LogprobsOptions& o, const std::string& op, at::ScalarType dtype) {
   TORCH_CHECK_VALUE(std::isfinite(o.temperature) && o.temperature > 0, op,
                     ": temperature must be a finite number > 0, got ", o.temperature);
+  // The kernels scale by 1 / T in the compute type: below 1 / FLT_MAX (~2.9e-39) it overflows
+  // float, and every scaled difference would be inf or NaN.
+  const bool in_float = compute_type(dtype) != at::kDouble;
+  const double inv_t = 1.0 / o.temperature;
+  TORCH_CHECK_VALUE(in_float ? std::isfinite(static_cast<float>(inv_t)) : std::isfinite(inv_t), op, ": temperature ",
+                    o.temperature, " is too small for ", dtype, " logits: 1 / T overflows ",
+                    in_float ? "float32, their compute type (T >= 2.9e-39 is fine; float64 logits take T >= 5.6e-309)"
+                             : "float64 (T >= 5.6e-309 is fine)");
   TORCH_CHECK_VALUE(o.chunk_tokens >= 0 && o.vocab_block >= 0, op,
                     ": chunk_tokens and vocab_block must be >= 0 (0: automatic), got ", o.chunk_tokens, " and ",
                     o.vocab_block);
@@ -52,23 +60,24 @@ at::Tensor logprobs_target(const at::Tensor& target, c10::IntArrayRef shape, int
   return target.reshape({-1}).to(at::kLong);
 }
 
-std::pair<at::Tensor, at::Tensor> fused_logprobs_combine(FusedCrossEntropy& ce, const at::Tensor& stats,
-                                                         const ClassShard& shard, const InputAgreement* agreement) {
+LogprobsRows fused_logprobs_combine(FusedCrossEntropy& ce, const at::Tensor& stats, const ClassShard& shard,
+                                    const InputAgreement* agreement) {
   const at::Tensor all = all_gather_stats(stats, shard, agreement);
   const at::Tensor sum_exp = combine_log_sum_exp(ce, all);
   const at::Tensor valid = ce.valid.to(at::kBool);
+  auto or_zero = [&](const at::Tensor& t) { return at::where(valid, t, at::zeros_like(t)); };
   // The cross-entropy's (M - y_t) + L, negated: equal to its -loss bit for bit at T = 1.
   const at::Tensor target_logit = all.select(1, k::kV1).sum(0);
-  const at::Tensor logprobs = -((ce.row_max - target_logit) + ce.log_sum);
-  at::Tensor entropy;
+  LogprobsRows rows;
+  rows.logprobs = or_zero(-(scaled_difference(ce.row_max - target_logit, ce.temperature) + ce.log_sum));
   if (ce.entropy_sum) {
-    const at::Tensor h =
-        rebased_entropy_sum(all.select(1, k::kV2), all.select(1, k::kSumExp), all.select(1, k::kMax), ce.row_max)
-            .sum(0);
-    entropy = ce.log_sum - h / sum_exp;
-    entropy = at::where(valid, entropy, at::zeros_like(entropy));
+    const at::Tensor w = rebased_entropy_sum(all.select(1, k::kV2), all.select(1, k::kSumExp), all.select(1, k::kMax),
+                                             ce.row_max, ce.temperature)
+                             .sum(0);
+    rows.mean_difference = or_zero(w / sum_exp);
+    rows.entropy = or_zero(ce.log_sum - rows.mean_difference);
   }
-  return {at::where(valid, logprobs, at::zeros_like(logprobs)), entropy};
+  return rows;
 }
 
 Logprobs replicated_on(const DeviceMesh& mesh, Logprobs out) {
@@ -78,29 +87,29 @@ Logprobs replicated_on(const DeviceMesh& mesh, Logprobs out) {
   return out;
 }
 
-Logprobs logprobs_results(const FusedCrossEntropy& ce, const std::pair<at::Tensor, at::Tensor>& combined,
-                          at::ScalarType dtype, c10::IntArrayRef shape, int64_t vocab_size, LogprobsSaved* saved) {
-  const auto& [logprobs, entropy] = combined;
+Logprobs logprobs_results(const FusedCrossEntropy& ce, const LogprobsRows& combined, at::ScalarType dtype,
+                          c10::IntArrayRef shape, int64_t vocab_size, LogprobsSaved* saved) {
   Logprobs out;
-  out.logprobs = logprobs.to(dtype).reshape(shape);
-  if (entropy.defined()) out.entropy = entropy.to(dtype).reshape(shape);
+  out.logprobs = combined.logprobs.to(dtype).reshape(shape);
+  if (combined.entropy.defined()) out.entropy = combined.entropy.to(dtype).reshape(shape);
   if (saved) {
     saved->row_max = ce.row_max;
     saved->log_sum = ce.log_sum;
-    saved->entropy = entropy;
+    saved->mean_difference = combined.mean_difference;
     saved->vocab_size = vocab_size;
   }
   return out;
 }
 
-FusedCrossEntropyCoefficients fused_logprobs_coefficients(const FusedCrossEntropy& ce, const at::Tensor& entropy,
+FusedCrossEntropyCoefficients fused_logprobs_coefficients(const FusedCrossEntropy& ce,
+                                                          const at::Tensor& mean_difference,
                                                           const at::Tensor& grad_logprobs,
                                                           const at::Tensor& grad_entropy) {
   const at::Tensor valid = ce.valid.to(at::kBool);
   const double inv_t = 1.0 / ce.temperature;
   const auto opts = ce.row_max.options();
-  // Per row, in terms of y = x / T (each then times 1/T):
-  //   g_lp [j = t] + p_j (a + e (y_j - M)), a = -g_lp - g_H (H - L), e = -g_H.
+  // Per row, in terms of d_j = (x_j - M) / T (each then times 1/T):
+  //   g_lp [j = t] + p_j (a + e d_j), a = -g_lp + g_H mu, e = -g_H (fused_logprobs.h).
   auto per_row = [&](const at::Tensor& g) {
     if (!g.defined()) return at::zeros_like(ce.row_max);
     const at::Tensor rows = g.reshape({-1}).to(opts.dtype());
@@ -111,9 +120,10 @@ FusedCrossEntropyCoefficients fused_logprobs_coefficients(const FusedCrossEntrop
   co.t = (-inv_t * g_lp).contiguous();
   co.a = co.t;
   if (grad_entropy.defined()) {
-    TORCH_CHECK(entropy.defined(), "vocab_parallel_logprobs backward: an entropy gradient for a forward that did not ",
+    TORCH_CHECK(mean_difference.defined(),
+                "vocab_parallel_logprobs backward: an entropy gradient for a forward that did not ",
                 "compute the entropy");
-    co.a = (co.a - inv_t * g_h * (entropy - ce.log_sum)).contiguous();
+    co.a = (co.a + inv_t * g_h * mean_difference).contiguous();
     co.e = (-inv_t * g_h).contiguous();
   }
   return co;

@@ -142,7 +142,8 @@ at::Tensor vocab_parallel_logprobs_backward(const at::Tensor& grad_logprobs, con
   fused_cross_entropy_prepare(ce, rows, shard, local_logits.options().dtype(compute_type(local_logits.scalar_type())));
   ce.row_max = saved.row_max;
   ce.log_sum = saved.log_sum;
-  const FusedCrossEntropyCoefficients co = fused_logprobs_coefficients(ce, saved.mean_difference, grad_logprobs, grad_entropy);
+  const FusedCrossEntropyCoefficients co =
+      fused_logprobs_coefficients(ce, saved.mean_difference, grad_logprobs, grad_entropy);
   at::Tensor out = at::empty({rows, shard.local}, ce.x_rows.options());
   fused_cross_entropy_block_gradient(ce, co, ce.x_rows, out, 0, 0, shard);
   return from_rows(out, local_logits.sizes(), class_dim);

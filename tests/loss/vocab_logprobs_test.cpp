@@ -7,7 +7,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -316,6 +319,267 @@ TEST(VocabLogprobs, SixteenBitLogitsAreAtLeastAsAccurateAsPyTorchInThatDtype) {
       EXPECT_LE(relative_error(out.entropy, ref.entropy), slack * relative_error(h, ref.entropy));
       EXPECT_LE(relative_error(grad, piece(ref.grad, rank, 2)),
                 slack * relative_error(piece(xt.grad(), rank, 2), piece(ref.grad, rank, 2)));
+    }
+  });
+}
+
+namespace {
+
+// Logits where a temperature matters: odd rows have their classes within a few T of one
+// another at an offset of up to ~30 (x / T is then large, and its own rounding is no longer
+// small against the differences that decide the softmax), even rows are spread over +-8
+// (one-hot at small T, near uniform at large T).
+at::Tensor temperature_logits(int64_t rows, int64_t vocab, double temperature, uint64_t seed) {
+  const at::Tensor near =
+      random_tensor({rows, 1}, seed) * 10 + random_tensor({rows, vocab}, seed + 1) * (3 * temperature);
+  const at::Tensor wide = random_tensor({rows, vocab}, seed + 2) * 4;
+  return at::where(at::arange(rows).remainder(2).eq(1).unsqueeze(1), near, wide);
+}
+
+// max |got - want| / max |want|: the error against the result's own scale (an entropy
+// gradient near a one-hot row is small everywhere, and so must its error be).
+double scaled_error(const at::Tensor& got, const at::Tensor& want) {
+  const double scale = want.abs().max().item<double>();
+  return (got.to(at::kDouble) - want).abs().max().item<double>() / std::max(scale, 1e-300);
+}
+
+// What is compared for one call: both values and the gradient of each output alone.
+struct TemperatureResults {
+  at::Tensor logprobs, entropy, grad_of_logprobs, grad_of_entropy;
+};
+
+// PyTorch in `dtype` on the whole logits: log_softmax(x / T), gathered; -(p * log p).sum().
+TemperatureResults pytorch_in_dtype(const at::Tensor& full, const at::Tensor& target, double temperature,
+                                    const at::Tensor& g_lp, const at::Tensor& g_h) {
+  TemperatureResults r;
+  for (int which = 0; which < 2; ++which) {
+    const at::Tensor x = full.detach().requires_grad_();
+    const at::Tensor lsm = at::log_softmax(x / temperature, -1);
+    const at::Tensor lp = lsm.gather(1, target.unsqueeze(1)).squeeze(1);
+    const at::Tensor h = -(lsm.exp() * lsm).sum(-1);
+    ((which == 0 ? lp * g_lp.to(full.scalar_type()) : h * g_h.to(full.scalar_type())).sum()).backward();
+    r.logprobs = lp.detach();
+    r.entropy = h.detach();
+    (which == 0 ? r.grad_of_logprobs : r.grad_of_entropy) = x.grad();
+  }
+  return r;
+}
+
+// Float64 against float64 to rounding; float32 within 1e-5 of the result's scale at every
+// temperature (the rounding of x / T is not amplified by 1 / T); 16-bit no worse than PyTorch
+// in that dtype (up to a rounding of the result, 2 ulps), and within 4 ulps of the result.
+void expect_temperature_accuracy(const TemperatureResults& ours, const TemperatureResults& truth,
+                                 const TemperatureResults* pytorch, at::ScalarType dtype, const std::string& what) {
+  const double ulp = dtype == at::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  auto check = [&](const at::Tensor& got, const at::Tensor& want, const at::Tensor* aten, const char* name) {
+    const double err = scaled_error(got, want);
+    if (dtype == at::kDouble) {
+      EXPECT_LE(err, 1e-12) << what << " " << name;
+    } else if (dtype == at::kFloat) {
+      EXPECT_LE(err, 1e-5) << what << " " << name;
+    } else {
+      EXPECT_LE(err, 4 * ulp) << what << " " << name;
+      if (aten) EXPECT_LE(err, std::max(scaled_error(*aten, want), 2 * ulp)) << what << " " << name << " vs PyTorch";
+    }
+  };
+  check(ours.logprobs, truth.logprobs, pytorch ? &pytorch->logprobs : nullptr, "log-probabilities");
+  check(ours.entropy, truth.entropy, pytorch ? &pytorch->entropy : nullptr, "entropy");
+  check(ours.grad_of_logprobs, truth.grad_of_logprobs, pytorch ? &pytorch->grad_of_logprobs : nullptr,
+        "gradient of the log-probabilities");
+  check(ours.grad_of_entropy, truth.grad_of_entropy, pytorch ? &pytorch->grad_of_entropy : nullptr,
+        "gradient of the entropy");
+}
+
+const std::vector<double> kTemperatures = {1e-3, 1e-2, 0.1, 1.0, 10.0, 1e3};
+
+}  // namespace
+
+// The issue this guards: the gradients' float32 error grew as 1 / T (2.4e-3 at T = 0.01, 0.62
+// at 1e-3, where the entropy's true gradient is below 6e-4), because y = x / T was rounded
+// at the scale of x / T and its differences then taken. Now every difference is taken before
+// it is scaled. TP 1-3 (3: uneven pieces; 5003 classes: several kernel blocks per row), the
+// CPU kernel and the ATen-op path other devices take.
+TEST(VocabLogprobs, EveryTemperatureFrom1em3To1e3KeepsItsAccuracyInEveryDtype) {
+  const int64_t vocab = 5003, rows = 12;
+  for (int64_t world : {1, 2, 3}) {
+    run_ranks(world, [world](int64_t rank) {
+      auto mesh = hp::init_device_mesh("cpu", {world});
+      const hp::Communicator* comm = &mesh.comm(0);
+      const at::Tensor target = sampled({rows}, 91, vocab);
+      const at::Tensor g_lp = random_tensor({rows}, 92), g_h = random_tensor({rows}, 93);
+      for (double temperature : kTemperatures) {
+        for (at::ScalarType dtype : {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf}) {
+          const at::Tensor full = temperature_logits(rows, vocab, temperature, 94).to(dtype);
+          const Reference lp_ref = reference(full, target, temperature, g_lp, at::zeros_like(g_h));
+          const Reference h_ref = reference(full, target, temperature, at::zeros_like(g_lp), g_h);
+          const TemperatureResults truth{lp_ref.logprobs, lp_ref.entropy, piece(lp_ref.grad, rank, world),
+                                         piece(h_ref.grad, rank, world)};
+          TemperatureResults aten = pytorch_in_dtype(full, target, temperature, g_lp, g_h);
+          aten.grad_of_logprobs = piece(aten.grad_of_logprobs, rank, world);
+          aten.grad_of_entropy = piece(aten.grad_of_entropy, rank, world);
+          const at::Tensor x = piece(full, rank, world).contiguous();
+          hp::LogprobsOptions o;
+          o.temperature = temperature;
+          o.return_entropy = true;
+          for (bool aten_path : {false, true}) {
+            std::optional<hp::AtenStatisticsForTesting> use_aten;
+            if (aten_path) use_aten.emplace();
+            hp::LogprobsSaved saved;
+            const hp::Logprobs out = hp::vocab_parallel_logprobs_forward(x, 1, target, comm, vocab, o, &saved);
+            const TemperatureResults ours{
+                out.logprobs, out.entropy,
+                hp::vocab_parallel_logprobs_backward(g_lp.to(dtype), at::Tensor(), x, 1, target, saved, comm, vocab, o),
+                hp::vocab_parallel_logprobs_backward(at::Tensor(), g_h.to(dtype), x, 1, target, saved, comm, vocab, o)};
+            std::ostringstream what;
+            what << "TP " << world << " rank " << rank << " T " << temperature << " " << dtype
+                 << (aten_path ? " ATen-op path" : " CPU kernel");
+            expect_temperature_accuracy(ours, truth, &aten, dtype, what.str());
+          }
+        }
+      }
+    });
+  }
+}
+
+// The same through the fused head, whose blocks (of tokens and of classes) merge their
+// statistics before the ranks combine them. Hidden and weight are chosen so that the logits
+// are exact in float32 (in 16 bits: a coarser grid, exact there too): the comparison is then
+// of the log-probabilities' own arithmetic, not of the matmul's rounding. Hidden's gradient
+// sum_c g_c w_c cancels (every class has the same offset weight), so its error is measured
+// against max (|g| |W|), the scale a matmul's rounding is relative to, not its own.
+TEST(VocabLogprobs, FusedWithTheHeadEveryTemperatureKeepsItsAccuracy) {
+  const int64_t tokens = 16, dim = 4, vocab = 37;
+  for (int64_t world : {1, 2, 3}) {
+    run_ranks(world, [world](int64_t rank) {
+      auto mesh = hp::init_device_mesh("cpu", {world});
+      const hp::Communicator* comm = &mesh.comm(0);
+      const at::Tensor target = sampled({tokens}, 81, vocab);
+      const at::Tensor g_lp = random_tensor({tokens}, 82), g_h = random_tensor({tokens}, 83);
+      for (double temperature : kTemperatures) {
+        for (at::ScalarType dtype : {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf}) {
+          const bool sixteen_bits = dtype == at::kBFloat16 || dtype == at::kHalf;
+          // Logits 20 + h_1 w_1 (w_1 multiples of 1/16: a wide spread, 0 on odd tokens) + fine
+          // parts in multiples of 2^-13 (near ties at T = 1e-3): exact in float32. 16 bits:
+          // multiples of 1/4 up to 16, exact there.
+          at::Tensor hidden = (random_tensor({tokens, dim}, 84) * 2).round() / 2;
+          at::Tensor weight = (random_tensor({vocab, dim}, 85) * 32).round() * std::ldexp(1.0, -12);
+          hidden.select(1, 0).fill_(1);
+          hidden.select(1, 1).mul_(at::arange(tokens).remainder(2).eq(0));
+          weight.select(1, 0).fill_(20);
+          weight.select(1, 1).copy_((random_tensor({vocab}, 86) * 32).round() / 16);
+          if (sixteen_bits) {
+            hidden = (random_tensor({tokens, dim}, 87) * 2).round().clamp(-2, 2) / 2;
+            weight = (random_tensor({vocab, dim}, 88) * 2).round().clamp(-4, 4) / 2;
+          }
+          hidden = hidden.to(dtype);
+          weight = weight.to(dtype);
+          // The truth in float64 through the matmul, for each output alone, and the scale of
+          // hidden's gradient; PyTorch in the dtype itself, for 16 bits.
+          TemperatureResults truth, aten;
+          at::Tensor scale[2];
+          for (int which = 0; which < 2; ++which) {
+            for (bool in_dtype : {false, true}) {
+              if (in_dtype && !sixteen_bits) continue;
+              const at::ScalarType t = in_dtype ? dtype : at::kDouble;
+              const at::Tensor h = hidden.to(t).detach().clone().requires_grad_(), w = weight.to(t);
+              const at::Tensor logits = at::mm(h, w.t());
+              logits.retain_grad();
+              const at::Tensor lsm = at::log_softmax(logits / temperature, -1);
+              const at::Tensor lp = lsm.gather(1, target.unsqueeze(1)).squeeze(1);
+              const at::Tensor ent = -(lsm.exp() * lsm).sum(-1);
+              (which == 0 ? lp * g_lp.to(t) : ent * g_h.to(t)).sum().backward();
+              TemperatureResults& r = in_dtype ? aten : truth;
+              r.logprobs = lp.detach();
+              r.entropy = ent.detach();
+              (which == 0 ? r.grad_of_logprobs : r.grad_of_entropy) = h.grad();
+              if (!in_dtype) scale[which] = at::mm(logits.grad().abs(), w.abs()).max();
+            }
+          }
+          hp::LogprobsOptions o;
+          o.temperature = temperature;
+          o.return_entropy = true;
+          o.chunk_tokens = 5;  // token chunks and class blocks that divide neither: the blocks' merge
+          o.vocab_block = 4;
+          const at::Tensor local_w = piece(weight, rank, world, 0).contiguous();
+          hp::LogprobsSaved saved;
+          const hp::Logprobs out =
+              hp::vocab_parallel_linear_logprobs_forward(hidden, local_w, target, comm, vocab, o, &saved);
+          auto hidden_grad = [&](const at::Tensor& gl, const at::Tensor& gh) {
+            return hp::vocab_parallel_linear_logprobs_backward(gl, gh, hidden, local_w, target, saved, comm, vocab, o,
+                                                               true, false)[0];
+          };
+          const TemperatureResults ours{out.logprobs, out.entropy, hidden_grad(g_lp.to(dtype), at::Tensor()),
+                                        hidden_grad(at::Tensor(), g_h.to(dtype))};
+          std::ostringstream what;
+          what << "fused head, TP " << world << " rank " << rank << " T " << temperature << " " << dtype;
+          const double tol = dtype == at::kDouble ? 1e-12 : 1e-5;
+          auto grad_error = [&](const at::Tensor& got, const at::Tensor& want, int which) {
+            return (got.to(at::kDouble) - want).abs().max().item<double>() / scale[which].item<double>();
+          };
+          if (!sixteen_bits) {
+            EXPECT_LE(scaled_error(ours.logprobs, truth.logprobs), tol) << what.str() << " log-probabilities";
+            EXPECT_LE(scaled_error(ours.entropy, truth.entropy), tol) << what.str() << " entropy";
+            EXPECT_LE(grad_error(ours.grad_of_logprobs, truth.grad_of_logprobs, 0), tol)
+                << what.str() << " hidden's gradient of the log-probabilities";
+            EXPECT_LE(grad_error(ours.grad_of_entropy, truth.grad_of_entropy, 1), tol)
+                << what.str() << " hidden's gradient of the entropy";
+          } else {
+            // No worse than PyTorch in the dtype, up to a rounding of the result (2 ulps).
+            const double ulp = dtype == at::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+            EXPECT_LE(scaled_error(ours.logprobs, truth.logprobs),
+                      std::max(scaled_error(aten.logprobs, truth.logprobs), 2 * ulp))
+                << what.str() << " log-probabilities";
+            EXPECT_LE(scaled_error(ours.entropy, truth.entropy),
+                      std::max(scaled_error(aten.entropy, truth.entropy), 2 * ulp))
+                << what.str() << " entropy";
+            EXPECT_LE(grad_error(ours.grad_of_logprobs, truth.grad_of_logprobs, 0),
+                      std::max(grad_error(aten.grad_of_logprobs, truth.grad_of_logprobs, 0), 2 * ulp))
+                << what.str() << " hidden's gradient of the log-probabilities";
+            EXPECT_LE(grad_error(ours.grad_of_entropy, truth.grad_of_entropy, 1),
+                      std::max(grad_error(aten.grad_of_entropy, truth.grad_of_entropy, 1), 2 * ulp))
+                << what.str() << " hidden's gradient of the entropy";
+          }
+        }
+      }
+    });
+  }
+}
+
+// At T = 1e-200 in float64 the truth is finite (one-hot rows: gradients of 0 and +-1e200),
+// and so is every result; below what float32 can scale by (1 / T overflows it), 16- and 32-bit
+// logits are refused by name, the same on every rank.
+TEST(VocabLogprobs, TinyTemperaturesAreFiniteInFloat64AndRefusedWhereFloatCannotScale) {
+  run_ranks(2, [](int64_t rank) {
+    auto mesh = hp::init_device_mesh("cpu", {2});
+    const hp::Communicator* comm = &mesh.comm(0);
+    const at::Tensor full = random_tensor({8, kVocab}, 95) * 4;
+    const at::Tensor target = sampled({8}, 96, kVocab);
+    const at::Tensor g_lp = random_tensor({8}, 97), g_h = random_tensor({8}, 98);
+    hp::LogprobsOptions o;
+    o.temperature = 1e-200;
+    o.return_entropy = true;
+    const at::Tensor x = piece(full, rank, 2).contiguous();
+    for (bool aten_path : {false, true}) {
+      SCOPED_TRACE(aten_path ? "ATen-op path" : "CPU kernel");
+      std::optional<hp::AtenStatisticsForTesting> use_aten;
+      if (aten_path) use_aten.emplace();
+      hp::LogprobsSaved saved;
+      const hp::Logprobs out = hp::vocab_parallel_logprobs_forward(x, 1, target, comm, kVocab, o, &saved);
+      const at::Tensor grad = hp::vocab_parallel_logprobs_backward(g_lp, g_h, x, 1, target, saved, comm, kVocab, o);
+      const Reference ref = reference(full, target, o.temperature, g_lp, g_h);
+      ASSERT_TRUE(ref.grad.isfinite().all().item<bool>());
+      EXPECT_TRUE(grad.isfinite().all().item<bool>()) << grad;
+      expect_close(out.logprobs, ref.logprobs, "log-probabilities");
+      expect_close(out.entropy, ref.entropy, "entropy");
+      EXPECT_LE(scaled_error(grad, piece(ref.grad, rank, 2)), 1e-12) << "gradient";
+    }
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      try {
+        hp::vocab_parallel_logprobs_forward(x.to(dtype), 1, target, comm, kVocab, o, nullptr);
+        ADD_FAILURE() << "no error for " << dtype;
+      } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("temperature 1e-200 is too small for "), std::string::npos) << e.what();
+      }
     }
   });
 }

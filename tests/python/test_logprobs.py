@@ -194,3 +194,83 @@ def temperature_differs(rank, world):
 
 def test_bad_options_are_the_same_named_error_on_every_rank():
     run_ranks(2, temperature_differs)
+
+
+def _scaled_error(got, want):
+    """max |got - want| / max |want|: against the result's own scale (an entropy gradient near
+    a one-hot row is small everywhere, and so must its error be)."""
+    return ((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-300)).item()
+
+
+def small_temperatures_float32(rank, world):
+    """The issue's case: float32 at TP 2, where the gradients' error grew as 1 / T (0.62 at
+    T = 1e-3 against a true entropy gradient below 6e-4). Rows whose classes lie within a few
+    T of one another at an offset of up to ~30 (x / T is large there), and wide rows."""
+    group = dist.group.WORLD
+    gen = torch.Generator().manual_seed(12)
+    vocab = 101
+    target = torch.randint(0, vocab, (16,), generator=gen)
+    g_lp = torch.randn(16, dtype=torch.float64, generator=gen)
+    g_h = torch.randn(16, dtype=torch.float64, generator=gen)
+    for temperature in (1e-3, 1e-2, 1.0, 1e3):
+        near = torch.randn(16, 1, generator=gen, dtype=torch.float64) * 10 + torch.randn(
+            16, vocab, generator=gen, dtype=torch.float64) * (3 * temperature)
+        wide = torch.randn(16, vocab, generator=gen, dtype=torch.float64) * 4
+        full = torch.where((torch.arange(16) % 2 == 1).unsqueeze(1), near, wide).float()
+        for which, (a, b) in (("log-probabilities", (g_lp, 0 * g_h)), ("entropy", (0 * g_lp, g_h))):
+            ref_lp, ref_h, ref_grad = _reference(full.double(), target, temperature, a, b)
+            x = _piece(full, rank, world).clone().requires_grad_()
+            lp, h = hp.vocab_parallel_logprobs(x, target, group, temperature=temperature, return_entropy=True)
+            (lp.double() * a + h.double() * b).sum().backward()
+            what = f"rank {rank}/{world} T={temperature} gradient of the {which}"
+            assert _scaled_error(lp, ref_lp) <= 1e-5, (what, "values", _scaled_error(lp, ref_lp))
+            assert _scaled_error(h, ref_h) <= 1e-5, (what, "entropy", _scaled_error(h, ref_h))
+            err = _scaled_error(x.grad, _piece(ref_grad, rank, world))
+            assert err <= 1e-5, (what, err)
+        # Fused with the head: logits 20 + (multiples of 2^-13), exact in float32, near ties at T = 1e-3.
+        # Hidden's gradient sum_c g_c w_c cancels (every class has the offset weight 20): its error
+        # is measured against max(|g| |W|), the scale of the matmul's rounding.
+        hidden = torch.cat([torch.ones(16, 1), (torch.randn(16, 3, generator=gen) * 2).round() / 2], 1)
+        weight = torch.cat([torch.full((vocab, 1), 20.0), (torch.randn(vocab, 3, generator=gen) * 32).round() / 4096],
+                           1)
+        for which, (a, b) in (("log-probabilities", (g_lp, 0 * g_h)), ("entropy", (0 * g_lp, g_h))):
+            h_ref = hidden.double().requires_grad_()
+            logits = h_ref @ weight.double().T
+            logits.retain_grad()
+            lsm = torch.log_softmax(logits / temperature, -1)
+            ref_lp = lsm.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+            ref_h = -(lsm.exp() * lsm).sum(-1)
+            (ref_lp * a + ref_h * b).sum().backward()
+            h = hidden.clone().requires_grad_()
+            w = _piece(weight, rank, world, 0).clone()
+            lp, ent = hp.fused_linear_logprobs(h, w, target, group, temperature=temperature, return_entropy=True)
+            (lp.double() * a + ent.double() * b).sum().backward()
+            what = f"fused, rank {rank}/{world} T={temperature} gradient of the {which}"
+            assert _scaled_error(lp, ref_lp.detach()) <= 1e-5, (what, "values")
+            assert _scaled_error(ent, ref_h.detach()) <= 1e-5, (what, "entropy")
+            scale = (logits.grad.abs() @ weight.double().abs()).max()
+            err = ((h.grad.double() - h_ref.grad).abs().max() / scale).item()
+            assert err <= 1e-5, (what, err)
+
+
+def test_float32_gradients_keep_their_accuracy_at_small_temperatures():
+    run_ranks(2, small_temperatures_float32)
+
+
+def tensor_temperature(rank, world):
+    x = torch.randn(4, 7, dtype=torch.float64)
+    target = torch.zeros(4, dtype=torch.long)
+    group = dist.group.WORLD
+    # A temperature that requires grad would lose its gradient in the float the op takes: refused.
+    learnt = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(TypeError, match="temperature.*requires grad"):
+        hp.vocab_parallel_logprobs(x, target, group, temperature=learnt)
+    with pytest.raises(TypeError, match="temperature.*requires grad"):
+        hp.fused_linear_logprobs(x, torch.randn(3, 7, dtype=torch.float64), target, group, temperature=learnt)
+    # A 0-dim tensor without a gradient is its number.
+    fixed = hp.vocab_parallel_logprobs(x, target, group, temperature=torch.tensor(0.7, dtype=torch.float64))
+    assert torch.equal(fixed, hp.vocab_parallel_logprobs(x, target, group, temperature=0.7))
+
+
+def test_a_temperature_that_requires_grad_is_refused_by_name():
+    run_ranks(1, tensor_temperature)
