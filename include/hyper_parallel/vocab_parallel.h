@@ -61,6 +61,14 @@ int64_t learn_vocab_size(const std::string& op, int64_t local_classes, const Com
 void agree_on_loss_strictness(const std::string& op, bool strict, const std::vector<const Communicator*>& groups,
                               const c10::Device& device);
 
+// For a DTensor loss that loss_parallel() would own, called outside it on class-sharded
+// logits, before its refusal (or its fallback's gather): the record of `op` (the op the
+// ranks inside the context make, e.g. "vocab_parallel_cross_entropy" from Python) on the
+// group sharding the classes, saying "outside", so that a context entered on some ranks
+// only is the same LossParallelLayoutError on every rank. One small all-gather, on that
+// error or fallback path only.
+void agree_outside_loss_parallel(const std::string& op, const Communicator* group, const c10::Device& device);
+
 // The cross-entropy's definition (cross_entropy_definition.h) and how it runs.
 struct VocabCrossEntropyOptions : CrossEntropyDefinition {
   // Forward writes d loss / d logits (for a unit incoming gradient) over local_logits, when

@@ -132,6 +132,16 @@ PYBIND11_MODULE(_C, m) {
       "dims): the members of `groups` agree on `op` and `strict`, or every member raises the same "
       "LossParallelLayoutError. One group: the call's record (the first collective of members that go on into "
       "`op`); several: one small all-gather per group");
+  m.def(
+      "agree_outside_loss_parallel",
+      [](const std::string& op, const std::string& group, const at::Tensor& like) {
+        py::gil_scoped_release no_gil;
+        hp::agree_outside_loss_parallel(op, communicator(group).get(), like.device());
+      },
+      py::arg("op"), py::arg("group"), py::arg("like"),
+      "For a loss on class-sharded logits called outside loss_parallel(), before its refusal or fallback: the "
+      "record of `op` on the classes' group, saying 'outside', so that a context entered on some ranks only is "
+      "the same LossParallelLayoutError on every rank (one small all-gather)");
   // guard_z_loss_weight / guard_logit_softcap: the Python loss_parallel context's cross-entropy-only
   // options, set by its log_softmax and nll_loss routes. Non-zero, they open the C++ guard for the
   // call, whose record then carries them: compared between ranks, then refused on every rank.

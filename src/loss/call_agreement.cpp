@@ -149,8 +149,12 @@ std::string readable(const Field& f, const double* v) {
     }
     case Format::boolean:
       return v[0] != 0 ? "true" : "false";
-    case Format::context:
-      return v[0] != 0 ? "inside loss_parallel()" : "outside loss_parallel()";
+    case Format::context: {
+      const auto c = static_cast<LossContext>(static_cast<int64_t>(v[0]));
+      return c == LossContext::inside    ? "inside loss_parallel()"
+             : c == LossContext::outside ? "outside loss_parallel()"
+                                         : "none recorded (a function on local pieces)";
+    }
     case Format::strict:
       return v[0] != 0 ? "strict" : "not strict";
     case Format::vocab:
@@ -255,8 +259,9 @@ void record_target(LossCallRecord& call, const at::Tensor& target, int64_t class
 }
 
 void record_context(LossCallRecord& call) {
-  call.in_context = is_loss_parallel_active();
-  call.strict = call.in_context && effective_strict(current_loss_parallel_options());
+  const bool active = is_loss_parallel_active();
+  call.context = active ? LossContext::inside : LossContext::outside;
+  call.strict = active && effective_strict(current_loss_parallel_options());
 }
 
 int64_t check_vocab_pieces(const std::vector<int64_t>& counts, int64_t vocab_size) {
@@ -287,7 +292,7 @@ std::vector<double> record_values(const LossCallRecord& mine) {
   const uint64_t wh = weight_hash(mine.class_weight);
   std::vector<double> v(kRecordSize, 0.0);
   v[kOpHash] = static_cast<double>(op_hash(mine.op));
-  v[kInContext] = mine.in_context ? 1.0 : 0.0;
+  v[kInContext] = static_cast<double>(static_cast<int64_t>(mine.context));
   v[kStrict] = mine.strict ? 1.0 : 0.0;
   v[kVocabKnown] = mine.vocab_size >= 0 ? 1.0 : 0.0;
   v[kRows] = static_cast<double>(mine.rows);

@@ -40,6 +40,8 @@ class InputAgreement;
 
 // What a loss's target holds, which changes the loss it computes.
 enum class LossTargetKind : int64_t { none = 0, index = 1, probability = 2 };
+// Where a loss call runs with respect to loss_parallel().
+enum class LossContext : int64_t { none = 0, inside = 1, outside = 2 };
 
 // What one rank is about to compute. Fields an op has no use for keep their defaults (they
 // are then equal on every rank).
@@ -54,10 +56,11 @@ struct LossCallRecord {
   LossTargetKind target_kind = LossTargetKind::none;
   std::vector<int64_t> target_shape;  // a probability target's class dim as -1, like the logits'
   int64_t hidden_dim = -1;            // the fused linear losses' hidden size (-1: none)
-  // Whether the call runs under loss_parallel() (the DTensor routes; the functions on local
-  // pieces record false), and its effective strictness there: what decides, on each rank
-  // alone, whether the call refuses a layout or which collectives gather it.
-  bool in_context = false;
+  // Whether the call runs under loss_parallel() (the DTensor routes: inside; a DTensor loss
+  // the context would own, called outside it: outside; the functions on local pieces: none),
+  // and its effective strictness there: what decides, on each rank alone, whether the call
+  // refuses a layout or which collectives gather it.
+  LossContext context = LossContext::none;
   bool strict = false;
   CrossEntropyDefinition definition;  // nll_loss: its reduction and ignore_index
   bool gradient_in_forward = false;

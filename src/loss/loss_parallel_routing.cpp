@@ -86,6 +86,7 @@ void agree_outside_context(const at::Tensor& logits, int64_t class_dim, const st
   LossCallRecord call;
   call.op = op;
   record_logits(call, impl->local(), class_dim);
+  record_context(call);  // outside
   call.vocab_size = layout.shape()[class_dim];
   agree_on_call(call, &layout.mesh().comm(dims.back()), impl->local().device());
 }

@@ -113,6 +113,13 @@ void agree_on_loss_strictness(const std::string& op, bool strict, const std::vec
   }
 }
 
+void agree_outside_loss_parallel(const std::string& op, const Communicator* group, const c10::Device& device) {
+  LossCallRecord call;
+  call.op = op;
+  call.context = LossContext::outside;
+  agree_on_call(call, group, device);
+}
+
 at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, int64_t class_dim_in,
                                                 const at::Tensor& target, const std::optional<at::Tensor>& weight,
                                                 const Communicator* comm, int64_t vocab_size,

@@ -384,3 +384,27 @@ def strictness_that_differs(rank, world):
 
 def test_strictness_that_differs_between_ranks_is_the_same_named_error():
     run_ranks(2, strictness_that_differs)
+
+
+def context_on_one_rank_only(rank, world):
+    # A route that sees a loss it would own called outside loss_parallel() (the HyperParallel
+    # route's _outside_context) meets the ranks inside it in their call's record
+    # (_C.agree_outside_loss_parallel) before refusing: a context entered on rank 0 only is
+    # named on both ranks, not an error on one and a wait in the all-gather on the other.
+    logits = _same(rank, torch.randn(ROWS, VOCAB, dtype=torch.float64))
+    piece = torch.chunk(logits, world, dim=-1)[rank]
+    target = torch.arange(ROWS) % VOCAB
+    group = dist.group.WORLD.group_name
+    op = "vocab_parallel_cross_entropy"
+    if rank == 0:
+        call = lambda: hp.vocab_parallel_cross_entropy(piece, target, vocab_size=VOCAB)  # noqa: E731
+    else:
+        call = lambda: _C.agree_outside_loss_parallel(op, group, piece)  # noqa: E731
+    _expect_named("loss_parallel context", call)
+    _C.agree_outside_loss_parallel(op, group, piece)  # outside on every rank: agreed, the caller refuses
+    torch.testing.assert_close(hp.vocab_parallel_cross_entropy(piece, target), F.cross_entropy(logits, target),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_a_context_entered_on_one_rank_only_is_the_same_named_error():
+    run_ranks(2, context_on_one_rank_only)
