@@ -1,5 +1,6 @@
 #include "loss/class_sharding.h"
 
+#include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
 #include <c10/util/Exception.h>
 
@@ -194,10 +195,25 @@ void check_mean_on_mesh(const ClassSharding& cs, int64_t reduction, const std::s
       "denominator over each mesh dim that shards the rows)");
 }
 
-at::Tensor global_mean_denominator(const at::Tensor& local_denominator, const ClassSharding& cs) {
-  at::Tensor total = local_denominator.clone();
-  for (int64_t d : cs.row_mesh_dims()) cs.layout.mesh().comm(d).all_reduce_(total, ReduceOp::Sum);
-  return total;
+at::Tensor global_mean_denominator(const at::Tensor& local_denominator, const at::TensorOptions& options,
+                                   const ClassSharding& cs, const std::exception_ptr& refused_here,
+                                   const std::string& op) {
+  // [denominator, groups that refused]: one all-reduce per mesh dim, refusal or not.
+  at::Tensor sums = at::zeros({2}, options);
+  if (refused_here) {
+    sums.select(0, 1).fill_(1);
+  } else {
+    sums.select(0, 0).copy_(local_denominator);
+  }
+  for (int64_t d : cs.row_mesh_dims()) cs.layout.mesh().comm(d).all_reduce_(sums, ReduceOp::Sum);
+  if (refused_here) std::rethrow_exception(refused_here);
+  if (sums[1].item<double>() > 0) {
+    throw LossParallelLayoutError(op + " under loss_parallel: the inputs were refused on other ranks of the mesh (" +
+                                  describe(cs.layout) +
+                                  ": a group of the mesh dims that shard the rows, where the error names the input); "
+                                  "reduction 'mean' sums its denominator over those dims, so no rank returns a loss");
+  }
+  return sums[0];
 }
 
 at::Tensor replicated_value(const at::Tensor& t, const std::string& what, const std::string& op) {

@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <exception>
 #include <vector>
 
 #include "hyper_parallel/layout.h"
@@ -72,9 +73,14 @@ at::Tensor laid_out_local(const at::Tensor& t, const Placements& want, c10::IntA
 // (PyTorch's contract: its loss_parallel supports 'mean' on a one-dimensional mesh only).
 void check_mean_on_mesh(const ClassSharding& cs, int64_t reduction, const std::string& op, bool strict);
 
-// The global mean's denominator: this rank's (the weight or count of its counted rows)
-// summed over the mesh dims that shard the rows, one small all-reduce per such dim.
-at::Tensor global_mean_denominator(const at::Tensor& local_denominator, const ClassSharding& cs);
+// The global mean's denominator: this rank's (the weight or count of its counted rows, a
+// scalar of `options`) summed over the mesh dims that shard the rows, one small all-reduce
+// per such dim. `refused_here`: this rank's group refused the call (its error, rethrown
+// after the sums); the sums carry that, so that the other groups raise too
+// (LossParallelLayoutError naming `op`) instead of waiting for this one.
+at::Tensor global_mean_denominator(const at::Tensor& local_denominator, const at::TensorOptions& options,
+                                   const ClassSharding& cs, const std::exception_ptr& refused_here,
+                                   const std::string& op);
 
 // A target or weight must be a plain tensor or a Replicate DTensor; returns its value.
 at::Tensor replicated_value(const at::Tensor& t, const std::string& what, const std::string& op);

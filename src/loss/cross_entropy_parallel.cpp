@@ -160,7 +160,7 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   }
   // The call gives three fields of the definition, the guard the other two.
   ce.definition = CrossEntropyDefinition{.ignore_index = ignore_index,
-                                         .reduction = global_mean ? at::Reduction::Sum : reduction,
+                                         .reduction = global_mean ? int64_t{at::Reduction::Sum} : reduction,
                                          .label_smoothing = label_smoothing,
                                          .z_loss_weight = options.z_loss_weight,
                                          .logit_softcap = options.logit_softcap};
@@ -230,10 +230,18 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
     ce.gradient_in_forward = false;
   }
   const ClassShard& shard = cs.shard;
-  at::Tensor loss = fused_cross_entropy_forward(ce, shard, &agreement, &call_agreement);
+  at::Tensor loss;
+  std::exception_ptr refused_here;  // the global mean tells the other row groups before raising it
+  try {
+    loss = fused_cross_entropy_forward(ce, shard, &agreement, &call_agreement);
+  } catch (...) {
+    if (!global_mean) throw;
+    refused_here = std::current_exception();
+  }
   at::Tensor mean_scale;
   if (global_mean) {
-    const at::Tensor total = global_mean_denominator(ce.ce_denominator, cs);
+    const at::Tensor total = global_mean_denominator(ce.ce_denominator, ce.x_rows.options().dtype(ct), cs,
+                                                     refused_here, op);
     loss = loss / total;
     mean_scale = total.reciprocal();
   }

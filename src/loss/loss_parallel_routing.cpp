@@ -179,9 +179,16 @@ bool nll_forward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
                      ignore_index, op);
   });
   if (weight && !agreement.refused()) call.class_weight = *weight;
-  agree_on_call(call, cs.shard.comm, local.device(), &agreement);
-  auto result = distributed_nll_forward(to_rows(local, class_dim), target.reshape({-1}), weight,
-                                        global_mean ? at::Reduction::Sum : reduction, ignore_index, cs.shard);
+  std::pair<at::Tensor, at::Tensor> result;
+  std::exception_ptr refused_here;  // the global mean tells the other row groups before raising it
+  try {
+    agree_on_call(call, cs.shard.comm, local.device(), &agreement);
+    result = distributed_nll_forward(to_rows(local, class_dim), target.reshape({-1}), weight,
+                                     global_mean ? int64_t{at::Reduction::Sum} : reduction, ignore_index, cs.shard);
+  } catch (...) {
+    if (!global_mean) throw;
+    refused_here = std::current_exception();
+  }
   const DeviceMesh& mesh = cs.layout.mesh();
   at::Tensor out, total_weight;
   if (reduction == at::Reduction::None) {
@@ -190,7 +197,9 @@ bool nll_forward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   } else if (global_mean) {
     // The total weight handed to backward is the global one: its mean gradient divides by it.
     const at::ScalarType ct = compute_type(local.scalar_type());
-    const at::Tensor total = global_mean_denominator(nll_mean_denominator(target, weight, ignore_index, ct), cs);
+    const at::Tensor total =
+        global_mean_denominator(refused_here ? at::Tensor() : nll_mean_denominator(target, weight, ignore_index, ct),
+                                local.options().dtype(ct), cs, refused_here, op);
     out = make_dtensor((result.first.to(ct) / total).to(local.scalar_type()),
                        Layout(mesh, cs.sum_placements(), {}));
     total_weight = replicated_dtensor(total.to(local.scalar_type()), mesh);

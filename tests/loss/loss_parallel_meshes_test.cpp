@@ -377,3 +377,47 @@ TEST(LossParallelMeshesErrors, NonStrictReLaysOutAndStaysExact) {
 }
 
 }  // namespace loss_parallel_meshes_test
+
+namespace loss_parallel_meshes_test {
+
+// The global mean's only collective outside the TP group is the sum of its denominator over
+// dp: a target refused on one dp group only (an id out of range in its rows) must not leave
+// the other group waiting there. That group raises its own error (IndexError); the other
+// says that the inputs were refused elsewhere on the mesh.
+TEST(LossParallelMeshesErrors, AGlobalMeanRefusedOnOneDpGroupIsAnErrorOnEveryRank) {
+  const at::Tensor full = random_tensor({4, 6}, 34);
+  const at::Tensor bad = torch::tensor({0, 1, 5, 99});  // row 3: dp group 1's
+  for (bool routed : {false, true}) {
+    SCOPED_TRACE(routed ? "nll_loss(log_softmax)" : "cross_entropy");
+    std::vector<std::string> errors(4);
+    run_ranks(
+        4,
+        [&](int64_t rank) {
+          auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+          auto guard = loss_parallel(strictness(false));
+          const at::Tensor x = distribute_tensor(full, mesh, {Shard(0), Shard(1)});
+          const at::Tensor t = distribute_tensor(bad, mesh, {Shard(0), Replicate()});
+          try {
+            if (routed) {
+              F::nll_loss(torch::log_softmax(x, 1), t);
+            } else {
+              F::cross_entropy(x, t);
+            }
+          } catch (const std::exception& e) {
+            errors[static_cast<size_t>(rank)] = e.what();
+          }
+        },
+        std::chrono::seconds(20));
+    for (int64_t rank = 0; rank < 4; ++rank) {
+      const std::string& msg = errors[static_cast<size_t>(rank)];
+      // Ranks 2 and 3 are dp coordinate 1 (the mesh is row-major).
+      if (rank >= 2) {
+        EXPECT_TRUE(contains(msg, "out of bounds")) << "rank " << rank << ": " << msg;
+      } else {
+        EXPECT_TRUE(contains(msg, "refused on other ranks of the mesh")) << "rank " << rank << ": " << msg;
+      }
+    }
+  }
+}
+
+}  // namespace loss_parallel_meshes_test
