@@ -2,7 +2,8 @@
 # The wheel: `pip wheel .` builds it against the venv's torch; auditwheel bundles every shared library
 # it needs that is not torch's (yaml-cpp from Debian's -dev package, ...), so that installing it needs
 # no compiler, CMake or Debian package. Then the checks: nothing in it lands under hyper_parallel/
-# (HyperParallel's import name); it installs with pip into a new environment that sees torch and
+# (HyperParallel's import name); its metadata requires the torch release it is built for and the
+# package records that torch's whole version; it installs with pip into a new environment that sees torch and
 # nothing of ours (no build tree, no Debian libraries it would need: ldd finds every library in the
 # wheel or in torch); it imports there beside a package named hyper_parallel; a TP 2 loss runs.
 #
@@ -46,12 +47,23 @@ echo "wheel: $(basename "$wheel") (built in $((t1 - t0)) s)"
 
 "$python" - "$wheel" <<'EOF'
 import sys, zipfile
-names = zipfile.ZipFile(sys.argv[1]).namelist()
+import torch
+wheel = zipfile.ZipFile(sys.argv[1])
+names = wheel.namelist()
 theirs = [n for n in names if n.split("/")[0] == "hyper_parallel"]
 assert not theirs, f"the wheel puts files under hyper_parallel/ (HyperParallel's import name): {theirs[:5]}"
 tops = sorted({n.split("/")[0] for n in names})
 assert "hyper_parallel_cpp" in tops, tops
 print("wheel top-level folders:", ", ".join(tops))
+# The torch it is built for: required in the metadata (the release), recorded whole in the package.
+metadata = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+headers = metadata.split("\n\n", 1)[0].splitlines()
+release = torch.__version__.split("+")[0]
+required = [h for h in headers if h.startswith("Requires-Dist: torch")]
+assert required == [f"Requires-Dist: torch=={release}"], required
+record = wheel.read("hyper_parallel_cpp/_build_info.py").decode()
+assert f'TORCH_VERSION = "{torch.__version__}"' in record, record
+print(f"the wheel requires torch=={release} and records torch {torch.__version__}")
 EOF
 
 # A new environment that sees torch (the venv's site-packages, read through a .pth) and nothing of
