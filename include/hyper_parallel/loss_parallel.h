@@ -50,8 +50,8 @@ struct LossParallelOptions {
   // The TP mesh. Unset: inferred from the logits (their 1-D mesh, or the mesh dim that
   // shards the class dim). Set: the logits must live on it.
   std::optional<DeviceMesh> mesh;
-  // true: the layout must be a 1-D mesh with the class dim sharded, or
-  // LossParallelLayoutError. false: other mesh dims are gathered with a warning.
+  // true: PyTorch 2.15's N-D contract (docs/loss_parallel.md, "Layouts on N-D meshes"), else
+  // LossParallelLayoutError. false: other layouts re-laid out (a warning), 'mean' exact.
   // Unset: ParallelismConfig::loss_parallel_strict_mesh (default true).
   std::optional<bool> strict;
 
