@@ -526,3 +526,29 @@ def test_install_refuses_a_hyperparallel_that_selected_another_platform():
     """, os.environ["PYTHONPATH"])
     assert "refused:" in r.stdout and "MindSporePlatform, not on torch" in r.stdout, r.stdout + r.stderr
     assert "HYPER_PARALLEL_PLATFORM=torch" in r.stdout, r.stdout
+
+
+def context_on_one_rank_only(rank, world):
+    # loss_parallel() entered on rank 0 only: rank 1's call outside the context used to raise
+    # there while rank 0 waited in its record's all-gather until the process group's timeout.
+    # Rank 1 now meets rank 0 in that record first: the same named error on both, and both in step.
+    hpar, hp, Shard, Replicate = _hp()
+    from hyper_parallel_cpp import LossParallelLayoutError
+    mesh = _tp_mesh(hpar, world)
+    gen = torch.Generator().manual_seed(17)
+    full = torch.randn(6, VOCAB, dtype=torch.float64, generator=gen)
+    target = torch.randint(0, VOCAB, (6,), generator=gen)
+    x = hpar.DTensor.from_local(_piece(full, rank, world, 1), mesh, [Shard(1)])
+    with pytest.raises(LossParallelLayoutError,
+                       match=r"disagree on the loss_parallel context .*rank\(s\) 1: outside loss_parallel\(\)"):
+        if rank == 0:
+            with hp.loss_parallel():
+                F.cross_entropy(x, target)
+        else:
+            F.cross_entropy(x, target)
+    with hp.loss_parallel():
+        assert_close(F.cross_entropy(x, target).to_local(), F.cross_entropy(full, target), TOL, "the call after")
+
+
+def test_a_context_entered_on_one_rank_only_is_the_same_named_error_on_every_rank():
+    run_ranks(2, context_on_one_rank_only, timeout=120)

@@ -374,6 +374,11 @@ def _outside_context(func, layouts, args, kwargs, op: str, x, class_dim: int, nd
                                       f"{_describe(x)} (reduce it first)")
     axes = _class_axes(x, class_dim, ndim)
     if axes and lp.active_options() is None:
+        # First the record the ranks inside the context send first (one small all-gather, on this
+        # refusal or fallback path only): a context entered on some ranks only is then the same
+        # named error on every rank, not an error here and a wait in the all-gather there.
+        like = next(v for v in list(args) + list(kwargs.values()) if isinstance(v, torch.Tensor))
+        _C.agree_outside_loss_parallel("vocab_parallel_" + op, x.mesh.get_group(axes[0]).group_name, like)
         config = parallelism_config()
         if config.loss_parallel_fallback_on_layout_error:
             lp._warn_once("hyperparallel-gather:" + op,
