@@ -2,8 +2,9 @@
 // for the Python package, over the process groups of torch.distributed. Only bindings live
 // here: every kernel is the library's, the same the C++ loss_parallel runs. The package's
 // torch.library ops are registered beside them (library_ops.cpp); these functions serve
-// what the ops do not: loss_parallel()'s gradient written in forward, the cross-entropy-only
-// options' refusal on every rank, configuration and counters.
+// what the ops do not: loss_parallel()'s route on PyTorch's DTensor (a registered op runs below any
+// dispatch mode, so CommDebugMode would not see the collectives these issue), its gradient written
+// in forward, the cross-entropy-only options' refusal on every rank, configuration and counters.
 #include <c10/util/Exception.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -155,6 +156,15 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("local"), py::arg("class_dim"), py::arg("group"), py::arg("vocab_size"), py::arg("dtype"),
       py::arg("guard_z_loss_weight") = 0.0, py::arg("guard_logit_softcap") = 0.0);
+  m.def(
+      "log_softmax_backward",
+      [](const at::Tensor& grad, const at::Tensor& output, int64_t class_dim, const std::string& group,
+         int64_t vocab_size) {
+        py::gil_scoped_release no_gil;
+        return hp::vocab_parallel_log_softmax_backward(grad, output, class_dim, communicator(group).get(), vocab_size,
+                                                       output.scalar_type());
+      },
+      py::arg("grad"), py::arg("output"), py::arg("class_dim"), py::arg("group"), py::arg("vocab_size"));
   m.def(
       "nll_loss_forward",
       [](const at::Tensor& logp, int64_t class_dim, const at::Tensor& target, const std::optional<at::Tensor>& weight,

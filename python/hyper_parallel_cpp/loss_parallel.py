@@ -600,14 +600,47 @@ def _reject_cross_entropy_only_options(options: LossParallelOptions, op: str) ->
             f": those options apply to cross_entropy only; {op} would silently ignore them")
 
 
-def _settle_cross_entropy_only_options(options: LossParallelOptions, op: str, forward) -> None:
-    """log_softmax and nll_loss refuse z-loss and soft-cap, on every rank alike: ``forward(z, cap)``
-    runs the op's C++ forward with them in the call's record, which names a context that differs
-    between ranks on all of them and otherwise refuses the options on all of them."""
-    if options.z_loss_weight == 0 and options.logit_softcap == 0:
-        return
-    forward(options.z_loss_weight, options.logit_softcap)
-    _reject_cross_entropy_only_options(options, op)  # reached only where the C++ guard is off
+class _LogSoftmax(torch.autograd.Function):
+    """log_softmax on the local pieces through the library's kernels (visible to CommDebugMode, as
+    _CrossEntropy). z / cap: the context's cross-entropy-only options, which the C++ forward puts
+    in the call's record and refuses on every rank alike (a context that differs between ranks
+    is named there)."""
+
+    @staticmethod
+    def forward(ctx, local, dim, group_name, vocab_size, z, cap):
+        out = _C.log_softmax(local, dim, group_name, vocab_size, None, z, cap)
+        ctx.save_for_backward(out)
+        ctx.args = (dim, group_name, vocab_size)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        dim, group_name, vocab_size = ctx.args
+        return _C.log_softmax_backward(grad, out, dim, group_name, vocab_size), None, None, None, None, None
+
+
+_NLL_LOSS_BACKWARD = torch.ops.hyper_parallel_cpp.vocab_parallel_nll_loss_backward.default
+
+
+class _NllLoss(torch.autograd.Function):
+    """nll_loss on the local pieces through the library's kernels (no collective backward)."""
+
+    @staticmethod
+    def forward(ctx, logp, target, weight, class_dim, reduction, ignore_index, group_name, vocab_size, z, cap):
+        out, total_weight = _C.nll_loss_forward(logp, class_dim, target, weight, reduction, ignore_index, group_name,
+                                                vocab_size, z, cap)
+        ctx.save_for_backward(logp, target, weight, total_weight)
+        ctx.args = (class_dim, reduction, ignore_index, group_name, vocab_size)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        logp, target, weight, total_weight = ctx.saved_tensors
+        class_dim, reduction, ignore_index, group_name, vocab_size = ctx.args
+        g = _NLL_LOSS_BACKWARD(grad, logp, target, weight, total_weight, class_dim, reduction, ignore_index,
+                               group_name, vocab_size)
+        return (g,) + (None,) * 9
 
 
 def _log_softmax_args(func, args, kwargs) -> Tuple[Any, Optional[int], Optional[torch.dtype]]:
@@ -638,9 +671,8 @@ def _log_softmax(options: LossParallelOptions, args, kwargs, func=None):
     local = t.to_local()
     if dtype is not None:
         local = local.to(dtype)
-    _settle_cross_entropy_only_options(
-        options, op, lambda z, cap: _C.log_softmax(local, dim, cs.group_name, cs.vocab_size, None, z, cap))
-    out = ops._log_softmax(local, dim, cs.group_name, cs.vocab_size)
+    out = _LogSoftmax.apply(local, dim, cs.group_name, cs.vocab_size, options.z_loss_weight, options.logit_softcap)
+    _reject_cross_entropy_only_options(options, op)  # reached with them only where the C++ guard is off
     return DTensor.from_local(out, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
 
 
@@ -666,10 +698,9 @@ def _nll_loss(options: LossParallelOptions, args, kwargs):
     ignore_index = int(a.get("ignore_index", -100))
     global_mean = reduction == "mean" and bool(cs.batch_mesh_dims())
     code = ops.reduction_code("sum" if global_mean else reduction, op)
-    _settle_cross_entropy_only_options(options, op, lambda z, cap: _C.nll_loss_forward(
-        local, class_dim, target_local, weight_local, code, ignore_index, cs.group_name, cs.vocab_size, z, cap))
-    out, _ = ops._nll_loss(local, target_local, weight_local, class_dim, code, ignore_index, cs.group_name,
-                           cs.vocab_size)
+    out = _NllLoss.apply(local, target_local, weight_local, class_dim, code, ignore_index, cs.group_name,
+                         cs.vocab_size, options.z_loss_weight, options.logit_softcap)
+    _reject_cross_entropy_only_options(options, op)  # reached with them only where the C++ guard is off
     if global_mean:
         out = out * _global_mean_scale(cs, _mean_denominator(target_local, weight_local, ignore_index,
                                                              _rows_count(local.shape, class_dim), out.dtype))

@@ -162,6 +162,27 @@ def comm_debug_mode_counts(rank, world):
         assert_close(x.grad.full_tensor(), ref_x.grad, TOL, what + " grad")
 
 
+    # log_softmax: the record, then the max and the sum-exp all-reduced; its backward one all-reduce.
+    # nll_loss on it: the record and one all-reduce, none backward.
+    mesh = init_device_mesh("cpu", (world,))
+    logits, target, _ = _inputs(gen, (8, CLASSES), False)
+    x = distribute_tensor(logits, mesh, [Shard(1)]).requires_grad_()
+    with CommDebugMode() as comm:
+        with hp.loss_parallel():
+            logp = F.log_softmax(x, 1)
+    assert dict(comm.get_comm_counts()) == {c10d.allgather_: 1, c10d.allreduce_: 2}, dict(comm.get_comm_counts())
+    with CommDebugMode() as comm:
+        with hp.loss_parallel():
+            nll = F.nll_loss(logp, target, ignore_index=3)
+    assert dict(comm.get_comm_counts()) == {c10d.allgather_: 1, c10d.allreduce_: 1}, dict(comm.get_comm_counts())
+    with CommDebugMode() as comm:
+        nll.backward()
+    assert dict(comm.get_comm_counts()) == {c10d.allreduce_: 1}, dict(comm.get_comm_counts())
+    ref_x = logits.clone().requires_grad_()
+    F.nll_loss(F.log_softmax(ref_x, 1), target, ignore_index=3).backward()
+    assert_close(x.grad.full_tensor(), ref_x.grad, TOL, "log_softmax + nll_loss gradient")
+
+
 def test_comm_debug_mode_counts_the_collectives():
     run_ranks(4, comm_debug_mode_counts)
 
