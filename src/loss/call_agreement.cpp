@@ -48,7 +48,7 @@ enum Slot : int64_t {
   kGradientInForward,
   kTemperature,
   kEntropy,
-  kWeightHash,  // two slots
+  kWeightHash,                      // two slots
   kLocalClasses = kWeightHash + 2,  // not compared: the pieces may differ
   kRecordSize
 };

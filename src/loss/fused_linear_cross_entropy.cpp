@@ -242,10 +242,9 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
                                                     : hidden.device();
   // A refusal here is settled at once (the placeholders make no blocks); otherwise the record
   // travels while the blocks are computed.
-  PendingCallAgreement call_agreement(
-      linear_call(kOp, in.h, in.target, in.shard.local, in.shard.total, options,
-                  in.class_weight.value_or(at::Tensor())),
-      in.shard.comm, device, &agreement);
+  PendingCallAgreement call_agreement(linear_call(kOp, in.h, in.target, in.shard.local, in.shard.total, options,
+                                                  in.class_weight.value_or(at::Tensor())),
+                                      in.shard.comm, device, &agreement);
   if (agreement.refused()) call_agreement.settle();
   const at::ScalarType dt = in.h.scalar_type();
   const LinearBlocks blocks =

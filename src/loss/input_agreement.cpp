@@ -74,8 +74,7 @@ InputAgreement::InputAgreement(std::string op, const at::Tensor& replicated, con
   // A DTensor laid out like the logits (probabilities, sharded) legitimately differs between
   // ranks: only plain and replicated tensors are compared.
   const auto* impl = replicated.defined() ? dtensor_impl(replicated) : nullptr;
-  if (compare_ && !own_ && replicated.defined() && !replicated.is_meta() &&
-      (!impl || impl->layout().is_replicated())) {
+  if (compare_ && !own_ && replicated.defined() && !replicated.is_meta() && (!impl || impl->layout().is_replicated())) {
     target_hash_ = bytes_hash(impl ? impl->local() : replicated);
   }
 }

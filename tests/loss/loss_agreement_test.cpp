@@ -471,11 +471,12 @@ TEST(LossAgreement, ShapesThatDifferBeyondTheRowCountAreNamed) {
                           }),
                           "class dim", "vocab_parallel_log_softmax");
   const at::Tensor full = random_tensor({6, kVocab}, 22);
-  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
-                            const at::Tensor local = piece(full, rank).reshape({rank == 1 ? 3 : 2, rank == 1 ? 2 : 3, -1});
-                            vocab_parallel_log_softmax(local, 2, &mesh.comm(0), kVocab);
-                          }),
-                          "logits' shape", "vocab_parallel_log_softmax [2, 3, V] against [3, 2, V]");
+  expect_named_everywhere(
+      layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+        const at::Tensor local = piece(full, rank).reshape({rank == 1 ? 3 : 2, rank == 1 ? 2 : 3, -1});
+        vocab_parallel_log_softmax(local, 2, &mesh.comm(0), kVocab);
+      }),
+      "logits' shape", "vocab_parallel_log_softmax [2, 3, V] against [3, 2, V]");
 }
 
 // Item 8: HYPER_PARALLEL_CHECK_REPLICATED=1 compares what is meant to be replicated (class-index
