@@ -492,13 +492,20 @@ void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
       if (m != ninf && entropy) {
         // The entropy's numerator beside the sum (d clamped: kZeroProbabilityDifference).
         const Vec vmax(m), vfloor(static_cast<acc_t>(kZeroProbabilityDifference));
-        for (int64_t j = 0, line = 0; j < nv; j += VS, line += kVectorBytes) {
-          if (line < next_bytes && line % 64 == 0) __builtin_prefetch(next + line + kForwardPrefetchLead);
-          const Vec d = (Vec::loadu(buf + j) - vmax) * vinv_t;  // exact at T = 1
-          const Vec e = vexp(d);
-          vs = vs + e;
-          vh = at::vec::fmadd(e, at::vec::clamp_min(d, vfloor), vh);
-        }
+        // One loop per scaling: at T = 1 no multiply per vector (the log-probabilities' usual T).
+        auto entropy_pass = [&](auto scale) {
+          for (int64_t j = 0, line = 0; j < nv; j += VS, line += kVectorBytes) {
+            if (line < next_bytes && line % 64 == 0) __builtin_prefetch(next + line + kForwardPrefetchLead);
+            const Vec d = scale(Vec::loadu(buf + j) - vmax);
+            const Vec e = vexp(d);
+            vs = vs + e;
+            vh = at::vec::fmadd(e, at::vec::clamp_min(d, vfloor), vh);
+          }
+        };
+        if (scaled)
+          entropy_pass([&](const Vec& v) { return v * vinv_t; });
+        else
+          entropy_pass([](const Vec& v) { return v; });
         for (int64_t j = nv; j < n; ++j) {
           const acc_t d = (buf[j] - m) * inv_t, e = std::exp(d);
           s_tail += e;
