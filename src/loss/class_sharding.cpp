@@ -10,6 +10,7 @@
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/parallelism_config.h"
+#include "loss/call_agreement.h"
 
 namespace hyper_parallel {
 
@@ -114,6 +115,16 @@ ClassSharding resolve_class_sharding(at::Tensor* t, int64_t class_dim, const std
     }
   }
   if (want != layout.placements()) {
+    // Strictness decides here, on each rank alone, between a refusal and a re-layout (the
+    // redistribution's collectives): the ranks of the whole mesh agree on it first (one small
+    // all-gather per mesh dim, on this refusal or re-layout path only).
+    LossCallRecord call;
+    call.op = op;
+    record_context(call);
+    call.strict = effective_strict(options);
+    std::vector<const Communicator*> comms;
+    for (int64_t d = 0; d < mesh.ndim(); ++d) comms.push_back(&mesh.comm(d));
+    agree_on_context(call, comms, impl->local().device());
     if (effective_strict(options)) {
       throw LossParallelLayoutError(op + " under loss_parallel (strict): expected the input to be " +
                                     expected_layout(class_dim) + " (PyTorch's loss_parallel contract), got " + got +
@@ -140,15 +151,14 @@ ClassSharding resolve_class_sharding(at::Tensor* t, int64_t class_dim, const std
 at::Tensor laid_out_local(const at::Tensor& t, const Placements& want, c10::IntArrayRef global_shape,
                           const std::string& what, const std::string& op, const ClassSharding& cs, bool strict) {
   const DeviceMesh& mesh = cs.layout.mesh();
-  const bool all_replicate =
-      std::all_of(want.begin(), want.end(), [](const Placement& p) { return p.is_replicate(); });
+  const bool all_replicate = std::all_of(want.begin(), want.end(), [](const Placement& p) { return p.is_replicate(); });
   auto* impl = dtensor_impl(t);
   if (!impl) {
     for (int64_t i = 0; i < static_cast<int64_t>(want.size()); ++i) {
       if (i != cs.mesh_dim && want[i].is_shard()) {
         throw LossParallelLayoutError(
-            op + " under loss_parallel: expected the " + what + " as a DTensor laid out " + to_string(want) +
-            " on " + mesh.str() +
+            op + " under loss_parallel: expected the " + what + " as a DTensor laid out " + to_string(want) + " on " +
+            mesh.str() +
             " (loss_parallel requires a DTensor, not a plain tensor, when the logits' other mesh dims shard their "
             "rows: a plain tensor could be the whole or this rank's piece), got a plain tensor of shape " +
             c10::str(t.sizes()) + ". Wrap it with make_dtensor or distribute_tensor");
@@ -165,18 +175,18 @@ at::Tensor laid_out_local(const at::Tensor& t, const Placements& want, c10::IntA
                                   mesh.str() + " (or a plain tensor), got one on " + l.mesh().str());
   }
   if (all_replicate && l.is_replicated()) return impl->local();  // as a plain tensor
-  TORCH_CHECK_VALUE(c10::IntArrayRef(l.shape()) == global_shape, op, ": expected a ", what, " of shape ",
-                    global_shape, " for logits of shape ", c10::IntArrayRef(cs.layout.shape()), ", got ",
+  TORCH_CHECK_VALUE(c10::IntArrayRef(l.shape()) == global_shape, op, ": expected a ", what, " of shape ", global_shape,
+                    " for logits of shape ", c10::IntArrayRef(cs.layout.shape()), ", got ",
                     c10::IntArrayRef(l.shape()));
   if (l.placements() == want) return impl->local();
   const Layout want_layout(mesh, want, global_shape.vec());
   if (l.is_replicated()) return redistribute_local(impl->local(), l, want_layout);  // a local cut
   if (strict) {
-    const std::string expected = all_replicate ? " to be replicated (a plain tensor or a DTensor with Replicate() "
-                                                 "on every mesh dim)"
-                                               : " laid out " + to_string(want) + " on " + mesh.str() +
-                                                     " (the rows of the logits " + describe(cs.layout) +
-                                                     "), or replicated";
+    const std::string expected = all_replicate
+                                     ? " to be replicated (a plain tensor or a DTensor with Replicate() "
+                                       "on every mesh dim)"
+                                     : " laid out " + to_string(want) + " on " + mesh.str() +
+                                           " (the rows of the logits " + describe(cs.layout) + "), or replicated";
     throw LossParallelLayoutError(op + " under loss_parallel (strict): expected the " + what + expected + ", got " +
                                   describe(l));
   }
@@ -188,8 +198,9 @@ at::Tensor laid_out_local(const at::Tensor& t, const Placements& want, c10::IntA
 void check_mean_on_mesh(const ClassSharding& cs, int64_t reduction, const std::string& op, bool strict) {
   if (reduction != at::Reduction::Mean || cs.layout.mesh().ndim() <= 1 || !strict) return;
   throw LossParallelUnsupportedError(
-      op + " under loss_parallel (strict): reduction 'mean' is only supported on a one-dimensional mesh "
-           "(PyTorch's loss_parallel contract), got a mesh of " +
+      op +
+      " under loss_parallel (strict): reduction 'mean' is only supported on a one-dimensional mesh "
+      "(PyTorch's loss_parallel contract), got a mesh of " +
       std::to_string(cs.layout.mesh().ndim()) + " dims (" + describe(cs.layout) +
       "). Use reduction 'sum' or 'none', or strict = false for the exact global mean (one small all-reduce of its "
       "denominator over each mesh dim that shards the rows)");

@@ -109,8 +109,9 @@ struct CrossEntropyParallelBackward : Node {
 
 // Probability targets, laid out as the logits (or replicated: cut here): this rank's piece, as rows.
 at::Tensor soft_target_rows(const at::Tensor& target, const ClassSharding& cs, const std::string& op, bool strict) {
-  return to_rows(laid_out_local(target, cs.layout.placements(), cs.layout.shape(), "probability target", op, cs, strict),
-                 cs.class_dim);
+  return to_rows(
+      laid_out_local(target, cs.layout.placements(), cs.layout.shape(), "probability target", op, cs, strict),
+      cs.class_dim);
 }
 
 // A replicated target or weight must live on the logits' mesh (or be a plain tensor).
@@ -146,18 +147,9 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   ce.x_rows = to_rows(local_logits, class_dim);
   const LossParallelOptions options = current_loss_parallel_options();
   const bool strict = effective_strict(options);
-  check_mean_on_mesh(cs, reduction, op, strict);
   // 'mean' over rows that other mesh dims shard: the kernel sums, the sum is divided by the
   // global denominator below (one small all-reduce per such mesh dim).
   const bool global_mean = reduction == at::Reduction::Mean && !cs.row_mesh_dims().empty();
-  if (global_mean && options.z_loss_weight != 0) {
-    throw LossParallelUnsupportedError(
-        op + " under loss_parallel(z_loss_weight = " + std::to_string(options.z_loss_weight) +
-        "): reduction 'mean' on a mesh whose other dims shard the rows (" + to_string(cs.layout.placements()) +
-        " on " + cs.layout.mesh().str() +
-        ") is not supported: the z-loss divides by another count than the cross-entropy. Use reduction 'sum' or "
-        "'none'");
-  }
   // The call gives three fields of the definition, the guard the other two.
   ce.definition = CrossEntropyDefinition{.ignore_index = ignore_index,
                                          .reduction = global_mean ? int64_t{at::Reduction::Sum} : reduction,
@@ -192,6 +184,18 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   std::vector<int64_t> loss_shape = row_layout.local_shape();
   ce.soft = target.is_floating_point();
   const InputAgreement agreement(op, target, [&] {
+    // What strictness and the options refuse, among the checks: a rank that refuses alone
+    // (its strictness or z-loss differ) is named in the record, not left raising while the
+    // others wait in a collective.
+    check_mean_on_mesh(cs, reduction, op, strict);
+    if (global_mean && options.z_loss_weight != 0) {
+      throw LossParallelUnsupportedError(
+          op + " under loss_parallel(z_loss_weight = " + std::to_string(options.z_loss_weight) +
+          "): reduction 'mean' on a mesh whose other dims shard the rows (" + to_string(cs.layout.placements()) +
+          " on " + cs.layout.mesh().str() +
+          ") is not supported: the z-loss divides by another count than the cross-entropy. Use reduction 'sum' or "
+          "'none'");
+    }
     // PyTorch's cross_entropy raises RuntimeError for a bad option: so does this route.
     check_cross_entropy_definition(ce.definition, op, OptionErrorKind::runtime_error);
     check_on_logits_mesh(target, cs, "target", op);
@@ -240,8 +244,8 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   }
   at::Tensor mean_scale;
   if (global_mean) {
-    const at::Tensor total = global_mean_denominator(ce.ce_denominator, ce.x_rows.options().dtype(ct), cs,
-                                                     refused_here, op);
+    const at::Tensor total =
+        global_mean_denominator(ce.ce_denominator, ce.x_rows.options().dtype(ct), cs, refused_here, op);
     loss = loss / total;
     mean_scale = total.reciprocal();
   }

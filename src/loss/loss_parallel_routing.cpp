@@ -93,8 +93,8 @@ void agree_outside_context(const at::Tensor& logits, int64_t class_dim, const st
 
 // What nll_loss's 'mean' divides this rank's rows by (as ATen's total weight): the class
 // weights of the counted targets, or their count without weights; in compute type `ct`.
-at::Tensor nll_mean_denominator(const at::Tensor& target, const c10::optional<at::Tensor>& weight,
-                                int64_t ignore_index, at::ScalarType ct) {
+at::Tensor nll_mean_denominator(const at::Tensor& target, const c10::optional<at::Tensor>& weight, int64_t ignore_index,
+                                at::ScalarType ct) {
   const at::Tensor t = target.reshape({-1}).to(at::kLong);
   const at::Tensor counted = t.ne(ignore_index);
   if (!weight) return counted.sum().to(ct);
@@ -157,7 +157,6 @@ bool nll_forward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   const int64_t reduction = args[3].toInt();
   const int64_t ignore_index = args[4].toInt();
   const bool strict = effective_strict(current_loss_parallel_options());
-  check_mean_on_mesh(cs, reduction, op, strict);
   // 'mean' over rows other mesh dims shard (strict = false): the kernel sums, the sum is
   // divided by the global total weight (one small all-reduce per such mesh dim).
   const bool global_mean = reduction == at::Reduction::Mean && !cs.row_mesh_dims().empty();
@@ -172,6 +171,8 @@ bool nll_forward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   // The checks settle in the call's record (one all-gather more): a refusal on one rank is
   // the same error on every rank, and every rank stays in step.
   const InputAgreement agreement(op, args[1].toTensor(), [&] {
+    // Among the checks: a rank whose strictness refuses alone is named in the record.
+    check_mean_on_mesh(cs, reduction, op, strict);
     target = laid_out_local(args[1].toTensor(), row_layout.placements(), row_layout.shape(), "target", op, cs, strict);
     if (weight) weight = replicated_value(*weight, "class weight", op);
     // This rank's rows: the local log-probs' shape (the global one where no other mesh dim shards them).
@@ -200,8 +201,7 @@ bool nll_forward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
     const at::Tensor total =
         global_mean_denominator(refused_here ? at::Tensor() : nll_mean_denominator(target, weight, ignore_index, ct),
                                 local.options().dtype(ct), cs, refused_here, op);
-    out = make_dtensor((result.first.to(ct) / total).to(local.scalar_type()),
-                       Layout(mesh, cs.sum_placements(), {}));
+    out = make_dtensor((result.first.to(ct) / total).to(local.scalar_type()), Layout(mesh, cs.sum_placements(), {}));
     total_weight = replicated_dtensor(total.to(local.scalar_type()), mesh);
   } else {
     // As PyTorch 2.15: each rank reduced its rows, Partial(sum) over the mesh dims sharding them.
@@ -227,8 +227,8 @@ bool nll_backward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   const Layout row_layout = cs.row_layout();
   // A per-row loss's gradient is laid out as its rows (this rank's piece); a reduced loss's is
   // its value (Replicate, as PyTorch's gradient of a Partial(sum)).
-  at::Tensor grad = reduction == at::Reduction::None ? local_piece(args[0].toTensor(), row_layout)
-                                                     : full_value(args[0].toTensor());
+  at::Tensor grad =
+      reduction == at::Reduction::None ? local_piece(args[0].toTensor(), row_layout) : full_value(args[0].toTensor());
   at::Tensor target = laid_out_local(args[2].toTensor(), row_layout.placements(), row_layout.shape(), "target", op, cs,
                                      /*strict=*/false);
   c10::optional<at::Tensor> weight = optional_tensor(args[3]);

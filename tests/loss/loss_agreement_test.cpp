@@ -515,4 +515,46 @@ TEST(LossAgreement, CheckReplicatedComparesOnlyWhatIsMeantToBeReplicated) {
   }
 }
 
+// Item 4 on a dp 2 x tp 2 mesh: strictness decides alone whether a rank refuses 'mean' over
+// rows other mesh dims shard (or re-lays out logits outside the contract) or goes on into
+// collectives. Strict on rank 0 only used to leave its peers waiting in those collectives.
+TEST(LossAgreement, StrictnessThatDiffersOnATwoDimMeshIsAnErrorOnEveryRankNotAWait) {
+  const at::Tensor full = random_tensor({8, kVocab}, 25);
+  const at::Tensor target = at::arange(8, at::kLong).remainder(kVocab);
+  auto on_every_rank = [&](const Placements& logits_placements) {
+    std::vector<std::string> got(4);
+    run_ranks(
+        4,
+        [&](int64_t rank) {
+          auto mesh = init_device_mesh("cpu", {2, 2});
+          LossParallelOptions o;
+          o.strict = rank == 0;
+          try {
+            auto guard = loss_parallel(o);
+            F::cross_entropy(distribute_tensor(full, mesh, logits_placements),
+                             distribute_tensor(target, mesh, {Shard(0), Replicate()}));
+            got[rank] = "no error";
+          } catch (const std::exception& e) {
+            got[rank] = error_text(e);
+          }
+        },
+        std::chrono::seconds(20));
+    return got;
+  };
+  // 'mean' with the rows sharded by dp: the strict rank's TP peer is told in the call's record,
+  // the other dp group by the global mean's denominator.
+  const auto mean = on_every_rank({Shard(0), Shard(1)});
+  for (int64_t r : {0, 1})
+    EXPECT_NE(mean[r].find("disagree on the loss_parallel strictness"), std::string::npos) << mean[r];
+  for (int64_t r : {2, 3}) EXPECT_NE(mean[r].find("rank"), std::string::npos) << mean[r];
+  for (const auto& e : mean) EXPECT_NE(e, "no error");
+  // Logits outside the contract (the class dim sharded by both mesh dims): refused on rank 0,
+  // re-laid out on the others, before any record: the whole mesh agrees first.
+  const auto relayout = on_every_rank({Shard(1), Shard(1)});
+  for (const auto& e : relayout) {
+    EXPECT_NE(e.find("the ranks of the loss's mesh disagree on the loss_parallel strictness"), std::string::npos) << e;
+    EXPECT_EQ(e, relayout[0]);
+  }
+}
+
 }  // namespace loss_agreement_test
