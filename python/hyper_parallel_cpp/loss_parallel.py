@@ -292,21 +292,35 @@ def _contract_placements(t: DTensor, class_dim: int) -> Optional[List]:
     return want
 
 
+def _settled_strict(op: str, options: LossParallelOptions, t: DTensor) -> bool:
+    """The context's strictness, where a rank is about to decide by it alone (refuse a layout,
+    re-lay it out, reduce across the batch): first the mesh's ranks agree on it (one small
+    all-gather per mesh dim, on these paths only), so that a strictness that differs between
+    ranks is the same LossParallelLayoutError on every rank, not a refusal here and a
+    collective left waiting there."""
+    strict = options.effective_strict()
+    mesh = t.device_mesh
+    if mesh.size() > 1:
+        _C.agree_on_loss_strictness(op, strict, [mesh.get_group(i).group_name for i in range(mesh.ndim)],
+                                    t.to_local())
+    return strict
+
+
 def _resolve(t: Any, class_dim: int, op: str, options: LossParallelOptions) -> _ClassSharding:
     if not isinstance(t, DTensor):
         raise LossParallelLayoutError(f"{op} under loss_parallel: expected the input to be {_expected(class_dim)}, "
                                       f"got a plain tensor of shape {list(t.shape)}")
     mesh = t.device_mesh
-    if options.effective_strict() and any(p.is_partial() for p in t.placements):
+    want = _contract_placements(t, class_dim)
+    if any(p.is_partial() for p in t.placements) and _settled_strict(op, options, t):
         raise LossParallelLayoutError(f"{op} under loss_parallel (strict): expected the input to be "
                                       f"{_expected(class_dim)}, got {_describe(t)}: reduce the Partial first, or use "
                                       f"strict=False")
-    want = _contract_placements(t, class_dim)
     if want is None:
         raise LossParallelLayoutError(f"{op} under loss_parallel: expected the input to be {_expected(class_dim)}, "
                                       f"got {_describe(t)}: the class dim {class_dim} is not sharded")
     if list(t.placements) != want:
-        if options.effective_strict():
+        if _settled_strict(op, options, t):
             raise LossParallelLayoutError(
                 f"{op} under loss_parallel (strict): expected the input to be {_expected(class_dim)} (PyTorch's "
                 f"loss_parallel contract), got {_describe(t)}: gather the other shardings first, or use strict=False")
@@ -363,7 +377,7 @@ def _laid_out_local(t: Any, want: Tuple, what: str, op: str, cs: _ClassSharding,
         return t.to_local()
     if all(p.is_replicate() for p in t.placements):
         return t.redistribute(mesh, list(want)).to_local()
-    if options.effective_strict():
+    if _settled_strict(op, options, cs.logits):
         raise LossParallelLayoutError(f"{op} under loss_parallel: expected the {what} laid out {list(want)} (or "
                                       f"replicated), got {list(t.placements)}")
     _warn_once("relayout-" + what, f"loss_parallel (strict=False): re-laying out the {what} "
@@ -406,7 +420,7 @@ def _loss_result(local: torch.Tensor, cs: _ClassSharding, reduction: str) -> DTe
 
 
 def _check_mean(cs: _ClassSharding, reduction: str, op: str, options: LossParallelOptions) -> None:
-    if reduction == "mean" and cs.mesh.ndim > 1 and options.effective_strict():
+    if reduction == "mean" and cs.mesh.ndim > 1 and _settled_strict(op, options, cs.logits):
         raise LossParallelUnsupportedError(
             f"{op} under loss_parallel (strict): reduction='mean' is only supported on a one-dimensional DeviceMesh "
             f"(PyTorch's loss_parallel contract), got a mesh with ndim={cs.mesh.ndim} ({_describe(cs.logits)}). Use "
@@ -465,7 +479,8 @@ def _resolve_or_fallback(t: Any, class_dim: int, op: str, options: LossParallelO
     try:
         return _resolve(t, class_dim, op, options)
     except (LossParallelLayoutError, LossParallelUnsupportedError) as e:
-        if not options.effective_strict() and parallelism_config().loss_parallel_fallback_on_layout_error:
+        if isinstance(t, DTensor) and not _settled_strict(op, options, t) and \
+                parallelism_config().loss_parallel_fallback_on_layout_error:
             _warn_once("fallback:" + op, f"{op} under loss_parallel: {e}; all-gathering the logits instead "
                                          f"(loss_parallel_fallback_on_layout_error is set)")
             return None
@@ -497,7 +512,7 @@ def _cross_entropy(options: LossParallelOptions, args, kwargs):
         return NotImplemented  # plain tensors are PyTorch's, as under its own loss_parallel
     op = "cross_entropy"
     class_dim = 1 if logits.ndim >= 2 else 0
-    if not _is_class_sharded(logits, class_dim) and not options.effective_strict():
+    if not _is_class_sharded(logits, class_dim) and not _settled_strict(op, options, logits):
         _warn_once("unsharded", f"loss_parallel (strict=False): logits are not sharded along the class dim "
                                 f"({_describe(logits)}); computing cross_entropy the ordinary way")
         return NotImplemented

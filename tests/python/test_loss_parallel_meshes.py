@@ -105,8 +105,11 @@ def exact_on_every_layout(rank, world, name):
             assert_close(loss.full_tensor(), ref, TOL, what + " loss")
             assert_close(x.grad.full_tensor(), ref_x.grad, TOL, what + " grad")
             assert x.grad.placements == x.placements, what
-            # The library's own: the record and the statistics on the tp group; none backward.
-            assert forward.get("all_gather", 0) == 2 and sum(forward.values()) == 2, f"{what}: {forward}"
+            # The library's own: the record and the statistics on the tp group; none backward. A
+            # mean on a mesh of more than one dim is decided by the strictness: the ranks agree on
+            # it first (one small all-gather per mesh dim).
+            gathers = 2 + (mesh.ndim if reduction == "mean" else 0)
+            assert forward.get("all_gather", 0) == gathers and sum(forward.values()) == gathers, f"{what}: {forward}"
             assert sum(backward.values()) == 0, f"{what}: backward {backward}"
             if not prob and not weighted and smoothing == 0 and reduction != "mean":
                 # PyTorch's own on the same DTensors: the same placements and values.
@@ -138,8 +141,9 @@ def comm_debug_mode_counts(rank, world):
         # 1-D: the call's record and the statistics, two all-gathers on the tp group.
         ((world,), ("tp",), [Shard(1)], [Replicate()], "mean", True, {c10d.allgather_: 2}),
         # dp x tp, the exact global mean: one all-reduce of its denominator over dp more.
+        # (and the strictness agreed first: one all-gather per mesh dim).
         ((2, world // 2), ("dp", "tp"), [Shard(0), Shard(1)], [Shard(0), Replicate()], "mean", False,
-         {c10d.allgather_: 2, c10d.allreduce_: 1}),
+         {c10d.allgather_: 4, c10d.allreduce_: 1}),
         ((2, world // 2), ("dp", "tp"), [Shard(0), Shard(1)], [Shard(0), Replicate()], "sum", True,
          {c10d.allgather_: 2}),
     ]:
@@ -254,3 +258,26 @@ def log_softmax_nll_and_logprobs_on_dp_x_tp(rank, world):
 
 def test_log_softmax_nll_loss_and_logprobs_on_dp_x_tp():
     run_ranks(4, log_softmax_nll_and_logprobs_on_dp_x_tp)
+
+
+def strictness_that_differs_between_ranks(rank, world):
+    # What the strictness alone decides (a mean on dp x tp, Partial logits) is agreed first: a
+    # strictness that differs between ranks is the same named error on every rank, at once.
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    gen = torch.Generator().manual_seed(21)
+    logits, target, _ = _inputs(gen, (8, CLASSES), False)
+    x = distribute_tensor(logits, mesh, [Shard(0), Shard(1)])
+    dist_target = distribute_tensor(target, mesh, [Shard(0), Replicate()])
+    partial = DTensor.from_local(distribute_tensor(logits, mesh, [Replicate(), Shard(1)]).to_local() / 2, mesh,
+                                 [Partial("sum"), Shard(1)], run_check=False, shape=logits.shape,
+                                 stride=logits.stride())
+    replicated = distribute_tensor(target, mesh, [Replicate(), Replicate()])
+    for strict_ranks in ({0}, {0, 1}, {1, 3}):
+        for logits_, target_ in ((x, dist_target), (partial, replicated)):
+            with pytest.raises(hp.LossParallelLayoutError, match="loss_parallel strictness"):
+                with hp.loss_parallel(strict=rank in strict_ranks):
+                    F.cross_entropy(logits_, target_, reduction="mean")
+
+
+def test_a_strictness_that_differs_between_ranks_is_the_same_named_error():
+    run_ranks(4, strictness_that_differs_between_ranks, timeout=120)
