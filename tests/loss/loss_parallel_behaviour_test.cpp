@@ -393,6 +393,41 @@ TEST(LossParallelThreads, BackwardOnAnotherThreadAndGuardsDoNotLeakAcrossThreads
   EXPECT_FALSE(outside_seen);
 }
 
+// As under PyTorch's loss_parallel: plain tensors inside the context (an auxiliary classifier's
+// loss, a whole step under the guard) are LibTorch's own ops, under either strictness.
+TEST(LossParallelContext, PlainTensorsInsideTheGuardAreLibTorchsOwn) {
+  at::Tensor logits = random_tensor({6, 11}, 31);
+  at::Tensor target = torch::randint(11, {6}, at::make_generator<at::CPUGeneratorImpl>(32));
+  target[1] = -100;
+  at::Tensor weight = random_tensor({11}, 33).abs() + 0.5;
+  auto losses = [&](const at::Tensor& x) {
+    return std::vector<at::Tensor>{
+        F::cross_entropy(x, target, F::CrossEntropyFuncOptions().weight(weight).label_smoothing(0.1)),
+        F::cross_entropy(x, torch::softmax(logits, 1)),
+        F::nll_loss(F::log_softmax(x, F::LogSoftmaxFuncOptions(1)), target, F::NLLLossFuncOptions().weight(weight)),
+        torch::log_softmax(x, 1).sum()};
+  };
+  for (std::optional<bool> strict : {std::optional<bool>(), std::optional<bool>(true), std::optional<bool>(false)}) {
+    at::Tensor want_x = logits.clone().set_requires_grad(true);
+    std::vector<at::Tensor> want = losses(want_x);
+    at::Tensor x = logits.clone().set_requires_grad(true);
+    std::vector<at::Tensor> got;
+    {
+      LossParallelOptions o;
+      o.strict = strict;
+      auto guard = loss_parallel(o);
+      got = losses(x);
+      for (const auto& g : got) g.backward();
+    }
+    for (const auto& w : want) w.backward();
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_FALSE(is_dtensor(got[i])) << i;
+      EXPECT_TRUE(torch::equal(got[i], want[i])) << "loss " << i;
+    }
+    EXPECT_TRUE(torch::equal(x.grad(), want_x.grad()));
+  }
+}
+
 TEST(LossParallelRegression, ShardedHeadWithLossParallelEqualsReplicatedHeadWithout) {
   run_ranks(3, [](int64_t) {
     auto mesh = init_device_mesh("cpu", {3});
