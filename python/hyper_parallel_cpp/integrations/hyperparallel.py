@@ -512,9 +512,11 @@ def _nll_loss(func, layouts, args, kwargs):
     reduction = lp._legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
     code, ignore_index = ops.reduction_code(reduction, op), int(a.get("ignore_index", -100))
     vocab_size = logp.shape[class_dim] * axis.size
-    lp._settle_cross_entropy_only_options(options, op, lambda z, cap: _C.nll_loss_forward(
-        logp, class_dim, target, weight, code, ignore_index, axis.group_name, vocab_size, z, cap))
-    out, _ = ops._nll_loss(logp, target, weight, class_dim, code, ignore_index, axis.group_name, vocab_size)
+    # The context's z-loss / soft-cap ride in the call's record, which refuses them on every rank
+    # alike (as on the PyTorch route).
+    out = lp._NllLoss.apply(logp, target, weight, class_dim, code, ignore_index, axis.group_name, vocab_size,
+                            options.z_loss_weight, options.logit_softcap)
+    lp._reject_cross_entropy_only_options(options, op)  # reached with them only where the C++ guard is off
     return out
 
 
@@ -539,9 +541,9 @@ def _log_softmax(func, layouts, args, kwargs):
     if dtype is not None:
         local = local.to(dtype)
     vocab_size = local.shape[dim] * axis.size
-    lp._settle_cross_entropy_only_options(
-        options, op, lambda z, cap: _C.log_softmax(local, dim, axis.group_name, vocab_size, None, z, cap))
-    return ops._log_softmax(local, dim, axis.group_name, vocab_size)
+    out = lp._LogSoftmax.apply(local, dim, axis.group_name, vocab_size, options.z_loss_weight, options.logit_softcap)
+    lp._reject_cross_entropy_only_options(options, op)  # reached with them only where the C++ guard is off
+    return out
 
 
 __all__ = ["HyperParallelPlatformError", "PLATFORM_VARIABLE", "ROUTED_NAMES", "install", "is_installed"]
