@@ -55,6 +55,20 @@ def _inputs(gen, shape, prob):
     return logits, target, weight
 
 
+def _dp_tp(seed):
+    """A dp 2 x tp 2 mesh, float64 logits and index targets, the logits [Shard(0), Shard(1)]."""
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    logits, target, _ = _inputs(torch.Generator().manual_seed(seed), (8, CLASSES), False)
+    return mesh, logits, target, distribute_tensor(logits, mesh, [Shard(0), Shard(1)])
+
+
+def _partial_on_dp(logits, mesh):
+    """The logits as [Partial("sum"), Shard(1)]: halves on each dp rank."""
+    half = distribute_tensor(logits, mesh, [Replicate(), Shard(1)]).to_local() / 2
+    return DTensor.from_local(half, mesh, [Partial("sum"), Shard(1)], run_check=False, shape=logits.shape,
+                              stride=logits.stride())
+
+
 def _counts():
     c = _C.collective_counts()
     _C.reset_collective_counts()
@@ -192,25 +206,20 @@ def test_comm_debug_mode_counts_the_collectives():
 
 
 def plain_target_and_partial_logits_are_refused_as_pytorch_refuses(rank, world):
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    gen = torch.Generator().manual_seed(8)
-    logits, target, _ = _inputs(gen, (8, CLASSES), False)
-    x = distribute_tensor(logits, mesh, [Shard(0), Shard(1)])
+    mesh, logits, target, x = _dp_tp(8)
     for strict in (True, False):
         with hp.loss_parallel(strict=strict):
             with pytest.raises(hp.LossParallelLayoutError, match="requires a DTensor"):
                 F.cross_entropy(x, target, reduction="sum")
     assert issubclass(hp.LossParallelLayoutError, ValueError)
-    partial = DTensor.from_local(x.to_local() / 2, mesh, [Partial("sum"), Shard(1)], run_check=False,
-                                 shape=logits.shape, stride=logits.stride())
+    partial = _partial_on_dp(logits, mesh)
     dist_target = distribute_tensor(target, mesh, [Replicate(), Replicate()])
     for reduction in ("sum", "none", "mean"):
         with hp.loss_parallel():
             with pytest.raises(ValueError, match="Shard or Replicate"):
                 F.cross_entropy(partial, dist_target, reduction=reduction)
     # strict=False reduces the Partial first (a warning) and is exact.
-    xp = DTensor.from_local(distribute_tensor(logits, mesh, [Replicate(), Shard(1)]).to_local() / 2, mesh,
-                            [Partial("sum"), Shard(1)], run_check=False, shape=logits.shape, stride=logits.stride())
+    xp = _partial_on_dp(logits, mesh)
     with pytest.warns(UserWarning, match="re-laying out the logits"):
         with hp.loss_parallel(strict=False):
             loss = F.cross_entropy(xp, dist_target, ignore_index=3, reduction="sum")
@@ -263,14 +272,9 @@ def test_log_softmax_nll_loss_and_logprobs_on_dp_x_tp():
 def strictness_that_differs_between_ranks(rank, world):
     # What the strictness alone decides (a mean on dp x tp, Partial logits) is agreed first: a
     # strictness that differs between ranks is the same named error on every rank, at once.
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    gen = torch.Generator().manual_seed(21)
-    logits, target, _ = _inputs(gen, (8, CLASSES), False)
-    x = distribute_tensor(logits, mesh, [Shard(0), Shard(1)])
+    mesh, logits, target, x = _dp_tp(21)
     dist_target = distribute_tensor(target, mesh, [Shard(0), Replicate()])
-    partial = DTensor.from_local(distribute_tensor(logits, mesh, [Replicate(), Shard(1)]).to_local() / 2, mesh,
-                                 [Partial("sum"), Shard(1)], run_check=False, shape=logits.shape,
-                                 stride=logits.stride())
+    partial = _partial_on_dp(logits, mesh)
     replicated = distribute_tensor(target, mesh, [Replicate(), Replicate()])
     for strict_ranks in ({0}, {0, 1}, {1, 3}):
         for logits_, target_ in ((x, dist_target), (partial, replicated)):
