@@ -7,8 +7,8 @@ with their autograd (one dispatcher call per Python call) and have fake kernels 
 process group travels as its name (``group.group_name``), as PyTorch's functional
 collectives pass it. Every kernel is the C++ library's.
 
-Collectives: cross-entropy one all-gather forward (which also carries the input checks, so
-bad input is the same error on every rank), none backward; log_softmax two all-reduces
+Collectives: cross-entropy one all-gather of per-row statistics forward (which also carries
+the input checks, so bad input is the same error on every rank), none backward; log_softmax two all-reduces
 forward, one backward; nll_loss one all-reduce forward, none backward. Each forward first
 all-gathers one small fixed-size record in which the ranks agree on the call (rows, dtype,
 vocabulary and whether it was given, the logits' shape and class dim, the target's kind and

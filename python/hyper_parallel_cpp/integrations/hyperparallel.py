@@ -3,8 +3,8 @@
 After ``install()``, inside ``hyper_parallel_cpp.loss_parallel()`` (the context that serves PyTorch's
 DTensor), ``F.cross_entropy`` / ``nn.CrossEntropyLoss``, ``F.nll_loss`` and ``log_softmax`` on
 HyperParallel DTensors sharded along the class dim run our kernels on the local piece, over the
-process group of the mesh axis that shards the classes: cross-entropy in one all-gather forward and
-none backward, with every option of the PyTorch path.
+process group of the mesh axis that shards the classes: cross-entropy in two small all-gathers forward
+(the call's record, the per-row statistics) and none backward, with every option of the PyTorch path.
 
 How it plugs in (the spec's scheme A, in HyperParallel's terms): its DTensor sends every torch
 function to ``OpDispatcher.dispatch``, which looks the function's bare name up in the table its

@@ -204,7 +204,8 @@ def _define_loss_class() -> type:
 
     class VocabParallelCrossEntropyLoss(titan_loss.CrossEntropyLoss):
         """TorchTitan's CrossEntropyLoss with hyper_parallel_cpp's vocabulary-parallel kernel:
-        the same loss, scaling and fields; one all-gather forward, none backward."""
+        the same loss, scaling and fields; two small all-gathers forward (the call's record, the
+        per-row statistics), none backward."""
 
         @dataclass(kw_only=True, slots=True)
         class Config(titan_loss.CrossEntropyLoss.Config):
