@@ -271,9 +271,28 @@ const LossKernel* kernel_of(const std::string& name) {
 }
 
 // Only the ops in the table reach it (the route claims them, see ensure_loss_parallel_registered).
+// A forward the context would own, on class-sharded input, called outside it: the record the
+// ranks inside the context send first, so that a context entered on some ranks only is named
+// on every rank rather than met by the ordinary rule's gather of the classes (one small
+// all-gather beside that gather, or beside nll_loss's refusal).
+void agree_outside_context_for(const c10::OperatorHandle& op, const std::string& kernel, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  const c10::IValue& first = torch::jit::peek(*stack, 0, n);
+  if (!first.isTensor()) return;
+  const at::Tensor& self = first.toTensor();
+  if (kernel == "log_softmax") {
+    const int64_t dim = c10::maybe_wrap_dim(torch::jit::peek(*stack, 1, n).toInt(), self.dim());
+    if (is_class_sharded(self, dim)) agree_outside_context(self, dim, "log_softmax");
+  } else if (kernel == "nll_forward") {
+    const int64_t class_dim = class_dim_of(self.dim());
+    if (is_class_sharded(self, class_dim)) agree_outside_context(self, class_dim, "nll_loss");
+  }
+}
+
 bool loss_parallel_route(const c10::OperatorHandle& op, const std::string& name, torch::jit::Stack* stack) {
   if (!is_loss_parallel_active()) {
     const LossKernel* k = kernel_of(name);
+    if (k && !k->backward) agree_outside_context_for(op, route_kernel_of("loss_parallel", name), stack);
     if (!k || !k->backward) return false;
   }
   return dispatch_loss_parallel(op, name, stack);

@@ -453,6 +453,15 @@ TEST(LossAgreement, ALossParallelContextOnOneRankOnlyIsNamedEverywhere) {
                             F::cross_entropy(distribute_tensor(full, mesh, {Shard(1)}), targets(kRows));
                           }),
                           "loss_parallel strictness", "cross_entropy, strict on rank 0 only");
+  // log_softmax (then nll_loss) with the context on rank 0 only: rank 1's ordinary rule would
+  // gather the classes while rank 0 sends its record.
+  const at::Tensor four = random_tensor({4, kVocab}, 26);
+  expect_named_everywhere(layout_errors([&](int64_t rank, const DeviceMesh& mesh) {
+                            std::optional<LossParallelGuard> guard;
+                            if (rank == 0) guard.emplace(LossParallelOptions{});
+                            F::log_softmax(distribute_tensor(four, mesh, {Shard(1)}), 1);
+                          }),
+                          "loss_parallel context", "log_softmax inside on rank 0 only");
   // Outside the context on every rank: the usual error, on every rank alike.
   for (const auto& e : layout_errors([&](int64_t, const DeviceMesh& mesh) {
          F::cross_entropy(distribute_tensor(full, mesh, {Shard(1)}), targets(kRows));
