@@ -539,13 +539,14 @@ def context_on_one_rank_only(rank, world):
     full = torch.randn(6, VOCAB, dtype=torch.float64, generator=gen)
     target = torch.randint(0, VOCAB, (6,), generator=gen)
     x = hpar.DTensor.from_local(_piece(full, rank, world, 1), mesh, [Shard(1)])
-    with pytest.raises(LossParallelLayoutError,
-                       match=r"disagree on the loss_parallel context .*rank\(s\) 1: outside loss_parallel\(\)"):
-        if rank == 0:
-            with hp.loss_parallel():
-                F.cross_entropy(x, target)
-        else:
-            F.cross_entropy(x, target)
+    for loss in (F.cross_entropy, F.nll_loss):
+        with pytest.raises(LossParallelLayoutError,
+                           match=r"disagree on the loss_parallel context .*rank\(s\) 1: outside loss_parallel\(\)"):
+            if rank == 0:
+                with hp.loss_parallel():
+                    loss(x, target)
+            else:
+                loss(x, target)
     with hp.loss_parallel():
         assert_close(F.cross_entropy(x, target).to_local(), F.cross_entropy(full, target), TOL, "the call after")
 
