@@ -702,9 +702,8 @@ def _nll_loss(options: LossParallelOptions, args, kwargs):
     if cs is None:
         _reject_cross_entropy_only_options(options, op)
         return _gathered(F.nll_loss, logp.device_mesh, args, kwargs)
-    if target.is_floating_point():
-        raise LossParallelUnsupportedError("nll_loss under loss_parallel: expected class-index targets (as "
-                                           "F.nll_loss), got floating-point ones")
+    # A floating-point target is refused by the kernel in the call's record (on every rank, as
+    # F.nll_loss refuses it), not here: a refusal on one rank alone would leave the others waiting.
     reduction = _legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
     _check_mean(cs, reduction, op, options)
     target_local = _laid_out_local(target, cs.row_placements(), "target", op, cs, options)

@@ -70,6 +70,10 @@ def bad_inputs(rank, world):
     # Gradients of the target or weight.
     expect(hp.LossParallelUnsupportedError, r"gradients with respect to the target or the class weights",
            lambda: F.cross_entropy(x, target, weight=torch.ones(CLASSES, dtype=torch.float64, requires_grad=True)))
+    # nll_loss with a floating-point target on one rank (all ranks, at world 1): refused on every rank.
+    logp_target = target.double() if rank == 0 else target
+    expect(RuntimeError, r"expected target dtype to be Long or Byte, but got Double",
+           lambda: F.nll_loss(F.log_softmax(x, 1), logp_target))
     # After all of that the group still works: no rank is stuck in a collective.
     with hp.loss_parallel():
         loss = F.cross_entropy(x, target)

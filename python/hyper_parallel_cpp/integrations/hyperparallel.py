@@ -503,9 +503,7 @@ def _nll_loss(func, layouts, args, kwargs):
         return call
     a, named, class_dim, axis, options = call.arguments, call.layouts, call.class_dim, call.axis, call.options
     logp, target, weight = a["input"], a["target"], a.get("weight")
-    if target.is_floating_point():
-        raise LossParallelUnsupportedError("nll_loss under loss_parallel: expected class-index targets (as "
-                                           "F.nll_loss), got floating-point ones")
+    # A floating-point target is refused by the kernel in the call's record, on every rank.
     target = _replicated_value(target, named.get("target"), named["input"], "target", op)
     if weight is not None:
         weight = _replicated_value(weight, named.get("weight"), named["input"], "class weight", op)
