@@ -9,7 +9,8 @@
 #include <ATen/Parallel.h>
 
 #if !defined(INTRA_OP_PARALLEL) && !defined(HP_INTRA_OP_SERIAL)
-#error "at::parallel_for would run on the calling thread only: ATen's parallel backend is OpenMP (AT_PARALLEL_OPENMP) and this file is compiled without OpenMP (cmake/aten_parallel_backend.cmake gives the library the flag)"
+#error \
+    "at::parallel_for would run on the calling thread only: ATen's parallel backend is OpenMP (AT_PARALLEL_OPENMP) and this file is compiled without OpenMP (cmake/aten_parallel_backend.cmake gives the library the flag)"
 #endif
 
 namespace hyper_parallel::compat {

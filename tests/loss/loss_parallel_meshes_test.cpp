@@ -163,10 +163,18 @@ void check_case(const DeviceMesh& mesh, const MeshCase& m, const LossCase& c, co
   const Placements replicated(mesh.ndim(), Replicate());
   at::Tensor target;
   switch (c.target) {
-    case Target::Index: target = distribute_tensor(d.target, mesh, m.rows); break;
-    case Target::IndexReplicated: target = distribute_tensor(d.target, mesh, replicated); break;
-    case Target::Soft: target = distribute_tensor(d.target, mesh, m.logits); break;
-    case Target::SoftReplicated: target = distribute_tensor(d.target, mesh, replicated); break;
+    case Target::Index:
+      target = distribute_tensor(d.target, mesh, m.rows);
+      break;
+    case Target::IndexReplicated:
+      target = distribute_tensor(d.target, mesh, replicated);
+      break;
+    case Target::Soft:
+      target = distribute_tensor(d.target, mesh, m.logits);
+      break;
+    case Target::SoftReplicated:
+      target = distribute_tensor(d.target, mesh, replicated);
+      break;
   }
   auto guard = loss_parallel(strictness(c.strict));
   reset_collective_counts();
@@ -307,11 +315,11 @@ TEST(LossParallelMeshesErrors, StrictRefusesWhatPyTorchsContractRefuses) {
     const at::Tensor rows = distribute_tensor(t, mesh, {Shard(0), Replicate()});
     msg = error_of<LossParallelUnsupportedError>([&] { F::cross_entropy(x, rows); });
     EXPECT_TRUE(contains(msg, "only supported on a one-dimensional mesh")) << msg;
-    msg = error_of<LossParallelUnsupportedError>(
-        [&] { F::cross_entropy(distribute_tensor(full, mesh, {Replicate(), Shard(1)}), t); });
+    msg = error_of<LossParallelUnsupportedError>([&] {
+      F::cross_entropy(distribute_tensor(full, mesh, {Replicate(), Shard(1)}), t);
+    });
     EXPECT_TRUE(contains(msg, "only supported on a one-dimensional mesh")) << msg;
-    msg = error_of<LossParallelUnsupportedError>(
-        [&] { F::nll_loss(torch::log_softmax(x, 1), rows); });
+    msg = error_of<LossParallelUnsupportedError>([&] { F::nll_loss(torch::log_softmax(x, 1), rows); });
     EXPECT_TRUE(contains(msg, "only supported on a one-dimensional mesh")) << msg;
   });
 }
@@ -323,8 +331,9 @@ TEST(LossParallelMeshesErrors, NonStrictTakesThePlainTargetOnlyWhereTheRowsAreWh
     auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
     {
       auto guard = loss_parallel(strictness(false));
-      const std::string msg = error_of<LossParallelLayoutError>(
-          [&] { F::cross_entropy(distribute_tensor(full, mesh, {Shard(0), Shard(1)}), t); });
+      const std::string msg = error_of<LossParallelLayoutError>([&] {
+        F::cross_entropy(distribute_tensor(full, mesh, {Shard(0), Shard(1)}), t);
+      });
       EXPECT_TRUE(contains(msg, "requires a DTensor")) << msg;
     }
     // The z-loss's mean divides by another count: its global mean is refused.
