@@ -3,7 +3,7 @@
 //
 //   hp-run --nproc-per-node 2 build/bin/hp-bench [--tokens 4096] [--vocab 32000]
 //          [--dtype float32|bfloat16|float16] [--iters 5] [--device cpu|cuda] [--threads N]
-//          [--vs-pytorch [--python PY]]
+//          [--vs-pytorch [--python PY]] [--scaling]
 //   hp-run --nproc-per-node 2 build/bin/hp-bench --linear DIM [--tokens N] [--vocab V]
 //          [--chunk-tokens N] [--vocab-block N]   (apps/hp_bench_linear.cpp: fused linear +
 //          cross-entropy against head matmul + fused cross-entropy)
@@ -17,6 +17,9 @@
 // --vs-pytorch then runs PyTorch's own loss_parallel and gather-then-cross_entropy on the
 // same shapes, seeds and thread count (apps/bench_pytorch_ce.py through torchrun, after
 // ours, so the two never share the cores) and prints ours / PyTorch.
+// --scaling: single and fused at 1, 2, 4 ... threads per rank (up to the cores each rank has,
+// at least 2, or up to --threads), then PyTorch's at each, and how each scales and ours /
+// PyTorch's loss_parallel at each thread count: whether the kernels use the threads given.
 // Then the roofline of the fused kernel, measured in the same run on the same threads:
 // the kernel's own vectorised exp throughput, read and write bandwidth over as many
 // elements as the rank's logits hold; the binding bound for forward + backward (two exps
@@ -39,7 +42,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -106,6 +111,7 @@ struct Args {
   std::string dtype = "float32";
   std::string device = "cpu";
   bool vs_pytorch = false;
+  bool scaling = false;
   std::string python = HP_DEFAULT_PYTHON;
   bool grid = false, full_grid = false;
   std::string json;
@@ -135,6 +141,8 @@ Args parse(int argc, char** argv) {
       a.device = next();
     else if (s == "--vs-pytorch")
       a.vs_pytorch = true;
+    else if (s == "--scaling")
+      a.scaling = true;
     else if (s == "--python")
       a.python = next();
     else if (s == "--grid")
@@ -153,7 +161,7 @@ Args parse(int argc, char** argv) {
       throw std::invalid_argument(
           "unknown argument '" + s +
           "'; expected --tokens N --vocab V --iters K "
-          "--threads T --dtype float32|bfloat16|float16 --device cpu|cuda --vs-pytorch --python PY "
+          "--threads T --dtype float32|bfloat16|float16 --device cpu|cuda --vs-pytorch --python PY --scaling "
           "--grid --full-grid --json PATH --linear DIM --chunk-tokens N --vocab-block N");
   }
   if (!kDtypes.count(a.dtype))
@@ -446,6 +454,72 @@ int run_roofline(const Args& a, const hp::DeviceMesh& mesh, const std::vector<Ro
   return 0;
 }
 
+// ---- Scaling: the same shape at 1, 2, 4 ... threads per rank, ours and PyTorch's ----
+
+// 1, 2, 4 ... up to --threads, or else to the cores each rank of this node has (at least 2).
+std::vector<int> scaling_threads(const Args& a) {
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const int ranks_here = std::max(1, local ? std::atoi(local) : 1);
+  const int most = a.threads > 0 ? a.threads
+                                 : std::max(2, static_cast<int>(std::thread::hardware_concurrency()) / ranks_here);
+  std::vector<int> counts;
+  for (int t = 1; t <= most; t *= 2) counts.push_back(t);
+  if (counts.back() != most) counts.push_back(most);
+  return counts;
+}
+
+int run_scaling(const Args& a, const hp::DeviceMesh& mesh, const std::function<double()>& single,
+                const std::function<double()>& fused) {
+  const std::vector<int> counts = scaling_threads(a);
+  std::vector<Measure> ours_single, ours_fused;
+  for (int t : counts) {
+    at::set_num_threads(t);
+    mesh.comm(0).barrier();
+    ours_single.push_back(run("single", a.iters, mesh.device(), single));
+    ours_fused.push_back(run("fused", a.iters, mesh.device(), fused));
+  }
+  mesh.comm(0).barrier();
+  if (mesh.get_rank() != 0) return 0;
+  // PyTorch's side after all of ours, one torchrun per thread count (the other ranks have exited).
+  std::vector<std::map<std::string, Measure>> theirs;
+  for (int t : counts) {
+    Args at_t = a;
+    at_t.threads = t;
+    const std::string json_path = "/tmp/hp-bench-pytorch-" + std::to_string(::getpid()) + ".jsonl";
+    theirs.push_back(run_pytorch(at_t, mesh.size(), json_path));
+    std::remove(json_path.c_str());
+    std::remove((json_path + ".log").c_str());
+  }
+  std::printf(
+      "hp-bench scaling: cross-entropy forward+backward, %lld tokens x %lld classes, %s, %s, TP %lld, %s kernel; "
+      "median ms per rank by threads per rank\n",
+      static_cast<long long>(a.tokens), static_cast<long long>(a.vocab), a.dtype.c_str(), a.device.c_str(),
+      static_cast<long long>(mesh.size()), kernel_name(mesh.device()));
+  std::printf("%7s %10s %7s %10s %7s %12s %7s %12s %7s %10s %10s\n", "threads", "fused ms", "x 1t", "single ms",
+              "x 1t", "torch lp ms", "x 1t", "torch 1p ms", "x 1t", "fused/lp", "single/1p");
+  auto ms_of = [](const std::map<std::string, Measure>& m, const char* name) {
+    auto it = m.find(name);
+    return it == m.end() ? std::nan("") : it->second.ms;
+  };
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const double lp = ms_of(theirs[i], "loss_parallel"), lp1 = ms_of(theirs[0], "loss_parallel");
+    const double one = ms_of(theirs[i], "single"), one1 = ms_of(theirs[0], "single");
+    std::printf("%7d %10.2f %6.2fx %10.2f %6.2fx %12.2f %6.2fx %12.2f %6.2fx %9.3fx %9.3fx\n", counts[i],
+                ours_fused[i].ms, ours_fused[i].ms / ours_fused[0].ms, ours_single[i].ms,
+                ours_single[i].ms / ours_single[0].ms, lp, lp / lp1, one, one / one1, ours_fused[i].ms / lp,
+                ours_single[i].ms / one);
+    if (std::abs(ours_fused[i].loss - ours_fused[0].loss) > 1e-4 * std::max(1.0, std::abs(ours_fused[0].loss)))
+      std::printf("  WARNING: the fused loss at %d threads (%.6f) differs from 1 thread's (%.6f)\n", counts[i],
+                  ours_fused[i].loss, ours_fused[0].loss);
+  }
+  std::printf(
+      "(fused: ours, loss_parallel's fused kernel; single: ATen's cross_entropy on the full logits in this "
+      "process; torch lp / 1p: PyTorch %s's loss_parallel / single-process cross_entropy, same shapes, seeds and "
+      "threads; x 1t: time / its time at 1 thread; nan: the PyTorch side failed)\n",
+      TORCH_VERSION);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -501,13 +575,22 @@ int main(int argc, char** argv) {
   at::Tensor target = at::randint(a.vocab, {a.tokens}, gen, at::kLong).to(device);
   at::Tensor sharded = hp::distribute_tensor(full, mesh, {hp::Shard(1)});
   auto leaf = [](const at::Tensor& t) { return t.detach().set_requires_grad(true); };
-  std::vector<Measure> results;
-  results.push_back(run("single", a.iters, device, [&] {
+  const std::function<double()> single = [&] {
     at::Tensor x = leaf(full);
     at::Tensor loss = F::cross_entropy(x, target);
     loss.backward();
     return loss.item<double>();
-  }));
+  };
+  const std::function<double()> fused = [&] {
+    at::Tensor x = leaf(sharded);
+    auto guard = hp::loss_parallel();
+    at::Tensor loss = F::cross_entropy(x, target);
+    loss.backward();
+    return hp::full_tensor(loss).item<double>();
+  };
+  if (a.scaling) return run_scaling(a, mesh, single, fused);
+  std::vector<Measure> results;
+  results.push_back(run("single", a.iters, device, single));
   results.push_back(run("gather", a.iters, device, [&] {
     at::Tensor x = leaf(sharded);
     at::Tensor loss = F::cross_entropy(hp::full_tensor(x), target);
@@ -521,13 +604,7 @@ int main(int argc, char** argv) {
     loss.backward();
     return hp::full_tensor(loss).item<double>();
   }));
-  results.push_back(run("fused", a.iters, device, [&] {
-    at::Tensor x = leaf(sharded);
-    auto guard = hp::loss_parallel();
-    at::Tensor loss = F::cross_entropy(x, target);
-    loss.backward();
-    return hp::full_tensor(loss).item<double>();
-  }));
+  results.push_back(run("fused", a.iters, device, fused));
   mesh.comm(0).barrier();
   // The roofline of this case's fused kernel, same run.
   full = sharded = at::Tensor();
