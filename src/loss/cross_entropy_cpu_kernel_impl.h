@@ -348,9 +348,9 @@ inline acc_t softcapped(acc_t x, acc_t cap) {
   return cap > 0 ? cap * std::tanh(x / cap) : x;
 }
 
-// Rows per at::parallel_for task: at least 64 K elements, so that a task amortises waking a
-// thread (~10-20 us for OpenMP's sleeping workers, where 64 K elements take ~15-40 us): a call
-// below that, such as 8 x 4000, runs on the calling thread without starting any.
+// Rows per at::parallel_for task: at least 64 K logits, twice ATen's own grain
+// (at::internal::GRAIN_SIZE), so that a task amortises waking another thread; a call below one
+// task (8 x 4000 is 32 K logits) runs on the calling thread and starts no parallel region.
 inline int64_t grain_rows(int64_t cols) {
   return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, cols));
 }
