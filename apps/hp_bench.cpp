@@ -460,8 +460,8 @@ int run_roofline(const Args& a, const hp::DeviceMesh& mesh, const std::vector<Ro
 std::vector<int> scaling_threads(const Args& a) {
   const char* local = std::getenv("LOCAL_WORLD_SIZE");
   const int ranks_here = std::max(1, local ? std::atoi(local) : 1);
-  const int most = a.threads > 0 ? a.threads
-                                 : std::max(2, static_cast<int>(std::thread::hardware_concurrency()) / ranks_here);
+  const int most =
+      a.threads > 0 ? a.threads : std::max(2, static_cast<int>(std::thread::hardware_concurrency()) / ranks_here);
   std::vector<int> counts;
   for (int t = 1; t <= most; t *= 2) counts.push_back(t);
   if (counts.back() != most) counts.push_back(most);
@@ -495,8 +495,8 @@ int run_scaling(const Args& a, const hp::DeviceMesh& mesh, const std::function<d
       "median ms per rank by threads per rank\n",
       static_cast<long long>(a.tokens), static_cast<long long>(a.vocab), a.dtype.c_str(), a.device.c_str(),
       static_cast<long long>(mesh.size()), kernel_name(mesh.device()));
-  std::printf("%7s %10s %7s %10s %7s %12s %7s %12s %7s %10s %10s\n", "threads", "fused ms", "x 1t", "single ms",
-              "x 1t", "torch lp ms", "x 1t", "torch 1p ms", "x 1t", "fused/lp", "single/1p");
+  std::printf("%7s %10s %7s %10s %7s %12s %7s %12s %7s %10s %10s\n", "threads", "fused ms", "x 1t", "single ms", "x 1t",
+              "torch lp ms", "x 1t", "torch 1p ms", "x 1t", "fused/lp", "single/1p");
   auto ms_of = [](const std::map<std::string, Measure>& m, const char* name) {
     auto it = m.find(name);
     return it == m.end() ? std::nan("") : it->second.ms;
