@@ -87,7 +87,7 @@ int main() { return 0; }
     endif()
   endif()
   if(reason)
-    message(STATUS "HyperParallel: ATen's parallel backend ${backend}; ${reason}")
+    message(STATUS "HyperParallel: ${reason}")
   else()
     message(STATUS "HyperParallel: ATen's parallel backend ${backend}; at::parallel_for compiled with "
                    "'${options}', runtime ${runtime}")
