@@ -67,7 +67,8 @@ print(f"the wheel requires torch=={release} and records torch {torch.__version__
 EOF
 
 # A new environment that sees torch (the venv's site-packages, read through a .pth) and nothing of
-# ours: no build tree on its path, and pip installs from the wheel alone.
+# ours: no build tree on its path, and pip installs from the wheel alone. torch brings libgomp too
+# (the OpenMP runtime the kernels share with libtorch_cpu, loaded before our module is).
 env_dir="$out/fresh"
 "$python" -m venv --without-pip "$env_dir"
 site=$("$env_dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -78,7 +79,7 @@ t2=$(date +%s)
 t3=$(date +%s)
 echo "installed from the wheel in $((t3 - t2)) s"
 if ldd "$site"/hyper_parallel_cpp/*.so "$site"/hyper_parallel_cpp*.libs/*.so* 2>/dev/null |
-   grep "not found" | grep -v -E 'libtorch|libc10|libcudart|libnccl'; then
+   grep "not found" | grep -v -E 'libtorch|libc10|libcudart|libnccl|libgomp'; then
   echo "the installed wheel needs a library that neither it nor torch brings"; exit 1
 fi
 
