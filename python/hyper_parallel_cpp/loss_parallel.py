@@ -312,7 +312,11 @@ def _resolve(t: Any, class_dim: int, op: str, options: LossParallelOptions) -> _
                                       f"got a plain tensor of shape {list(t.shape)}")
     mesh = t.device_mesh
     want = _contract_placements(t, class_dim)
-    if any(p.is_partial() for p in t.placements) and _settled_strict(op, options, t):
+    partial = any(p.is_partial() for p in t.placements)
+    # Where the contract is not met, the strictness decides: agreed once, before any refusal.
+    strict = _settled_strict(op, options, t) if partial or (want is not None and list(t.placements) != want) \
+        else None
+    if partial and strict:
         raise LossParallelLayoutError(f"{op} under loss_parallel (strict): expected the input to be "
                                       f"{_expected(class_dim)}, got {_describe(t)}: reduce the Partial first, or use "
                                       f"strict=False")
@@ -320,7 +324,7 @@ def _resolve(t: Any, class_dim: int, op: str, options: LossParallelOptions) -> _
         raise LossParallelLayoutError(f"{op} under loss_parallel: expected the input to be {_expected(class_dim)}, "
                                       f"got {_describe(t)}: the class dim {class_dim} is not sharded")
     if list(t.placements) != want:
-        if _settled_strict(op, options, t):
+        if strict:
             raise LossParallelLayoutError(
                 f"{op} under loss_parallel (strict): expected the input to be {_expected(class_dim)} (PyTorch's "
                 f"loss_parallel contract), got {_describe(t)}: gather the other shardings first, or use strict=False")
@@ -390,10 +394,9 @@ def _probability_target_local(target: Any, cs: _ClassSharding, op: str, options:
     if not isinstance(target, DTensor) and tuple(target.shape) != tuple(logits.shape):
         raise ValueError(f"{op}: probability targets must have the logits' shape {list(logits.shape)}, got "
                          f"{list(target.shape)}")
-    if not isinstance(target, DTensor):
-        _laid_out_local(target, cs.row_placements(), "probability target", op, cs, options)  # refuses a batch shard
-        return target.narrow(cs.class_dim, cs.offset, cs.local)
-    return _laid_out_local(target, tuple(logits.placements), "probability target", op, cs, options)
+    local = _laid_out_local(target, tuple(logits.placements), "probability target", op, cs, options)
+    # A plain one (taken only where the rows are whole) is the whole: this rank's classes of it.
+    return local if isinstance(target, DTensor) else local.narrow(cs.class_dim, cs.offset, cs.local)
 
 
 def _rows_shape(cs: _ClassSharding) -> List[int]:
@@ -542,16 +545,8 @@ def _cross_entropy(options: LossParallelOptions, args, kwargs):
     loss = _CrossEntropy.apply(local, target_local, weight_local, *args, in_forward, [cs.logits])
     if global_mean:
         loss = loss * _global_mean_scale(cs, _mean_denominator(target_local, weight_local, ignore_index,
-                                                               _rows_count(local.shape, class_dim), loss.dtype))
+                                                               ops._rows(local, class_dim), loss.dtype))
     return _loss_result(loss, cs, reduction)
-
-
-def _rows_count(shape, class_dim: int) -> int:
-    n = 1
-    for i, s in enumerate(shape):
-        if i != class_dim:
-            n *= s
-    return n
 
 
 class _CrossEntropy(torch.autograd.Function):
@@ -717,7 +712,7 @@ def _nll_loss(options: LossParallelOptions, args, kwargs):
     _reject_cross_entropy_only_options(options, op)  # reached with them only where the C++ guard is off
     if global_mean:
         out = out * _global_mean_scale(cs, _mean_denominator(target_local, weight_local, ignore_index,
-                                                             _rows_count(local.shape, class_dim), out.dtype))
+                                                             ops._rows(local, class_dim), out.dtype))
     return _loss_result(out, cs, reduction)
 
 

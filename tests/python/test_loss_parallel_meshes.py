@@ -211,6 +211,8 @@ def plain_target_and_partial_logits_are_refused_as_pytorch_refuses(rank, world):
         with hp.loss_parallel(strict=strict):
             with pytest.raises(hp.LossParallelLayoutError, match="requires a DTensor"):
                 F.cross_entropy(x, target, reduction="sum")
+            with pytest.raises(hp.LossParallelLayoutError, match="probability target as a DTensor.*requires a DTensor"):
+                F.cross_entropy(x, torch.softmax(logits, 1), reduction="sum")
     assert issubclass(hp.LossParallelLayoutError, ValueError)
     partial = _partial_on_dp(logits, mesh)
     dist_target = distribute_tensor(target, mesh, [Replicate(), Replicate()])
