@@ -57,7 +57,7 @@
 #include "bench/memory_probe.h"
 #include "hp_bench_linear.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/kernel/cross_entropy_cpu_kernel.h"
 #include "loss/gradient_buffer.h"
 
 namespace hp = hyper_parallel;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The fused kernel's exp polynomial (src/loss/cross_entropy_cpu_kernel_impl.h, exp_of_nonpositive):
+"""The fused kernel's exp polynomial (src/loss/kernel/cross_entropy_cpu_kernel_impl.h, exp_of_nonpositive):
 e^r ~ 1 + r + r^2 q(r) on |r| <= ln 2 / 2 (the Cody-Waite remainder, with a little room for
 n's rounding), q of degree 4 fitted by Remez' exchange to the least maximal *relative* error.
 Fixing the two leading coefficients at 1 keeps the last two Horner steps exact-ish (an FMA

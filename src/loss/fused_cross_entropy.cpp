@@ -6,9 +6,9 @@
 
 #include <limits>
 
-#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/kernel/cross_entropy_cpu_kernel.h"
 #if defined(HP_CE_HAVE_CUDA)
-#include "loss/cross_entropy_cuda_kernel.h"
+#include "loss/kernel/cross_entropy_cuda_kernel.h"
 #endif
 #include "loss/gradient_buffer.h"
 

@@ -17,7 +17,7 @@
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor.h"
 #include "loss/class_sharding.h"
-#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/kernel/cross_entropy_cpu_kernel.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/fused_cross_entropy.h"
 #include "loss/linear_blocks.h"

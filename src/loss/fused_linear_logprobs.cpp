@@ -16,7 +16,7 @@
 #include "hyper_parallel/vocab_parallel.h"
 #include "loss/class_sharding.h"
 #include "loss/call_agreement.h"
-#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/kernel/cross_entropy_cpu_kernel.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/fused_logprobs.h"
 #include "loss/input_agreement.h"

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "dtensor/dtensor_impl.h"
-#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/kernel/cross_entropy_cpu_kernel.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/loss_input_checks.h"
 

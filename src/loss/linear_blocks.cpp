@@ -10,7 +10,7 @@
 #include "hyper_parallel/communicator.h"
 #include "hyper_parallel/dtensor.h"
 #include "hyper_parallel/loss_parallel.h"
-#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/kernel/cross_entropy_cpu_kernel.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/gradient_buffer.h"
 

@@ -18,7 +18,7 @@
 
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/kernel/cross_entropy_cpu_kernel.h"
 
 namespace cross_entropy_kernel_threads_test {
 

@@ -16,7 +16,7 @@
 #include "harness/nonfinite_rows.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "loss/running_logsumexp.h"
+#include "loss/kernel/running_logsumexp.h"
 
 namespace cross_entropy_nonfinite_test {
 

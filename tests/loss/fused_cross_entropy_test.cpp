@@ -17,7 +17,7 @@
 #include "harness/rank_harness.h"
 #include "harness/rounding_bound.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/kernel/cross_entropy_cpu_kernel.h"
 #include "loss/gradient_buffer.h"
 
 namespace fused_cross_entropy_test {

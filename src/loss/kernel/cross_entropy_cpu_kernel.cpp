@@ -1,7 +1,7 @@
 // Run-time choice of the fused cross-entropy CPU kernel: the CPU's best capability, or
 // ATEN_CPU_CAPABILITY when set (as for ATen's own kernels), capped by what was built.
 // (ATen's get_cpu_capability() is not exported from libtorch_cpu, so the CPU is asked here.)
-#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/kernel/cross_entropy_cpu_kernel.h"
 
 #include <atomic>
 #include <cstdlib>

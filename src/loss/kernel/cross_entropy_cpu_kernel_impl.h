@@ -26,9 +26,9 @@
 #include <mutex>
 
 #include "compat/intra_op_parallel.h"
-#include "loss/cross_entropy_cpu_kernel.h"
-#include "loss/logits_dtype_dispatch.h"
-#include "loss/running_logsumexp.h"
+#include "loss/kernel/cross_entropy_cpu_kernel.h"
+#include "loss/kernel/logits_dtype_dispatch.h"
+#include "loss/kernel/running_logsumexp.h"
 
 #ifndef CPU_CAPABILITY
 #error "define CPU_CAPABILITY before including cross_entropy_cpu_kernel_impl.h"

@@ -21,9 +21,9 @@
 #include <cstdint>
 #include <limits>
 
-#include "loss/cross_entropy_cpu_kernel.h"
-#include "loss/logits_dtype_dispatch.h"
-#include "loss/running_logsumexp.h"
+#include "loss/kernel/cross_entropy_cpu_kernel.h"
+#include "loss/kernel/logits_dtype_dispatch.h"
+#include "loss/kernel/running_logsumexp.h"
 
 namespace hyper_parallel::ce_kernel {
 

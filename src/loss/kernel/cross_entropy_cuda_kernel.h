@@ -6,7 +6,7 @@
 
 #include <c10/core/Device.h>
 
-#include "loss/cross_entropy_cpu_kernel.h"
+#include "loss/kernel/cross_entropy_cpu_kernel.h"
 
 namespace hyper_parallel::ce_kernel {
 

@@ -4,4 +4,4 @@
 #define CPU_CAPABILITY AVX512_BF16
 #define CPU_CAPABILITY_AVX512
 #define HP_CE_HARDWARE_BF16
-#include "loss/cross_entropy_cpu_kernel_impl.h"
+#include "loss/kernel/cross_entropy_cpu_kernel_impl.h"
