@@ -14,7 +14,7 @@
 #include <string>
 #include <thread>
 
-#include "hyper_parallel/fatal_error.h"
+#include "hyper_parallel/core/fatal_error.h"
 #include "hyper_parallel/hyper_parallel.h"
 
 namespace {

@@ -30,9 +30,9 @@
 
 #include "bench/memory_probe.h"
 #include "llama_bench_args.h"
-#include "hyper_parallel/activation_checkpoint.h"
+#include "hyper_parallel/nn/activation_checkpoint.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/llama.h"
+#include "hyper_parallel/models/llama.h"
 
 namespace hp = hyper_parallel;
 namespace F = torch::nn::functional;

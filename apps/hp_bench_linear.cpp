@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "bench/memory_probe.h"
-#include "hyper_parallel/fused_linear_loss.h"
+#include "hyper_parallel/loss/fused_linear_loss.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "loss/gradient_buffer.h"
 

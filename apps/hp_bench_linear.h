@@ -7,7 +7,7 @@
 
 #include <c10/core/ScalarType.h>
 
-#include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/core/device_mesh.h"
 
 namespace hp_bench {
 

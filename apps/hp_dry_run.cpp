@@ -29,9 +29,9 @@
 #if HP_DRY_RUN_MEASURE
 #include "bench/memory_probe.h"
 #endif
-#include "hyper_parallel/activation_checkpoint.h"
-#include "hyper_parallel/distributed.h"
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel/nn/activation_checkpoint.h"
+#include "hyper_parallel/core/distributed.h"
+#include "hyper_parallel_train/config/job_config.h"
 #include "train/dry_run.h"
 #include "train/memory_formula.h"
 #include "train/metrics/state_bytes.h"

@@ -21,11 +21,11 @@
 
 #include "compat/file_system.h"
 #include "train/checkpoint/checkpoint_io.h"
-#include "hyper_parallel/causal_lm.h"
-#include "hyper_parallel/model_registry.h"
+#include "hyper_parallel/models/causal_lm.h"
+#include "hyper_parallel/models/model_registry.h"
 #include "train/data/corpus.h"
-#include "hyper_parallel_train/train_spec.h"
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/spec/train_spec.h"
+#include "hyper_parallel_train/config/job_config.h"
 #include "hyper_parallel_train/trainer.h"
 
 namespace hp = hyper_parallel;

@@ -22,8 +22,8 @@
 
 #include <unistd.h>
 
-#include "hyper_parallel/model_registry.h"
-#include "hyper_parallel_train/saved_model.h"
+#include "hyper_parallel/models/model_registry.h"
+#include "hyper_parallel_train/checkpoint/saved_model.h"
 
 namespace hp = hyper_parallel;
 

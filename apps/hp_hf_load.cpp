@@ -20,9 +20,9 @@
 
 #include "compat/file_system.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/causal_lm.h"
-#include "hyper_parallel/model_registry.h"
-#include "hyper_parallel/parameters_on_meta.h"
+#include "hyper_parallel/models/causal_lm.h"
+#include "hyper_parallel/models/model_registry.h"
+#include "hyper_parallel/nn/parameters_on_meta.h"
 
 namespace hp = hyper_parallel;
 

@@ -11,9 +11,9 @@
 #include <iostream>
 #include <string>
 
-#include "hyper_parallel/distributed.h"
-#include "hyper_parallel/fatal_error.h"
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel/core/distributed.h"
+#include "hyper_parallel/core/fatal_error.h"
+#include "hyper_parallel_train/config/job_config.h"
 #include "hyper_parallel_train/trainer.h"
 
 namespace hp = hyper_parallel;

@@ -16,7 +16,7 @@
 
 #include "bench/memory_probe.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/llama.h"
+#include "hyper_parallel/models/llama.h"
 
 namespace hyper_parallel::bench {
 

@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #include "fuzz_file.h"
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/config/job_config.h"
 
 using namespace hyper_parallel::train;
 

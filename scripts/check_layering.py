@@ -15,10 +15,11 @@ src/train is itself a stack of folders, each a layer of its own, with the traini
 apps/ and tests/ sit on top and may include anything. The launcher (src/launcher, hp-run)
 stands alone: it includes only itself and public headers, and no library folder includes
 it. Public headers (include/hyper_parallel/, include/hyper_parallel_train/: all that is
-installed) include only public headers. Each public header belongs to the layer named in
-RUNTIME_PUBLIC_LAYER or TRAIN_PUBLIC_LAYER (the folder that implements it): only that layer
-and those above it include it, a public header included, so no folder below train/ includes
-a training header. A header in neither map is reported.
+installed) include only public headers. Each public header sits in the folder of the layer
+that implements it (include/hyper_parallel/core/layout.h, include/hyper_parallel_train/spec/
+train_spec.h; the umbrella header and the trainer's at the top): only that layer and those
+above it include it, a public header included, so no folder below train/ includes a training
+header. A header outside a layer's folder is reported.
 
     python3 scripts/check_layering.py [REPO_ROOT]
 """
@@ -42,31 +43,11 @@ def includes(path):
                 yield number, m.group(1)
 
 
-# include/hyper_parallel_train/<name>: the train layer each public header belongs to.
-TRAIN_PUBLIC_LAYER = {
-    "job_config.h": "train/config", "parallel_dims.h": "train/config", "batch.h": "train/data",
-    "train_context.h": "train/parallel", "train_spec.h": "train/spec", "parallelized_model.h": "train/spec",
-    "checkpoint_identity.h": "train/checkpoint", "saved_model.h": "train/checkpoint",
-    "step_result.h": "train/metrics", "trainer.h": "train",
-}
-# include/hyper_parallel/<name>: the runtime layer each public header belongs to.
-RUNTIME_PUBLIC_LAYER = {
-    "export.h": "core", "fatal_error.h": "core", "rank_error_file.h": "core", "placement.h": "core",
-    "layout.h": "core", "communicator.h": "core", "distributed.h": "core", "device_mesh.h": "core",
-    "collective_stats.h": "core", "pending_collective.h": "core", "run_then_agree.h": "core",
-    "cpu_allocator.h": "core",
-    "dtensor.h": "dtensor",
-    "dispatch.h": "dispatch",
-    "distributed_op.h": "dispatch", "sharding_strategy.h": "dispatch",
-    "loss_parallel.h": "loss", "cross_entropy_definition.h": "loss", "vocab_parallel.h": "loss", "vocab_logprobs.h": "loss", "fused_linear_loss.h": "loss",
-    "gradient_buffers.h": "loss", "parallelism_config.h": "loss",
-    "block_hooks.h": "nn", "activation_checkpoint.h": "nn", "module_utils.h": "nn", "parallel_style.h": "nn",
-    "parameters_on_meta.h": "nn", "fully_shard.h": "nn",
-    "causal_lm.h": "models", "decoder_sizes.h": "models", "block_activations.h": "models", "hf_checkpoint.h": "models", "model_registry.h": "models", "llama.h": "models",
-    "qwen3.h": "models", "gemma2.h": "models", "hyper_parallel.h": "models",
-}
-PUBLIC_LAYER = {"hyper_parallel": RUNTIME_PUBLIC_LAYER, "hyper_parallel_train": TRAIN_PUBLIC_LAYER}
-PUBLIC_FOLDERS = tuple(PUBLIC_LAYER)
+# A public header's layer is its folder: include/hyper_parallel/<layer>/<name> (the runtime
+# layers), include/hyper_parallel_train/<part>/<name> (train/<part>); a header directly in
+# either folder is that library's top: the umbrella hyper_parallel.h (models) and the trainer.
+PUBLIC_TOP = {"hyper_parallel": "models", "hyper_parallel_train": "train"}
+PUBLIC_FOLDERS = tuple(PUBLIC_TOP)
 
 
 def layer_of(path):
@@ -78,13 +59,22 @@ def layer_of(path):
 
 
 def public_layer(target):
-    """The layer of a public header "<public folder>/<name>", or None with the reason."""
-    public_folder, name = target.split("/", 1)
-    layer = PUBLIC_LAYER[public_folder].get(name)
-    if layer is None:
-        table = "RUNTIME_PUBLIC_LAYER" if public_folder == "hyper_parallel" else "TRAIN_PUBLIC_LAYER"
-        return None, "not a header of include/%s/ (add it to %s)" % (public_folder, table)
+    """The layer of a public header "<public folder>[/<layer>]/<name>", or None with the reason."""
+    parts = target.split("/")
+    if len(parts) == 2:
+        return PUBLIC_TOP[parts[0]], None
+    layer = parts[1] if parts[0] == "hyper_parallel" else "train/" + parts[1]
+    if len(parts) != 3 or layer not in LEVEL or (parts[0] == "hyper_parallel") == layer.startswith("train"):
+        return None, "not in a layer's folder of include/%s/ (<layer>/<name>)" % parts[0]
     return layer, None
+
+
+def public_headers(include):
+    """Every file below include/<public folder>/, as "<public folder>/.../<name>"."""
+    for public_folder in PUBLIC_FOLDERS:
+        for dirpath, _, names in os.walk(os.path.join(include, public_folder)):
+            for name in sorted(names):
+                yield os.path.relpath(os.path.join(dirpath, name), include).replace(os.sep, "/")
 
 
 def violation(folder, name, target, own_dir_files):
@@ -132,26 +122,23 @@ def main():
                 why = violation(folder, name, target, files)
                 if why:
                     problems.append("src/%s/%s:%d includes \"%s\": %s" % (rel, name, number, target, why))
-    for public_folder in PUBLIC_FOLDERS:
-        public = os.path.join(root, "include", public_folder)
-        if not os.path.isdir(public):
+    include = os.path.join(root, "include")
+    for header in public_headers(include):
+        checked += 1
+        own_layer, why = public_layer(header)
+        if why:
+            problems.append("include/%s: %s" % (header, why))
             continue
-        for name in sorted(os.listdir(public)):
-            checked += 1
-            own_layer, why = public_layer(public_folder + "/" + name)
-            if why:
-                problems.append("include/%s/%s: %s" % (public_folder, name, why))
+        for number, target in includes(os.path.join(include, header)):
+            where = "include/%s:%d includes \"%s\"" % (header, number, target)
+            if target.split("/")[0] not in PUBLIC_FOLDERS:
+                problems.append(where + ": a public header includes only public headers")
                 continue
-            for number, target in includes(os.path.join(public, name)):
-                where = "include/%s/%s:%d includes \"%s\"" % (public_folder, name, number, target)
-                if target.split("/")[0] not in PUBLIC_FOLDERS:
-                    problems.append(where + ": a public header includes only public headers")
-                    continue
-                layer, why = public_layer(target)
-                if why:
-                    problems.append(where + ": " + why)
-                elif LEVEL[layer] > LEVEL[own_layer]:
-                    problems.append(where + ": %s is above %s" % (layer, own_layer))
+            layer, why = public_layer(target)
+            if why:
+                problems.append(where + ": " + why)
+            elif LEVEL[layer] > LEVEL[own_layer]:
+                problems.append(where + ": %s is above %s" % (layer, own_layer))
     for p in problems:
         print(p)
     print("%d files checked, %d layering violation(s)" % (checked, len(problems)))

@@ -24,14 +24,14 @@
 #include <utility>
 #include <vector>
 
-#include "hyper_parallel/device_mesh.h"
-#include "hyper_parallel/export.h"
-#include "hyper_parallel_train/batch.h"
-#include "hyper_parallel_train/job_config.h"
-#include "hyper_parallel_train/parallel_dims.h"
-#include "hyper_parallel_train/step_result.h"
-#include "hyper_parallel_train/train_context.h"
-#include "hyper_parallel_train/train_spec.h"
+#include "hyper_parallel/core/device_mesh.h"
+#include "hyper_parallel/core/export.h"
+#include "hyper_parallel_train/data/batch.h"
+#include "hyper_parallel_train/config/job_config.h"
+#include "hyper_parallel_train/config/parallel_dims.h"
+#include "hyper_parallel_train/metrics/step_result.h"
+#include "hyper_parallel_train/parallel/train_context.h"
+#include "hyper_parallel_train/spec/train_spec.h"
 
 namespace torch::nn {
 class Module;

@@ -1,4 +1,4 @@
-// hyper_parallel_cpp._C: the C++ library's vocabulary-parallel kernels (hyper_parallel/vocab_parallel.h)
+// hyper_parallel_cpp._C: the C++ library's vocabulary-parallel kernels (hyper_parallel/loss/vocab_parallel.h)
 // for the Python package, over the process groups of torch.distributed. Only bindings live
 // here: every kernel is the library's, the same the C++ loss_parallel runs. The package's
 // torch.library ops are registered beside them (library_ops.cpp); these functions serve
@@ -14,9 +14,9 @@
 #include <string>
 
 #include "group_communicator.h"
-#include "hyper_parallel/gradient_buffers.h"
-#include "hyper_parallel/loss_parallel.h"
-#include "hyper_parallel/parallelism_config.h"
+#include "hyper_parallel/loss/gradient_buffers.h"
+#include "hyper_parallel/loss/loss_parallel.h"
+#include "hyper_parallel/loss/parallelism_config.h"
 
 namespace py = pybind11;
 namespace hp = hyper_parallel;
@@ -203,7 +203,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("reset_collective_counts", [] { hp::reset_collective_counts(); });
 
-  // The logits-sized gradient buffer the calling thread keeps between steps (hyper_parallel/gradient_buffers.h):
+  // The logits-sized gradient buffer the calling thread keeps between steps (hyper_parallel/loss/gradient_buffers.h):
   // the benchmark counts it as the loss's memory, as hp-bench does.
   m.def("cached_gradient_buffer_bytes", &hp::cached_gradient_buffer_bytes);
   m.def("release_gradient_buffers", &hp::release_gradient_buffers);

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "hyper_parallel/communicator.h"
-#include "hyper_parallel/fused_linear_loss.h"
-#include "hyper_parallel/vocab_logprobs.h"
-#include "hyper_parallel/vocab_parallel.h"
+#include "hyper_parallel/core/communicator.h"
+#include "hyper_parallel/loss/fused_linear_loss.h"
+#include "hyper_parallel/loss/vocab_logprobs.h"
+#include "hyper_parallel/loss/vocab_parallel.h"
 
 namespace hyper_parallel_python {
 

@@ -1,4 +1,4 @@
-#include "hyper_parallel/communicator.h"
+#include "hyper_parallel/core/communicator.h"
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/constant_pad_nd.h>
@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "compat/c10d_compat.h"
-#include "hyper_parallel/pending_collective.h"
-#include "hyper_parallel/collective_stats.h"
+#include "hyper_parallel/core/pending_collective.h"
+#include "hyper_parallel/core/collective_stats.h"
 #include "core/group_description.h"
 
 namespace hyper_parallel {

@@ -1,4 +1,4 @@
-#include "hyper_parallel/cpu_allocator.h"
+#include "hyper_parallel/core/cpu_allocator.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>

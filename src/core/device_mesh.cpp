@@ -1,4 +1,4 @@
-#include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/core/device_mesh.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/tensor.h>
@@ -14,7 +14,7 @@
 
 #include "compat/c10d_compat.h"
 #include "core/group_description.h"
-#include "hyper_parallel/distributed.h"
+#include "hyper_parallel/core/distributed.h"
 
 namespace hyper_parallel {
 

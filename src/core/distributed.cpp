@@ -1,4 +1,4 @@
-#include "hyper_parallel/distributed.h"
+#include "hyper_parallel/core/distributed.h"
 
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -14,7 +14,7 @@
 #include <mutex>
 
 #include "compat/c10d_compat.h"
-#include "hyper_parallel/communicator.h"
+#include "hyper_parallel/core/communicator.h"
 
 namespace hyper_parallel {
 

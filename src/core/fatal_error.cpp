@@ -2,8 +2,8 @@
 #include <atomic>
 #include <cstdlib>
 
-#include "hyper_parallel/fatal_error.h"
-#include "hyper_parallel/rank_error_file.h"
+#include "hyper_parallel/core/fatal_error.h"
+#include "hyper_parallel/core/rank_error_file.h"
 #include "core/torchelastic_error_file.h"
 
 namespace hyper_parallel {

@@ -8,7 +8,7 @@
 #include <chrono>
 #include <string>
 
-#include "hyper_parallel/communicator.h"
+#include "hyper_parallel/core/communicator.h"
 
 namespace hyper_parallel {
 

@@ -1,4 +1,4 @@
-#include "hyper_parallel/layout.h"
+#include "hyper_parallel/core/layout.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,4 +1,4 @@
-#include "hyper_parallel/placement.h"
+#include "hyper_parallel/core/placement.h"
 
 #include <c10/util/Exception.h>
 

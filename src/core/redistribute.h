@@ -10,7 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "hyper_parallel/layout.h"
+#include "hyper_parallel/core/layout.h"
 
 namespace hyper_parallel {
 

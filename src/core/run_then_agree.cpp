@@ -1,12 +1,12 @@
-#include "hyper_parallel/run_then_agree.h"
+#include "hyper_parallel/core/run_then_agree.h"
 
 #include <ATen/ATen.h>
 
 #include <exception>
 #include <stdexcept>
 
-#include "hyper_parallel/communicator.h"
-#include "hyper_parallel/fatal_error.h"
+#include "hyper_parallel/core/communicator.h"
+#include "hyper_parallel/core/fatal_error.h"
 
 namespace hyper_parallel {
 

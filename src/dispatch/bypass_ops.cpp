@@ -6,7 +6,7 @@
 #include <unordered_map>
 
 #include "dtensor/dtensor_impl.h"
-#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/dtensor/dtensor.h"
 
 namespace hyper_parallel {
 

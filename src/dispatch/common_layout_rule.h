@@ -11,7 +11,7 @@
 
 #include <typeinfo>
 
-#include "hyper_parallel/distributed_op.h"
+#include "hyper_parallel/dispatch/distributed_op.h"
 
 namespace hyper_parallel {
 

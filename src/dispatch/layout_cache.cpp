@@ -11,7 +11,7 @@
 #include <unordered_map>
 
 #include "dispatch/op_resolution.h"
-#include "hyper_parallel/dispatch.h"
+#include "hyper_parallel/dispatch/dispatch.h"
 
 namespace hyper_parallel {
 

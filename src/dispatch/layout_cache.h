@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "dispatch/local_view_geometry.h"
-#include "hyper_parallel/distributed_op.h"
+#include "hyper_parallel/dispatch/distributed_op.h"
 
 namespace hyper_parallel {
 

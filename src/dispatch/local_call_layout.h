@@ -13,7 +13,7 @@
 
 #include <optional>
 
-#include "hyper_parallel/layout.h"
+#include "hyper_parallel/core/layout.h"
 
 namespace hyper_parallel {
 

@@ -4,8 +4,8 @@
 #include <c10/util/Exception.h>
 
 #include "dtensor/dtensor_impl.h"
-#include "hyper_parallel/dispatch.h"
-#include "hyper_parallel/distributed_op.h"
+#include "hyper_parallel/dispatch/dispatch.h"
+#include "hyper_parallel/dispatch/distributed_op.h"
 
 namespace hyper_parallel {
 

@@ -21,8 +21,8 @@
 #include "dispatch/op_resolution.h"
 #include "dispatch/op_spec_loader.h"
 #include "dtensor/dtensor_impl.h"
-#include "hyper_parallel/dispatch.h"
-#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/dispatch/dispatch.h"
+#include "hyper_parallel/dtensor/dtensor.h"
 
 namespace hyper_parallel {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "hyper_parallel/distributed_op.h"
+#include "hyper_parallel/dispatch/distributed_op.h"
 
 namespace hyper_parallel {
 

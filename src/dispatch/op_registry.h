@@ -1,12 +1,12 @@
 // The rule registry's internal side (internal). op_dispatcher.cpp owns the registry; its
-// public side (register_distributed_op, find_distributed_op ...) is in hyper_parallel/dispatch.h.
+// public side (register_distributed_op, find_distributed_op ...) is in hyper_parallel/dispatch/dispatch.h.
 #pragma once
 
 #include <map>
 #include <string>
 #include <vector>
 
-#include "hyper_parallel/dispatch.h"
+#include "hyper_parallel/dispatch/dispatch.h"
 
 namespace hyper_parallel {
 

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "dispatch/bypass_ops.h"
-#include "hyper_parallel/dispatch.h"
-#include "hyper_parallel/distributed_op.h"
+#include "hyper_parallel/dispatch/dispatch.h"
+#include "hyper_parallel/dispatch/distributed_op.h"
 
 namespace hyper_parallel {
 

@@ -12,8 +12,8 @@
 
 #include "compat/file_system.h"
 #include "dispatch/op_registry.h"
-#include "hyper_parallel/dispatch.h"
-#include "hyper_parallel/distributed_op.h"
+#include "hyper_parallel/dispatch/dispatch.h"
+#include "hyper_parallel/dispatch/distributed_op.h"
 
 namespace hyper_parallel {
 

@@ -1,4 +1,4 @@
-#include "hyper_parallel/sharding_strategy.h"
+#include "hyper_parallel/dispatch/sharding_strategy.h"
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>

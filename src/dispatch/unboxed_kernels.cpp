@@ -47,7 +47,7 @@
 #include "dispatch/op_resolution.h"
 #include "dispatch/dispatch_key_registration.h"
 #include "dtensor/dtensor_impl.h"
-#include "hyper_parallel/dispatch.h"
+#include "hyper_parallel/dispatch/dispatch.h"
 
 namespace hyper_parallel {
 

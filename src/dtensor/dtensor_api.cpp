@@ -11,7 +11,7 @@
 #include "compat/autograd_compat.h"
 #include "core/redistribute.h"
 #include "dtensor/dtensor_impl.h"
-#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/dtensor/dtensor.h"
 
 namespace hyper_parallel {
 

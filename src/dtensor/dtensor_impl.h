@@ -8,7 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorImpl.h>
 
-#include "hyper_parallel/layout.h"
+#include "hyper_parallel/core/layout.h"
 
 namespace hyper_parallel {
 

@@ -5,7 +5,7 @@
 // (SIGCHLD, SIGINT, SIGTERM), so child exits, signals and output are all
 // handled in one place without races.
 #include "launcher.h"
-#include "hyper_parallel/rank_error_file.h"
+#include "hyper_parallel/core/rank_error_file.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

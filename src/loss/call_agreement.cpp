@@ -7,9 +7,9 @@
 #include <map>
 #include <sstream>
 
-#include "hyper_parallel/communicator.h"
-#include "hyper_parallel/loss_parallel.h"
-#include "hyper_parallel/pending_collective.h"
+#include "hyper_parallel/core/communicator.h"
+#include "hyper_parallel/loss/loss_parallel.h"
+#include "hyper_parallel/core/pending_collective.h"
 #include "loss/class_sharding.h"
 #include "loss/input_agreement.h"
 

@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "hyper_parallel/cross_entropy_definition.h"
-#include "hyper_parallel/vocab_parallel.h"  // VocabPiece
+#include "hyper_parallel/loss/cross_entropy_definition.h"
+#include "hyper_parallel/loss/vocab_parallel.h"  // VocabPiece
 
 namespace hyper_parallel {
 

@@ -8,8 +8,8 @@
 
 #include "core/redistribute.h"
 #include "dtensor/dtensor_impl.h"
-#include "hyper_parallel/dtensor.h"
-#include "hyper_parallel/parallelism_config.h"
+#include "hyper_parallel/dtensor/dtensor.h"
+#include "hyper_parallel/loss/parallelism_config.h"
 #include "loss/call_agreement.h"
 
 namespace hyper_parallel {

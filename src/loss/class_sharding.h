@@ -14,8 +14,8 @@
 #include <exception>
 #include <vector>
 
-#include "hyper_parallel/layout.h"
-#include "hyper_parallel/loss_parallel.h"
+#include "hyper_parallel/core/layout.h"
+#include "hyper_parallel/loss/loss_parallel.h"
 
 namespace hyper_parallel {
 

@@ -8,7 +8,7 @@
 #include <limits>
 #include <string>
 
-#include "hyper_parallel/loss_parallel.h"
+#include "hyper_parallel/loss/loss_parallel.h"
 #include "loss/loss_input_checks.h"
 
 namespace hyper_parallel {

@@ -13,7 +13,7 @@
 
 #include <string>
 
-#include "hyper_parallel/communicator.h"
+#include "hyper_parallel/core/communicator.h"
 #include "loss/class_sharding.h"
 
 namespace hyper_parallel {

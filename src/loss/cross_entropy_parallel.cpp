@@ -8,7 +8,7 @@
 
 #include "compat/autograd_compat.h"
 #include "dtensor/dtensor_impl.h"
-#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/dtensor/dtensor.h"
 #include "loss/call_agreement.h"
 #include "loss/class_sharding.h"
 #include "loss/cross_entropy_kernels.h"

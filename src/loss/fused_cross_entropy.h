@@ -11,7 +11,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
-#include "hyper_parallel/cross_entropy_definition.h"
+#include "hyper_parallel/loss/cross_entropy_definition.h"
 #include "loss/call_agreement.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/input_agreement.h"

@@ -1,8 +1,8 @@
-// fused_linear_cross_entropy (include/hyper_parallel/fused_linear_loss.h): the head matmul
+// fused_linear_cross_entropy (include/hyper_parallel/loss/fused_linear_loss.h): the head matmul
 // and the fused cross-entropy (fused_cross_entropy.h) one logits block at a time, with a
 // custom autograd node that recomputes the blocks in backward.
-#include "hyper_parallel/fused_linear_loss.h"
-#include "hyper_parallel/vocab_parallel.h"
+#include "hyper_parallel/loss/fused_linear_loss.h"
+#include "hyper_parallel/loss/vocab_parallel.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -15,7 +15,7 @@
 
 #include "compat/autograd_compat.h"
 #include "dtensor/dtensor_impl.h"
-#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/dtensor/dtensor.h"
 #include "loss/class_sharding.h"
 #include "loss/kernel/cross_entropy_cpu_kernel.h"
 #include "loss/cross_entropy_kernels.h"

@@ -11,9 +11,9 @@
 
 #include "compat/autograd_compat.h"
 #include "dtensor/dtensor_impl.h"
-#include "hyper_parallel/dtensor.h"
-#include "hyper_parallel/vocab_logprobs.h"
-#include "hyper_parallel/vocab_parallel.h"
+#include "hyper_parallel/dtensor/dtensor.h"
+#include "hyper_parallel/loss/vocab_logprobs.h"
+#include "hyper_parallel/loss/vocab_parallel.h"
 #include "loss/class_sharding.h"
 #include "loss/call_agreement.h"
 #include "loss/kernel/cross_entropy_cpu_kernel.h"

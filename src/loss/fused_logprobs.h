@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "hyper_parallel/vocab_logprobs.h"
+#include "hyper_parallel/loss/vocab_logprobs.h"
 
 #include "loss/call_agreement.h"
 #include "loss/class_sharding.h"

@@ -1,5 +1,5 @@
 // Logits-sized gradient buffers for the fused cross-entropy backward (internal; what the
-// cache holds and its release are public: hyper_parallel/gradient_buffers.h).
+// cache holds and its release are public: hyper_parallel/loss/gradient_buffers.h).
 //
 // A fresh multi-MiB CPU allocation comes from mmap, so every step would first-touch new
 // 4 KiB pages: on the machines measured that fault costs more than the kernel itself.
@@ -10,7 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "hyper_parallel/gradient_buffers.h"
+#include "hyper_parallel/loss/gradient_buffers.h"
 
 namespace hyper_parallel {
 

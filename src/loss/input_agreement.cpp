@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "dtensor/dtensor_impl.h"
-#include "hyper_parallel/communicator.h"
+#include "hyper_parallel/core/communicator.h"
 #include "loss/call_agreement.h"
 
 namespace hyper_parallel {

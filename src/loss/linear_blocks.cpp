@@ -7,9 +7,9 @@
 #include <algorithm>
 
 #include "dtensor/dtensor_impl.h"
-#include "hyper_parallel/communicator.h"
-#include "hyper_parallel/dtensor.h"
-#include "hyper_parallel/loss_parallel.h"
+#include "hyper_parallel/core/communicator.h"
+#include "hyper_parallel/dtensor/dtensor.h"
+#include "hyper_parallel/loss/loss_parallel.h"
 #include "loss/kernel/cross_entropy_cpu_kernel.h"
 #include "loss/cross_entropy_kernels.h"
 #include "loss/gradient_buffer.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "hyper_parallel/loss_parallel.h"
+#include "hyper_parallel/loss/loss_parallel.h"
 
 namespace hyper_parallel {
 

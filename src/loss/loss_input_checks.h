@@ -12,7 +12,7 @@
 
 #include <string>
 
-#include "hyper_parallel/cross_entropy_definition.h"
+#include "hyper_parallel/loss/cross_entropy_definition.h"
 
 namespace hyper_parallel {
 

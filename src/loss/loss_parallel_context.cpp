@@ -5,9 +5,9 @@
 #include <mutex>
 
 #include "dispatch/layout_cache.h"
-#include "hyper_parallel/dispatch.h"
-#include "hyper_parallel/loss_parallel.h"
-#include "hyper_parallel/parallelism_config.h"
+#include "hyper_parallel/dispatch/dispatch.h"
+#include "hyper_parallel/loss/loss_parallel.h"
+#include "hyper_parallel/loss/parallelism_config.h"
 
 namespace hyper_parallel {
 

@@ -4,9 +4,9 @@
 
 #include "dispatch/op_param_choice.h"
 
-#include "hyper_parallel/distributed_op.h"
-#include "hyper_parallel/loss_parallel.h"
-#include "hyper_parallel/parallelism_config.h"
+#include "hyper_parallel/dispatch/distributed_op.h"
+#include "hyper_parallel/loss/loss_parallel.h"
+#include "hyper_parallel/loss/parallelism_config.h"
 
 namespace hyper_parallel {
 

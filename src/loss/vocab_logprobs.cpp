@@ -1,6 +1,6 @@
 // vocab_logprobs.h on logits: the fused cross-entropy's statistics at a temperature, with the
 // entropy's sum (fused_logprobs.h has the math), on local pieces and on class-sharded DTensors.
-#include "hyper_parallel/vocab_logprobs.h"
+#include "hyper_parallel/loss/vocab_logprobs.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -13,8 +13,8 @@
 
 #include "compat/autograd_compat.h"
 #include "dtensor/dtensor_impl.h"
-#include "hyper_parallel/dtensor.h"
-#include "hyper_parallel/vocab_parallel.h"
+#include "hyper_parallel/dtensor/dtensor.h"
+#include "hyper_parallel/loss/vocab_parallel.h"
 #include "loss/call_agreement.h"
 #include "loss/class_sharding.h"
 #include "loss/kernel/cross_entropy_cpu_kernel.h"

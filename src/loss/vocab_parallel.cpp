@@ -1,5 +1,5 @@
 // vocab_parallel.h: loss_parallel's kernels on plain local pieces and a communicator.
-#include "hyper_parallel/vocab_parallel.h"
+#include "hyper_parallel/loss/vocab_parallel.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -1,4 +1,4 @@
-#include "hyper_parallel/causal_lm.h"
+#include "hyper_parallel/models/causal_lm.h"
 
 #include <ATen/ops/tanh.h>
 #include <torch/nn/module.h>

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "hyper_parallel/block_activations.h"
+#include "hyper_parallel/models/block_activations.h"
 
 namespace hyper_parallel {
 

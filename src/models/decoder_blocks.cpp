@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/dtensor/dtensor.h"
 #include "nn/parameter_table.h"
 
 namespace hyper_parallel {

@@ -13,8 +13,8 @@
 #include <functional>
 #include <string>
 
-#include "hyper_parallel/activation_checkpoint.h"
-#include "hyper_parallel/block_hooks.h"
+#include "hyper_parallel/nn/activation_checkpoint.h"
+#include "hyper_parallel/nn/block_hooks.h"
 
 namespace hyper_parallel {
 

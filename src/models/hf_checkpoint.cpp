@@ -1,4 +1,4 @@
-#include "hyper_parallel/hf_checkpoint.h"
+#include "hyper_parallel/models/hf_checkpoint.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
@@ -17,8 +17,8 @@
 #include <stdexcept>
 
 #include "compat/file_system.h"
-#include "hyper_parallel/communicator.h"
-#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/core/communicator.h"
+#include "hyper_parallel/dtensor/dtensor.h"
 #include "models/non_finite_values.h"
 #include "models/safetensors.h"
 

@@ -13,9 +13,9 @@
 #include <stdexcept>
 
 #include "compat/file_system.h"
-#include "hyper_parallel/communicator.h"
-#include "hyper_parallel/dtensor.h"
-#include "hyper_parallel/hf_checkpoint.h"
+#include "hyper_parallel/core/communicator.h"
+#include "hyper_parallel/dtensor/dtensor.h"
+#include "hyper_parallel/models/hf_checkpoint.h"
 #include "io/whole_file.h"
 #include "models/non_finite_values.h"
 #include "models/safetensors.h"

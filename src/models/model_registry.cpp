@@ -1,12 +1,12 @@
-#include "hyper_parallel/model_registry.h"
+#include "hyper_parallel/models/model_registry.h"
 
 #include <deque>
 #include <mutex>
 #include <stdexcept>
 
-#include "hyper_parallel/gemma2.h"
-#include "hyper_parallel/llama.h"
-#include "hyper_parallel/qwen3.h"
+#include "hyper_parallel/models/gemma2.h"
+#include "hyper_parallel/models/llama.h"
+#include "hyper_parallel/models/qwen3.h"
 
 namespace hyper_parallel {
 

@@ -7,8 +7,8 @@
 
 #include <initializer_list>
 
-#include "hyper_parallel/dtensor.h"
-#include "hyper_parallel/parallel_style.h"
+#include "hyper_parallel/dtensor/dtensor.h"
+#include "hyper_parallel/nn/parallel_style.h"
 
 namespace hyper_parallel {
 

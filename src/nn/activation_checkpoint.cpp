@@ -1,4 +1,4 @@
-#include "hyper_parallel/activation_checkpoint.h"
+#include "hyper_parallel/nn/activation_checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -18,8 +18,8 @@
 #include <unordered_set>
 
 #include "compat/autograd_compat.h"
-#include "hyper_parallel/device_mesh.h"
-#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/core/device_mesh.h"
+#include "hyper_parallel/dtensor/dtensor.h"
 
 namespace hyper_parallel {
 

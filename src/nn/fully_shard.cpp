@@ -1,4 +1,4 @@
-#include "hyper_parallel/fully_shard.h"
+#include "hyper_parallel/nn/fully_shard.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -12,8 +12,8 @@
 #include <set>
 #include <stdexcept>
 
-#include "hyper_parallel/pending_collective.h"
-#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/core/pending_collective.h"
+#include "hyper_parallel/dtensor/dtensor.h"
 
 namespace hyper_parallel {
 

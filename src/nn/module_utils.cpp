@@ -1,4 +1,4 @@
-#include "hyper_parallel/module_utils.h"
+#include "hyper_parallel/nn/module_utils.h"
 #include "nn/parameter_table.h"
 
 #include <torch/nn/module.h>

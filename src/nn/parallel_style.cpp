@@ -1,4 +1,4 @@
-#include "hyper_parallel/parallel_style.h"
+#include "hyper_parallel/nn/parallel_style.h"
 
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
@@ -9,8 +9,8 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "hyper_parallel/dtensor.h"
-#include "hyper_parallel/module_utils.h"
+#include "hyper_parallel/dtensor/dtensor.h"
+#include "hyper_parallel/nn/module_utils.h"
 #include "nn/parameter_table.h"
 
 namespace hyper_parallel {

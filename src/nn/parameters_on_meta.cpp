@@ -1,4 +1,4 @@
-#include "hyper_parallel/parameters_on_meta.h"
+#include "hyper_parallel/nn/parameters_on_meta.h"
 
 #include <ATen/ops/empty.h>
 #include <torch/nn/module.h>
@@ -8,8 +8,8 @@
 
 #include "compat/meta_kernels.h"
 #include "dtensor/dtensor_impl.h"
-#include "hyper_parallel/dtensor.h"
-#include "hyper_parallel/module_utils.h"
+#include "hyper_parallel/dtensor/dtensor.h"
+#include "hyper_parallel/nn/module_utils.h"
 
 namespace hyper_parallel {
 

@@ -8,7 +8,7 @@
 // parallelize_module's gradient hooks bring it back to the weight's layout.
 #pragma once
 
-#include "hyper_parallel/distributed_op.h"
+#include "hyper_parallel/dispatch/distributed_op.h"
 
 namespace hyper_parallel {
 

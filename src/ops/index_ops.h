@@ -4,7 +4,7 @@
 // index_select work on replicated inputs.
 #pragma once
 
-#include "hyper_parallel/distributed_op.h"
+#include "hyper_parallel/dispatch/distributed_op.h"
 
 namespace hyper_parallel {
 

@@ -3,7 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include "dispatch/op_param_choice.h"
-#include "hyper_parallel/sharding_strategy.h"
+#include "hyper_parallel/dispatch/sharding_strategy.h"
 
 namespace hyper_parallel {
 

@@ -3,7 +3,7 @@
 // where the operands already are. See ops/matrix.yaml.
 #pragma once
 
-#include "hyper_parallel/distributed_op.h"
+#include "hyper_parallel/dispatch/distributed_op.h"
 
 namespace hyper_parallel {
 

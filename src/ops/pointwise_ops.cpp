@@ -1,6 +1,6 @@
 #include "ops/pointwise_ops.h"
 
-#include "hyper_parallel/sharding_strategy.h"
+#include "hyper_parallel/dispatch/sharding_strategy.h"
 
 #include <ATen/ExpandUtils.h>
 #include <c10/util/Exception.h>

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "dispatch/common_layout_rule.h"
-#include "hyper_parallel/distributed_op.h"
+#include "hyper_parallel/dispatch/distributed_op.h"
 
 namespace hyper_parallel {
 

@@ -5,7 +5,7 @@
 
 #include <optional>
 
-#include "hyper_parallel/distributed_op.h"
+#include "hyper_parallel/dispatch/distributed_op.h"
 
 namespace hyper_parallel {
 

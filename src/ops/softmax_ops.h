@@ -3,7 +3,7 @@
 // its distributed kernels instead). Partial inputs are reduced; other shards stay.
 #pragma once
 
-#include "hyper_parallel/distributed_op.h"
+#include "hyper_parallel/dispatch/distributed_op.h"
 
 namespace hyper_parallel {
 

@@ -4,7 +4,7 @@
 // dim; otherwise that mesh dim is gathered first. Views are linear: Partial passes.
 #pragma once
 
-#include "hyper_parallel/distributed_op.h"
+#include "hyper_parallel/dispatch/distributed_op.h"
 
 namespace hyper_parallel {
 

@@ -7,21 +7,21 @@
 #include <memory>
 #include <stdexcept>
 
-#include "hyper_parallel/collective_stats.h"
-#include "hyper_parallel/causal_lm.h"
-#include "hyper_parallel/distributed.h"
-#include "hyper_parallel/dtensor.h"
-#include "hyper_parallel/fully_shard.h"
-#include "hyper_parallel/model_registry.h"
+#include "hyper_parallel/core/collective_stats.h"
+#include "hyper_parallel/models/causal_lm.h"
+#include "hyper_parallel/core/distributed.h"
+#include "hyper_parallel/dtensor/dtensor.h"
+#include "hyper_parallel/nn/fully_shard.h"
+#include "hyper_parallel/models/model_registry.h"
 #include "train/data/batches.h"
-#include "hyper_parallel_train/parallelized_model.h"
+#include "hyper_parallel_train/spec/parallelized_model.h"
 #include "train/metrics/state_bytes.h"
 #include "train/metrics/step_metrics.h"
 #include "train/training_job.h"
 #include "train/training_step.h"
 #include "train/parallel/mesh_sum.h"
-#include "hyper_parallel_train/train_context.h"
-#include "hyper_parallel_train/train_spec.h"
+#include "hyper_parallel_train/parallel/train_context.h"
+#include "hyper_parallel_train/spec/train_spec.h"
 
 namespace hyper_parallel::train {
 

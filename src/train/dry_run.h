@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "hyper_parallel/causal_lm.h"
-#include "hyper_parallel_train/job_config.h"
-#include "hyper_parallel_train/parallel_dims.h"
+#include "hyper_parallel/models/causal_lm.h"
+#include "hyper_parallel_train/config/job_config.h"
+#include "hyper_parallel_train/config/parallel_dims.h"
 #include "train/memory_formula.h"
 #include "train/metrics/state_bytes.h"
 

@@ -6,8 +6,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "hyper_parallel/communicator.h"
-#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/core/communicator.h"
+#include "hyper_parallel/dtensor/dtensor.h"
 #include "train/config/training_dtype.h"
 
 namespace hyper_parallel::train {

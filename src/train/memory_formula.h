@@ -13,12 +13,12 @@
 
 #include <torch/nn/module.h>
 
-#include "hyper_parallel/activation_checkpoint.h"
-#include "hyper_parallel/block_activations.h"
-#include "hyper_parallel/causal_lm.h"
-#include "hyper_parallel_train/job_config.h"
-#include "hyper_parallel_train/parallel_dims.h"
-#include "hyper_parallel_train/train_context.h"
+#include "hyper_parallel/nn/activation_checkpoint.h"
+#include "hyper_parallel/models/block_activations.h"
+#include "hyper_parallel/models/causal_lm.h"
+#include "hyper_parallel_train/config/job_config.h"
+#include "hyper_parallel_train/config/parallel_dims.h"
+#include "hyper_parallel_train/parallel/train_context.h"
 #include "train/metrics/state_bytes.h"
 
 namespace hyper_parallel::train {

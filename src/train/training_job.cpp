@@ -5,9 +5,9 @@
 #include <optional>
 #include <utility>
 
-#include "hyper_parallel/causal_lm.h"
-#include "hyper_parallel/distributed.h"
-#include "hyper_parallel/parameters_on_meta.h"
+#include "hyper_parallel/models/causal_lm.h"
+#include "hyper_parallel/core/distributed.h"
+#include "hyper_parallel/nn/parameters_on_meta.h"
 #include "train/config/training_dtype.h"
 
 namespace hyper_parallel::train {

@@ -16,11 +16,11 @@
 #include <functional>
 #include <memory>
 
-#include "hyper_parallel_train/job_config.h"
-#include "hyper_parallel_train/parallel_dims.h"
-#include "hyper_parallel_train/parallelized_model.h"
-#include "hyper_parallel_train/train_context.h"
-#include "hyper_parallel_train/train_spec.h"
+#include "hyper_parallel_train/config/job_config.h"
+#include "hyper_parallel_train/config/parallel_dims.h"
+#include "hyper_parallel_train/spec/parallelized_model.h"
+#include "hyper_parallel_train/parallel/train_context.h"
+#include "hyper_parallel_train/spec/train_spec.h"
 #include "train/parallel/parallelism_scope.h"
 #include "train/training_step.h"
 

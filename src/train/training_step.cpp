@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "hyper_parallel/distributed.h"
-#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/core/distributed.h"
+#include "hyper_parallel/dtensor/dtensor.h"
 #include "train/data/batches.h"
 #include "train/optim/optim_utils.h"
 #include "train/parallel/mesh_sum.h"

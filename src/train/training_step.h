@@ -11,14 +11,14 @@
 #include <memory>
 #include <optional>
 
-#include "hyper_parallel/device_mesh.h"
-#include "hyper_parallel_train/batch.h"
-#include "hyper_parallel_train/job_config.h"
-#include "hyper_parallel_train/step_result.h"
-#include "hyper_parallel_train/train_context.h"
-#include "hyper_parallel_train/train_spec.h"
+#include "hyper_parallel/core/device_mesh.h"
+#include "hyper_parallel_train/data/batch.h"
+#include "hyper_parallel_train/config/job_config.h"
+#include "hyper_parallel_train/metrics/step_result.h"
+#include "hyper_parallel_train/parallel/train_context.h"
+#include "hyper_parallel_train/spec/train_spec.h"
 #include "train/metrics/step_metrics.h"
-#include "hyper_parallel_train/parallelized_model.h"
+#include "hyper_parallel_train/spec/parallelized_model.h"
 
 namespace hyper_parallel::train {
 

@@ -6,11 +6,11 @@
 #include <memory>
 #include <optional>
 
-#include "hyper_parallel/device_mesh.h"
-#include "hyper_parallel_train/batch.h"
-#include "hyper_parallel_train/job_config.h"
-#include "hyper_parallel_train/train_context.h"
-#include "hyper_parallel_train/train_spec.h"
+#include "hyper_parallel/core/device_mesh.h"
+#include "hyper_parallel_train/data/batch.h"
+#include "hyper_parallel_train/config/job_config.h"
+#include "hyper_parallel_train/parallel/train_context.h"
+#include "hyper_parallel_train/spec/train_spec.h"
 
 namespace torch::nn {
 class Module;

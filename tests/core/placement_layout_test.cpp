@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "harness/rank_harness.h"
-#include "hyper_parallel/collective_stats.h"
+#include "hyper_parallel/core/collective_stats.h"
 #include "hyper_parallel/hyper_parallel.h"
 
 namespace placement_layout_test {

@@ -10,7 +10,7 @@
 #include <cstdlib>
 
 #include "harness/rank_harness.h"
-#include "hyper_parallel/distributed.h"
+#include "hyper_parallel/core/distributed.h"
 
 namespace settings_test {
 

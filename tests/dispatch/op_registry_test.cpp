@@ -13,7 +13,7 @@
 #include "harness/build_paths.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/sharding_strategy.h"
+#include "hyper_parallel/dispatch/sharding_strategy.h"
 #include "dtensor/dtensor_impl.h"
 #include "loss/loss_parallel_dispatch.h"
 #include "ops/pointwise_ops.h"

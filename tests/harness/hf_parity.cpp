@@ -12,8 +12,8 @@
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/causal_lm.h"
-#include "hyper_parallel/model_registry.h"
+#include "hyper_parallel/models/causal_lm.h"
+#include "hyper_parallel/models/model_registry.h"
 
 namespace hyper_parallel::testing {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "harness/hf_models.h"
-#include "hyper_parallel/hf_checkpoint.h"
+#include "hyper_parallel/models/hf_checkpoint.h"
 
 namespace hyper_parallel::testing {
 

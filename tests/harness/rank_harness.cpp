@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "hyper_parallel/distributed.h"
+#include "hyper_parallel/core/distributed.h"
 
 namespace hyper_parallel::testing {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/config/job_config.h"
 #include "hyper_parallel_train/trainer.h"
 
 namespace hyper_parallel::testing {

@@ -5,9 +5,9 @@
 
 #include <iostream>
 
-#include "hyper_parallel/distributed.h"
-#include "hyper_parallel_train/job_config.h"
-#include "hyper_parallel_train/parallelized_model.h"
+#include "hyper_parallel/core/distributed.h"
+#include "hyper_parallel_train/config/job_config.h"
+#include "hyper_parallel_train/spec/parallelized_model.h"
 #include "hyper_parallel_train/trainer.h"
 
 namespace hp = hyper_parallel;

@@ -10,7 +10,7 @@
 #include "harness/nonfinite_rows.h"
 #include "harness/rank_harness.h"
 #include "harness/rounding_bound.h"
-#include "hyper_parallel/fused_linear_loss.h"
+#include "hyper_parallel/loss/fused_linear_loss.h"
 #include "hyper_parallel/hyper_parallel.h"
 
 namespace cuda_loss_parallel_test {

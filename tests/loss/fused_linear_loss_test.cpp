@@ -12,7 +12,7 @@
 
 #include "harness/rank_harness.h"
 #include "harness/rounding_bound.h"
-#include "hyper_parallel/fused_linear_loss.h"
+#include "hyper_parallel/loss/fused_linear_loss.h"
 #include "hyper_parallel/hyper_parallel.h"
 
 namespace fused_linear_loss_test {

@@ -14,9 +14,9 @@
 
 #include "harness/job_errors.h"
 #include "harness/rank_harness.h"
-#include "hyper_parallel/fused_linear_loss.h"
+#include "hyper_parallel/loss/fused_linear_loss.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/vocab_parallel.h"
+#include "hyper_parallel/loss/vocab_parallel.h"
 #include "loss/call_agreement.h"
 
 namespace loss_agreement_test {

@@ -11,7 +11,7 @@
 #include <mutex>
 
 #include "harness/rank_harness.h"
-#include "hyper_parallel/cross_entropy_definition.h"
+#include "hyper_parallel/loss/cross_entropy_definition.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "loss/logits_device.h"
 #include "loss/loss_parallel_dispatch.h"

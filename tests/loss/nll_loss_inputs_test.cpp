@@ -14,7 +14,7 @@
 #include "harness/job_errors.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/vocab_parallel.h"
+#include "hyper_parallel/loss/vocab_parallel.h"
 
 namespace nll_loss_inputs_test {
 

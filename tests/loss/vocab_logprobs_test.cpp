@@ -1,8 +1,8 @@
-// hyper_parallel/vocab_logprobs.h: per-token log-probabilities and entropy at a temperature,
+// hyper_parallel/loss/vocab_logprobs.h: per-token log-probabilities and entropy at a temperature,
 // on local pieces, on class-sharded DTensors and fused with the head, against one process's
 // ATen in float64 (values and gradients for random upstream gradients on both outputs),
 // TP 1-4 (13 classes: uneven pieces), and against the cross-entropy bit for bit at T = 1.
-#include "hyper_parallel/vocab_logprobs.h"
+#include "hyper_parallel/loss/vocab_logprobs.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -17,10 +17,10 @@
 
 #include "harness/rank_harness.h"
 #include "harness/rounding_bound.h"
-#include "hyper_parallel/collective_stats.h"
-#include "hyper_parallel/device_mesh.h"
-#include "hyper_parallel/dtensor.h"
-#include "hyper_parallel/vocab_parallel.h"
+#include "hyper_parallel/core/collective_stats.h"
+#include "hyper_parallel/core/device_mesh.h"
+#include "hyper_parallel/dtensor/dtensor.h"
+#include "hyper_parallel/loss/vocab_parallel.h"
 #include "loss/fused_cross_entropy.h"
 
 namespace vocab_logprobs_test {

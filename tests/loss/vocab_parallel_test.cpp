@@ -1,6 +1,6 @@
-// hyper_parallel/vocab_parallel.h: the kernels on plain local pieces (what the Python
+// hyper_parallel/loss/vocab_parallel.h: the kernels on plain local pieces (what the Python
 // package's ops call) against one process's ATen, float64, TP 1-4 (13 classes: uneven).
-#include "hyper_parallel/vocab_parallel.h"
+#include "hyper_parallel/loss/vocab_parallel.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "harness/rank_harness.h"
-#include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/core/device_mesh.h"
 
 namespace vocab_parallel_test {
 

@@ -17,13 +17,13 @@
 #include "harness/rank_harness.h"
 #include "harness/scratch_folder.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/llama.h"
-#include "hyper_parallel/parameters_on_meta.h"
-#include "hyper_parallel/model_registry.h"
-#include "hyper_parallel/qwen3.h"
+#include "hyper_parallel/models/llama.h"
+#include "hyper_parallel/nn/parameters_on_meta.h"
+#include "hyper_parallel/models/model_registry.h"
+#include "hyper_parallel/models/qwen3.h"
 #include "models/safetensors.h"
 #include "models/safetensors_writer.h"
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/config/job_config.h"
 
 namespace hf_checkpoint_test {
 

@@ -35,13 +35,13 @@
 #include "harness/scratch_folder.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/llama.h"
-#include "hyper_parallel/model_registry.h"
+#include "hyper_parallel/models/llama.h"
+#include "hyper_parallel/models/model_registry.h"
 #include "models/safetensors.h"
 #include "models/safetensors_writer.h"
 #include "train/checkpoint/checkpoint_io.h"
 #include "train/checkpoint/checkpoint_manifest.h"
-#include "hyper_parallel_train/saved_model.h"
+#include "hyper_parallel_train/checkpoint/saved_model.h"
 
 namespace hf_export_test {
 

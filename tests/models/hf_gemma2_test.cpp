@@ -23,12 +23,12 @@
 #include "harness/hf_parity.h"
 #include "harness/rank_harness.h"
 #include "harness/scratch_folder.h"
-#include "hyper_parallel/fully_shard.h"
-#include "hyper_parallel/gemma2.h"
+#include "hyper_parallel/nn/fully_shard.h"
+#include "hyper_parallel/models/gemma2.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/llama.h"
-#include "hyper_parallel/model_registry.h"
-#include "hyper_parallel_train/train_spec.h"
+#include "hyper_parallel/models/llama.h"
+#include "hyper_parallel/models/model_registry.h"
+#include "hyper_parallel_train/spec/train_spec.h"
 
 namespace hf_gemma2_test {
 

@@ -14,9 +14,9 @@
 #include "compat/file_system.h"
 #include "harness/hf_parity.h"
 #include "harness/scratch_folder.h"
-#include "hyper_parallel/model_registry.h"
-#include "hyper_parallel/qwen3.h"
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel/models/model_registry.h"
+#include "hyper_parallel/models/qwen3.h"
+#include "hyper_parallel_train/config/job_config.h"
 #include "hyper_parallel_train/trainer.h"
 
 namespace hf_qwen3_test {

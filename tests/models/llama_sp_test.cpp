@@ -6,9 +6,9 @@
 #include <torch/torch.h>
 
 #include "harness/rank_harness.h"
-#include "hyper_parallel/fused_linear_loss.h"
+#include "hyper_parallel/loss/fused_linear_loss.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/llama.h"
+#include "hyper_parallel/models/llama.h"
 
 namespace llama_sp_test {
 

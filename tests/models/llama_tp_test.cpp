@@ -5,7 +5,7 @@
 
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/llama.h"
+#include "hyper_parallel/models/llama.h"
 
 namespace llama_tp_test {
 

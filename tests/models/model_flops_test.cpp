@@ -11,12 +11,12 @@
 
 #include "harness/rank_harness.h"
 #include "harness/scratch_folder.h"
-#include "hyper_parallel/gemma2.h"
-#include "hyper_parallel/llama.h"
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel/models/gemma2.h"
+#include "hyper_parallel/models/llama.h"
+#include "hyper_parallel_train/config/job_config.h"
 #include "train/metrics/metrics.h"
 #include "train/metrics/mfu.h"
-#include "hyper_parallel_train/train_spec.h"
+#include "hyper_parallel_train/spec/train_spec.h"
 #include "hyper_parallel_train/trainer.h"
 
 namespace model_flops_test {

@@ -14,11 +14,11 @@
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
-#include "hyper_parallel/activation_checkpoint.h"
-#include "hyper_parallel/fully_shard.h"
+#include "hyper_parallel/nn/activation_checkpoint.h"
+#include "hyper_parallel/nn/fully_shard.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/llama.h"
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel/models/llama.h"
+#include "hyper_parallel_train/config/job_config.h"
 #include "hyper_parallel_train/trainer.h"
 
 namespace activation_checkpoint_test {

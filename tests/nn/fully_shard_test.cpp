@@ -13,13 +13,13 @@
 #include <mutex>
 
 #include "compat/file_system.h"
-#include "hyper_parallel/pending_collective.h"
+#include "hyper_parallel/core/pending_collective.h"
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/fully_shard.h"
-#include "hyper_parallel_train/job_config.h"
-#include "hyper_parallel_train/saved_model.h"
+#include "hyper_parallel/nn/fully_shard.h"
+#include "hyper_parallel_train/config/job_config.h"
+#include "hyper_parallel_train/checkpoint/saved_model.h"
 #include "hyper_parallel_train/trainer.h"
 
 namespace fully_shard_test {

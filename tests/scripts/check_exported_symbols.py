@@ -2,7 +2,7 @@
 """Fails when a library exports a symbol of src/'s internals.
 
 libhyper_parallel and libhp_train are compiled with hidden symbols and export what their
-installed headers declare (include/hyper_parallel/export.h). This reads each library's
+installed headers declare (include/hyper_parallel/core/export.h). This reads each library's
 dynamic symbol table (nm -DC --defined-only) and reports every exported symbol that names
   - a namespace that only src/ declares (hyper_parallel::compat, io, hf, ce_kernel ...), or
   - a class, struct or function that only a header under src/ declares.

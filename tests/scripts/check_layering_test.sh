@@ -6,14 +6,15 @@ script="$1"
 root="$(mktemp -d)"
 trap 'rm -rf "$root"' EXIT
 mkdir -p "$root/src/core" "$root/src/dtensor" "$root/src/launcher" "$root/src/train/data" "$root/src/train/checkpoint" \
-         "$root/include/hyper_parallel" "$root/include/hyper_parallel_train"
-echo '#pragma once' > "$root/include/hyper_parallel/layout.h"
+         "$root/include/hyper_parallel/core" "$root/include/hyper_parallel/dtensor" "$root/include/hyper_parallel/models" \
+         "$root/include/hyper_parallel_train/data"
+echo '#pragma once' > "$root/include/hyper_parallel/core/layout.h"
 echo '#pragma once' > "$root/src/core/redistribute.h"
-printf '#include "core/redistribute.h"\n#include "hyper_parallel/layout.h"\n' > "$root/src/dtensor/dtensor_impl.cpp"
-printf '#include "launcher.h"\n#include "hyper_parallel/layout.h"\n' > "$root/src/launcher/launcher.cpp"
+printf '#include "core/redistribute.h"\n#include "hyper_parallel/core/layout.h"\n' > "$root/src/dtensor/dtensor_impl.cpp"
+printf '#include "launcher.h"\n#include "hyper_parallel/core/layout.h"\n' > "$root/src/launcher/launcher.cpp"
 echo '#pragma once' > "$root/src/launcher/launcher.h"
-printf '#include "hyper_parallel/layout.h"\n' > "$root/include/hyper_parallel_train/batch.h"
-printf '#include "hyper_parallel_train/batch.h"\n#include "hyper_parallel/layout.h"\n' > "$root/include/hyper_parallel_train/trainer.h"
+printf '#include "hyper_parallel/core/layout.h"\n' > "$root/include/hyper_parallel_train/data/batch.h"
+printf '#include "hyper_parallel_train/data/batch.h"\n#include "hyper_parallel/core/layout.h"\n' > "$root/include/hyper_parallel_train/trainer.h"
 printf '#include "train/data/batches.h"\n#include "hyper_parallel_train/trainer.h"\n' > "$root/src/train/trainer.cpp"
 echo '#pragma once' > "$root/src/train/data/batches.h"
 echo '#include "core/redistribute.h"' >> "$root/src/train/trainer.cpp"            # a .cpp may
@@ -24,13 +25,14 @@ python3 "$script" "$root" || { echo "FAIL: a clean tree was reported"; exit 1; }
 echo '#include "dtensor/dtensor_impl.h"' >> "$root/src/core/redistribute.h"   # a folder above
 echo '#include "launcher/launcher.h"' > "$root/src/core/fatal_error.cpp"      # the launcher
 echo '#include "core/redistribute.h"' >> "$root/src/launcher/launcher.cpp"    # launcher -> library
-echo '#include "core/redistribute.h"' >> "$root/include/hyper_parallel/layout.h"  # public -> src
+echo '#include "core/redistribute.h"' >> "$root/include/hyper_parallel/core/layout.h"  # public -> src
 echo '#include "train/data/batches.h"' >> "$root/include/hyper_parallel_train/trainer.h"  # installed -> src
 echo '#include "hyper_parallel_train/trainer.h"' > "$root/src/train/data/corpus.cpp"     # public train header above
 echo '#include "train/checkpoint/checkpoint_io.h"' > "$root/src/train/data/batches.cpp"  # a train part above
-echo '#include "hyper_parallel/llama.h"' > "$root/src/core/placement.cpp"      # a public header of a layer above
-echo '#pragma once' > "$root/include/hyper_parallel/unlisted.h"               # a public header with no layer
-echo '#include "hyper_parallel/dtensor.h"' > "$root/include/hyper_parallel/placement.h"  # public, a layer above
+echo '#include "hyper_parallel/models/llama.h"' > "$root/src/core/placement.cpp"      # a public header of a layer above
+mkdir "$root/include/hyper_parallel/extra"
+echo '#pragma once' > "$root/include/hyper_parallel/extra/unlisted.h"         # a public header in no layer's folder
+echo '#include "hyper_parallel/dtensor/dtensor.h"' > "$root/include/hyper_parallel/core/placement.h"  # public, a layer above
 set +e
 out="$(python3 "$script" "$root")"
 rc=$?
@@ -38,9 +40,9 @@ set -e
 echo "$out"
 [ "$rc" -ne 0 ] || { echo "FAIL: exit status 0 with violations planted"; exit 1; }
 for where in src/core/redistribute.h src/core/fatal_error.cpp src/launcher/launcher.cpp \
-             include/hyper_parallel/layout.h include/hyper_parallel_train/trainer.h src/train/data/batches.cpp \
-             src/train/data/corpus.cpp src/core/placement.cpp include/hyper_parallel/unlisted.h \
-             include/hyper_parallel/placement.h; do
+             include/hyper_parallel/core/layout.h include/hyper_parallel_train/trainer.h src/train/data/batches.cpp \
+             src/train/data/corpus.cpp src/core/placement.cpp include/hyper_parallel/extra/unlisted.h \
+             include/hyper_parallel/core/placement.h; do
   grep -q "^$where:" <<<"$out" || { echo "FAIL: $where not reported"; exit 1; }
 done
 grep -q " 10 layering violation(s)" <<<"$out" || { echo "FAIL: expected exactly 10 violations"; exit 1; }

@@ -14,7 +14,7 @@
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/config/job_config.h"
 #include "train/optim/master_weights.h"
 #include "hyper_parallel_train/trainer.h"
 

@@ -11,7 +11,7 @@
 
 #include "train/checkpoint/checkpoint_layout.h"
 #include "train/checkpoint/checkpoint_reshard.h"
-#include "hyper_parallel_train/parallel_dims.h"
+#include "hyper_parallel_train/config/parallel_dims.h"
 
 namespace checkpoint_reshard_test {
 

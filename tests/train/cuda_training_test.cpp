@@ -8,7 +8,7 @@
 
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/config/job_config.h"
 #include "hyper_parallel_train/trainer.h"
 
 namespace cuda_training_test {

@@ -12,13 +12,13 @@
 #include <mutex>
 
 #include "compat/file_system.h"
-#include "hyper_parallel/pending_collective.h"
+#include "hyper_parallel/core/pending_collective.h"
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "train/data/batches.h"
 #include "train/parallel/data_parallel_reducer.h"
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/config/job_config.h"
 #include "hyper_parallel_train/trainer.h"
 
 namespace data_parallel_test {

@@ -1,11 +1,11 @@
-// JobConfig (include/hyper_parallel_train/job_config.h): defaults, configs/debug_model.toml, command-line
+// JobConfig (include/hyper_parallel_train/config/job_config.h): defaults, configs/debug_model.toml, command-line
 // overrides, error messages (unknown keys, wrong types, malformed TOML), to_toml round
 // trip, --help text and validate().
 #include "harness/build_paths.h"
-#include "hyper_parallel/causal_lm.h"
-#include "hyper_parallel_train/job_config.h"
-#include "hyper_parallel_train/parallel_dims.h"
-#include "hyper_parallel_train/train_spec.h"
+#include "hyper_parallel/models/causal_lm.h"
+#include "hyper_parallel_train/config/job_config.h"
+#include "hyper_parallel_train/config/parallel_dims.h"
+#include "hyper_parallel_train/spec/train_spec.h"
 
 #include <c10/util/Exception.h>
 #include <gmock/gmock.h>

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "hyper_parallel/llama.h"
-#include "hyper_parallel/model_registry.h"
-#include "hyper_parallel_train/job_config.h"
-#include "hyper_parallel_train/train_spec.h"
+#include "hyper_parallel/models/llama.h"
+#include "hyper_parallel/models/model_registry.h"
+#include "hyper_parallel_train/config/job_config.h"
+#include "hyper_parallel_train/spec/train_spec.h"
 #include "harness/scratch_folder.h"
 #include "harness/train_steps.h"
 #include "train/dry_run.h"

@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "harness/rank_harness.h"
-#include "hyper_parallel/causal_lm.h"
+#include "hyper_parallel/models/causal_lm.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel_train/job_config.h"
-#include "hyper_parallel_train/parallel_dims.h"
-#include "hyper_parallel_train/parallelized_model.h"
-#include "hyper_parallel_train/train_spec.h"
+#include "hyper_parallel_train/config/job_config.h"
+#include "hyper_parallel_train/config/parallel_dims.h"
+#include "hyper_parallel_train/spec/parallelized_model.h"
+#include "hyper_parallel_train/spec/train_spec.h"
 
 namespace parallelized_model_test {
 

@@ -17,7 +17,7 @@
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
 #include "harness/train_steps.h"
-#include "hyper_parallel/communicator.h"
+#include "hyper_parallel/core/communicator.h"
 #include "io/whole_file.h"
 #include "train/checkpoint/checkpoint_io.h"
 #include "train/checkpoint/checkpoint_manifest.h"

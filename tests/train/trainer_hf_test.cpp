@@ -19,10 +19,10 @@
 #include "harness/hf_models.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "hyper_parallel/llama.h"
+#include "hyper_parallel/models/llama.h"
 #include "models/safetensors.h"
 #include "models/safetensors_writer.h"
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/config/job_config.h"
 #include "hyper_parallel_train/trainer.h"
 
 namespace trainer_hf_test {

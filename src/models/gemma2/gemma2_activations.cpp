@@ -1,7 +1,7 @@
 // What a Gemma 2 block keeps for backward: four RMSNorms (before and after attention and the
 // MLP), RoPE attention with its scores soft-capped (tanh keeps its output) and a float32
 // softmax, GeGLU.
-#include "hyper_parallel/gemma2.h"
+#include "hyper_parallel/models/gemma2.h"
 #include "models/decoder_activations.h"
 
 namespace hyper_parallel {

@@ -3,7 +3,7 @@
 
 #include <stdexcept>
 
-#include "hyper_parallel/gemma2.h"
+#include "hyper_parallel/models/gemma2.h"
 #include "models/hf_config_file.h"
 
 namespace hyper_parallel {

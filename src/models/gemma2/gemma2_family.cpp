@@ -2,8 +2,8 @@
 // of transformers' Gemma2ForCausalLM.
 #include <torch/nn/module.h>
 
-#include "hyper_parallel/gemma2.h"
-#include "hyper_parallel/model_registry.h"
+#include "hyper_parallel/models/gemma2.h"
+#include "hyper_parallel/models/model_registry.h"
 
 namespace hyper_parallel {
 

@@ -3,9 +3,9 @@
 #include <cmath>
 #include <limits>
 
-#include "hyper_parallel/gemma2.h"
-#include "hyper_parallel/llama.h"
-#include "hyper_parallel/parameters_on_meta.h"
+#include "hyper_parallel/models/gemma2.h"
+#include "hyper_parallel/models/llama.h"
+#include "hyper_parallel/nn/parameters_on_meta.h"
 #include "models/decoder_blocks.h"
 #include "models/module_input.h"
 

@@ -1,7 +1,7 @@
 // The Gemma 2 family's tensor-parallel plan: Llama's, whose sub-module names Gemma 2's
 // module shares, plus the norms Llama does not have.
-#include "hyper_parallel/gemma2.h"
-#include "hyper_parallel/llama.h"
+#include "hyper_parallel/models/gemma2.h"
+#include "hyper_parallel/models/llama.h"
 
 namespace hyper_parallel {
 

@@ -1,6 +1,6 @@
 // What a Llama (or Qwen3) block keeps for backward: two RMSNorms, RoPE attention, SwiGLU, and
 // with qk_norm each head's query and key norms.
-#include "hyper_parallel/llama.h"
+#include "hyper_parallel/models/llama.h"
 #include "models/decoder_activations.h"
 
 namespace hyper_parallel {

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "hyper_parallel/llama.h"
+#include "hyper_parallel/models/llama.h"
 #include "models/hf_config_file.h"
 
 namespace hyper_parallel {

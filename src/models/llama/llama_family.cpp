@@ -2,8 +2,8 @@
 // transformers' LlamaForCausalLM.
 #include <torch/nn/module.h>
 
-#include "hyper_parallel/llama.h"
-#include "hyper_parallel/model_registry.h"
+#include "hyper_parallel/models/llama.h"
+#include "hyper_parallel/models/model_registry.h"
 
 namespace hyper_parallel {
 

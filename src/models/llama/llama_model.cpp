@@ -1,4 +1,4 @@
-#include "hyper_parallel/llama.h"
+#include "hyper_parallel/models/llama.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/activation.h>
@@ -7,7 +7,7 @@
 #include <initializer_list>
 #include <optional>
 
-#include "hyper_parallel/parameters_on_meta.h"
+#include "hyper_parallel/nn/parameters_on_meta.h"
 #include "models/decoder_blocks.h"
 #include "models/module_input.h"
 

@@ -1,7 +1,7 @@
 // The Llama family's tensor-parallel plan (TorchTitan's) and its checks against the TP degree.
 #include <optional>
 
-#include "hyper_parallel/llama.h"
+#include "hyper_parallel/models/llama.h"
 
 namespace hyper_parallel {
 

@@ -3,7 +3,7 @@
 
 #include <stdexcept>
 
-#include "hyper_parallel/qwen3.h"
+#include "hyper_parallel/models/qwen3.h"
 #include "models/hf_config_file.h"
 
 namespace hyper_parallel {

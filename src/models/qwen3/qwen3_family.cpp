@@ -1,8 +1,8 @@
 // The Qwen3 family for the registry, and its adapter to transformers' Qwen3ForCausalLM.
 #include <torch/nn/module.h>
 
-#include "hyper_parallel/model_registry.h"
-#include "hyper_parallel/qwen3.h"
+#include "hyper_parallel/models/model_registry.h"
+#include "hyper_parallel/models/qwen3.h"
 
 namespace hyper_parallel {
 

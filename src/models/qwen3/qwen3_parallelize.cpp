@@ -1,5 +1,5 @@
 // The Qwen3 family's tensor-parallel plan: Llama's, plus the per-head q/k norms.
-#include "hyper_parallel/qwen3.h"
+#include "hyper_parallel/models/qwen3.h"
 
 namespace hyper_parallel {
 

@@ -5,8 +5,8 @@
 
 #include <stdexcept>
 
-#include "hyper_parallel/communicator.h"
-#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/core/communicator.h"
+#include "hyper_parallel/dtensor/dtensor.h"
 
 namespace hyper_parallel::train {
 namespace {

@@ -14,20 +14,20 @@
 #include <random>
 #include <unistd.h>
 
-#include "hyper_parallel/distributed.h"
-#include "hyper_parallel/dtensor.h"
-#include "hyper_parallel/model_registry.h"
+#include "hyper_parallel/core/distributed.h"
+#include "hyper_parallel/dtensor/dtensor.h"
+#include "hyper_parallel/models/model_registry.h"
 #include "compat/file_system.h"
-#include "hyper_parallel/run_then_agree.h"
+#include "hyper_parallel/core/run_then_agree.h"
 #include "train/checkpoint/checkpoint_io.h"
 #include "train/checkpoint/checkpoint_layout.h"
 #include "train/checkpoint/checkpoint_reshard.h"
 #include "train/data/data_identity.h"
 #include "train/checkpoint/fault_injection.h"
 #include "train/parallel/local_piece.h"
-#include "hyper_parallel_train/saved_model.h"
-#include "hyper_parallel_train/parallel_dims.h"
-#include "hyper_parallel_train/parallelized_model.h"
+#include "hyper_parallel_train/checkpoint/saved_model.h"
+#include "hyper_parallel_train/config/parallel_dims.h"
+#include "hyper_parallel_train/spec/parallelized_model.h"
 
 namespace hyper_parallel::train {
 

@@ -6,7 +6,7 @@
 // are not finite.
 //
 // Every method that touches files is collective over the job's world mesh: a failure on
-// one rank is an error on every rank (hyper_parallel/run_then_agree.h).
+// one rank is an error on every rank (hyper_parallel/core/run_then_agree.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,10 +19,10 @@
 #include <utility>
 #include <vector>
 
-#include "hyper_parallel/decoder_sizes.h"
-#include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/models/decoder_sizes.h"
+#include "hyper_parallel/core/device_mesh.h"
 #include "train/checkpoint/checkpoint_manifest.h"
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/config/job_config.h"
 
 namespace torch::optim {
 class Optimizer;

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "hyper_parallel_train/checkpoint_identity.h"
+#include "hyper_parallel_train/checkpoint/checkpoint_identity.h"
 #include "train/checkpoint/checkpoint_io.h"
 #include "train/checkpoint/checkpoint_layout.h"
 

@@ -1,4 +1,4 @@
-#include "hyper_parallel_train/saved_model.h"
+#include "hyper_parallel_train/checkpoint/saved_model.h"
 
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/module.h>
@@ -6,11 +6,11 @@
 #include <stdexcept>
 
 #include "compat/file_system.h"
-#include "hyper_parallel_train/parallel_dims.h"
+#include "hyper_parallel_train/config/parallel_dims.h"
 #include "train/checkpoint/checkpoint_io.h"
 #include "train/checkpoint/checkpoint_manifest.h"
 #include "train/checkpoint/checkpoint_reshard.h"
-#include "hyper_parallel_train/train_spec.h"
+#include "hyper_parallel_train/spec/train_spec.h"
 
 namespace hyper_parallel::train {
 

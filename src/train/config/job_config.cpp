@@ -2,11 +2,11 @@
 //
 // One table of field descriptors (fields() below) drives the first four, so a key is
 // declared exactly once; validate() holds the semantic rules that relate keys.
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/config/job_config.h"
 
 #include "compat/file_system.h"
-#include "hyper_parallel/activation_checkpoint.h"
-#include "hyper_parallel/model_registry.h"
+#include "hyper_parallel/nn/activation_checkpoint.h"
+#include "hyper_parallel/models/model_registry.h"
 
 #include <toml++/toml.h>
 

@@ -1,11 +1,11 @@
-#include "hyper_parallel_train/parallel_dims.h"
+#include "hyper_parallel_train/config/parallel_dims.h"
 
 #include <c10/util/Exception.h>
 
 #include <sstream>
 #include <stdexcept>
 
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/config/job_config.h"
 
 namespace hyper_parallel::train {
 

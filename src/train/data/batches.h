@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-#include "hyper_parallel_train/batch.h"
+#include "hyper_parallel_train/data/batch.h"
 
 namespace hyper_parallel::train {
 

@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/config/job_config.h"
 #include "train/data/batches.h"
 #include "train/data/corpus_identity.h"
 

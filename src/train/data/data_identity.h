@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "train/data/corpus_identity.h"
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/config/job_config.h"
 
 namespace hyper_parallel::train {
 

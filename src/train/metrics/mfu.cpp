@@ -1,6 +1,6 @@
 #include "train/metrics/mfu.h"
 
-#include "hyper_parallel/cpu_allocator.h"
+#include "hyper_parallel/core/cpu_allocator.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -4,7 +4,7 @@
 #include <torch/optim/adamw.h>
 
 #include "train/parallel/local_piece.h"
-#include "hyper_parallel_train/parallelized_model.h"
+#include "hyper_parallel_train/spec/parallelized_model.h"
 
 namespace hyper_parallel::train {
 

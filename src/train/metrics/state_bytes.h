@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "hyper_parallel_train/step_result.h"
+#include "hyper_parallel_train/metrics/step_result.h"
 
 namespace torch::optim {
 class AdamW;

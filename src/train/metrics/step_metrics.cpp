@@ -4,7 +4,7 @@
 
 #include <ATen/Parallel.h>
 
-#include "hyper_parallel/collective_stats.h"
+#include "hyper_parallel/core/collective_stats.h"
 #include "train/metrics/progress.h"
 
 namespace hyper_parallel::train {

@@ -11,7 +11,7 @@
 #include <optional>
 #include <string>
 
-#include "hyper_parallel_train/step_result.h"
+#include "hyper_parallel_train/metrics/step_result.h"
 
 namespace hyper_parallel::train {
 
@@ -26,7 +26,7 @@ class PhaseClock {
  private:
   StepResult& r_;
   std::chrono::steady_clock::time_point start_;
-  // This thread's collective tally at start_ (hyper_parallel/collective_stats.h).
+  // This thread's collective tally at start_ (hyper_parallel/core/collective_stats.h).
   int64_t collectives_ = 0;
   int64_t collective_bytes_ = 0;
   double collective_seconds_ = 0;

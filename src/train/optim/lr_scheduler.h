@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <string>
 
-#include "hyper_parallel_train/job_config.h"
+#include "hyper_parallel_train/config/job_config.h"
 
 namespace hyper_parallel::train {
 

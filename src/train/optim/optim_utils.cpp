@@ -7,7 +7,7 @@
 #include <cmath>
 #include <map>
 
-#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/dtensor/dtensor.h"
 
 namespace hyper_parallel::train {
 

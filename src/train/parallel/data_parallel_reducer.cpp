@@ -5,7 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include "compat/autograd_compat.h"
-#include "hyper_parallel/pending_collective.h"
+#include "hyper_parallel/core/pending_collective.h"
 #include "train/parallel/local_piece.h"
 
 namespace hyper_parallel::train {

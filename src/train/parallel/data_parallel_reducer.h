@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/core/device_mesh.h"
 
 namespace hyper_parallel::train {
 

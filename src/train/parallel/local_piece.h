@@ -5,7 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "hyper_parallel/dtensor.h"
+#include "hyper_parallel/dtensor/dtensor.h"
 
 namespace hyper_parallel::train {
 

@@ -6,8 +6,8 @@
 
 #include <optional>
 
-#include "hyper_parallel/communicator.h"
-#include "hyper_parallel/device_mesh.h"
+#include "hyper_parallel/core/communicator.h"
+#include "hyper_parallel/core/device_mesh.h"
 
 namespace hyper_parallel::train {
 

@@ -4,7 +4,7 @@
 // with its own Trainer: the first scope saves the process's config, the last restores it.
 #pragma once
 
-#include "hyper_parallel/parallelism_config.h"
+#include "hyper_parallel/loss/parallelism_config.h"
 
 namespace hyper_parallel::train {
 

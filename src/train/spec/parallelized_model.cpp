@@ -1,4 +1,4 @@
-#include "hyper_parallel_train/parallelized_model.h"
+#include "hyper_parallel_train/spec/parallelized_model.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -6,7 +6,7 @@
 #include <map>
 #include <sstream>
 
-#include "hyper_parallel/causal_lm.h"
+#include "hyper_parallel/models/causal_lm.h"
 #include "train/optim/master_weights.h"
 #include "train/parallel/data_parallel_reducer.h"
 

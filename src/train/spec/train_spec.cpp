@@ -1,6 +1,6 @@
 // Every family's TrainSpec, made from its registry entry (model_registry.h) and its module's
 // CausalLanguageModel interface.
-#include "hyper_parallel_train/train_spec.h"
+#include "hyper_parallel_train/spec/train_spec.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/loss.h>
@@ -12,11 +12,11 @@
 #include <stdexcept>
 
 #include "compat/file_system.h"
-#include "hyper_parallel/causal_lm.h"
-#include "hyper_parallel/dtensor.h"
-#include "hyper_parallel/fused_linear_loss.h"
-#include "hyper_parallel/model_registry.h"
-#include "hyper_parallel_train/parallelized_model.h"
+#include "hyper_parallel/models/causal_lm.h"
+#include "hyper_parallel/dtensor/dtensor.h"
+#include "hyper_parallel/loss/fused_linear_loss.h"
+#include "hyper_parallel/models/model_registry.h"
+#include "hyper_parallel_train/spec/parallelized_model.h"
 
 namespace hyper_parallel::train {
 namespace {

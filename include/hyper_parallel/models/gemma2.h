@@ -1,0 +1,184 @@
+// The Gemma 2 family (transformers' Gemma2ForCausalLM): embeddings scaled by sqrt(dim),
+// RMSNorms that scale by (1 + weight), a norm before and after both the attention and the
+// MLP, GeGLU MLP (tanh-approximated GELU), attention scaled by query_pre_attn_scalar^-1/2
+// with tanh soft-capped scores, sliding-window attention on the layers the config marks,
+// and a tied head whose logits the loss soft-caps. Read from a Gemma 2 config.json, with
+// its TP plan and checkpoint adapter (sources in src/models/gemma2/).
+//
+// RoPE rotates halves (i, i + head_dim / 2) as transformers does, so q/k rows keep the
+// checkpoint's order (no permutation at load or export). Parallelized sub-modules are
+// called through hp::parallel_forward, so the same code runs on one process and under
+// any TP degree; the sub-module names are Llama's where the parts are the same.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hyper_parallel/models/block_activations.h"
+#include "hyper_parallel/nn/block_hooks.h"
+#include "hyper_parallel/models/causal_lm.h"
+#include "hyper_parallel/core/device_mesh.h"
+#include "hyper_parallel/models/hf_checkpoint.h"
+#include "hyper_parallel/nn/parallel_style.h"
+#include "hyper_parallel/core/export.h"
+
+HP_PUBLIC_BEGIN
+
+namespace hyper_parallel {
+
+enum class Gemma2AttentionKind { full, sliding };
+
+// DecoderSizes (causal_lm.h) and what Gemma 2 adds to them. The defaults are transformers'
+// Gemma2Config's (gemma-2-2b's sizes), the sizes' included.
+struct Gemma2Args : DecoderSizes {
+  Gemma2Args();
+  // Attention scores are scaled by query_pre_attn_scalar^-1/2 (not head_dim^-1/2).
+  int64_t query_pre_attn_scalar = 256;
+  // Scores become cap * tanh(scores / cap) before the mask; 0: off (null in config.json).
+  double attn_logit_softcapping = 50.0;
+  // Logits become cap * tanh(logits / cap): applied by the loss (LossParallelOptions::
+  // logit_softcap, or soft_cap below), not by forward; 0: off.
+  double final_logit_softcapping = 30.0;
+  // A sliding layer's query at position q reads keys q - sliding_window < k <= q.
+  int64_t sliding_window = 4096;
+  // Per layer; empty: transformers' default, layers 0, 2, 4, ... sliding, the others full.
+  std::vector<Gemma2AttentionKind> layer_types;
+  // The embedding row whose lookups give it no gradient (nn.Embedding's padding_idx, set
+  // from pad_token_id as transformers does); nullopt: none.
+  std::optional<int64_t> pad_token_id = 0;
+
+  Gemma2AttentionKind attention_kind(int64_t layer) const;
+
+  // From a transformers Gemma2Config (config.json), with Gemma2Config's defaults for absent
+  // fields. What the model cannot represent (attention_bias, another hidden_activation, a
+  // rope type other than default, bidirectional attention, layer types other than
+  // full/sliding ...) is refused naming the field and its value.
+  static Gemma2Args from_hf_config_json(const std::string& json_text, const std::string& source = "config.json");
+  static Gemma2Args from_hf_config_file(const std::string& path);
+  // And back: a Gemma2Config that from_hf_config_json reads as these args, every field written.
+  std::string to_hf_config_json() const;
+};
+
+// x / rms(x) * (1 + weight), in float32 for reduced-precision inputs (cast back after the
+// scaling, as transformers does); float64 stays float64.
+class Gemma2RMSNormImpl : public torch::nn::Module {
+ public:
+  Gemma2RMSNormImpl(int64_t dim, double eps);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight;  // zeros: the identity
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(Gemma2RMSNorm);
+
+class Gemma2AttentionImpl : public torch::nn::Module {
+ public:
+  Gemma2AttentionImpl(const Gemma2Args& args, int64_t layer);
+  // x [batch, seq, dim]; cos/sin [max_seq_len, head_dim / 2].
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+
+ private:
+  int64_t head_dim_;
+  int64_t group_;  // query heads per key/value head
+  double scaling_, softcap_;
+  int64_t window_;  // 0: full causal attention
+};
+TORCH_MODULE(Gemma2Attention);
+
+// GeGLU: w2(gelu_tanh(w1(x)) * w3(x)) (transformers' gate_proj, down_proj, up_proj).
+class Gemma2FeedForwardImpl : public torch::nn::Module {
+ public:
+  explicit Gemma2FeedForwardImpl(const Gemma2Args& args);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
+};
+TORCH_MODULE(Gemma2FeedForward);
+
+// h = x + post_attention_norm(attention(attention_norm(x)));
+// out = h + post_ffn_norm(feed_forward(ffn_norm(h))).
+class Gemma2BlockImpl : public torch::nn::Module {
+ public:
+  Gemma2BlockImpl(const Gemma2Args& args, int64_t layer);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  Gemma2RMSNorm attention_norm{nullptr}, post_attention_norm{nullptr}, ffn_norm{nullptr}, post_ffn_norm{nullptr};
+  Gemma2Attention attention{nullptr};
+  Gemma2FeedForward feed_forward{nullptr};
+};
+TORCH_MODULE(Gemma2Block);
+
+class Gemma2Impl : public torch::nn::Module, public CausalLanguageModel {
+ public:
+  explicit Gemma2Impl(const Gemma2Args& args);
+  // tokens [batch, seq] -> the head's logits [batch, seq, vocab] BEFORE the final
+  // soft-capping (args().final_logit_softcapping; the loss applies it). A Shard(-1) DTensor
+  // under loss parallel, a plain tensor otherwise.
+  at::Tensor forward(const at::Tensor& tokens);
+  at::Tensor logits(const at::Tensor& tokens) override { return forward(tokens); }
+  // The final norm's output [batch, seq, dim]: what the head reads (a Shard(1) DTensor
+  // under sequence parallel).
+  at::Tensor hidden_states(const at::Tensor& tokens) override;
+  at::Tensor head_weight() const override { return output->weight; }
+  DecoderSizes sizes() const override;
+  // TorchTitan's dense count; the sliding-window layers at the full seq_len (gemma2_model.cpp).
+  int64_t flops_per_token(int64_t seq_len) const override;
+  double final_logit_softcap() const override { return args_.final_logit_softcapping; }
+  // Deterministic initialisation from a seed (the same on every rank, independent of the
+  // global RNG): linear and embedding weights normal with std 0.02 (the output projections
+  // wo and w2 by 0.02 / sqrt(2 n_layers)), clamped to +-0.06, as Llama's; norms zero (a
+  // scale of 1); the padding row zero, as transformers initialises it.
+  void init_weights(uint64_t seed) override;
+  const Gemma2Args& args() const { return args_; }
+  // Tied models: points output->weight at tok_embeddings->weight (the head registers no
+  // weight). The constructor and parallelize_gemma2 call it.
+  void tie_head();
+  // Called around the forward's blocks (block_hooks.h), e.g. by sharded data parallelism.
+  void set_block_hooks(std::shared_ptr<BlockHooks> hooks) override { block_hooks_ = std::move(hooks); }
+  void set_block_checkpointing(const BlockCheckpointing& policy) override { block_checkpointing_ = policy; }
+
+  torch::nn::Embedding tok_embeddings{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  Gemma2RMSNorm norm{nullptr};
+  torch::nn::Linear output{nullptr};
+
+ private:
+  Gemma2Args args_;
+  at::Tensor rope_cos_, rope_sin_;  // [max_seq_len, head_dim / 2], float32 as transformers computes them
+  std::shared_ptr<BlockHooks> block_hooks_;
+  BlockCheckpointing block_checkpointing_;
+};
+TORCH_MODULE(Gemma2);
+
+// Llama's TP plan (the sub-modules it names are the same here), plus, under sequence
+// parallel, the post-attention and post-MLP norms as SequenceParallel: embeddings
+// vocabulary-parallel, q/k/v and w1/w3 Colwise, wo and w2 Rowwise, the head Colwise with
+// Shard(-1) DTensor logits under loss parallel, replicated local ones otherwise.
+ParallelizePlan gemma2_tp_plan(bool loss_parallel, bool sequence_parallel = false);
+// Checks that heads, key/value heads, dim and the MLP's hidden size split over the TP
+// degree (errors name both numbers) and applies the plan; src_data_rank as in parallelize_module.
+void parallelize_gemma2(Gemma2& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel = false,
+                        std::optional<int64_t> src_data_rank = 0);
+
+// Our parameter names against transformers' Gemma2ForCausalLM; no row is permuted. A tied
+// model has no output.weight and the file no lm_head.weight.
+HfAdapter gemma2_hf_adapter(const Gemma2Args& args);
+// What one block keeps for backward (ModelFamily::block_activation_bytes).
+int64_t gemma2_block_activation_bytes(const Gemma2Args& args, const BlockActivationShape& shape);
+
+struct ModelFamily;
+// The registry's entry (model_registry.h), "gemma2".
+ModelFamily gemma2_family();
+// A registry module as the Gemma2 it is; throws otherwise.
+Gemma2 as_gemma2(const torch::nn::Module& module);
+
+}  // namespace hyper_parallel
+
+HP_PUBLIC_END

@@ -1,0 +1,43 @@
+// The Qwen3 family (transformers' Qwen3ForCausalLM, dense): Llama's decoder with a per-head
+// RMSNorm of queries and keys before RoPE (weights [head_dim], LlamaArgs::qk_norm), read
+// from a Qwen3 config.json, with its TP plan and checkpoint adapter (src/models/qwen3/).
+// The module is Llama's: Qwen3 adds the two norms and nothing else the model honours.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "hyper_parallel/models/llama.h"
+#include "hyper_parallel/core/export.h"
+
+HP_PUBLIC_BEGIN
+
+namespace hyper_parallel {
+
+// From a transformers Qwen3Config: the fields Llama's reader takes (with Qwen3Config's
+// defaults where they differ: head_dim 128, max_position_embeddings 32768) and qk_norm.
+// Refused, naming the field and its value: use_sliding_window true, layer_types other
+// than full_attention, attention_bias true, a rope type other than default/llama3, and
+// what Llama's reader refuses.
+LlamaArgs qwen3_args_from_hf_config_json(const std::string& json_text, const std::string& source = "config.json");
+LlamaArgs qwen3_args_from_hf_config_file(const std::string& path);
+// And back: a transformers Qwen3Config (Llama's fields, model_type qwen3, no sliding
+// window) that qwen3_args_from_hf_config_json reads as these args.
+std::string qwen3_hf_config_json(const LlamaArgs& args);
+
+// Llama's TP plan plus the q/k norms: their [head_dim] weights are replicated and applied
+// to each rank's own heads; the weights' gradients are summed over TP ranks.
+ParallelizePlan qwen3_tp_plan(bool loss_parallel, bool sequence_parallel = false);
+void parallelize_qwen3(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel = false,
+                       std::optional<int64_t> src_data_rank = 0);
+
+// Llama's names plus self_attn.q_norm/k_norm, whose weights are permuted within the head
+// like the q/k rows (the norm scales each element of a head; ours are in RoPE pair order).
+HfAdapter qwen3_hf_adapter(const LlamaArgs& args);
+
+struct ModelFamily;
+ModelFamily qwen3_family();
+
+}  // namespace hyper_parallel
+
+HP_PUBLIC_END
