@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "compat/intra_op_parallel.h"
+#include "loss/kernel/kernel_runtime.h"
 
 namespace hyper_parallel::ce_kernel {
 
@@ -82,7 +82,7 @@ std::atomic<RowTaskObserver> the_row_task_observer{nullptr};
 
 void set_row_task_observer(RowTaskObserver observer) { the_row_task_observer.store(observer); }
 RowTaskObserver row_task_observer() { return the_row_task_observer.load(std::memory_order_relaxed); }
-const char* serial_rows_reason() { return compat::intra_op_serial_reason(); }
+const char* serial_rows_reason() { return runtime::serial_reason(); }
 
 const char* capability_name() {
   switch (chosen()) {

@@ -25,6 +25,12 @@ enum Stat : int64_t {
   kStats = 5,
 };
 
+// The entropy's terms exp(d) * (...d...) for d = y - max <= 0 take d clamped to this: below it
+// exp(d) is exactly 0 in float and double, so the product is 0 where an unclamped -inf (a
+// masked logit) would make it NaN, and a finite factor times -1000 cannot overflow. (The
+// kernels and the raw combine, cross_entropy_combine.h.)
+constexpr double kZeroProbabilityDifference = -1000;
+
 struct ForwardArgs {
   c10::ScalarType dtype;  // of x
   const void* x;          // [rows, cols] with row stride ldx, unit class stride
@@ -77,14 +83,15 @@ void backward(const BackwardArgs& args);
 // Which variant runs here ("DEFAULT", "AVX2", "AVX512", "AVX512_BF16"): benchmarks print it.
 const char* capability_name();
 
-// forward_stats and backward run their rows in tasks on LibTorch's intra-op threads
-// (at::get_num_threads()). For the tests: an observer called at the start of every task, on
+// forward_stats and backward run their rows in tasks on the library's threads (kernel_runtime.h:
+// LibTorch's intra-op threads, at::get_num_threads(), in libhyper_parallel; OpenMP's in the
+// framework-free libhyper_parallel_kernels). For the tests: an observer called at the start of every task, on
 // the thread that runs it, with its rows [r0, r1); null (the default) calls none.
 using RowTaskObserver = void (*)(int64_t r0, int64_t r1);
 void set_row_task_observer(RowTaskObserver observer);
 RowTaskObserver row_task_observer();
 // Why this build's kernels run every row on the calling thread, or null where they use
-// LibTorch's threads (src/compat/intra_op_parallel.h).
+// the library's threads (kernel_runtime.h).
 const char* serial_rows_reason();
 
 // The per-capability entry points (cross_entropy_cpu_kernel_impl.h instantiates them).

@@ -15,7 +15,6 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
-#include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
 #include <algorithm>
@@ -25,8 +24,8 @@
 #include <limits>
 #include <mutex>
 
-#include "compat/intra_op_parallel.h"
 #include "loss/kernel/cross_entropy_cpu_kernel.h"
+#include "loss/kernel/kernel_runtime.h"
 #include "loss/kernel/logits_dtype_dispatch.h"
 #include "loss/kernel/running_logsumexp.h"
 
@@ -348,20 +347,21 @@ inline acc_t softcapped(acc_t x, acc_t cap) {
   return cap > 0 ? cap * std::tanh(x / cap) : x;
 }
 
-// Rows per at::parallel_for task: at least 64 K logits, twice ATen's own grain
+// Rows per runtime::parallel_for task: at least 64 K logits, twice ATen's own grain
 // (at::internal::GRAIN_SIZE), so that a task amortises waking another thread; a call below one
 // task (8 x 4000 is 32 K logits) runs on the calling thread and starts no parallel region.
 inline int64_t grain_rows(int64_t cols) {
   return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, cols));
 }
 
-// Rows [0, rows) in tasks on LibTorch's intra-op threads (at::get_num_threads()), each a
+// Rows [0, rows) in tasks on the library's threads (kernel_runtime.h: LibTorch's intra-op
+// threads, at::get_num_threads(), or OpenMP's in the framework-free library), each a
 // contiguous range of at least grain_rows(cols) rows; fn(r0, r1) does one. A call made inside
 // another parallel region runs on its thread (ATen's rule: no nested teams).
 // row_task_observer() lets the tests see which threads run which rows.
 template <typename Fn>
 void parallel_rows(int64_t rows, int64_t cols, const Fn& fn) {
-  at::parallel_for(0, rows, grain_rows(cols), [&](int64_t r0, int64_t r1) {
+  runtime::parallel_for(0, rows, grain_rows(cols), [&](int64_t r0, int64_t r1) {
     if (const RowTaskObserver observe = row_task_observer()) observe(r0, r1);
     fn(r0, r1);
   });
@@ -378,11 +378,6 @@ constexpr int64_t kPrefetchLead = 2048;
 // stands for (the same Xeon, 4096 x 16000, one thread, medians of alternating runs: forward
 // bf16 19.0 -> 17.2 ms, fp16 20.3 -> 17.7, float 31.2 -> 29.7; 16 KiB: bf16 17.4 -> 18.1).
 constexpr int64_t kForwardPrefetchLead = 8192;
-
-// The entropy's terms exp(d) * (...d...) for d = y - max <= 0 take d clamped to this: below it
-// exp(d) is exactly 0 in float and double, so the product is 0 where an unclamped -inf (a
-// masked logit) would make it NaN, and a finite factor times -1000 cannot overflow.
-constexpr double kZeroProbabilityDifference = -1000;
 
 template <typename scalar_t>
 void forward_rows(const ForwardArgs& args, int64_t r0, int64_t r1) {
@@ -749,7 +744,7 @@ double exp_throughput_probe(float* buf, int64_t n, int reps) {
   using Vec = Vectorized<float>;
   double total = 0;
   std::mutex mu;
-  at::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
+  runtime::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
     Vec acc(0);
     const Vec one(1);
     float tail = 0;
@@ -770,7 +765,7 @@ double read_probe(const float* buf, int64_t n) {
   constexpr int64_t VS = Vec::size();
   double total = 0;
   std::mutex mu;
-  at::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
+  runtime::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
     Vec a0(0), a1(0), a2(0), a3(0);  // four chains, so the adds keep up with the loads
     int64_t i = i0;
     for (; i + 4 * VS <= i1; i += 4 * VS) {

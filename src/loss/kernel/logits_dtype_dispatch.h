@@ -4,10 +4,13 @@
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/BFloat16.h>
-#include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
+#include "loss/kernel/kernel_runtime.h"
+
 namespace hyper_parallel::fused_ce {
+
+namespace runtime = ce_kernel::runtime;
 
 template <typename Fn>
 void dispatch_logits_dtype(c10::ScalarType t, Fn&& fn) {
@@ -21,7 +24,7 @@ void dispatch_logits_dtype(c10::ScalarType t, Fn&& fn) {
     case c10::ScalarType::Half:
       return fn(c10::Half{});
     default:
-      TORCH_CHECK(false, "fused cross-entropy: unsupported logits dtype ", t);
+      runtime::fail("fused cross-entropy: unsupported logits dtype ", t);
   }
 }
 
