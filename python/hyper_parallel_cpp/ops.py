@@ -25,22 +25,14 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
+from . import torch_dtensor_layout as layout
 from ._extension import _C
-
-_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
-_EMPTY = torch.empty(0)  # "none" for the kernels' optional tensors
+from .loss_arguments import reduction_code, rows_of
+from .loss_parallel_state import LossParallelOptions, active_options
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-def _rows(t: Tensor, class_dim: int) -> int:
-    n = 1
-    for i, s in enumerate(t.shape):
-        if i != class_dim % t.dim():
-            n *= s
-    return n
 
 
 # --- the ops: registered in C++ (python/csrc/library_ops.cpp), with their fake kernels here ---
@@ -81,7 +73,7 @@ def _(logits, target, weight, group_name, vocab_size, class_dim, ignore_index, r
       label_smoothing, z_loss_weight, logit_softcap):
     _check_devices("vocab_parallel_cross_entropy", logits, target=target, class_weight=weight)
     ct = _compute_dtype(logits.dtype)
-    rows = _rows(logits, class_dim)
+    rows = rows_of(logits.shape, class_dim)
     shape = [s for i, s in enumerate(logits.shape) if i != class_dim % logits.dim()]
     loss = logits.new_empty(shape if reduction == 0 else [])
     stat = logits.new_empty([rows], dtype=ct)
@@ -187,13 +179,6 @@ def group_name_of(group: GroupLike) -> str:
         raise ValueError(f"this rank ({rank}) is not a member of the process group it was given ({group!r}): "
                          "expected a process group this rank belongs to, its name, or None (the default group)")
     return group.group_name
-
-
-def reduction_code(reduction: str, op: str) -> int:
-    try:
-        return _REDUCTIONS[reduction]
-    except (KeyError, TypeError):
-        raise ValueError(f"{op}: reduction must be one of 'none', 'mean', 'sum', got {reduction!r}") from None
 
 
 def vocab_parallel_cross_entropy(
@@ -335,12 +320,25 @@ def vocab_parallel_logprobs(
     if logits.dim() < 1:
         raise ValueError("vocab_parallel_logprobs: expected logits with a class dim, got a 0-dim tensor")
     if isinstance(logits, DTensor):
-        from .loss_parallel import logprobs_of_dtensor  # the layout rules (that module imports this one)
-        return logprobs_of_dtensor(logits, target, temperature, bool(return_entropy), int(ignore_index))
+        return _logprobs_of_dtensor(logits, target, temperature, bool(return_entropy), int(ignore_index))
     lp, entropy, _, _, _, _ = _logprobs(logits, target, group_name_of(group),
                                         -1 if vocab_size is None else int(vocab_size), logits.dim() - 1,
                                         temperature, bool(return_entropy), int(ignore_index))
     return (lp, entropy) if return_entropy else lp
+
+
+def _logprobs_of_dtensor(logits: DTensor, target, temperature: float, return_entropy: bool, ignore_index: int):
+    """vocab_parallel_logprobs on PyTorch DTensor logits sharded along their last dim (loss_parallel()'s
+    layout rules, in or outside it): per-token DTensors laid out as the target (the logits' rows), the
+    gradient back to the logits' shards through to_local()."""
+    op = "vocab_parallel_logprobs"
+    options = active_options() or LossParallelOptions()
+    cs = layout.resolve(logits, logits.ndim - 1, op, options)
+    local_target = layout.laid_out_local(target, cs.row_placements(), "target", op, cs, options)
+    outs = _logprobs(cs.logits.to_local(), local_target, cs.group_name, cs.vocab_size, cs.class_dim, temperature,
+                     return_entropy, ignore_index)
+    lp = layout.loss_result(outs[0], cs, "none")
+    return (lp, layout.loss_result(outs[1], cs, "none")) if return_entropy else lp
 
 
 def fused_linear_logprobs(

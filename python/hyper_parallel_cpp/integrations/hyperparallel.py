@@ -31,15 +31,18 @@ from typing import Any, List, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from .. import ops
+from .. import class_layout, ops
 from .._extension import _C
+from ..class_layout import REPLICATE, Placement, shard
 from ..config import parallelism_config
-from ..errors import LossParallelLayoutError, LossParallelUnsupportedError
-
-# The module, not the function the package exports under the same name.
-lp = importlib.import_module("..loss_parallel", __package__)
+from ..eager_kernels import LogSoftmax, NllLoss
+from ..errors import LossParallelLayoutError, LossParallelUnsupportedError, warn_once
+from ..loss_arguments import (CROSS_ENTROPY, NLL_LOSS, check_probability_shape, log_softmax_args, reduction_code,
+                              reduction_of, refuse_other_mesh, refuse_unless_replicated,
+                              reject_cross_entropy_only_options)
+from ..loss_parallel import register_foreign_dtensor
+from ..loss_parallel_state import LossParallelOptions, active_options
 
 # The bare names HyperParallel's dispatcher keys F.cross_entropy (and nn.CrossEntropyLoss, which
 # calls it), F.nll_loss and every log_softmax spelling by.
@@ -47,9 +50,6 @@ ROUTED_NAMES = ("cross_entropy", "nll_loss", "log_softmax")
 
 _lock = threading.Lock()
 _installed = False
-
-_CROSS_ENTROPY = inspect.signature(F.cross_entropy)
-_NLL_LOSS = inspect.signature(F.nll_loss)
 
 # HyperParallel picks its framework once, when hyper_parallel is first imported
 # (hyper_parallel/platform/platform.py): this variable if it names one, else MindSpore whenever
@@ -98,7 +98,7 @@ def install() -> None:
             hp.dispatcher.layout_infer_ops[name] = {"distributed_op_class": route_class.__name__,
                                                     "distributed_op_module": __name__}
             hp.layout_cache.pop(name, None)
-        lp.register_foreign_dtensor(hp.DTensor, hp.DeviceMesh)
+        register_foreign_dtensor(hp.DTensor, hp.DeviceMesh)
         _installed = True
 
 
@@ -206,52 +206,44 @@ def _describe(layout) -> str:
            f"{tuple(layout.mesh.mesh_dim_names or ())}"
 
 
-def _expected(class_dim: int) -> str:
-    return (f"a HyperParallel DTensor sharded along its class dim {class_dim} by one mesh axis "
-            f"(placements [Shard({class_dim})] on the tensor-parallel mesh)")
+# The route's capabilities: it cannot re-lay out the logits (HyperParallel's even pieces only, and
+# no redistribute of ours), and its loss is replicated, so rows sharded along another axis are refused.
+ROUTE = class_layout.Route("a HyperParallel DTensor", relayout=False, rows_sharded=False)
+
+
+def _neutral(p, ndim: int) -> Placement:
+    if p.is_shard():
+        return shard(p.dim % ndim)
+    if p.is_replicate():
+        return REPLICATE
+    return Placement("partial" if p.is_partial() else "other")
+
+
+def _view(layout, ndim: int) -> class_layout.LayoutView:
+    mesh = layout.mesh
+
+    def on_mesh(option_mesh, axis: int) -> bool:  # the mesh itself, or the 1-D mesh of the class axis' ranks
+        return option_mesh is mesh or (option_mesh.ndim == 1 and list(option_mesh.rank_list) == _axis_ranks(mesh, axis))
+
+    return class_layout.LayoutView(tuple(_neutral(p, ndim) for p in layout.placements), ndim, _describe(layout),
+                                   on_mesh)
 
 
 def _class_axes(layout, class_dim: int, ndim: int) -> List[int]:
-    return [i for i, p in enumerate(layout.placements) if p.is_shard() and p.dim % ndim == class_dim]
+    return class_layout.mesh_dims_sharding(_view(layout, ndim).placements, class_dim)
 
 
 def _all_replicated(layout) -> bool:
     return all(p.is_replicate() for p in layout.placements)
 
 
-def _class_axis(layout, class_dim: int, ndim: int, op: str, options: lp.LossParallelOptions) -> _ClassAxis:
-    """The class axis of logits inside the context, or the named error for a layout it cannot take
-    (raised alike on every rank: it depends on the layout only)."""
-    if layout is None:
-        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the input to be {_expected(class_dim)}, "
-                                      f"got a plain tensor")
-    if any(p.is_partial() for p in layout.placements):
-        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the input to be {_expected(class_dim)}, "
-                                      f"got {_describe(layout)} (reduce the Partial first)")
-    axes = _class_axes(layout, class_dim, ndim)
-    if not axes:
-        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the input to be {_expected(class_dim)}, "
-                                      f"got {_describe(layout)}: the class dim {class_dim} is not sharded")
-    if len(axes) > 1:
-        raise LossParallelUnsupportedError(f"{op} under loss_parallel: the class dim is sharded by {len(axes)} mesh "
-                                           f"axes ({_describe(layout)}); expected exactly one")
-    axis = axes[0]
+def _class_axis(layout, class_dim: int, ndim: int, op: str, options: LossParallelOptions) -> _ClassAxis:
+    """The class axis of logits inside the context (the one resolution, class_layout.resolve), or
+    the named error for a layout it cannot take (raised alike on every rank: it depends on the
+    layout only)."""
+    view = None if layout is None else _view(layout, ndim)
+    axis = class_layout.resolve(view, class_dim, op, ROUTE, options.effective_strict, options.mesh).mesh_dim
     mesh = layout.mesh
-    if mesh.ndim > 1:
-        if options.effective_strict():
-            raise LossParallelLayoutError(f"{op} under loss_parallel (strict): expected {_expected(class_dim)}, got "
-                                          f"{_describe(layout)}. Use the 1-D tensor-parallel sub-mesh or strict=False")
-        others = [p for i, p in enumerate(layout.placements) if i != axis and not p.is_replicate()]
-        if others:
-            raise LossParallelLayoutError(
-                f"{op} under loss_parallel (strict=False): expected every mesh axis but the class axis to be "
-                f"Replicate, got {_describe(layout)}; put the logits on the tensor-parallel sub-mesh "
-                f"(DTensor.from_local(local, mesh['tp'], [Shard({class_dim})]))")
-    if options.mesh is not None and options.mesh is not mesh:
-        axis_ranks = _axis_ranks(mesh, axis)
-        if not (options.mesh.ndim == 1 and list(options.mesh.rank_list) == axis_ranks):
-            raise LossParallelLayoutError(f"{op} under loss_parallel(mesh={options.mesh}): expected the input on "
-                                          f"that mesh, got {_describe(layout)}")
     # Decided from the rank list every rank holds alike, before any collective: a check of this
     # rank's own line only would let the ranks of an ordered line enter the kernel's all-gather
     # while the others raise (rank_list (2, 1, 0): rank 1 sits at its own group rank).
@@ -289,15 +281,14 @@ def _same_mesh(a, b) -> bool:
                       and tuple(a.mesh_dim_names or ()) == tuple(b.mesh_dim_names or ()))
 
 
+def _mesh_words(mesh) -> str:
+    return f"{tuple(mesh.mesh_shape)} {tuple(mesh.mesh_dim_names or ())} (ranks {tuple(mesh.rank_list)})"
+
+
 def _on_logits_mesh(layout, x, what: str, op: str) -> None:
-    """A DTensor argument must live on the logits' mesh, as on the PyTorch route: Replicate on
-    another mesh (mesh["dp"] beside dp x tp logits) promises nothing along the class axis."""
-    if layout is not None and not _same_mesh(layout.mesh, x.mesh):
-        raise LossParallelLayoutError(
-            f"{op} under loss_parallel: expected the {what} on the logits' mesh {tuple(x.mesh.mesh_shape)} "
-            f"{tuple(x.mesh.mesh_dim_names or ())} (ranks {tuple(x.mesh.rank_list)}) or a plain tensor, got one on "
-            f"the mesh {tuple(layout.mesh.mesh_shape)} {tuple(layout.mesh.mesh_dim_names or ())} "
-            f"(ranks {tuple(layout.mesh.rank_list)})")
+    if layout is not None:
+        refuse_other_mesh(_same_mesh(layout.mesh, x.mesh), what, op, _mesh_words(x.mesh),
+                          "the mesh " + _mesh_words(layout.mesh))
 
 
 def _coordinate(mesh, axis: int) -> int:
@@ -324,9 +315,8 @@ def _named_layouts(signature: inspect.Signature, layouts, args, kwargs) -> dict:
 
 def _replicated_value(value, layout, x, what: str, op: str):
     _on_logits_mesh(layout, x, what, op)
-    if layout is not None and not _all_replicated(layout):
-        raise LossParallelLayoutError(f"{op} under loss_parallel: expected the {what} to be replicated (a plain "
-                                      f"tensor or a DTensor with [Replicate()]), got {_describe(layout)}")
+    if layout is not None:
+        refuse_unless_replicated(_all_replicated(layout), what, op, _describe(layout))
     return value
 
 
@@ -373,7 +363,7 @@ def _outside_context(func, layouts, args, kwargs, op: str, x, class_dim: int, nd
         raise LossParallelLayoutError(f"{op} on HyperParallel DTensor input: expected no Partial placement, got "
                                       f"{_describe(x)} (reduce it first)")
     axes = _class_axes(x, class_dim, ndim)
-    if axes and lp.active_options() is None:
+    if axes and active_options() is None:
         # First the record the ranks inside the context send first (one small all-gather, on this
         # refusal or fallback path only): a context entered on some ranks only is then the same
         # named error on every rank, not an error here and a wait in the all-gather there.
@@ -381,7 +371,7 @@ def _outside_context(func, layouts, args, kwargs, op: str, x, class_dim: int, nd
         _C.agree_outside_loss_parallel("vocab_parallel_" + op, x.mesh.get_group(axes[0]).group_name, like)
         config = parallelism_config()
         if config.loss_parallel_fallback_on_layout_error:
-            lp._warn_once("hyperparallel-gather:" + op,
+            warn_once("hyperparallel-gather:" + op,
                           f"{op} on class-sharded HyperParallel DTensor logits outside loss_parallel: all-gathering "
                           f"the classes (loss_parallel_fallback_on_layout_error is set)")
             return _gathered(func, layouts, args, kwargs, x, class_dim, ndim)
@@ -390,8 +380,8 @@ def _outside_context(func, layouts, args, kwargs, op: str, x, class_dim: int, nd
             f"loss_parallel: each rank holds only its piece of the classes. Call it inside `with "
             f"hyper_parallel_cpp.loss_parallel():` (integrations.hyperparallel installed)")
     raise LossParallelLayoutError(f"{op} on HyperParallel DTensor input laid out as {_describe(x)}: no exact rule "
-                                  f"for this layout; expected {_expected(class_dim)} inside loss_parallel, or "
-                                  f"every input replicated")
+                                  f"for this layout; expected {class_layout.expected_layout(ROUTE, class_dim)} inside "
+                                  f"loss_parallel, or every input replicated")
 
 
 class _GatherClasses(torch.autograd.Function):
@@ -416,7 +406,7 @@ def _group(axis: _ClassAxis):
 
 
 def _gathered(func, layouts, args, kwargs, x, class_dim: int, ndim: int):
-    axis = _class_axis(x, class_dim, ndim, getattr(func, "__name__", "loss"), lp.LossParallelOptions(strict=False))
+    axis = _class_axis(x, class_dim, ndim, getattr(func, "__name__", "loss"), LossParallelOptions(strict=False))
 
     def whole(value, layout):
         if layout is x or (layout is not None and list(layout.placements) == list(x.placements)):
@@ -437,7 +427,7 @@ class _LossCall:
     layouts: dict
     class_dim: int
     axis: _ClassAxis
-    options: lp.LossParallelOptions
+    options: LossParallelOptions
 
 
 def _loss_call(op: str, signature: inspect.Signature, func, layouts, args, kwargs):
@@ -447,7 +437,7 @@ def _loss_call(op: str, signature: inspect.Signature, func, layouts, args, kwarg
     a = signature.bind(*args, **kwargs).arguments
     ndim = a["input"].dim()
     class_dim = 1 if ndim >= 2 else 0  # where F.cross_entropy / F.nll_loss read the classes
-    options = lp.active_options()
+    options = active_options()
     x = named.get("input")
     if options is None or x is None or not _class_axes(x, class_dim, ndim):
         if options is not None and options.effective_strict():
@@ -458,7 +448,7 @@ def _loss_call(op: str, signature: inspect.Signature, func, layouts, args, kwarg
 
 def _cross_entropy(func, layouts, args, kwargs):
     op = "cross_entropy"
-    call = _loss_call(op, _CROSS_ENTROPY, func, layouts, args, kwargs)
+    call = _loss_call(op, CROSS_ENTROPY, func, layouts, args, kwargs)
     if not isinstance(call, _LossCall):
         return call
     a, named, class_dim, axis, options = call.arguments, call.layouts, call.class_dim, call.axis, call.options
@@ -467,7 +457,7 @@ def _cross_entropy(func, layouts, args, kwargs):
     if options.gradient_in_forward:
         raise LossParallelUnsupportedError("cross_entropy under loss_parallel(gradient_in_forward=True) on "
                                            "HyperParallel's DTensor: not available on this route; leave it off")
-    reduction = lp._legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
+    reduction = reduction_of(a)
     if target.is_floating_point():
         target = _probability_target_local(target, named.get("target"), x, logits, class_dim, axis, op)
     else:
@@ -476,7 +466,7 @@ def _cross_entropy(func, layouts, args, kwargs):
         weight = _replicated_value(weight, named.get("weight"), x, "class weight", op)
     loss, *_ = ops._cross_entropy(
         logits, target, weight, axis.group_name, logits.shape[class_dim] * axis.size, class_dim,
-        int(a.get("ignore_index", -100)), ops.reduction_code(reduction, op), float(a.get("label_smoothing", 0.0)),
+        int(a.get("ignore_index", -100)), reduction_code(reduction, op), float(a.get("label_smoothing", 0.0)),
         options.z_loss_weight, options.logit_softcap)
     return loss
 
@@ -491,14 +481,13 @@ def _probability_target_local(target, layout, x, logits, class_dim: int, axis: _
     local = logits.shape[class_dim]
     whole = list(logits.shape)
     whole[class_dim] = local * axis.size
-    if list(target.shape) != whole:
-        raise ValueError(f"{op}: probability targets must have the logits' shape {whole}, got {list(target.shape)}")
+    check_probability_shape(target.shape, whole, op)
     return target.narrow(class_dim, axis.rank * local, local)
 
 
 def _nll_loss(func, layouts, args, kwargs):
     op = "nll_loss"
-    call = _loss_call(op, _NLL_LOSS, func, layouts, args, kwargs)
+    call = _loss_call(op, NLL_LOSS, func, layouts, args, kwargs)
     if not isinstance(call, _LossCall):
         return call
     a, named, class_dim, axis, options = call.arguments, call.layouts, call.class_dim, call.axis, call.options
@@ -507,20 +496,20 @@ def _nll_loss(func, layouts, args, kwargs):
     target = _replicated_value(target, named.get("target"), named["input"], "target", op)
     if weight is not None:
         weight = _replicated_value(weight, named.get("weight"), named["input"], "class weight", op)
-    reduction = lp._legacy_reduction(a.get("size_average"), a.get("reduce"), a.get("reduction", "mean"))
-    code, ignore_index = ops.reduction_code(reduction, op), int(a.get("ignore_index", -100))
+    reduction = reduction_of(a)
+    code, ignore_index = reduction_code(reduction, op), int(a.get("ignore_index", -100))
     vocab_size = logp.shape[class_dim] * axis.size
     # The context's z-loss / soft-cap ride in the call's record, which refuses them on every rank
     # alike (as on the PyTorch route).
-    out = lp._NllLoss.apply(logp, target, weight, class_dim, code, ignore_index, axis.group_name, vocab_size,
-                            options.z_loss_weight, options.logit_softcap)
-    lp._reject_cross_entropy_only_options(options, op)  # reached with them only where the C++ guard is off
+    out, _ = NllLoss.apply(logp, target, weight, class_dim, code, ignore_index, axis.group_name, vocab_size,
+                           options.z_loss_weight, options.logit_softcap)
+    reject_cross_entropy_only_options(options, op)  # reached with them only where the C++ guard is off
     return out
 
 
 def _log_softmax(func, layouts, args, kwargs):
     op = "log_softmax"
-    local, dim, dtype = lp._log_softmax_args(func, args, kwargs)
+    local, dim, dtype = log_softmax_args(func, args, kwargs)
     x = layouts[0] if layouts else None
     if x is None or dim is None or not isinstance(dim, int):
         raise LossParallelLayoutError(f"{op} on HyperParallel DTensors: expected the input as a DTensor and an "
@@ -532,15 +521,15 @@ def _log_softmax(func, layouts, args, kwargs):
                                       f"{_describe(x)} (reduce it first)")
     if not _class_axes(x, dim, ndim):
         return func(*args, **kwargs)  # no mesh axis splits `dim`: each rank's rows are whole
-    options = lp.active_options()
+    options = active_options()
     if options is None:
         return _outside_context(func, layouts, args, kwargs, op, x, dim, ndim)
     axis = _class_axis(x, dim, ndim, op, options)
     if dtype is not None:
         local = local.to(dtype)
     vocab_size = local.shape[dim] * axis.size
-    out = lp._LogSoftmax.apply(local, dim, axis.group_name, vocab_size, options.z_loss_weight, options.logit_softcap)
-    lp._reject_cross_entropy_only_options(options, op)  # reached with them only where the C++ guard is off
+    out = LogSoftmax.apply(local, dim, axis.group_name, vocab_size, options.z_loss_weight, options.logit_softcap)
+    reject_cross_entropy_only_options(options, op)  # reached with them only where the C++ guard is off
     return out
 
 
