@@ -175,24 +175,21 @@ def _cross_entropy(options: LossParallelOptions, args, kwargs):
         return NotImplemented
     cs = layout.resolve_or_fallback(logits, class_dim, op, options)
     if cs is None:
-        return layout.gathered(F.cross_entropy, logits.device_mesh, args, kwargs)
-    reduction = reduction_of(a)
-    layout.check_mean(cs, reduction, op, options)
+        return _gathered(F.cross_entropy, logits, op, options, args, kwargs)
+    reduction, global_mean, code = _reduction(cs, a, op, options)
     if target.is_floating_point():
         target_local = layout.probability_target_local(target, cs, op, options)
     else:
         target_local = layout.laid_out_local(target, cs.row_placements(), "target", op, cs, options)
     weight_local = None if weight is None else layout.replicated_local(weight, "class weight", op, cs.mesh)
     ignore_index = int(a.get("ignore_index", -100))
-    global_mean = reduction == "mean" and bool(cs.batch_mesh_dims())
     if global_mean and options.z_loss_weight != 0:
         raise LossParallelUnsupportedError(
             f"{op} under loss_parallel(z_loss_weight={options.z_loss_weight}): reduction='mean' on a mesh whose "
             f"other dims shard the rows ({layout.describe(cs.logits)}) divides the z-loss by another count than the "
             f"cross-entropy; use reduction='sum' and divide yourself")
-    kernel_reduction = "sum" if global_mean else reduction
-    args = (cs.group_name, cs.vocab_size, class_dim, ignore_index, reduction_code(kernel_reduction, op),
-            float(a.get("label_smoothing", 0.0)), options.z_loss_weight, options.logit_softcap)
+    args = (cs.group_name, cs.vocab_size, class_dim, ignore_index, code, float(a.get("label_smoothing", 0.0)),
+            options.z_loss_weight, options.logit_softcap)
     local = cs.logits.to_local()
     # Not for leaves: their values are the caller's, and their .grad would alias them.
     in_forward = options.gradient_in_forward and torch.is_grad_enabled() and cs.logits.grad_fn is not None
@@ -201,6 +198,23 @@ def _cross_entropy(options: LossParallelOptions, args, kwargs):
         loss = loss * layout.global_mean_scale(cs, _mean_denominator(target_local, weight_local, ignore_index,
                                                                      rows_of(local.shape, class_dim), loss.dtype))
     return layout.loss_result(loss, cs, reduction)
+
+
+def _reduction(cs: layout.ClassSharding, a: dict, op: str, options: LossParallelOptions):
+    """(reduction, global mean, the kernel's reduction code) of cross_entropy / nll_loss: 'mean' on
+    a mesh whose other dims shard the rows is the global one (the kernel sums; the denominator is
+    summed over those dims), refused under strict (PyTorch's contract)."""
+    reduction = reduction_of(a)
+    layout.check_mean(cs, reduction, op, options)
+    global_mean = reduction == "mean" and bool(cs.batch_mesh_dims())
+    return reduction, global_mean, reduction_code("sum" if global_mean else reduction, op)
+
+
+def _gathered(func, logits: DTensor, op: str, options: LossParallelOptions, args, kwargs):
+    """The fallback (loss_parallel_fallback_on_layout_error): func on the gathered inputs."""
+    if op != "cross_entropy":
+        reject_cross_entropy_only_options(options, op)
+    return layout.gathered(func, logits.device_mesh, args, kwargs)
 
 
 def _mean_denominator(target_local: torch.Tensor, weight_local: Optional[torch.Tensor], ignore_index: int,
@@ -227,8 +241,7 @@ def _log_softmax(options: LossParallelOptions, args, kwargs, func=None):
     op = "log_softmax"
     cs = layout.resolve_or_fallback(logits, dim, op, options)
     if cs is None:
-        reject_cross_entropy_only_options(options, op)
-        return layout.gathered(func, logits.device_mesh, args, kwargs)
+        return _gathered(func, logits, op, options, args, kwargs)
     t = cs.logits
     local = t.to_local()
     if dtype is not None:
@@ -247,16 +260,12 @@ def _nll_loss(options: LossParallelOptions, args, kwargs):
     op = "nll_loss"
     cs = layout.resolve_or_fallback(logp, class_dim, op, options)
     if cs is None:
-        reject_cross_entropy_only_options(options, op)
-        return layout.gathered(F.nll_loss, logp.device_mesh, args, kwargs)
+        return _gathered(F.nll_loss, logp, op, options, args, kwargs)
     # A floating-point target is refused by the kernel in the call's record (on every rank, as
     # F.nll_loss refuses it), not here: a refusal on one rank alone would leave the others waiting.
-    reduction = reduction_of(a)
-    layout.check_mean(cs, reduction, op, options)
+    reduction, global_mean, code = _reduction(cs, a, op, options)
     target_local = layout.laid_out_local(target, cs.row_placements(), "target", op, cs, options)
     weight_local = None if weight is None else layout.replicated_local(weight, "class weight", op, cs.mesh)
-    global_mean = reduction == "mean" and bool(cs.batch_mesh_dims())
-    code = reduction_code("sum" if global_mean else reduction, op)
     out, total_weight = NllLoss.apply(cs.logits.to_local(), target_local, weight_local, class_dim, code,
                                       int(a.get("ignore_index", -100)), cs.group_name, cs.vocab_size,
                                       options.z_loss_weight, options.logit_softcap)

@@ -181,6 +181,12 @@ def group_name_of(group: GroupLike) -> str:
     return group.group_name
 
 
+def _require_a_dim(t: Tensor, op: str, expected: str) -> None:
+    # Before the kernel, which would index the class (or hidden) dim of a 0-dim tensor.
+    if t.dim() < 1:
+        raise ValueError(f"{op}: expected {expected}, got a 0-dim tensor")
+
+
 def vocab_parallel_cross_entropy(
     local_logits: Tensor,
     target: Tensor,
@@ -209,8 +215,7 @@ def vocab_parallel_cross_entropy(
     ``z_loss_weight`` adds ``z * lse**2`` per counted row (its mean over counted rows with
     'mean'); ``logit_softcap`` > 0 replaces each logit x by ``cap * tanh(x / cap)`` first.
     """
-    if local_logits.dim() < 1:
-        raise ValueError("vocab_parallel_cross_entropy: expected logits with a class dim, got a 0-dim tensor")
+    _require_a_dim(local_logits, "vocab_parallel_cross_entropy", "logits with a class dim")
     loss, row_max, log_sum, _, _ = _cross_entropy(
         local_logits, target, weight, group_name_of(group), -1 if vocab_size is None else int(vocab_size),
         local_logits.dim() - 1, int(ignore_index), reduction_code(reduction, "vocab_parallel_cross_entropy"),
@@ -269,8 +274,7 @@ def fused_linear_cross_entropy(
     forward (statistics only) and again in backward; hidden's gradient is summed over the group
     (one all-reduce), the weight's is this rank's rows. Options as vocab_parallel_cross_entropy.
     """
-    if hidden.dim() < 1:
-        raise ValueError("fused_linear_cross_entropy: expected hidden [..., dim], got a 0-dim tensor")
+    _require_a_dim(hidden, "fused_linear_cross_entropy", "hidden [..., dim]")
     lead = hidden.shape[:-1]
     loss, _, _, _ = _linear_cross_entropy(
         hidden.reshape(-1, hidden.shape[-1]), local_weight, target.reshape(-1), weight, group_name_of(group),
@@ -317,8 +321,7 @@ def vocab_parallel_logprobs(
     ``temperature``: a number (or a tensor without grad; one that requires grad is a TypeError).
     """
     temperature = _temperature_number(temperature, "vocab_parallel_logprobs")
-    if logits.dim() < 1:
-        raise ValueError("vocab_parallel_logprobs: expected logits with a class dim, got a 0-dim tensor")
+    _require_a_dim(logits, "vocab_parallel_logprobs", "logits with a class dim")
     if isinstance(logits, DTensor):
         return _logprobs_of_dtensor(logits, target, temperature, bool(return_entropy), int(ignore_index))
     lp, entropy, _, _, _, _ = _logprobs(logits, target, group_name_of(group),
@@ -360,8 +363,7 @@ def fused_linear_logprobs(
     over the group (one all-reduce), the weight's is this rank's rows.
     """
     temperature = _temperature_number(temperature, "fused_linear_logprobs")
-    if hidden.dim() < 1:
-        raise ValueError("fused_linear_logprobs: expected hidden [..., dim], got a 0-dim tensor")
+    _require_a_dim(hidden, "fused_linear_logprobs", "hidden [..., dim]")
     lead = hidden.shape[:-1]
     lp, entropy, _, _, _, _ = _linear_logprobs(
         hidden.reshape(-1, hidden.shape[-1]), local_weight, target.reshape(-1), group_name_of(group),

@@ -423,11 +423,30 @@ def _gathered(func, layouts, args, kwargs, x, class_dim: int, ndim: int):
 class _LossCall:
     """A loss call (cross_entropy, nll_loss) the context owns: its arguments by name (local
     values), their layouts by name, and where the classes live."""
+    op: str
     arguments: dict
     layouts: dict
     class_dim: int
     axis: _ClassAxis
     options: LossParallelOptions
+
+    def replicated(self, name: str, what: str):
+        """The value of a target or class weight, which must be replicated on the logits' mesh."""
+        value = self.arguments.get(name)
+        if value is None:
+            return None
+        return _replicated_value(value, self.layouts.get(name), self.layouts["input"], what, self.op)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.arguments["input"].shape[self.class_dim] * self.axis.size
+
+    @property
+    def ignore_index(self) -> int:
+        return int(self.arguments.get("ignore_index", -100))
+
+    def reduction_code(self) -> int:
+        return reduction_code(reduction_of(self.arguments), self.op)
 
 
 def _loss_call(op: str, signature: inspect.Signature, func, layouts, args, kwargs):
@@ -443,67 +462,53 @@ def _loss_call(op: str, signature: inspect.Signature, func, layouts, args, kwarg
         if options is not None and options.effective_strict():
             _class_axis(x, class_dim, ndim, op, options)  # raises the context's error for this layout
         return _outside_context(func, layouts, args, kwargs, op, x, class_dim, ndim)
-    return _LossCall(a, named, class_dim, _class_axis(x, class_dim, ndim, op, options), options)
+    return _LossCall(op, a, named, class_dim, _class_axis(x, class_dim, ndim, op, options), options)
 
 
 def _cross_entropy(func, layouts, args, kwargs):
-    op = "cross_entropy"
-    call = _loss_call(op, CROSS_ENTROPY, func, layouts, args, kwargs)
+    call = _loss_call("cross_entropy", CROSS_ENTROPY, func, layouts, args, kwargs)
     if not isinstance(call, _LossCall):
         return call
-    a, named, class_dim, axis, options = call.arguments, call.layouts, call.class_dim, call.axis, call.options
-    logits, target, weight = a["input"], a["target"], a.get("weight")
-    x = named["input"]
-    if options.gradient_in_forward:
+    if call.options.gradient_in_forward:
         raise LossParallelUnsupportedError("cross_entropy under loss_parallel(gradient_in_forward=True) on "
                                            "HyperParallel's DTensor: not available on this route; leave it off")
-    reduction = reduction_of(a)
-    if target.is_floating_point():
-        target = _probability_target_local(target, named.get("target"), x, logits, class_dim, axis, op)
-    else:
-        target = _replicated_value(target, named.get("target"), x, "target", op)
-    if weight is not None:
-        weight = _replicated_value(weight, named.get("weight"), x, "class weight", op)
+    a = call.arguments
+    target = _probability_target_local(call) if a["target"].is_floating_point() else call.replicated("target", "target")
     loss, *_ = ops._cross_entropy(
-        logits, target, weight, axis.group_name, logits.shape[class_dim] * axis.size, class_dim,
-        int(a.get("ignore_index", -100)), reduction_code(reduction, op), float(a.get("label_smoothing", 0.0)),
-        options.z_loss_weight, options.logit_softcap)
+        a["input"], target, call.replicated("weight", "class weight"), call.axis.group_name, call.vocab_size,
+        call.class_dim, call.ignore_index, call.reduction_code(), float(a.get("label_smoothing", 0.0)),
+        call.options.z_loss_weight, call.options.logit_softcap)
     return loss
 
 
-def _probability_target_local(target, layout, x, logits, class_dim: int, axis: _ClassAxis, op: str):
+def _probability_target_local(call: _LossCall):
+    op, target, layout, x = call.op, call.arguments["target"], call.layouts.get("target"), call.layouts["input"]
     _on_logits_mesh(layout, x, "probability target", op)
     if layout is not None and list(layout.placements) == list(x.placements):
         return target  # laid out like the logits: already this rank's classes
     if layout is not None and not _all_replicated(layout):
         raise LossParallelLayoutError(f"{op} under loss_parallel: expected probability targets replicated or laid out "
                                       f"like the logits ({list(x.placements)}), got {_describe(layout)}")
-    local = logits.shape[class_dim]
+    logits, class_dim = call.arguments["input"], call.class_dim
     whole = list(logits.shape)
-    whole[class_dim] = local * axis.size
+    whole[class_dim] = call.vocab_size
     check_probability_shape(target.shape, whole, op)
-    return target.narrow(class_dim, axis.rank * local, local)
+    local = logits.shape[class_dim]
+    return target.narrow(class_dim, call.axis.rank * local, local)
 
 
 def _nll_loss(func, layouts, args, kwargs):
-    op = "nll_loss"
-    call = _loss_call(op, NLL_LOSS, func, layouts, args, kwargs)
+    call = _loss_call("nll_loss", NLL_LOSS, func, layouts, args, kwargs)
     if not isinstance(call, _LossCall):
         return call
-    a, named, class_dim, axis, options = call.arguments, call.layouts, call.class_dim, call.axis, call.options
-    logp, target, weight = a["input"], a["target"], a.get("weight")
-    # A floating-point target is refused by the kernel in the call's record, on every rank.
-    target = _replicated_value(target, named.get("target"), named["input"], "target", op)
-    if weight is not None:
-        weight = _replicated_value(weight, named.get("weight"), named["input"], "class weight", op)
-    reduction = reduction_of(a)
-    code, ignore_index = reduction_code(reduction, op), int(a.get("ignore_index", -100))
-    vocab_size = logp.shape[class_dim] * axis.size
-    # The context's z-loss / soft-cap ride in the call's record, which refuses them on every rank
-    # alike (as on the PyTorch route).
-    out, _ = NllLoss.apply(logp, target, weight, class_dim, code, ignore_index, axis.group_name, vocab_size,
-                           options.z_loss_weight, options.logit_softcap)
-    reject_cross_entropy_only_options(options, op)  # reached with them only where the C++ guard is off
+    # A floating-point target is refused by the kernel in the call's record, on every rank; the
+    # context's z-loss / soft-cap ride in that record too, refused on every rank alike.
+    target = call.replicated("target", "target")
+    weight = call.replicated("weight", "class weight")
+    out, _ = NllLoss.apply(call.arguments["input"], target, weight, call.class_dim, call.reduction_code(),
+                           call.ignore_index, call.axis.group_name, call.vocab_size, call.options.z_loss_weight,
+                           call.options.logit_softcap)
+    reject_cross_entropy_only_options(call.options, call.op)
     return out
 
 
@@ -529,7 +534,7 @@ def _log_softmax(func, layouts, args, kwargs):
         local = local.to(dtype)
     vocab_size = local.shape[dim] * axis.size
     out = LogSoftmax.apply(local, dim, axis.group_name, vocab_size, options.z_loss_weight, options.logit_softcap)
-    reject_cross_entropy_only_options(options, op)  # reached with them only where the C++ guard is off
+    reject_cross_entropy_only_options(options, op)
     return out
 
 
