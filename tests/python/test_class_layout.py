@@ -1,0 +1,86 @@
+"""The one class-axis resolution both Python DTensor routes share (hyper_parallel_cpp.class_layout),
+read as a specification on neutral layouts: no process group, no DTensor. The routes' own tests
+(test_loss_parallel*.py, test_hyperparallel.py) run the same decisions on real meshes."""
+
+import pytest
+
+from hyper_parallel_cpp import LossParallelLayoutError, LossParallelUnsupportedError
+from hyper_parallel_cpp.class_layout import REPLICATE, LayoutView, Placement, Route, resolve, row_mesh_dims, \
+    row_placements, shard
+
+PYTORCH = Route("a DTensor", relayout=True, rows_sharded=True)
+HYPERPARALLEL = Route("a HyperParallel DTensor", relayout=False, rows_sharded=False)
+PARTIAL = Placement("partial")
+STRIDED = Placement("other")
+
+
+def view(*placements, ndim=2, on_mesh=lambda mesh, dim: mesh == "tp"):
+    return LayoutView(tuple(placements), ndim, f"{list(placements)}", on_mesh)
+
+
+class Strictness:
+    """The context's strictness, counting how often a route is asked (PyTorch's agrees on it in a
+    collective, so it must be asked only where it decides)."""
+
+    def __init__(self, strict: bool):
+        self.strict, self.asked = strict, 0
+
+    def __call__(self) -> bool:
+        self.asked += 1
+        return self.strict
+
+
+def test_the_contract_is_taken_as_it_is_without_asking_the_strictness():
+    for placements, mesh_dim in [((shard(1),), 0), ((shard(0), shard(1)), 1), ((REPLICATE, shard(1)), 1)]:
+        strict = Strictness(True)
+        r = resolve(view(*placements), 1, "cross_entropy", PYTORCH, strict)
+        assert (r.mesh_dim, r.want, r.relayout) == (mesh_dim, placements, False)
+        assert strict.asked == 0
+
+
+def test_off_the_contract_strict_refuses_and_not_strict_relays_out_once_asked():
+    for placements, want in [((shard(1), shard(1)), (REPLICATE, shard(1))),
+                             ((PARTIAL, shard(1)), (REPLICATE, shard(1))),
+                             ((STRIDED, shard(1)), (REPLICATE, shard(1)))]:
+        strict = Strictness(True)
+        with pytest.raises(LossParallelLayoutError, match=r"\(strict\).*exactly one mesh dim"):
+            resolve(view(*placements), 1, "cross_entropy", PYTORCH, strict)
+        assert strict.asked == 1
+        relaxed = Strictness(False)
+        r = resolve(view(*placements), 1, "cross_entropy", PYTORCH, relaxed)
+        assert (r.mesh_dim, r.want, r.relayout, relaxed.asked) == (1, want, True, 1)
+
+
+def test_what_no_route_takes():
+    for route in (PYTORCH, HYPERPARALLEL):
+        with pytest.raises(LossParallelLayoutError, match="got a plain tensor of shape \\[4, 8\\]"):
+            resolve(None, 1, "nll_loss", route, Strictness(False), plain_shape=[4, 8])
+        with pytest.raises(LossParallelLayoutError, match="the class dim 1 is not sharded"):
+            resolve(view(shard(0)), 1, "nll_loss", route, Strictness(False))
+        with pytest.raises(LossParallelLayoutError, match=r"loss_parallel\(mesh = dp\): expected the input on that"):
+            resolve(view(shard(1)), 1, "nll_loss", route, Strictness(False), options_mesh="dp")
+        assert resolve(view(shard(1)), 1, "nll_loss", route, Strictness(True), options_mesh="tp").mesh_dim == 0
+
+
+def test_a_route_that_cannot_relay_out_refuses_what_the_other_relays_out():
+    strict = Strictness(False)
+    with pytest.raises(LossParallelLayoutError, match="reduce the Partial first"):
+        resolve(view(PARTIAL, shard(1)), 1, "cross_entropy", HYPERPARALLEL, strict)
+    assert strict.asked == 0
+    with pytest.raises(LossParallelUnsupportedError, match="sharded by 2 mesh dims"):
+        resolve(view(shard(1), shard(1)), 1, "cross_entropy", HYPERPARALLEL, Strictness(False))
+
+
+def test_a_route_with_replicated_results_takes_other_mesh_dims_only_replicated_and_not_strict():
+    with pytest.raises(LossParallelLayoutError, match=r"\(strict\).*1-D tensor-parallel sub-mesh"):
+        resolve(view(REPLICATE, shard(1)), 1, "cross_entropy", HYPERPARALLEL, Strictness(True))
+    assert resolve(view(REPLICATE, shard(1)), 1, "cross_entropy", HYPERPARALLEL, Strictness(False)).mesh_dim == 1
+    with pytest.raises(LossParallelLayoutError, match="every mesh axis but the class axis"):
+        resolve(view(shard(0), shard(1)), 1, "cross_entropy", HYPERPARALLEL, Strictness(False))
+
+
+def test_rows_are_laid_out_as_the_logits_without_the_class_dim():
+    # [batch, classes, sequence] on dp x tp x sp: the rows [batch, sequence] keep dp and sp.
+    want = (shard(0), shard(1), shard(2))
+    assert row_placements(want, 1, 1) == (shard(0), REPLICATE, shard(1))
+    assert row_mesh_dims(want, 1) == [0, 2]
