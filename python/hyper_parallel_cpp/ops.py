@@ -2,7 +2,8 @@
 
 Each rank of a process group holds the ``torch.chunk`` piece of the classes that DTensor's
 ``Shard`` of the class dim gives it (uneven pieces allowed). The ops are registered in C++
-with their autograd (one dispatcher call per Python call) and have fake kernels here, so
+with their autograd (one dispatcher call per Python call) and have fake kernels
+(registered_ops.py), so
 ``torch.compile(fullgraph=True)`` traces them as single nodes; the
 process group travels as its name (``group.group_name``), as PyTorch's functional
 collectives pass it. Every kernel is the C++ library's.
@@ -20,146 +21,16 @@ checks, which need the vocabulary).
 
 from typing import Optional, Tuple, Union
 
-import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from . import torch_dtensor_layout as layout
 from ._extension import _C
-from .loss_arguments import reduction_code, rows_of
+from .registered_ops import cross_entropy_op, linear_cross_entropy_op, linear_logprobs_op, log_softmax_op, \
+    logprobs_op, nll_loss_op
+from .loss_arguments import reduction_code
 from .loss_parallel_state import LossParallelOptions, active_options
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-# --- the ops: registered in C++ (python/csrc/library_ops.cpp), with their fake kernels here ---
-# Each loss is a forward op (its result and what its backward needs; the vocabulary it used as a
-# 0-dim int64 tensor) and a backward op, which the C++ autograd calls: a compiled graph holds both
-# as single nodes. The fake kernels give torch.compile the outputs' shapes and dtypes, and refuse
-# what the real kernels refuse before any shape is known (tensors on other devices).
-
-_ops = torch.ops.hyper_parallel_cpp
-_cross_entropy = _ops.vocab_parallel_cross_entropy.default
-_log_softmax = _ops.vocab_parallel_log_softmax.default
-_nll_loss = _ops.vocab_parallel_nll_loss.default
-_linear_cross_entropy = _ops.fused_linear_cross_entropy.default
-_logprobs = _ops.vocab_parallel_logprobs.default
-_linear_logprobs = _ops.fused_linear_logprobs.default
-
-
-def _check_devices(op: str, logits: Tensor, **others: Optional[Tensor]) -> None:
-    # The kernels' own check, also in the fake kernel: the dispatcher sends a call with any
-    # meta tensor among its inputs to the fake kernel, which must refuse it as the real one does.
-    for what, t in others.items():
-        if t is not None and t.device != logits.device:
-            what = what.replace("_", " ")
-            raise RuntimeError(f"{op}: expected all tensors on the same device, but the {what} is on {t.device} "
-                               f"and the logits on {logits.device} (move the {what} with .to({logits.device}))")
-
-
-def _fake(op: str):
-    return torch.library.register_fake(f"hyper_parallel_cpp::{op}")
-
-
-def _vocab_fake() -> Tensor:
-    return torch.empty([], dtype=torch.int64)
-
-
-@_fake("vocab_parallel_cross_entropy")
-def _(logits, target, weight, group_name, vocab_size, class_dim, ignore_index, reduction,
-      label_smoothing, z_loss_weight, logit_softcap):
-    _check_devices("vocab_parallel_cross_entropy", logits, target=target, class_weight=weight)
-    ct = _compute_dtype(logits.dtype)
-    rows = rows_of(logits.shape, class_dim)
-    shape = [s for i, s in enumerate(logits.shape) if i != class_dim % logits.dim()]
-    loss = logits.new_empty(shape if reduction == 0 else [])
-    stat = logits.new_empty([rows], dtype=ct)
-    row_weight = logits.new_empty([rows if target.is_floating_point() else 0], dtype=ct)
-    return loss, stat, stat.clone(), row_weight, _vocab_fake()
-
-
-@_fake("vocab_parallel_cross_entropy_backward")
-def _(grad, logits, *args):
-    return torch.empty_like(logits)
-
-
-@_fake("vocab_parallel_log_softmax")
-def _(local, class_dim, group_name, vocab_size):
-    return torch.empty_like(local)
-
-
-@_fake("vocab_parallel_log_softmax_backward")
-def _(grad, output, class_dim, group_name, vocab_size):
-    return torch.empty_like(output)
-
-
-@_fake("vocab_parallel_nll_loss")
-def _(logp, target, weight, class_dim, reduction, ignore_index, group_name, vocab_size):
-    _check_devices("vocab_parallel_nll_loss", logp, target=target, class_weight=weight)
-    out = logp.new_empty(target.shape if reduction == 0 else [])
-    return out, logp.new_empty([])
-
-
-@_fake("vocab_parallel_nll_loss_backward")
-def _(grad, logp, *args):
-    return torch.empty_like(logp)
-
-
-@_fake("fused_linear_cross_entropy")
-def _(hidden, local_weight, target, weight, group_name, vocab_size, ignore_index, reduction, label_smoothing,
-      z_loss_weight, logit_softcap):
-    _check_devices("fused_linear_cross_entropy", hidden, weight_rows=local_weight, target=target, class_weight=weight)
-    rows = hidden.shape[0]
-    stat = hidden.new_empty([rows], dtype=_compute_dtype(hidden.dtype))
-    return hidden.new_empty([rows] if reduction == 0 else []), stat, stat.clone(), _vocab_fake()
-
-
-@_fake("fused_linear_cross_entropy_backward")
-def _(grad, hidden, local_weight, *args):
-    return torch.empty_like(hidden), torch.empty_like(local_weight)
-
-
-# The log-probabilities' outputs: logprobs, entropy (empty unless asked), row_max, log_sum, the
-# entropy's mean difference backward keeps (compute type; empty unless asked), the vocabulary
-# used. Their backward takes either incoming gradient (None: none).
-def _logprobs_fake_outputs(like: Tensor, rows_shape, return_entropy: bool):
-    ct = _compute_dtype(like.dtype)
-    rows = 1
-    for s in rows_shape:
-        rows *= s
-    stat = like.new_empty([rows], dtype=ct)
-    kept = like.new_empty([rows if return_entropy else 0], dtype=ct)
-    return (like.new_empty(rows_shape), like.new_empty(rows_shape if return_entropy else [0]), stat, stat.clone(),
-            kept, _vocab_fake())
-
-
-@_fake("vocab_parallel_logprobs")
-def _(logits, target, group_name, vocab_size, class_dim, temperature, return_entropy, ignore_index):
-    _check_devices("vocab_parallel_logprobs", logits, target=target)
-    shape = [s for i, s in enumerate(logits.shape) if i != class_dim % logits.dim()]
-    return _logprobs_fake_outputs(logits, shape, return_entropy)
-
-
-@_fake("vocab_parallel_logprobs_backward")
-def _(grad_logprobs, grad_entropy, logits, *args):
-    return torch.empty_like(logits)
-
-
-@_fake("fused_linear_logprobs")
-def _(hidden, local_weight, target, group_name, vocab_size, temperature, return_entropy, ignore_index):
-    _check_devices("fused_linear_logprobs", hidden, weight_rows=local_weight, target=target)
-    return _logprobs_fake_outputs(hidden, [hidden.shape[0]], return_entropy)
-
-
-@_fake("fused_linear_logprobs_backward")
-def _(grad_logprobs, grad_entropy, hidden, local_weight, *args):
-    return torch.empty_like(hidden), torch.empty_like(local_weight)
-
-
-# --- the public functions -------------------------------------------------------------------
 
 
 GroupLike = Union[None, str, "dist.ProcessGroup"]
@@ -216,7 +87,7 @@ def vocab_parallel_cross_entropy(
     'mean'); ``logit_softcap`` > 0 replaces each logit x by ``cap * tanh(x / cap)`` first.
     """
     _require_a_dim(local_logits, "vocab_parallel_cross_entropy", "logits with a class dim")
-    loss, row_max, log_sum, _, _ = _cross_entropy(
+    loss, row_max, log_sum, _, _ = cross_entropy_op(
         local_logits, target, weight, group_name_of(group), -1 if vocab_size is None else int(vocab_size),
         local_logits.dim() - 1, int(ignore_index), reduction_code(reduction, "vocab_parallel_cross_entropy"),
         float(label_smoothing), float(z_loss_weight), float(logit_softcap),
@@ -235,7 +106,7 @@ def vocab_parallel_log_softmax(local_logits: Tensor, group: GroupLike = None, *,
     name = group_name_of(group)
     dim = dim % local_logits.dim()
     # None is learnt in the call's record (-1), the op's first collective either way.
-    return _log_softmax(local_logits, dim, name, -1 if vocab_size is None else int(vocab_size))
+    return log_softmax_op(local_logits, dim, name, -1 if vocab_size is None else int(vocab_size))
 
 
 def vocab_parallel_nll_loss(local_logp: Tensor, target: Tensor, group: GroupLike = None, *,
@@ -247,7 +118,7 @@ def vocab_parallel_nll_loss(local_logp: Tensor, target: Tensor, group: GroupLike
     if vocab_size is None:
         # Learnt in a record of this op: the first collective a rank given vocab_size makes too.
         vocab_size = _C.vocab_size(local_logp.shape[class_dim], name, "vocab_parallel_nll_loss", local_logp)
-    out, _ = _nll_loss(local_logp, target, weight, class_dim, reduction_code(reduction, "vocab_parallel_nll_loss"),
+    out, _ = nll_loss_op(local_logp, target, weight, class_dim, reduction_code(reduction, "vocab_parallel_nll_loss"),
                        int(ignore_index), name, int(vocab_size))
     return out
 
@@ -276,7 +147,7 @@ def fused_linear_cross_entropy(
     """
     _require_a_dim(hidden, "fused_linear_cross_entropy", "hidden [..., dim]")
     lead = hidden.shape[:-1]
-    loss, _, _, _ = _linear_cross_entropy(
+    loss, _, _, _ = linear_cross_entropy_op(
         hidden.reshape(-1, hidden.shape[-1]), local_weight, target.reshape(-1), weight, group_name_of(group),
         -1 if vocab_size is None else int(vocab_size), int(ignore_index),
         reduction_code(reduction, "fused_linear_cross_entropy"), float(label_smoothing), float(z_loss_weight),
@@ -324,7 +195,7 @@ def vocab_parallel_logprobs(
     _require_a_dim(logits, "vocab_parallel_logprobs", "logits with a class dim")
     if isinstance(logits, DTensor):
         return _logprobs_of_dtensor(logits, target, temperature, bool(return_entropy), int(ignore_index))
-    lp, entropy, _, _, _, _ = _logprobs(logits, target, group_name_of(group),
+    lp, entropy, _, _, _, _ = logprobs_op(logits, target, group_name_of(group),
                                         -1 if vocab_size is None else int(vocab_size), logits.dim() - 1,
                                         temperature, bool(return_entropy), int(ignore_index))
     return (lp, entropy) if return_entropy else lp
@@ -338,7 +209,7 @@ def _logprobs_of_dtensor(logits: DTensor, target, temperature: float, return_ent
     options = active_options() or LossParallelOptions()
     cs = layout.resolve(logits, logits.ndim - 1, op, options)
     local_target = layout.laid_out_local(target, cs.row_placements(), "target", op, cs, options)
-    outs = _logprobs(cs.logits.to_local(), local_target, cs.group_name, cs.vocab_size, cs.class_dim, temperature,
+    outs = logprobs_op(cs.logits.to_local(), local_target, cs.group_name, cs.vocab_size, cs.class_dim, temperature,
                      return_entropy, ignore_index)
     lp = layout.loss_result(outs[0], cs, "none")
     return (lp, layout.loss_result(outs[1], cs, "none")) if return_entropy else lp
@@ -365,7 +236,7 @@ def fused_linear_logprobs(
     temperature = _temperature_number(temperature, "fused_linear_logprobs")
     _require_a_dim(hidden, "fused_linear_logprobs", "hidden [..., dim]")
     lead = hidden.shape[:-1]
-    lp, entropy, _, _, _, _ = _linear_logprobs(
+    lp, entropy, _, _, _, _ = linear_logprobs_op(
         hidden.reshape(-1, hidden.shape[-1]), local_weight, target.reshape(-1), group_name_of(group),
         -1 if vocab_size is None else int(vocab_size), temperature, bool(return_entropy), int(ignore_index))
     if return_entropy:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .. import class_layout, ops
+from .. import class_layout
 from .._extension import _C
 from ..config import parallelism_config
 from ..eager_kernels import LogSoftmax, NllLoss
@@ -20,6 +20,7 @@ from ..errors import LossParallelLayoutError, LossParallelUnsupportedError, warn
 from ..loss_arguments import (CROSS_ENTROPY, NLL_LOSS, check_probability_shape, log_softmax_args, reduction_code,
                               reduction_of, reject_cross_entropy_only_options)
 from ..loss_parallel_state import LossParallelOptions, active_options
+from ..registered_ops import cross_entropy_op
 from .hyperparallel_layout import (ROUTE, ClassAxis, all_replicated, class_axes, class_axis, describe,
                                    named_layouts, on_logits_mesh, replicated_value)
 
@@ -176,7 +177,7 @@ def _cross_entropy(func, layouts, args, kwargs):
                                            "HyperParallel's DTensor: not available on this route; leave it off")
     a = call.arguments
     target = _probability_target_local(call) if a["target"].is_floating_point() else call.replicated("target", "target")
-    loss, *_ = ops._cross_entropy(
+    loss, *_ = cross_entropy_op(
         a["input"], target, call.replicated("weight", "class weight"), call.axis.group_name, call.vocab_size,
         call.class_dim, call.ignore_index, call.reduction_code(), float(a.get("label_smoothing", 0.0)),
         call.options.z_loss_weight, call.options.logit_softcap)
