@@ -16,27 +16,22 @@ targets as one loss). The active state is a ``contextvars.ContextVar`` of the op
 local to the thread and to the context, re-entrant (an inner context with no options, or the
 same ones, nests), and any order of exits restores it (loss_parallel_state.py). Backward needs
 no context: the gradients are the kernels' own autograd formulas (eager_kernels.py). Where the
-classes live is decided by class_layout.py and acted on by torch_dtensor_layout.py; this module
-holds the context, the mode and the handlers.
+classes live is decided by class_layout.py and acted on by torch_dtensor_layout.py; the handlers
+are torch_dtensor_route.py's; this module holds the context and the mode.
 """
 
 import contextlib
 import threading
 from typing import Iterator, Optional
 
-import torch
-import torch.nn.functional as F
 from torch.distributed.tensor import DeviceMesh, DTensor, Shard
 from torch._C import _len_torch_function_stack, _pop_torch_function_stack, _push_on_torch_function_stack
 from torch.overrides import TorchFunctionMode
 
-from . import torch_dtensor_layout as layout
 from .config import parallelism_config
-from .eager_kernels import CrossEntropy, LogSoftmax, NllLoss
 from .errors import LossParallelLayoutError, LossParallelUnsupportedError, warn_once
-from .loss_arguments import (CROSS_ENTROPY, NLL_LOSS, log_softmax_args, reduction_code, reduction_of,
-                             reject_cross_entropy_only_options, rows_of)
 from .loss_parallel_state import Entry, LossParallelOptions, active_entries, is_loss_parallel_active
+from .torch_dtensor_route import ROUTES
 
 
 class _ThreadModes(threading.local):
@@ -159,131 +154,6 @@ def loss_parallel(
         active_entries.set(tuple(e for e in active_entries.get() if e is not entry))
 
 
-# --- the handlers -----------------------------------------------------------------------------
-
-
-def _cross_entropy(options: LossParallelOptions, args, kwargs):
-    a = CROSS_ENTROPY.bind(*args, **kwargs).arguments
-    logits, target, weight = a["input"], a["target"], a.get("weight")
-    if not isinstance(logits, DTensor):
-        return NotImplemented  # plain tensors are PyTorch's, as under its own loss_parallel
-    op = "cross_entropy"
-    class_dim = 1 if logits.ndim >= 2 else 0
-    if not layout.is_class_sharded(logits, class_dim) and not layout.settled_strict(op, options, logits):
-        warn_once("unsharded", f"loss_parallel (strict=False): logits are not sharded along the class dim "
-                               f"({layout.describe(logits)}); computing cross_entropy the ordinary way")
-        return NotImplemented
-    cs = layout.resolve_or_fallback(logits, class_dim, op, options)
-    if cs is None:
-        return _gathered(F.cross_entropy, logits, op, options, args, kwargs)
-    reduction, global_mean, code = _reduction(cs, a, op, options)
-    if target.is_floating_point():
-        target_local = layout.probability_target_local(target, cs, op, options)
-    else:
-        target_local = layout.laid_out_local(target, cs.row_placements(), "target", op, cs, options)
-    weight_local = None if weight is None else layout.replicated_local(weight, "class weight", op, cs.mesh)
-    ignore_index = int(a.get("ignore_index", -100))
-    if global_mean and options.z_loss_weight != 0:
-        raise LossParallelUnsupportedError(
-            f"{op} under loss_parallel(z_loss_weight={options.z_loss_weight}): reduction='mean' on a mesh whose "
-            f"other dims shard the rows ({layout.describe(cs.logits)}) divides the z-loss by another count than the "
-            f"cross-entropy; use reduction='sum' and divide yourself")
-    args = (cs.group_name, cs.vocab_size, class_dim, ignore_index, code, float(a.get("label_smoothing", 0.0)),
-            options.z_loss_weight, options.logit_softcap)
-    local = cs.logits.to_local()
-    # Not for leaves: their values are the caller's, and their .grad would alias them.
-    in_forward = options.gradient_in_forward and torch.is_grad_enabled() and cs.logits.grad_fn is not None
-    loss = CrossEntropy.apply(local, target_local, weight_local, *args, in_forward, [cs.logits])
-    if global_mean:
-        loss = loss * layout.global_mean_scale(cs, _mean_denominator(target_local, weight_local, ignore_index,
-                                                                     rows_of(local.shape, class_dim), loss.dtype))
-    return layout.loss_result(loss, cs, reduction)
-
-
-def _reduction(cs: layout.ClassSharding, a: dict, op: str, options: LossParallelOptions):
-    """(reduction, global mean, the kernel's reduction code) of cross_entropy / nll_loss: 'mean' on
-    a mesh whose other dims shard the rows is the global one (the kernel sums; the denominator is
-    summed over those dims), refused under strict (PyTorch's contract)."""
-    reduction = reduction_of(a)
-    layout.check_mean(cs, reduction, op, options)
-    global_mean = reduction == "mean" and bool(cs.batch_mesh_dims())
-    return reduction, global_mean, reduction_code("sum" if global_mean else reduction, op)
-
-
-def _gathered(func, logits: DTensor, op: str, options: LossParallelOptions, args, kwargs):
-    """The fallback (loss_parallel_fallback_on_layout_error): func on the gathered inputs."""
-    if op != "cross_entropy":
-        reject_cross_entropy_only_options(options, op)
-    return layout.gathered(func, logits.device_mesh, args, kwargs)
-
-
-def _mean_denominator(target_local: torch.Tensor, weight_local: Optional[torch.Tensor], ignore_index: int,
-                      rows: int, dtype: torch.dtype) -> torch.Tensor:
-    """What cross_entropy's 'mean' divides this rank's rows by, as F.cross_entropy defines it: the
-    class weights of the counted targets (their count without weights), or the rows for
-    probability targets. (nll_loss takes it from its kernel; the cross-entropy kernel keeps its own.)"""
-    if target_local.is_floating_point():
-        return torch.tensor(float(rows), dtype=dtype)
-    counted = target_local != ignore_index
-    if weight_local is None:
-        return counted.sum().to(dtype)
-    return torch.where(counted, weight_local.to(dtype)[torch.where(counted, target_local, 0)],
-                       torch.zeros((), dtype=dtype)).sum()
-
-
-def _log_softmax(options: LossParallelOptions, args, kwargs, func=None):
-    logits, dim, dtype = log_softmax_args(func, args, kwargs)
-    if not isinstance(logits, DTensor) or dim is None or not isinstance(dim, int):
-        return NotImplemented
-    dim = dim % max(logits.ndim, 1)
-    if not layout.is_class_sharded(logits, dim):
-        return NotImplemented
-    op = "log_softmax"
-    cs = layout.resolve_or_fallback(logits, dim, op, options)
-    if cs is None:
-        return _gathered(func, logits, op, options, args, kwargs)
-    t = cs.logits
-    local = t.to_local()
-    if dtype is not None:
-        local = local.to(dtype)
-    out = LogSoftmax.apply(local, dim, cs.group_name, cs.vocab_size, options.z_loss_weight, options.logit_softcap)
-    reject_cross_entropy_only_options(options, op)
-    return DTensor.from_local(out, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
-
-
-def _nll_loss(options: LossParallelOptions, args, kwargs):
-    a = NLL_LOSS.bind(*args, **kwargs).arguments
-    logp, target, weight = a["input"], a["target"], a.get("weight")
-    class_dim = 1 if getattr(logp, "ndim", 0) >= 2 else 0
-    if not layout.is_class_sharded(logp, class_dim):
-        return NotImplemented
-    op = "nll_loss"
-    cs = layout.resolve_or_fallback(logp, class_dim, op, options)
-    if cs is None:
-        return _gathered(F.nll_loss, logp, op, options, args, kwargs)
-    # A floating-point target is refused by the kernel in the call's record (on every rank, as
-    # F.nll_loss refuses it), not here: a refusal on one rank alone would leave the others waiting.
-    reduction, global_mean, code = _reduction(cs, a, op, options)
-    target_local = layout.laid_out_local(target, cs.row_placements(), "target", op, cs, options)
-    weight_local = None if weight is None else layout.replicated_local(weight, "class weight", op, cs.mesh)
-    out, total_weight = NllLoss.apply(cs.logits.to_local(), target_local, weight_local, class_dim, code,
-                                      int(a.get("ignore_index", -100)), cs.group_name, cs.vocab_size,
-                                      options.z_loss_weight, options.logit_softcap)
-    reject_cross_entropy_only_options(options, op)
-    if global_mean:  # the kernel's total weight is what 'mean' divides this rank's rows by
-        out = out * layout.global_mean_scale(cs, total_weight)
-    return layout.loss_result(out, cs, reduction)
-
-
-# The functions the mode routes, and their handlers: one dict lookup per torch call decides.
-_ROUTES = {
-    F.cross_entropy: lambda options, args, kwargs, func: _cross_entropy(options, args, kwargs),
-    F.nll_loss: lambda options, args, kwargs, func: _nll_loss(options, args, kwargs),
-    **{f: _log_softmax for f in (F.log_softmax, torch.log_softmax, torch.Tensor.log_softmax,
-                                       torch.special.log_softmax)},
-}
-
-
 def _first_class_sharded(args, kwargs) -> Optional[DTensor]:
     for v in list(args) + list(kwargs.values()):
         if isinstance(v, DTensor) and any(type(p) is Shard for p in v.placements):
@@ -298,7 +168,7 @@ class _LossParallelMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        route = _ROUTES.get(func)
+        route = ROUTES.get(func)
         if route is None:
             if _extra_names and getattr(func, "__name__", "") in _extra_names and active_entries.get() \
                     and _first_class_sharded(args, kwargs) is not None:
