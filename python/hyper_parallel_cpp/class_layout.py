@@ -40,6 +40,17 @@ def shard(dim: int) -> Placement:
     return Placement("shard", dim)
 
 
+def placement_of(p, ndim: int, torch_chunk_piece: bool = True) -> Placement:
+    """A framework's placement (with is_shard / is_replicate / is_partial, as PyTorch's and
+    HyperParallel's have) in neutral terms. `torch_chunk_piece`: whether a shard of it holds
+    torch.chunk's piece (False for PyTorch's _StridedShard: other pieces, so 'other')."""
+    if p.is_shard():
+        return shard(p.dim % ndim) if torch_chunk_piece else Placement("other")
+    if p.is_replicate():
+        return REPLICATE
+    return Placement("partial" if p.is_partial() else "other")
+
+
 @dataclass(frozen=True)
 class LayoutView:
     """A DTensor's layout as the resolver reads it, whatever framework made it."""
@@ -146,4 +157,4 @@ def row_mesh_dims(want: Sequence[Placement], mesh_dim: int) -> List[int]:
 
 
 __all__ = ["LayoutView", "Placement", "REPLICATE", "Resolution", "Route", "contract_placements", "expected_layout",
-           "mesh_dims_sharding", "resolve", "row_mesh_dims", "row_placements", "shard"]
+           "mesh_dims_sharding", "placement_of", "resolve", "row_mesh_dims", "row_placements", "shard"]

@@ -14,7 +14,7 @@ from torch.distributed.tensor import DeviceMesh, DTensor, Partial, Replicate, Sh
 
 from . import class_layout
 from ._extension import _C
-from .class_layout import REPLICATE, Placement, shard
+from .class_layout import Placement
 from .config import parallelism_config
 from .errors import LossParallelLayoutError, LossParallelUnsupportedError, warn_once
 from .loss_arguments import check_probability_shape, refuse_other_mesh, refuse_unless_replicated
@@ -25,11 +25,7 @@ ROUTE = class_layout.Route("a DTensor", relayout=True, rows_sharded=True)
 
 def _neutral(p, ndim: int) -> Placement:
     # Shard exactly: a _StridedShard (FSDP over TP) holds other pieces than torch.chunk's.
-    if type(p) is Shard:
-        return shard(p.dim % ndim)
-    if p.is_replicate():
-        return REPLICATE
-    return Placement("partial" if p.is_partial() else "other")
+    return class_layout.placement_of(p, ndim, torch_chunk_piece=type(p) is Shard)
 
 
 def _torch_placements(placements) -> List:

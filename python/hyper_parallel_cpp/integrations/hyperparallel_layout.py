@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 
 from .. import class_layout
-from ..class_layout import REPLICATE, Placement, shard
 from ..errors import LossParallelLayoutError
 from ..loss_arguments import refuse_other_mesh, refuse_unless_replicated
 from ..loss_parallel_state import LossParallelOptions
@@ -40,21 +39,13 @@ def describe(layout) -> str:
 ROUTE = class_layout.Route("a HyperParallel DTensor", relayout=False, rows_sharded=False)
 
 
-def _neutral(p, ndim: int) -> Placement:
-    if p.is_shard():
-        return shard(p.dim % ndim)
-    if p.is_replicate():
-        return REPLICATE
-    return Placement("partial" if p.is_partial() else "other")
-
-
 def _view(layout, ndim: int) -> class_layout.LayoutView:
     mesh = layout.mesh
 
     def on_mesh(option_mesh, axis: int) -> bool:  # the mesh itself, or the 1-D mesh of the class axis' ranks
         return option_mesh is mesh or (option_mesh.ndim == 1 and list(option_mesh.rank_list) == _axis_ranks(mesh, axis))
 
-    return class_layout.LayoutView(tuple(_neutral(p, ndim) for p in layout.placements), ndim, describe(layout),
+    return class_layout.LayoutView(tuple(class_layout.placement_of(p, ndim) for p in layout.placements), ndim, describe(layout),
                                    on_mesh)
 
 
