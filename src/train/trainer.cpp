@@ -78,38 +78,6 @@ std::string format_flops(double flops) {
 
 }  // namespace
 
-Validator::Validator(const TrainSpec& spec, const ValidationConfig& config, const TrainingConfig& training,
-                     std::shared_ptr<const BatchSource> batches, TrainContext validation_context)
-    : spec_(&spec),
-      config_(config),
-      batches_(std::move(batches)),
-      fused_linear_loss_(training.fused_linear_loss),
-      context_(validation_context) {}
-
-void Validator::set_data_parallel_mesh(const DeviceMesh& dp_mesh) { dp_mesh_ = dp_mesh; }
-
-double Validator::validate(torch::nn::Module& model) const {
-  at::NoGradGuard no_grad;
-  // Per batch: the sum of its token losses and their number, over every replica's rows.
-  at::Tensor sums = at::zeros({2 * config_.steps}, at::kDouble);
-  for (int64_t i = 0; i < config_.steps; ++i) {
-    auto guard = context_();
-    const Batch batch = batches_->batch_at(i);
-    sums[2 * i].fill_(value_of(spec_->loss(model, batch, context_, LossCall{fused_linear_loss_, {}})));
-    sums[2 * i + 1].fill_(counted_tokens(batch));
-  }
-  if (dp_mesh_) {
-    sums = sums.to(dp_mesh_->device());
-    sum_over_mesh(sums, dp_mesh_);
-    sums = sums.cpu();
-  }
-  double total = 0;
-  for (int64_t i = 0; i < config_.steps; ++i) {
-    total += sums[2 * i].item<double>() / std::max(1.0, sums[2 * i + 1].item<double>());
-  }
-  return total / static_cast<double>(std::max<int64_t>(1, config_.steps));
-}
-
 namespace {
 
 // The caching CPU allocator, then the job's set-up. Starting from a Hugging Face checkpoint

@@ -23,6 +23,16 @@ double value_of(const at::Tensor& loss) {
   return (is_dtensor(loss) ? full_tensor(loss) : loss).detach().to(at::kDouble).item<double>();
 }
 
+std::vector<double> sum_over_replicas(std::vector<double> values, const std::optional<DeviceMesh>& dp_mesh) {
+  if (!dp_mesh || values.empty()) return values;
+  at::Tensor sums = at::tensor(values, at::kDouble).to(world_device());
+  sum_over_mesh(sums, dp_mesh);
+  sums = sums.cpu();
+  return {sums.data_ptr<double>(), sums.data_ptr<double>() + sums.numel()};
+}
+
+double per_counted_token(double loss_sum, double counted) { return loss_sum / std::max(1.0, counted); }
+
 at::Device world_device() { return is_initialized() ? current_world().device : at::Device(at::kCPU); }
 
 int64_t world_size_or_one() { return is_initialized() ? get_world_size() : 1; }
@@ -35,14 +45,10 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const ParallelizedModel& par
 
 double forward_backward(const TrainingStepParts& parts, const Batch& batch, PhaseClock& clock) {
   const int64_t micro_batches = parts.training.grad_accum_steps;
-  // The count lives on the world's device (the module's, but a real tensor on a dry run).
-  const at::Device device = world_device();
-  at::Tensor counts = at::full({1}, counted_tokens(batch), at::TensorOptions().dtype(at::kDouble).device(device));
-  sum_over_mesh(counts, parts.dp_mesh);
-  const double global_tokens = counts.cpu().item<double>();
+  // The count on the world's device (the module's, but a real tensor on a dry run).
+  const double global_tokens = sum_over_replicas({counted_tokens(batch)}, parts.dp_mesh).front();
   clock.mark(kLoss);
-  // A step whose targets are all ignored has loss 0 and zero gradients (not 0 / 0).
-  const double scale = 1.0 / std::max(1.0, global_tokens);
+  const double scale = per_counted_token(1.0, global_tokens);
   double local_sum = 0;
   for (int64_t m = 0; m < micro_batches; ++m) {
     // The loss and its backward inside the train context (a loss_parallel guard when enabled).
@@ -58,9 +64,7 @@ double forward_backward(const TrainingStepParts& parts, const Batch& batch, Phas
     clock.mark(kBackward);
   }
   if (parts.dp_mesh) {
-    at::Tensor sum = at::full({1}, local_sum, counts.options());
-    sum_over_mesh(sum, parts.dp_mesh);
-    local_sum = sum.cpu().item<double>();
+    local_sum = sum_over_replicas({local_sum}, parts.dp_mesh).front();
     clock.mark(kBackward);
   }
   return local_sum * scale;

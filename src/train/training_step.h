@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "hyper_parallel/core/device_mesh.h"
 #include "hyper_parallel_train/data/batch.h"
@@ -44,6 +45,12 @@ int64_t world_size_or_one();
 double counted_tokens(const Batch& batch);
 // A loss's value (a DTensor's whole value); a dry run's meta loss has none: 0.
 double value_of(const at::Tensor& loss);
+// Each of `values` summed over every data-parallel rank (every dim of dp_mesh, one
+// all-reduce each; as they are without one), in float64 on the world's device: the token
+// counts and loss sums a step and validation (validator.h) count alike.
+std::vector<double> sum_over_replicas(std::vector<double> values, const std::optional<DeviceMesh>& dp_mesh);
+// A loss sum per counted token; a batch whose targets are all ignored has loss 0 (not 0 / 0).
+double per_counted_token(double loss_sum, double counted);
 
 // AdamW over what `parallelized` trains, with [training]'s options.
 std::unique_ptr<torch::optim::AdamW> make_optimizer(const ParallelizedModel& parallelized,

@@ -1,6 +1,6 @@
 // Validator: the loss of fixed validation batches, computed as the train spec computes the
-// training loss (its definition is beside the Trainer's step in trainer.cpp, with the loss
-// sums over the data-parallel ranks they share).
+// training loss and counted as a training step counts it (training_step.h: the counted
+// tokens, the sums over the data-parallel ranks, the loss per counted token).
 #pragma once
 
 #include <memory>
