@@ -22,7 +22,6 @@
 #include "compat/file_system.h"
 #include "train/checkpoint/checkpoint_io.h"
 #include "hyper_parallel/models/causal_lm.h"
-#include "hyper_parallel/models/model_registry.h"
 #include "train/data/corpus.h"
 #include "hyper_parallel_train/spec/train_spec.h"
 #include "hyper_parallel_train/config/job_config.h"
@@ -53,14 +52,15 @@ int main(int argc, char** argv) {
     // The family's module, as hp-train builds it (the spec sets cfg.model from a Hugging Face
     // config). The PyTorch side of bench_train_vs_pytorch.sh rebuilds a Llama of these sizes;
     // the Hugging Face fine-tuning parity reads only the batches.
-    const std::shared_ptr<torch::nn::Module> model = hp::train::train_spec(cfg.model.name).build(cfg.model);
+    const hp::train::TrainSpec& spec = hp::train::train_spec(cfg.model.name);
+    const std::shared_ptr<torch::nn::Module> model = spec.build(cfg.model);
     const auto& m = cfg.model;
     const auto& t = cfg.training;
     hp::as_causal_lm(*model).init_weights(static_cast<uint64_t>(t.seed));
     if (cfg.checkpoint.initial_load_in_hf) {
       const std::string& path =
           cfg.checkpoint.initial_load_path.empty() ? m.hf_assets_path : cfg.checkpoint.initial_load_path;
-      hp::load_hf_checkpoint(*model, hp::model_family(m.name).hf_adapter(*model), path);
+      hp::train::load_hf_checkpoint(*model, spec, path);
     }
     hp::train::make_directories(hp::compat::join_path(dir, "weights"));
     hp::train::make_directories(hp::compat::join_path(dir, "batches"));

@@ -22,7 +22,7 @@
 
 #include <unistd.h>
 
-#include "hyper_parallel/models/model_registry.h"
+#include "hyper_parallel_train/spec/train_spec.h"
 #include "hyper_parallel_train/checkpoint/saved_model.h"
 
 namespace hp = hyper_parallel;
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
       }
     } remove_recorded_source{recorded_source};
     const hp::HfExportResult r =
-        hp::export_hf_checkpoint(*saved.model, hp::model_family(saved.config.name), out, options);
+        hp::train::export_hf_checkpoint(*saved.model, hp::train::train_spec(saved.config.name), out, options);
     const hp::train::CheckpointIdentity& id = saved.identity;
     std::cout << "hp-hf-export: step " << saved.step << " (saved at dp " << id.data_parallel_degree;
     if (id.data_parallel_shard_degree > 1) std::cout << " x fsdp " << id.data_parallel_shard_degree;

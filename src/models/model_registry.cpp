@@ -1,5 +1,6 @@
 #include "hyper_parallel/models/model_registry.h"
 
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <stdexcept>
@@ -24,9 +25,27 @@ Registry& family_registry() {
   return r;
 }
 
+// HYPER_PARALLEL_MODEL_PLUGIN_PATH's families, registered before the first lookup answers.
+// A plugin's own lookups (default_train_spec of its family) run while it loads: they skip
+// this on the loading thread; other threads wait for the load. A failed load is tried again
+// at the next lookup, so its error is never silently replaced by "unknown model family".
+void load_plugins_named_in_environment() {
+  static std::once_flag once;
+  thread_local bool loading = false;
+  if (loading) return;
+  std::call_once(once, [] {
+    loading = true;
+    struct Done {
+      ~Done() { loading = false; }
+    } done;
+    if (const char* paths = std::getenv(kModelPluginPathVariable)) load_model_family_plugins(paths);
+  });
+}
+
 }  // namespace
 
 std::vector<std::string> model_family_names() {
+  load_plugins_named_in_environment();
   Registry& r = family_registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   std::vector<std::string> names;
@@ -35,6 +54,7 @@ std::vector<std::string> model_family_names() {
 }
 
 const ModelFamily& model_family(const std::string& name) {
+  load_plugins_named_in_environment();
   Registry& r = family_registry();
   std::unique_lock<std::mutex> lock(r.mutex);
   for (const auto& f : r.families) {

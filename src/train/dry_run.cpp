@@ -12,7 +12,6 @@
 #include "hyper_parallel/core/distributed.h"
 #include "hyper_parallel/dtensor/dtensor.h"
 #include "hyper_parallel/nn/fully_shard.h"
-#include "hyper_parallel/models/model_registry.h"
 #include "train/data/batches.h"
 #include "hyper_parallel_train/spec/parallelized_model.h"
 #include "train/metrics/state_bytes.h"
@@ -108,7 +107,7 @@ DryRunRank dry_run_rank(JobConfig config, int64_t world_size, int64_t rank) {
     out.checkpoint_bytes = checkpoint_bytes(out.state);
     out.sizes = as_causal_lm(*job->model).sizes();
     out.loss_terms = job->context.loss_terms();
-    const ModelFamily& family = model_family(job->config.model.name);
+    const ModelFamily& family = *job->spec->family;
     if (family.block_activation_bytes) {
       out.block_activation_bytes =
           family.block_activation_bytes(*job->model, block_activation_shape(job->config, job->dims));

@@ -201,7 +201,7 @@ void Trainer::initial_load() {
   // Every rank checks the same headers alike (load_hf_checkpoint); an error of one rank
   // alone (its file system) still stops every rank.
   run_then_agree("loading the Hugging Face checkpoint " + path, job_->meshes.world,
-                 [&] { load_hf_checkpoint(*job_->model, job_->spec->hf_adapter(*job_->model), path); });
+                 [&] { load_hf_checkpoint(*job_->model, *job_->spec, path); });
   if (rank_ == 0 && log_) *log_ << "hp-train: weights loaded from the Hugging Face checkpoint in " << path << std::endl;
 }
 

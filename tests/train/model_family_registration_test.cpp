@@ -16,6 +16,7 @@
 #include "hyper_parallel/models/model_registry.h"
 #include "hyper_parallel_train/config/job_config.h"
 #include "hyper_parallel_train/spec/train_spec.h"
+#include "harness/build_paths.h"
 #include "harness/scratch_folder.h"
 #include "harness/train_steps.h"
 #include "train/dry_run.h"
@@ -144,6 +145,39 @@ TEST(ModelFamilyRegistration, BadRegistrationsAreRefusedNamingWhatIsWrong) {
   EXPECT_THAT(registration_error([&] { register_train_spec(lossless); }), HasSubstr("TrainSpec::loss is empty"));
   EXPECT_THAT(registration_error([] { register_train_spec(default_train_spec(kFamily)); }),
               HasSubstr("the spec of 'tied_test_decoder' is set already"));
+}
+
+TEST(ModelFamilyRegistration, TheSpecIsTheOneDoorToItsFamily) {
+  register_tied_test_decoder();
+  // The registered spec and the default one both carry the registry entry itself: what the
+  // Trainer loads with, the checkpoints export with and the dry run estimates with.
+  EXPECT_EQ(train_spec(kFamily).family, &model_family(kFamily));
+  EXPECT_EQ(train_spec("llama").family, &model_family("llama"));
+  EXPECT_EQ(default_train_spec("qwen3").family, &model_family("qwen3"));
+  TrainSpec borrowed = default_train_spec(kFamily);
+  borrowed.family = &model_family("llama");
+  EXPECT_THAT(registration_error([&] { register_train_spec(borrowed); }),
+              HasSubstr("TrainSpec::family is the registry entry of 'llama', not of 'tied_test_decoder'"));
+  // The tied decoder has no config.json writer: an export through its spec says so.
+  EXPECT_THAT(registration_error([] {
+                const TrainSpec& spec = train_spec(kFamily);
+                ModelConfig m;
+                m.name = kFamily;
+                export_hf_checkpoint(*spec.build(m), spec, hyper_parallel::testing::scratch_path("no_export"));
+              }),
+              HasSubstr("model family 'tied_test_decoder' cannot write a config.json yet"));
+}
+
+TEST(ModelFamilyPlugin, ALibraryThatCannotBeLoadedOrLacksTheEntryPointIsNamed) {
+  EXPECT_THAT(registration_error([] { load_model_family_plugins("/no/such/minigpt_family.so"); }),
+              ::testing::AllOf(HasSubstr("HYPER_PARALLEL_MODEL_PLUGIN_PATH: cannot load model family plugin "
+                                         "'/no/such/minigpt_family.so'"),
+                               HasSubstr("No such file")));
+  const std::string no_entry = hyper_parallel::testing::no_entry_point_plugin_path();
+  EXPECT_THAT(registration_error([&] { load_model_family_plugins(":" + no_entry + ":"); }),
+              HasSubstr("model family plugin '" + no_entry +
+                        "' does not export the symbol hyper_parallel_register_model_families (expected extern \"C\" "
+                        "void hyper_parallel_register_model_families())"));
 }
 
 }  // namespace model_family_registration_test

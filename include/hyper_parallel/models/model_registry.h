@@ -5,7 +5,10 @@
 // A family of the library lives in its own folder (src/models/<family>/) and adds one line
 // to the table in src/models/model_registry.cpp; a family from outside the library is
 // registered at run time with register_model_family (designated fields:
-// ModelFamily{.name = "mine", .from_hf_config = ..., ...}), before the job that names it.
+// ModelFamily{.name = "mine", .from_hf_config = ..., ...}), before the job that names it,
+// or from a shared library named in HYPER_PARALLEL_MODEL_PLUGIN_PATH (below).
+// hp-train reaches a family through its train spec (hyper_parallel_train/spec/train_spec.h:
+// TrainSpec::family), never by name beside it.
 #pragma once
 
 #include <functional>
@@ -58,6 +61,17 @@ struct ModelFamily {
 const ModelFamily& model_family(const std::string& name);
 // The library's families, then the registered ones, in registration order.
 std::vector<std::string> model_family_names();
+
+// ':'-separated shared libraries, each exporting
+// `extern "C" void hyper_parallel_register_model_families()`, which registers its families
+// (register_model_family, and register_train_spec for a spec of its own). Loaded at the
+// first lookup of a family (model_family, model_family_names) in any program, as the op
+// rules' HYPER_PARALLEL_OPS_PLUGIN_PATH is; a library that cannot be loaded, or lacks the
+// entry point, is a std::invalid_argument naming it and the variable, at every lookup.
+inline constexpr const char* kModelPluginPathVariable = "HYPER_PARALLEL_MODEL_PLUGIN_PATH";
+// The same for a ':'-separated list given here (a program's own option); a library loaded
+// already (by path) is not loaded again.
+void load_model_family_plugins(const std::string& paths);
 
 // Adds `family` to the registry, from any thread. Refused (std::invalid_argument naming the
 // field): an empty or taken name, or a missing from_hf_config, from_hf_config_json,

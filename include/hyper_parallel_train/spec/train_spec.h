@@ -1,11 +1,14 @@
-// train_spec.h — what hp-train needs of a model family to train it, beside the family
-// registry's loading and export (model_registry.h): TorchTitan's TrainSpec. The Trainer, the
-// Validator and the saved-model reader hold a module and its spec, and name no model.
+// train_spec.h — what hp-train needs of a model family to train it: TorchTitan's TrainSpec,
+// and the one door to the family. The spec carries its registry entry (TrainSpec::family,
+// model_registry.h), so the Trainer, the Validator, the checkpoints, the dry run and the
+// export tools hold a module and its spec, name no model, and load, save and export a
+// family's Hugging Face checkpoints through the one adapter and config.json its entry gives.
 //
 // Every registered family has a spec, made from its registry entry and its module's
 // CausalLanguageModel interface (causal_lm.h): adding a family to the registry is all it
 // takes to train it. A family may register a spec of its own instead (register_train_spec),
-// e.g. the default one with its loss, FSDP groups or description replaced.
+// e.g. the default one with its loss, FSDP groups or description replaced; what it says of
+// Hugging Face checkpoints stays its registry entry's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,6 +21,7 @@
 
 #include "hyper_parallel/core/export.h"
 #include "hyper_parallel/models/hf_checkpoint.h"
+#include "hyper_parallel/models/model_registry.h"
 #include "hyper_parallel_train/data/batch.h"
 #include "hyper_parallel_train/config/job_config.h"
 #include "hyper_parallel_train/config/parallel_dims.h"
@@ -50,6 +54,12 @@ struct LossCall {
 
 struct TrainSpec {
   std::string name;  // model.name
+  // The registry entry of family `name` (model_registry.h; valid for the life of the process):
+  // its hf_adapter is what checkpoint.initial_load_in_hf reads through, its to_hf_config and
+  // adapter what checkpoint.last_save_in_hf and hp-hf-export write, its
+  // block_activation_bytes what hp-dry-run estimates. default_train_spec sets it;
+  // register_train_spec sets it when null and refuses another family's.
+  const ModelFamily* family = nullptr;
   // The module of a job's [model]: the family's from_hf_config of model.hf_assets_path's
   // config.json, whose sizes are then written into `model` (a size set to another value is a
   // std::invalid_argument naming both), or, without hf_assets_path, from [model]'s sizes for
@@ -70,9 +80,6 @@ struct TrainSpec {
                                                    const ParallelDims::Meshes& meshes, const JobConfig& job,
                                                    const std::function<void()>& load_weights)>
       parallelize;
-  // Our parameter names against a Hugging Face checkpoint's (TorchTitan's state-dict
-  // adapter): what checkpoint.initial_load_in_hf reads through.
-  std::function<HfAdapter(const torch::nn::Module& model)> hf_adapter;
   // Sharded data parallelism's groups: the root's parameters (embeddings, final norm, head)
   // first, then one group per block, in the order the forward reads them.
   std::function<std::vector<NamedParameters>(const torch::nn::Module& model)> shard_groups;
@@ -103,12 +110,22 @@ void apply_activation_checkpointing(torch::nn::Module& model, const ActivationCh
 // the process.
 const TrainSpec& train_spec(const std::string& name);
 
+// A Hugging Face checkpoint folder's weights into `model` through the spec's family's adapter
+// (load_hf_checkpoint, hf_checkpoint.h): checkpoint.initial_load_in_hf.
+void load_hf_checkpoint(torch::nn::Module& model, const TrainSpec& spec, const std::string& folder);
+// `model` as a Hugging Face checkpoint folder through the spec's family (its adapter and
+// config.json): checkpoint.last_save_in_hf and hp-hf-export. A family without to_hf_config is
+// a std::invalid_argument naming it.
+HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const TrainSpec& spec, const std::string& folder,
+                                    const HfExportOptions& options = {});
+
 // The spec the library makes of family `name`'s registry entry: a starting point for a
 // family's own.
 TrainSpec default_train_spec(const std::string& name);
 
-// Makes `spec` the one train_spec(spec.name) returns, from any thread. Refused
-// (std::invalid_argument naming the field or the name): a name no registered family has, a
+// Makes `spec` the one train_spec(spec.name) returns, from any thread; spec.family is set to
+// the registry entry of spec.name when null. Refused (std::invalid_argument naming the field
+// or the name): a name no registered family has, a family pointing at another entry, a
 // field left empty, or a family whose spec is set already (registered, or taken by a job:
 // register before the first job that names it).
 void register_train_spec(TrainSpec spec);

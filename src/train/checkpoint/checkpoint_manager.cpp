@@ -16,7 +16,7 @@
 
 #include "hyper_parallel/core/distributed.h"
 #include "hyper_parallel/dtensor/dtensor.h"
-#include "hyper_parallel/models/model_registry.h"
+#include "hyper_parallel_train/spec/train_spec.h"
 #include "compat/file_system.h"
 #include "hyper_parallel/core/run_then_agree.h"
 #include "train/checkpoint/checkpoint_io.h"
@@ -509,7 +509,7 @@ void CheckpointManager::save_in_hf(int64_t step) const {
         HfExportOptions options;
         options.dtype = config_.checkpoint.export_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
         options.source_folder = config_.model.hf_assets_path;
-        const HfExportResult r = export_hf_checkpoint(*saved.model, model_family(saved.config.name), out, options);
+        const HfExportResult r = export_hf_checkpoint(*saved.model, train_spec(saved.config.name), out, options);
         if (log_) {
           *log_ << "hp-train: step " << step << " written as a Hugging Face checkpoint in " << out << " ("
                 << r.files.size() << " files, " << r.total_bytes << " bytes of " << config_.checkpoint.export_dtype

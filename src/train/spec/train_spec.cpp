@@ -186,6 +186,7 @@ std::string describe(const std::string& name, const torch::nn::Module& model) {
 TrainSpec spec_of(const ModelFamily& family) {
   TrainSpec spec;
   spec.name = family.name;
+  spec.family = &family;
   spec.build = [&family](ModelConfig& m) { return build(family, m); };
   spec.rebuild = [&family](const ModelConfig& m, const std::string& json) { return rebuild(family, m, json); };
   spec.parallelize = [&family](std::shared_ptr<torch::nn::Module> model, const ParallelDims& dims,
@@ -193,7 +194,6 @@ TrainSpec spec_of(const ModelFamily& family) {
                                const std::function<void()>& load_weights) {
     return parallelize(family, std::move(model), dims, meshes, job, load_weights);
   };
-  spec.hf_adapter = family.hf_adapter;
   spec.shard_groups = block_groups;
   spec.loss = token_loss_sum;
   spec.loss_terms = loss_terms;
@@ -238,12 +238,26 @@ const TrainSpec& train_spec(const std::string& name) {
 
 TrainSpec default_train_spec(const std::string& name) { return spec_of(model_family(name)); }
 
+void load_hf_checkpoint(torch::nn::Module& model, const TrainSpec& spec, const std::string& folder) {
+  hyper_parallel::load_hf_checkpoint(model, spec.family->hf_adapter(model), folder);
+}
+
+HfExportResult export_hf_checkpoint(const torch::nn::Module& model, const TrainSpec& spec, const std::string& folder,
+                                    const HfExportOptions& options) {
+  return hyper_parallel::export_hf_checkpoint(model, *spec.family, folder, options);
+}
+
 void register_train_spec(TrainSpec spec) {
-  model_family(spec.name);  // a registered family's name, or the error listing them
+  const ModelFamily& family = model_family(spec.name);  // a registered family's name, or the error listing them
+  if (spec.family && spec.family != &family) {
+    throw std::invalid_argument("register_train_spec('" + spec.name +
+                                "'): TrainSpec::family is the registry entry of '" + spec.family->name + "', not of '" +
+                                spec.name + "'");
+  }
+  spec.family = &family;
   const std::vector<std::pair<const char*, bool>> fields = {{"build", bool(spec.build)},
                                                             {"rebuild", bool(spec.rebuild)},
                                                             {"parallelize", bool(spec.parallelize)},
-                                                            {"hf_adapter", bool(spec.hf_adapter)},
                                                             {"shard_groups", bool(spec.shard_groups)},
                                                             {"loss", bool(spec.loss)},
                                                             {"loss_terms", bool(spec.loss_terms)},
