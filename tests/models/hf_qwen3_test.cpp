@@ -83,7 +83,7 @@ TEST(HfQwen3Config, FieldsAreReadAndUnrepresentableOnesRefusedByName) {
       R"(, "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "use_sliding_window": false, "sliding_window": null,
          "max_window_layers": 28, "layer_types": ["full_attention"], "attention_bias": false,
          "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0})"));
-  EXPECT_TRUE(a.qk_norm);
+  EXPECT_TRUE(qwen3_block_options(a).attention.qk_norm);
   EXPECT_EQ(a.resolved_kv_heads(), 2);
   EXPECT_EQ(a.resolved_head_dim(), 8);
   EXPECT_EQ(a.norm_eps, 1e-6);
@@ -95,7 +95,8 @@ TEST(HfQwen3Config, FieldsAreReadAndUnrepresentableOnesRefusedByName) {
       R"({"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 11, "intermediate_size": 24})");
   EXPECT_EQ(d.resolved_head_dim(), 128);
   EXPECT_EQ(d.max_seq_len, 32768);
-  EXPECT_FALSE(LlamaArgs::from_hf_config_json(qwen3_config(""), "config.json", "qwen3").qk_norm);
+  EXPECT_FALSE(
+      llama_block_options(LlamaArgs::from_hf_config_json(qwen3_config(""), "config.json", "qwen3")).attention.qk_norm);
 
   EXPECT_THAT(qwen3_config_error(qwen3_config(R"(, "use_sliding_window": true, "sliding_window": 4096)")),
               HasSubstr("config.json: use_sliding_window = true: sliding-window attention is not implemented"));
@@ -140,10 +141,10 @@ TEST(ModelRegistry, Qwen3IsListedAndModelNameSelectsIt) {
   compat::create_directories(folder);
   std::ofstream(folder + "/config.json") << qwen3_config("");
   cfg.model.hf_assets_path = folder;  // the trainer's model: the family's, from its config.json
-  EXPECT_TRUE(as_llama(*train::train_spec(cfg.model.name).build(cfg.model))->args().qk_norm);
+  EXPECT_TRUE(as_llama(*train::train_spec(cfg.model.name).build(cfg.model))->block_options().attention.qk_norm);
   auto module = model_family("qwen3").from_hf_config(folder + "/config.json");
   const Llama model = as_llama(*module);
-  EXPECT_TRUE(model->args().qk_norm);
+  EXPECT_TRUE(model->block_options().attention.qk_norm);
   const auto params = model->named_parameters();
   EXPECT_TRUE(params.contains("layers.0.attention.q_norm.weight"));
   EXPECT_EQ(params["layers.0.attention.k_norm.weight"].sizes().vec(), std::vector<int64_t>{8});

@@ -13,6 +13,7 @@
 #include "harness/scratch_folder.h"
 #include "hyper_parallel/models/gemma2.h"
 #include "hyper_parallel/models/llama.h"
+#include "hyper_parallel/models/qwen3.h"
 #include "hyper_parallel_train/config/job_config.h"
 #include "train/metrics/metrics.h"
 #include "train/metrics/mfu.h"
@@ -59,9 +60,8 @@ TEST(ModelFlops, TiedEmbeddingsCountOnceAndGqaHeadsAsTheyAre) {
   a.head_dim = 24;
   a.vocab_size = 100;
   a.ffn_hidden_dim = 96;
-  a.qk_norm = true;
   a.tie_word_embeddings = true;
-  Llama model(a);
+  Llama model = qwen3_model(a);  // Llama's blocks with q/k norms
   const int64_t q = 4 * 24, kv = 2 * 24;
   const int64_t per_layer = 64 * q + 2 * 64 * kv + q * 64 + 3 * 64 * 96 + 2 * 64 + 2 * 24;
   const int64_t matmul = 3 * per_layer + 64 + 100 * 64;  // the table once, as the head

@@ -124,7 +124,7 @@ CollectiveCounts block_forward_collectives(bool sequence_parallel) {
 // the input's gradient and every parameter's gradient.
 TEST(ActivationCheckpoint, BlockOutputAndEveryGradientMatchTheBlockWithoutIt) {
   const LlamaArgs args = small_args();
-  TransformerBlock block(args);
+  DecoderBlock block(llama_block_options(args));
   block->to(at::kDouble);
   {
     at::NoGradGuard no_grad;
@@ -132,7 +132,7 @@ TEST(ActivationCheckpoint, BlockOutputAndEveryGradientMatchTheBlockWithoutIt) {
     for (auto& p : block->parameters()) p.copy_(random_tensor(p.sizes(), seed++) * 0.2);
   }
   auto [cos, sin] = llama_rope_tables(args);
-  TransformerBlockImpl* impl = block.get();
+  DecoderBlockImpl* impl = block.get();
   const auto forward = [impl, cos = cos, sin = sin](const at::Tensor& x) { return impl->forward(x, cos, sin); };
   const at::Tensor x0 = random_tensor({2, kSeq, args.dim}, 1);
   const at::Tensor weight = random_tensor({2, kSeq, args.dim}, 2);

@@ -1,10 +1,8 @@
-// The Llama family (token embedding, RMSNorm, RoPE, causal grouped-query attention, SwiGLU
-// MLP, output head), its TorchTitan tensor-parallel plan, and its adapter to transformers'
-// LlamaForCausalLM checkpoints (hf_checkpoint.h; sources in src/models/llama/).
-//
-// Parallelized sub-modules are called through hp::parallel_forward, so the same code runs
-// on one process and under any TP degree. Attention works on each rank's local heads
-// (ColwiseParallel with use_local_output, as TorchTitan does).
+// The Llama family (token embedding, decoder blocks of RMSNorm, RoPE, causal grouped-query
+// attention and SwiGLU MLP, output head), its TorchTitan tensor-parallel plan, and its adapter
+// to transformers' LlamaForCausalLM checkpoints (hf_checkpoint.h; sources in
+// src/models/llama/). The blocks, plan and names are the family-neutral ones
+// (decoder_blocks.h, decoder_plan.h) with Llama's options.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -19,6 +17,7 @@
 #include "hyper_parallel/models/block_activations.h"
 #include "hyper_parallel/nn/block_hooks.h"
 #include "hyper_parallel/models/causal_lm.h"
+#include "hyper_parallel/models/decoder_blocks.h"
 #include "hyper_parallel/core/device_mesh.h"
 #include "hyper_parallel/models/hf_checkpoint.h"
 #include "hyper_parallel/nn/parallel_style.h"
@@ -28,15 +27,6 @@ HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
-// llama3 rope scaling (Llama 3.1): the inverse frequencies rescaled by wavelength, as
-// transformers' _compute_llama3_parameters.
-struct Llama3RopeScaling {
-  double factor = 8.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int64_t original_max_position_embeddings = 8192;
-};
-
 // DecoderSizes (causal_lm.h) and what Llama adds to them. ffn_hidden_dim 0: 2/3 * 4 * dim
 // rounded up to multiple_of (hidden_dim()).
 struct LlamaArgs : DecoderSizes {
@@ -45,9 +35,6 @@ struct LlamaArgs : DecoderSizes {
   // from_hf_config, so that long contexts agree with the checkpoint's own model); false:
   // in float64, rounded to float32 once.
   bool rope_tables_like_hf = false;
-  // Per-head RMSNorm of queries and keys (weights [head_dim]) before RoPE: an option of the
-  // attention block that Qwen3 sets (src/models/qwen3/); Llama has none.
-  bool qk_norm = false;
   int64_t hidden_dim() const;
 
   // From a transformers LlamaConfig (config.json): the fields the model honours are read,
@@ -65,51 +52,16 @@ struct LlamaArgs : DecoderSizes {
   std::string to_hf_config_json() const;
 };
 
-class RMSNormImpl : public torch::nn::Module {
- public:
-  RMSNormImpl(int64_t dim, double eps);
-  at::Tensor forward(const at::Tensor& x);
-  at::Tensor weight;
-
- private:
-  double eps_;
-};
-TORCH_MODULE(RMSNorm);
-
-class AttentionImpl : public torch::nn::Module {
- public:
-  explicit AttentionImpl(const LlamaArgs& args);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
-  torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
-  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // per head, with args.qk_norm only
-
- private:
-  int64_t head_dim_;
-  int64_t group_;  // query heads per key/value head
-};
-TORCH_MODULE(Attention);
-
-class FeedForwardImpl : public torch::nn::Module {
- public:
-  explicit FeedForwardImpl(const LlamaArgs& args);
-  at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
-};
-TORCH_MODULE(FeedForward);
-
-class TransformerBlockImpl : public torch::nn::Module {
- public:
-  explicit TransformerBlockImpl(const LlamaArgs& args);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
-  RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};
-  Attention attention{nullptr};
-  FeedForward feed_forward{nullptr};
-};
-TORCH_MODULE(TransformerBlock);
+// Llama's blocks (decoder_blocks.h): RMSNorm scaling by w, attention with adjacent-pair RoPE
+// and no q/k norms, SwiGLU of hidden_dim().
+DecoderBlockOptions llama_block_options(const LlamaArgs& args);
 
 class LlamaImpl : public torch::nn::Module, public CausalLanguageModel {
  public:
   explicit LlamaImpl(const LlamaArgs& args);
+  // A family shaped like Llama with blocks of its own (Qwen3: llama_block_options plus q/k
+  // norms); the blocks' sizes must be the args'.
+  LlamaImpl(const LlamaArgs& args, const DecoderBlockOptions& blocks);
   // tokens [batch, seq] -> logits [batch, seq, vocab] (a Shard(-1) DTensor under loss
   // parallel, a plain tensor otherwise).
   at::Tensor forward(const at::Tensor& tokens);
@@ -125,6 +77,7 @@ class LlamaImpl : public torch::nn::Module, public CausalLanguageModel {
   DecoderSizes sizes() const override;
   int64_t flops_per_token(int64_t seq_len) const override;
   const LlamaArgs& args() const { return args_; }
+  const DecoderBlockOptions& block_options() const { return blocks_; }
   // Tied models: points output->weight at tok_embeddings->weight (the head registers no
   // weight). The constructor and parallelize_llama call it; call it again after replacing
   // the embeddings' parameter yourself.
@@ -141,13 +94,15 @@ class LlamaImpl : public torch::nn::Module, public CausalLanguageModel {
 
  private:
   LlamaArgs args_;
+  DecoderBlockOptions blocks_;
   at::Tensor rope_cos_, rope_sin_;  // [max_seq_len, head_dim / 2]
   std::shared_ptr<BlockHooks> block_hooks_;
   BlockCheckpointing block_checkpointing_;
 };
 TORCH_MODULE(Llama);
 
-// The RoPE tables [max_seq_len, head_dim / 2] (cos, sin) as float32, for `args`.
+// The RoPE tables [max_seq_len, head_dim / 2] (cos, sin) as float32, for `args` (rope.h).
+RopeTableOptions llama_rope_options(const LlamaArgs& args);
 std::pair<at::Tensor, at::Tensor> llama_rope_tables(const LlamaArgs& args);
 
 // TorchTitan's TP plan for this model: embeddings Rowwise (vocabulary-parallel), q/k/v and
@@ -160,17 +115,18 @@ std::pair<at::Tensor, at::Tensor> llama_rope_tables(const LlamaArgs& args);
 // are supported: the DTensors carry the global length.
 ParallelizePlan llama_tp_plan(bool loss_parallel, bool sequence_parallel = false);
 // Checks the model fits the TP degree (query and key/value heads, hidden dims) and applies
-// the plan; src_data_rank as in parallelize_module.
+// the plan of its blocks (decoder_tp_plan: llama_tp_plan, plus q/k norms where the blocks
+// have them); src_data_rank as in parallelize_module.
 void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel = false,
                        std::optional<int64_t> src_data_rank = 0);
-// The same checks with another family's plan for this module (Qwen3's adds its q/k norms).
+// The same checks with another plan for this module.
 void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, const ParallelizePlan& plan,
                        std::optional<int64_t> src_data_rank);
 
 // Our parameter names against transformers' LlamaForCausalLM (q/k rows in rotate-half
 // order there; a tied model has no output.weight of its own and the file no lm_head.weight).
 HfAdapter llama_hf_adapter(const LlamaArgs& args);
-// What one block keeps for backward (ModelFamily::block_activation_bytes; qk_norm included).
+// What one of Llama's blocks keeps for backward (decoder_block_activation_bytes).
 int64_t llama_block_activation_bytes(const LlamaArgs& args, const BlockActivationShape& shape);
 
 struct ModelFamily;

@@ -54,6 +54,11 @@ struct ModelFamily {
   // backward in eager mode without checkpointing (block_activations.h); null: the family
   // gives no estimate, and hp-dry-run says so rather than guessing.
   std::function<int64_t(const torch::nn::Module& model, const BlockActivationShape& shape)> block_activation_bytes;
+  // The family's shape rules, checked when a job is validated, before anything is built:
+  // what its [model] sizes must obey, and what a TP degree asks of them; each violation a
+  // message naming the keys. Null: the decoder's (decoder_size_rules.h).
+  std::function<std::vector<std::string>(const DecoderSizes& sizes)> size_errors;
+  std::function<std::vector<std::string>(const DecoderSizes& sizes, int64_t tp)> tp_size_errors;
 };
 
 // The family called `name`; an unknown name throws std::invalid_argument listing the known ones.

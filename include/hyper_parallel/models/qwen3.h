@@ -1,7 +1,8 @@
-// The Qwen3 family (transformers' Qwen3ForCausalLM, dense): Llama's decoder with a per-head
-// RMSNorm of queries and keys before RoPE (weights [head_dim], LlamaArgs::qk_norm), read
-// from a Qwen3 config.json, with its TP plan and checkpoint adapter (src/models/qwen3/).
-// The module is Llama's: Qwen3 adds the two norms and nothing else the model honours.
+// The Qwen3 family (transformers' Qwen3ForCausalLM, dense): Llama's decoder whose attention
+// blocks normalise each head of the queries and keys before RoPE (AttentionOptions::qk_norm,
+// weights [head_dim]), read from a Qwen3 config.json, with its TP plan and checkpoint adapter
+// (src/models/qwen3/). The module is a Llama built with these blocks: Qwen3 adds the two
+// norms and nothing else the model honours.
 #pragma once
 
 #include <optional>
@@ -15,7 +16,7 @@ HP_PUBLIC_BEGIN
 namespace hyper_parallel {
 
 // From a transformers Qwen3Config: the fields Llama's reader takes (with Qwen3Config's
-// defaults where they differ: head_dim 128, max_position_embeddings 32768) and qk_norm.
+// defaults where they differ: head_dim 128, max_position_embeddings 32768).
 // Refused, naming the field and its value: use_sliding_window true, layer_types other
 // than full_attention, attention_bias true, a rope type other than default/llama3, and
 // what Llama's reader refuses.
@@ -24,6 +25,11 @@ LlamaArgs qwen3_args_from_hf_config_file(const std::string& path);
 // And back: a transformers Qwen3Config (Llama's fields, model_type qwen3, no sliding
 // window) that qwen3_args_from_hf_config_json reads as these args.
 std::string qwen3_hf_config_json(const LlamaArgs& args);
+
+// Llama's blocks with the per-head q/k norms (eps: rms_norm_eps).
+DecoderBlockOptions qwen3_block_options(const LlamaArgs& args);
+// The Qwen3 these args describe: a Llama module with qwen3_block_options.
+Llama qwen3_model(const LlamaArgs& args);
 
 // Llama's TP plan plus the q/k norms: their [head_dim] weights are replicated and applied
 // to each rank's own heads; the weights' gradients are summed over TP ranks.

@@ -1,8 +1,7 @@
-// LlamaArgs: derived sizes, the RoPE tables, and reading a transformers LlamaConfig.
+// LlamaArgs: derived sizes, the RoPE tables' options, and reading a transformers LlamaConfig.
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
-#include <cmath>
 #include <stdexcept>
 
 #include "hyper_parallel/models/llama.h"
@@ -16,42 +15,15 @@ int64_t LlamaArgs::hidden_dim() const {
   return multiple_of * ((h + multiple_of - 1) / multiple_of);
 }
 
-namespace {
-
-// Inverse frequencies in float32, operation by operation as transformers computes them
-// (compute_default_rope_parameters, _compute_llama3_parameters): Python's `a / t` is
-// t.reciprocal() * a, so the same roundings happen here.
-at::Tensor hf_inverse_frequencies(const LlamaArgs& a) {
-  const int64_t d = a.resolved_head_dim();
-  at::Tensor exponent = at::arange(0, d, 2, at::kLong).to(at::kFloat) / static_cast<double>(d);
-  at::Tensor inv = at::reciprocal(at::pow(a.rope_theta, exponent));
-  if (!a.rope_scaling) return inv;
-  const Llama3RopeScaling& s = *a.rope_scaling;
-  const double old_len = static_cast<double>(s.original_max_position_embeddings);
-  const double low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
-  at::Tensor wavelen = at::reciprocal(inv) * (2 * M_PI);
-  at::Tensor scaled = at::where(wavelen > low_wavelen, inv / s.factor, inv);
-  at::Tensor smooth =
-      (at::reciprocal(wavelen) * old_len - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-  at::Tensor smoothed = at::rsub(smooth, 1) * scaled / s.factor + smooth * scaled;
-  at::Tensor medium = at::logical_not(wavelen < high_wavelen).logical_and(at::logical_not(wavelen > low_wavelen));
-  return at::where(medium, smoothed, scaled);
+RopeTableOptions llama_rope_options(const LlamaArgs& a) {
+  return {.head_dim = a.resolved_head_dim(),
+          .theta = a.rope_theta,
+          .max_seq_len = a.max_seq_len,
+          .llama3_scaling = a.rope_scaling,
+          .like_transformers = a.rope_tables_like_hf};
 }
 
-}  // namespace
-
-std::pair<at::Tensor, at::Tensor> llama_rope_tables(const LlamaArgs& a) {
-  if (a.rope_tables_like_hf || a.rope_scaling) {
-    // transformers: position_ids.float() * inv_freq, cos/sin in float32.
-    at::Tensor angles =
-        at::arange(a.max_seq_len, at::kLong).to(at::kFloat).unsqueeze(1) * hf_inverse_frequencies(a).unsqueeze(0);
-    return {angles.cos(), angles.sin()};
-  }
-  const int64_t half = a.resolved_head_dim() / 2;
-  at::Tensor freqs = at::pow(a.rope_theta, -at::arange(half, at::kDouble) * 2.0 / a.resolved_head_dim());
-  at::Tensor angles = at::outer(at::arange(a.max_seq_len, at::kDouble), freqs);
-  return {angles.cos().to(at::kFloat), angles.sin().to(at::kFloat)};
-}
+std::pair<at::Tensor, at::Tensor> llama_rope_tables(const LlamaArgs& a) { return rope_tables(llama_rope_options(a)); }
 
 using nlohmann::json;
 

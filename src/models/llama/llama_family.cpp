@@ -1,34 +1,21 @@
-// The Llama family for the registry, and its state-dict adapter to and from the names of
-// transformers' LlamaForCausalLM.
+// The Llama family for the registry: its state-dict adapter to and from the names of
+// transformers' LlamaForCausalLM and what a block keeps for backward, both the decoder's
+// (decoder_plan.h) with Llama's blocks.
 #include <torch/nn/module.h>
 
+#include "hyper_parallel/models/decoder_plan.h"
+#include "hyper_parallel/models/decoder_size_rules.h"
 #include "hyper_parallel/models/llama.h"
 #include "hyper_parallel/models/model_registry.h"
 
 namespace hyper_parallel {
 
 HfAdapter llama_hf_adapter(const LlamaArgs& a) {
-  HfAdapter m;
-  auto map = [&m](const std::string& ours, const std::string& hf, int64_t rope_head_dim = 0) {
-    m.push_back(HfTensorMapping{ours, hf, rope_head_dim});
-  };
-  map("tok_embeddings.weight", "model.embed_tokens.weight");
-  for (int64_t i = 0; i < a.n_layers; ++i) {
-    const std::string ours = "layers." + std::to_string(i) + ".", hf = "model.layers." + std::to_string(i) + ".";
-    map(ours + "attention.wq.weight", hf + "self_attn.q_proj.weight", a.resolved_head_dim());
-    map(ours + "attention.wk.weight", hf + "self_attn.k_proj.weight", a.resolved_head_dim());
-    map(ours + "attention.wv.weight", hf + "self_attn.v_proj.weight");
-    map(ours + "attention.wo.weight", hf + "self_attn.o_proj.weight");
-    map(ours + "feed_forward.w1.weight", hf + "mlp.gate_proj.weight");
-    map(ours + "feed_forward.w2.weight", hf + "mlp.down_proj.weight");
-    map(ours + "feed_forward.w3.weight", hf + "mlp.up_proj.weight");
-    map(ours + "attention_norm.weight", hf + "input_layernorm.weight");
-    map(ours + "ffn_norm.weight", hf + "post_attention_layernorm.weight");
-  }
-  map("norm.weight", "model.norm.weight");
-  // Tied: the head is the embeddings' parameter (no output.weight; no lm_head.weight in the file).
-  if (!a.tie_word_embeddings) map("output.weight", "lm_head.weight");
-  return m;
+  return decoder_hf_adapter(llama_block_options(a), a.n_layers, a.tie_word_embeddings);
+}
+
+int64_t llama_block_activation_bytes(const LlamaArgs& a, const BlockActivationShape& shape) {
+  return decoder_block_activation_bytes(llama_block_options(a), shape);
 }
 
 Llama as_llama(const torch::nn::Module& m) {
@@ -55,8 +42,10 @@ ModelFamily llama_family() {
       .from_sizes = [](const DecoderSizes& s) { return Llama(LlamaArgs::from_sizes(s)).ptr(); },
       .block_activation_bytes =
           [](const torch::nn::Module& m, const BlockActivationShape& s) {
-            return llama_block_activation_bytes(as_llama(m)->args(), s);
+            return decoder_block_activation_bytes(as_llama(m)->block_options(), s);
           },
+      .size_errors = decoder_size_errors,
+      .tp_size_errors = decoder_tp_size_errors,
   };
 }
 

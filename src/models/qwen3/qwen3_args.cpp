@@ -30,9 +30,7 @@ LlamaArgs qwen3_args_from_hf_config_json(const std::string& text, const std::str
   // Qwen3Config's defaults where they differ from LlamaConfig's.
   if (!given("head_dim")) j["head_dim"] = 128;
   if (!given("max_position_embeddings")) j["max_position_embeddings"] = 32768;
-  LlamaArgs a = LlamaArgs::from_hf_config_json(j.dump(), source, "qwen3");
-  a.qk_norm = true;
-  return a;
+  return LlamaArgs::from_hf_config_json(j.dump(), source, "qwen3");
 }
 
 std::string qwen3_hf_config_json(const LlamaArgs& a) {

@@ -1,19 +1,21 @@
-// The Qwen3 family's tensor-parallel plan: Llama's, plus the per-head q/k norms.
+// The Qwen3 family's blocks and tensor-parallel plan: Llama's, plus the per-head q/k norms.
+#include "hyper_parallel/models/decoder_plan.h"
 #include "hyper_parallel/models/qwen3.h"
 
 namespace hyper_parallel {
 
+DecoderBlockOptions qwen3_block_options(const LlamaArgs& a) {
+  DecoderBlockOptions o = llama_block_options(a);
+  o.attention.qk_norm = true;
+  return o;
+}
+
+Llama qwen3_model(const LlamaArgs& a) { return Llama(a, qwen3_block_options(a)); }
+
 ParallelizePlan qwen3_tp_plan(bool loss_parallel, bool sequence_parallel) {
-  ParallelizePlan plan = llama_tp_plan(loss_parallel, sequence_parallel);
-  // q/k arrive as each rank's own heads, [batch, seq, local heads, head_dim] (wq/wk are
-  // Colwise). The norms' [head_dim] weights are replicated; each rank's gradient covers
-  // only its heads, so SequenceParallel over the head axis (dim 2) is exactly what is
-  // needed: the input taken as Shard(2), the Partial weight gradient all-reduced
-  // (transformers' "replicated_with_grad_allreduce"), the output handed back local.
-  for (const char* norm : {"layers.*.attention.q_norm", "layers.*.attention.k_norm"}) {
-    plan.emplace_back(norm, SequenceParallel::make(/*sequence_dim=*/2, /*use_local_output=*/true));
-  }
-  return plan;
+  DecoderBlockOptions blocks;
+  blocks.attention.qk_norm = true;
+  return decoder_tp_plan(blocks, loss_parallel, sequence_parallel);
 }
 
 void parallelize_qwen3(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel,

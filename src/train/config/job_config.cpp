@@ -6,6 +6,7 @@
 
 #include "compat/file_system.h"
 #include "hyper_parallel/nn/activation_checkpoint.h"
+#include "hyper_parallel/models/decoder_size_rules.h"
 #include "hyper_parallel/models/model_registry.h"
 
 #include <toml++/toml.h>
@@ -823,6 +824,22 @@ std::string num(double v) { return format_float(v); }
 // A Hugging Face model's sizes are not known before the train spec builds it from its config.json.
 bool model_sizes_known(const ModelConfig& m) { return m.hf_assets_path.empty() || m.hf_sizes_applied; }
 
+// The family's shape rules (ModelFamily::size_errors, tp_size_errors); the decoder's where the
+// family gives none or is not known (that is reported on its own).
+std::vector<std::string> family_size_errors(const ModelConfig& m, std::optional<int64_t> tp) {
+  const ModelFamily* family = nullptr;
+  try {
+    if (!m.name.empty()) family = &model_family(m.name);
+  } catch (const std::invalid_argument&) {
+  }
+  if (tp) return family && family->tp_size_errors ? family->tp_size_errors(m, *tp) : decoder_tp_size_errors(m, *tp);
+  return family && family->size_errors ? family->size_errors(m) : decoder_size_errors(m);
+}
+
+void append(std::vector<std::string>& to, const std::vector<std::string>& from) {
+  to.insert(to.end(), from.begin(), from.end());
+}
+
 // Every float finite; [job] and [model].
 void check_model(const JobConfig& cfg, Checks& out) {
   // TOML and the command line both accept inf and nan; no float key has a use for them.
@@ -854,19 +871,7 @@ void check_model(const JobConfig& cfg, Checks& out) {
   out.require(m.n_kv_heads >= 0, "model.n_kv_heads = " + std::to_string(m.n_kv_heads) + " must be >= 0 (0: n_heads)");
   out.require(m.head_dim >= 0, "model.head_dim = " + std::to_string(m.head_dim) + " must be >= 0 (0: dim / n_heads)");
   // A Hugging Face config's sizes are checked by its family when it is read.
-  if (m.dim > 0 && m.n_heads > 0 && m.hf_assets_path.empty()) {
-    if (m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads != 0) {
-      out.errors.push_back("model.n_kv_heads = " + std::to_string(m.n_kv_heads) +
-                           " must divide model.n_heads = " + std::to_string(m.n_heads));
-    }
-    if (m.head_dim == 0 && m.dim % m.n_heads != 0) {
-      out.errors.push_back("model.dim = " + std::to_string(m.dim) + " must be divisible by model.n_heads = " +
-                           std::to_string(m.n_heads) + " (or set model.head_dim)");
-    } else if (m.head_dim >= 0 && m.resolved_head_dim() % 2 != 0) {  // RoPE rotates pairs of channels
-      out.errors.push_back(std::string(m.head_dim > 0 ? "model.head_dim = " : "model.dim / model.n_heads = ") +
-                           std::to_string(m.resolved_head_dim()) + " (the head size) must be even for RoPE");
-    }
-  }
+  if (m.hf_assets_path.empty()) append(out.errors, family_size_errors(m, std::nullopt));
   out.require(m.norm_eps > 0, "model.norm_eps = " + num(m.norm_eps) + " must be > 0");
   out.require(m.rope_theta > 0, "model.rope_theta = " + num(m.rope_theta) + " must be > 0");
 }
@@ -935,15 +940,7 @@ void check_parallelism(const JobConfig& cfg, Checks& out) {
   const bool sizes_known = model_sizes_known(m);
   const int64_t tp = cfg.parallelism.tensor_parallel_degree;
   out.require(tp >= 1, "parallelism.tensor_parallel_degree = " + std::to_string(tp) + " must be >= 1");
-  if (tp >= 1 && m.n_heads > 0 && sizes_known) {  // attention shards whole heads across the TP ranks
-    out.require(m.n_heads % tp == 0,
-                "model.n_heads = " + std::to_string(m.n_heads) +
-                    " must be divisible by parallelism.tensor_parallel_degree = " + std::to_string(tp));
-    out.require(m.n_kv_heads <= 0 || m.n_kv_heads % tp == 0,
-                "model.n_kv_heads = " + std::to_string(m.n_kv_heads) +
-                    " must be divisible by parallelism.tensor_parallel_degree = " + std::to_string(tp) +
-                    " (each rank holds whole key/value heads)");
-  }
+  if (sizes_known) append(out.errors, family_size_errors(m, tp));
   const int64_t dp = cfg.parallelism.data_parallel_degree;
   out.require(dp >= 1, "parallelism.data_parallel_degree = " + std::to_string(dp) + " must be >= 1");
   const int64_t shard = cfg.parallelism.data_parallel_shard_degree;
