@@ -5,10 +5,10 @@
 // and a tied head whose logits the loss soft-caps. Read from a Gemma 2 config.json, with
 // its TP plan and checkpoint adapter (sources in src/models/gemma2/).
 //
+// Built from the family-neutral decoder blocks (decoder_blocks.h) with Gemma 2's options.
 // RoPE rotates halves (i, i + head_dim / 2) as transformers does, so q/k rows keep the
-// checkpoint's order (no permutation at load or export). Parallelized sub-modules are
-// called through hp::parallel_forward, so the same code runs on one process and under
-// any TP degree; the sub-module names are Llama's where the parts are the same.
+// checkpoint's order (no permutation at load or export); the sub-module names are Llama's
+// where the parts are the same.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -24,6 +24,7 @@
 #include "hyper_parallel/models/block_activations.h"
 #include "hyper_parallel/nn/block_hooks.h"
 #include "hyper_parallel/models/causal_lm.h"
+#include "hyper_parallel/models/decoder_blocks.h"
 #include "hyper_parallel/core/device_mesh.h"
 #include "hyper_parallel/models/hf_checkpoint.h"
 #include "hyper_parallel/nn/parallel_style.h"
@@ -66,54 +67,11 @@ struct Gemma2Args : DecoderSizes {
   std::string to_hf_config_json() const;
 };
 
-// x / rms(x) * (1 + weight), in float32 for reduced-precision inputs (cast back after the
-// scaling, as transformers does); float64 stays float64.
-class Gemma2RMSNormImpl : public torch::nn::Module {
- public:
-  Gemma2RMSNormImpl(int64_t dim, double eps);
-  at::Tensor forward(const at::Tensor& x);
-  at::Tensor weight;  // zeros: the identity
-
- private:
-  double eps_;
-};
-TORCH_MODULE(Gemma2RMSNorm);
-
-class Gemma2AttentionImpl : public torch::nn::Module {
- public:
-  Gemma2AttentionImpl(const Gemma2Args& args, int64_t layer);
-  // x [batch, seq, dim]; cos/sin [max_seq_len, head_dim / 2].
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
-  torch::nn::Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
-
- private:
-  int64_t head_dim_;
-  int64_t group_;  // query heads per key/value head
-  double scaling_, softcap_;
-  int64_t window_;  // 0: full causal attention
-};
-TORCH_MODULE(Gemma2Attention);
-
-// GeGLU: w2(gelu_tanh(w1(x)) * w3(x)) (transformers' gate_proj, down_proj, up_proj).
-class Gemma2FeedForwardImpl : public torch::nn::Module {
- public:
-  explicit Gemma2FeedForwardImpl(const Gemma2Args& args);
-  at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
-};
-TORCH_MODULE(Gemma2FeedForward);
-
-// h = x + post_attention_norm(attention(attention_norm(x)));
-// out = h + post_ffn_norm(feed_forward(ffn_norm(h))).
-class Gemma2BlockImpl : public torch::nn::Module {
- public:
-  Gemma2BlockImpl(const Gemma2Args& args, int64_t layer);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
-  Gemma2RMSNorm attention_norm{nullptr}, post_attention_norm{nullptr}, ffn_norm{nullptr}, post_ffn_norm{nullptr};
-  Gemma2Attention attention{nullptr};
-  Gemma2FeedForward feed_forward{nullptr};
-};
-TORCH_MODULE(Gemma2Block);
+// Layer `layer`'s blocks (decoder_blocks.h): RMSNorms scaling by 1 + w, before and after
+// both the attention and the MLP; attention with rotate-half RoPE, scores scaled by
+// query_pre_attn_scalar^-1/2 and soft-capped, a float32 softmax, the sliding window on the
+// layers the config marks; GeGLU with tanh-approximated GELU.
+DecoderBlockOptions gemma2_block_options(const Gemma2Args& args, int64_t layer);
 
 class Gemma2Impl : public torch::nn::Module, public CausalLanguageModel {
  public:
@@ -146,7 +104,7 @@ class Gemma2Impl : public torch::nn::Module, public CausalLanguageModel {
 
   torch::nn::Embedding tok_embeddings{nullptr};
   torch::nn::ModuleList layers{nullptr};
-  Gemma2RMSNorm norm{nullptr};
+  RMSNorm norm{nullptr};  // scales by 1 + w
   torch::nn::Linear output{nullptr};
 
  private:
@@ -157,7 +115,7 @@ class Gemma2Impl : public torch::nn::Module, public CausalLanguageModel {
 };
 TORCH_MODULE(Gemma2);
 
-// Llama's TP plan (the sub-modules it names are the same here), plus, under sequence
+// The decoder's TP plan (decoder_tp_plan: the sub-modules are Llama's), with, under sequence
 // parallel, the post-attention and post-MLP norms as SequenceParallel: embeddings
 // vocabulary-parallel, q/k/v and w1/w3 Colwise, wo and w2 Rowwise, the head Colwise with
 // Shard(-1) DTensor logits under loss parallel, replicated local ones otherwise.

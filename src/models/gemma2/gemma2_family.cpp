@@ -1,34 +1,22 @@
-// The Gemma 2 family for the registry, and its state-dict adapter to and from the names
-// of transformers' Gemma2ForCausalLM.
+// The Gemma 2 family for the registry: its state-dict adapter to and from the names of
+// transformers' Gemma2ForCausalLM and what a block keeps for backward, both the decoder's
+// (decoder_plan.h) with Gemma 2's blocks.
 #include <torch/nn/module.h>
 
+#include "hyper_parallel/models/decoder_plan.h"
+#include "hyper_parallel/models/decoder_size_rules.h"
 #include "hyper_parallel/models/gemma2.h"
 #include "hyper_parallel/models/model_registry.h"
 
 namespace hyper_parallel {
 
 HfAdapter gemma2_hf_adapter(const Gemma2Args& a) {
-  HfAdapter m;
-  // q/k rows are not permuted (rope_head_dim 0): our RoPE rotates halves, as transformers'.
-  auto map = [&m](const std::string& ours, const std::string& hf) { m.push_back(HfTensorMapping{ours, hf, 0}); };
-  map("tok_embeddings.weight", "model.embed_tokens.weight");
-  for (int64_t i = 0; i < a.n_layers; ++i) {
-    const std::string ours = "layers." + std::to_string(i) + ".", hf = "model.layers." + std::to_string(i) + ".";
-    map(ours + "attention.wq.weight", hf + "self_attn.q_proj.weight");
-    map(ours + "attention.wk.weight", hf + "self_attn.k_proj.weight");
-    map(ours + "attention.wv.weight", hf + "self_attn.v_proj.weight");
-    map(ours + "attention.wo.weight", hf + "self_attn.o_proj.weight");
-    map(ours + "feed_forward.w1.weight", hf + "mlp.gate_proj.weight");
-    map(ours + "feed_forward.w2.weight", hf + "mlp.down_proj.weight");
-    map(ours + "feed_forward.w3.weight", hf + "mlp.up_proj.weight");
-    map(ours + "attention_norm.weight", hf + "input_layernorm.weight");
-    map(ours + "post_attention_norm.weight", hf + "post_attention_layernorm.weight");
-    map(ours + "ffn_norm.weight", hf + "pre_feedforward_layernorm.weight");
-    map(ours + "post_ffn_norm.weight", hf + "post_feedforward_layernorm.weight");
-  }
-  map("norm.weight", "model.norm.weight");
-  if (!a.tie_word_embeddings) map("output.weight", "lm_head.weight");
-  return m;
+  // q/k rows are not permuted: our RoPE rotates halves, as transformers'.
+  return decoder_hf_adapter(gemma2_block_options(a, 0), a.n_layers, a.tie_word_embeddings);
+}
+
+int64_t gemma2_block_activation_bytes(const Gemma2Args& a, const BlockActivationShape& shape) {
+  return decoder_block_activation_bytes(gemma2_block_options(a, 0), shape);
 }
 
 Gemma2 as_gemma2(const torch::nn::Module& m) {
@@ -57,6 +45,8 @@ ModelFamily gemma2_family() {
           [](const torch::nn::Module& m, const BlockActivationShape& s) {
             return gemma2_block_activation_bytes(as_gemma2(m)->args(), s);
           },
+      .size_errors = decoder_size_errors,
+      .tp_size_errors = decoder_tp_size_errors,
   };
 }
 
