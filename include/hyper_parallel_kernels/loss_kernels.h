@@ -153,7 +153,8 @@ HPK_API const char* hpk_capability(void);
 HPK_API int32_t hpk_compute_dtype(int32_t dtype);
 /* Bytes per element of `dtype`, or 0 for an unknown one. */
 HPK_API int64_t hpk_dtype_size(int32_t dtype);
-/* The OpenMP threads the kernels use from now on (>= 1); returns the status. */
+/* The OpenMP threads the kernels use from now on, in every thread of the process (>= 1; 0: OpenMP's
+ * own again, OMP_NUM_THREADS or the cores); returns the status. */
 HPK_API int32_t hpk_set_num_threads(int32_t threads, hpk_error* error);
 
 /* ---- Cross-entropy ---------------------------------------------------------------------- */

@@ -124,7 +124,7 @@ HPK_API int64_t hpk_dtype_size(int32_t dtype) {
 
 HPK_API int32_t hpk_set_num_threads(int32_t threads, hpk_error* error) {
   return run_guarded("hpk_set_num_threads", error, [&] {
-    if (threads < 1) fail(HPK_ERROR_OPTION, "expected threads >= 1, got ", threads);
+    if (threads < 0) fail(HPK_ERROR_OPTION, "expected threads >= 1 (or 0: OpenMP's own), got ", threads);
     k::runtime::requested_threads().store(threads);
   });
 }
