@@ -12,6 +12,10 @@ src/train is itself a stack of folders, each a layer of its own, with the traini
     train/config -> train/data -> train/parallel -> train/optim -> train/spec -> train/checkpoint
         -> train/metrics -> train
 
+src/kernels_c (libhyper_parallel_kernels: the C interface of the loss kernels, include/
+hyper_parallel_kernels/, which must not need LibTorch) sits just above the kernels it wraps;
+nothing of the library includes it.
+
 apps/ and tests/ sit on top and may include anything. The launcher (src/launcher, hp-run)
 stands alone: it includes only itself and public headers, and no library folder includes
 it. Public headers (include/hyper_parallel/, include/hyper_parallel_train/: all that is
@@ -27,7 +31,7 @@ import os
 import re
 import sys
 
-LAYERS = ["compat bench io", "core", "dtensor", "dispatch", "ops", "loss", "nn", "models",
+LAYERS = ["compat bench io", "core", "dtensor", "dispatch", "ops", "loss", "kernels_c", "nn", "models",
           "train/config", "train/data", "train/parallel", "train/optim", "train/spec", "train/checkpoint", "train/metrics",
           "train"]
 LEVEL = {folder: i for i, names in enumerate(LAYERS) for folder in names.split()}
@@ -46,7 +50,7 @@ def includes(path):
 # A public header's layer is its folder: include/hyper_parallel/<layer>/<name> (the runtime
 # layers), include/hyper_parallel_train/<part>/<name> (train/<part>); a header directly in
 # either folder is that library's top: the umbrella hyper_parallel.h (models) and the trainer.
-PUBLIC_TOP = {"hyper_parallel": "models", "hyper_parallel_train": "train"}
+PUBLIC_TOP = {"hyper_parallel": "models", "hyper_parallel_train": "train", "hyper_parallel_kernels": "kernels_c"}
 PUBLIC_FOLDERS = tuple(PUBLIC_TOP)
 
 
