@@ -5,7 +5,8 @@
 # (HyperParallel's import name); its metadata requires the torch release it is built for and the
 # package records that torch's whole version; it installs with pip into a new environment that sees torch and
 # nothing of ours (no build tree, no Debian libraries it would need: ldd finds every library in the
-# wheel or in torch); it imports there beside a package named hyper_parallel; a TP 2 loss runs.
+# wheel or in torch); its framework-free kernel library loads there without torch; it imports there
+# beside a package named hyper_parallel; a TP 2 loss runs.
 #
 #   bash scripts/check_wheel.sh [OUT_DIR]     (default: build/wheel)
 # Prints the wheel's tag and the build and install times.
@@ -82,6 +83,18 @@ if ldd "$site"/hyper_parallel_cpp/*.so "$site"/hyper_parallel_cpp*.libs/*.so* 2>
    grep "not found" | grep -v -E 'libtorch|libc10|libcudart|libnccl|libgomp'; then
   echo "the installed wheel needs a library that neither it nor torch brings"; exit 1
 fi
+
+# The framework-free kernels (include/hyper_parallel_kernels/loss_kernels.h) are in the package and
+# load without LibTorch: nothing of torch among what they need, loaded with ctypes, torch not imported.
+kernels="$site/hyper_parallel_cpp/libhyper_parallel_kernels.so"
+if ldd "$kernels" | grep -E 'libtorch|libc10'; then echo "$kernels needs LibTorch"; exit 1; fi
+"$env_dir/bin/python" - "$kernels" <<'EOF'
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.hpk_version.restype = lib.hpk_capability.restype = ctypes.c_char_p
+assert "torch" not in sys.modules
+print(f"libhyper_parallel_kernels {lib.hpk_version().decode()} ({lib.hpk_capability().decode()}) loads without torch")
+EOF
 
 # Beside a package named hyper_parallel, a TP 2 loss on 2 processes, against one process.
 mkdir -p "$out/theirs/hyper_parallel"
