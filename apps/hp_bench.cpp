@@ -58,7 +58,7 @@
 #include "hp_bench_linear.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "loss/kernel/cross_entropy_cpu_kernel.h"
-#include "loss/gradient_buffer.h"
+#include "loss/math/gradient_buffer.h"
 
 namespace hp = hyper_parallel;
 namespace F = torch::nn::functional;

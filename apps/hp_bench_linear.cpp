@@ -22,7 +22,7 @@
 #include "bench/memory_probe.h"
 #include "hyper_parallel/loss/fused_linear_loss.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "loss/gradient_buffer.h"
+#include "loss/math/gradient_buffer.h"
 
 namespace hp = hyper_parallel;
 namespace F = torch::nn::functional;

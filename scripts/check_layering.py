@@ -6,8 +6,15 @@ below it and the public headers (include/hyper_parallel/):
 
     compat, bench, io -> core -> dtensor -> dispatch -> ops -> loss -> nn -> models -> train
 
-src/train is itself a stack of folders, each a layer of its own, with the training loop
-(src/train's own files) on top:
+src/loss and src/train are each a stack of folders, each a layer of its own. In loss, the
+public loss headers (include/hyper_parallel/loss/: declarations every floor uses) sit at the
+bottom, then the raw kernels, the cross-rank call (class layouts, the agreements, the input
+checks, LossCall), the ATen algorithms (whose one collective carries the call's record) and
+the front ends on top:
+
+    loss -> loss/kernel -> loss/call -> loss/math -> loss/front
+
+In train, the training loop (src/train's own files) is on top:
 
     train/config -> train/data -> train/parallel -> train/optim -> train/spec -> train/checkpoint
         -> train/metrics -> train
@@ -31,7 +38,8 @@ import os
 import re
 import sys
 
-LAYERS = ["compat bench io", "core", "dtensor", "dispatch", "ops", "loss", "kernels_c", "nn", "models",
+LAYERS = ["compat bench io", "core", "dtensor", "dispatch", "ops",
+          "loss", "loss/kernel", "kernels_c", "loss/call", "loss/math", "loss/front", "nn", "models",
           "train/config", "train/data", "train/parallel", "train/optim", "train/spec", "train/checkpoint", "train/metrics",
           "train"]
 LEVEL = {folder: i for i, names in enumerate(LAYERS) for folder in names.split()}
@@ -54,11 +62,14 @@ PUBLIC_TOP = {"hyper_parallel": "models", "hyper_parallel_train": "train", "hype
 PUBLIC_FOLDERS = tuple(PUBLIC_TOP)
 
 
+STACKED = ("loss", "train")  # folders whose subfolders are layers of their own
+
+
 def layer_of(path):
-    """The layer of a path below src/: its first folder, or under train/ its first two."""
+    """The layer of a path below src/: its first folder, or under loss/ and train/ its first two."""
     parts = path.split("/")
-    if parts[0] == "train" and len(parts) > 2:
-        return "train/" + parts[1]
+    if parts[0] in STACKED and len(parts) > 2:
+        return parts[0] + "/" + parts[1]
     return parts[0]
 
 

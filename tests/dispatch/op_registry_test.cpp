@@ -15,7 +15,7 @@
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/dispatch/sharding_strategy.h"
 #include "dtensor/dtensor_impl.h"
-#include "loss/loss_parallel_dispatch.h"
+#include "loss/front/loss_parallel_dispatch.h"
 #include "ops/pointwise_ops.h"
 
 namespace op_registry_test {

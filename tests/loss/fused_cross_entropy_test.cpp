@@ -18,7 +18,7 @@
 #include "harness/rounding_bound.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "loss/kernel/cross_entropy_cpu_kernel.h"
-#include "loss/gradient_buffer.h"
+#include "loss/math/gradient_buffer.h"
 
 namespace fused_cross_entropy_test {
 

@@ -17,7 +17,7 @@
 #include "hyper_parallel/loss/fused_linear_loss.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "hyper_parallel/loss/vocab_parallel.h"
-#include "loss/call_agreement.h"
+#include "loss/call/call_agreement.h"
 
 namespace loss_agreement_test {
 

@@ -9,7 +9,7 @@
 
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "loss/loss_parallel_dispatch.h"
+#include "loss/front/loss_parallel_dispatch.h"
 
 namespace loss_parallel_behaviour_test {
 

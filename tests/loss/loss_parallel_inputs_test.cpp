@@ -13,8 +13,8 @@
 #include "harness/rank_harness.h"
 #include "hyper_parallel/loss/cross_entropy_definition.h"
 #include "hyper_parallel/hyper_parallel.h"
-#include "loss/logits_device.h"
-#include "loss/loss_parallel_dispatch.h"
+#include "loss/math/logits_device.h"
+#include "loss/front/loss_parallel_dispatch.h"
 
 namespace loss_parallel_inputs_test {
 

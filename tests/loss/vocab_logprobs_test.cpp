@@ -21,7 +21,7 @@
 #include "hyper_parallel/core/device_mesh.h"
 #include "hyper_parallel/dtensor/dtensor.h"
 #include "hyper_parallel/loss/vocab_parallel.h"
-#include "loss/fused_cross_entropy.h"
+#include "loss/math/fused_cross_entropy.h"
 
 namespace vocab_logprobs_test {
 

@@ -6,6 +6,7 @@ script="$1"
 root="$(mktemp -d)"
 trap 'rm -rf "$root"' EXIT
 mkdir -p "$root/src/core" "$root/src/dtensor" "$root/src/launcher" "$root/src/train/data" "$root/src/train/checkpoint" \
+         "$root/src/loss/call" "$root/src/loss/front" "$root/include/hyper_parallel/loss" \
          "$root/include/hyper_parallel/core" "$root/include/hyper_parallel/dtensor" "$root/include/hyper_parallel/models" \
          "$root/include/hyper_parallel_train/data"
 echo '#pragma once' > "$root/include/hyper_parallel/core/layout.h"
@@ -20,6 +21,9 @@ echo '#pragma once' > "$root/src/train/data/batches.h"
 echo '#include "core/redistribute.h"' >> "$root/src/train/trainer.cpp"            # a .cpp may
 echo '#pragma once' > "$root/src/train/checkpoint/checkpoint_io.h"
 printf '#include "train/data/batches.h"\n' > "$root/src/train/checkpoint/checkpoint_io.cpp"  # a lower part
+echo '#pragma once' > "$root/include/hyper_parallel/loss/loss_parallel.h"
+printf '#include "hyper_parallel/loss/loss_parallel.h"\n' > "$root/src/loss/call/loss_call.h"  # loss's public floor
+printf '#include "loss/call/loss_call.h"\n' > "$root/src/loss/front/vocab_parallel.cpp"       # a lower loss floor
 python3 "$script" "$root" || { echo "FAIL: a clean tree was reported"; exit 1; }
 
 echo '#include "dtensor/dtensor_impl.h"' >> "$root/src/core/redistribute.h"   # a folder above
@@ -29,6 +33,7 @@ echo '#include "core/redistribute.h"' >> "$root/include/hyper_parallel/core/layo
 echo '#include "train/data/batches.h"' >> "$root/include/hyper_parallel_train/trainer.h"  # installed -> src
 echo '#include "hyper_parallel_train/trainer.h"' > "$root/src/train/data/corpus.cpp"     # public train header above
 echo '#include "train/checkpoint/checkpoint_io.h"' > "$root/src/train/data/batches.cpp"  # a train part above
+echo '#include "loss/front/vocab_parallel.h"' > "$root/src/loss/call/loss_call.cpp"  # a loss floor above
 echo '#include "hyper_parallel/models/llama.h"' > "$root/src/core/placement.cpp"      # a public header of a layer above
 mkdir "$root/include/hyper_parallel/extra"
 echo '#pragma once' > "$root/include/hyper_parallel/extra/unlisted.h"         # a public header in no layer's folder
@@ -42,8 +47,8 @@ echo "$out"
 for where in src/core/redistribute.h src/core/fatal_error.cpp src/launcher/launcher.cpp \
              include/hyper_parallel/core/layout.h include/hyper_parallel_train/trainer.h src/train/data/batches.cpp \
              src/train/data/corpus.cpp src/core/placement.cpp include/hyper_parallel/extra/unlisted.h \
-             include/hyper_parallel/core/placement.h; do
+             include/hyper_parallel/core/placement.h src/loss/call/loss_call.cpp; do
   grep -q "^$where:" <<<"$out" || { echo "FAIL: $where not reported"; exit 1; }
 done
-grep -q " 10 layering violation(s)" <<<"$out" || { echo "FAIL: expected exactly 10 violations"; exit 1; }
+grep -q " 11 layering violation(s)" <<<"$out" || { echo "FAIL: expected exactly 11 violations"; exit 1; }
 echo "check_layering.py catches each planted violation"

@@ -25,10 +25,10 @@
 
 #include "hyper_parallel/loss/vocab_logprobs.h"
 
-#include "loss/call_agreement.h"
-#include "loss/class_sharding.h"
-#include "loss/fused_cross_entropy.h"
-#include "loss/input_agreement.h"
+#include "loss/call/call_agreement.h"
+#include "loss/call/class_sharding.h"
+#include "loss/math/fused_cross_entropy.h"
+#include "loss/call/input_agreement.h"
 
 namespace hyper_parallel {
 

@@ -1,4 +1,4 @@
-#include "loss/class_sharding.h"
+#include "loss/call/class_sharding.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
@@ -10,7 +10,7 @@
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor/dtensor.h"
 #include "hyper_parallel/loss/parallelism_config.h"
-#include "loss/call_agreement.h"
+#include "loss/call/call_agreement.h"
 
 namespace hyper_parallel {
 

@@ -1,5 +1,5 @@
 // fused_logprobs.h: log-probabilities and entropy from the fused cross-entropy's statistics.
-#include "loss/fused_logprobs.h"
+#include "loss/math/fused_logprobs.h"
 
 #include <ATen/ATen.h>
 
@@ -7,8 +7,8 @@
 
 #include "dtensor/dtensor_impl.h"
 #include "loss/kernel/cross_entropy_cpu_kernel.h"
-#include "loss/cross_entropy_kernels.h"
-#include "loss/loss_input_checks.h"
+#include "loss/math/cross_entropy_kernels.h"
+#include "loss/call/loss_input_checks.h"
 
 namespace hyper_parallel {
 

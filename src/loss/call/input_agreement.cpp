@@ -1,4 +1,4 @@
-#include "loss/input_agreement.h"
+#include "loss/call/input_agreement.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -10,7 +10,7 @@
 
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/core/communicator.h"
-#include "loss/call_agreement.h"
+#include "loss/call/loss_call_site.h"
 
 namespace hyper_parallel {
 

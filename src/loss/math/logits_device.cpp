@@ -1,4 +1,4 @@
-#include "loss/logits_device.h"
+#include "loss/math/logits_device.h"
 
 #include <c10/util/Exception.h>
 

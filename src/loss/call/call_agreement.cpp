@@ -1,4 +1,4 @@
-#include "loss/call_agreement.h"
+#include "loss/call/call_agreement.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/ScalarType.h>
@@ -10,8 +10,8 @@
 #include "hyper_parallel/core/communicator.h"
 #include "hyper_parallel/loss/loss_parallel.h"
 #include "hyper_parallel/core/pending_collective.h"
-#include "loss/class_sharding.h"
-#include "loss/input_agreement.h"
+#include "loss/call/class_sharding.h"
+#include "loss/call/input_agreement.h"
 
 namespace hyper_parallel {
 
@@ -220,10 +220,6 @@ void write_shape(double* v, const std::vector<int64_t>& shape, bool defined) {
 
 }  // namespace
 
-std::string loss_call_site(const std::string& op) {
-  return op.rfind("vocab_parallel_", 0) == 0 ? op : op + " under loss_parallel";
-}
-
 void record_guard_cross_entropy_options(LossCallRecord& call) {
   if (!is_loss_parallel_active()) return;
   const LossParallelOptions o = current_loss_parallel_options();
@@ -262,27 +258,6 @@ void record_context(LossCallRecord& call) {
   const bool active = is_loss_parallel_active();
   call.context = active ? LossContext::inside : LossContext::outside;
   call.strict = active && effective_strict(current_loss_parallel_options());
-}
-
-int64_t check_vocab_pieces(const std::vector<int64_t>& counts, int64_t vocab_size) {
-  const int64_t n = static_cast<int64_t>(counts.size());
-  int64_t total = vocab_size;
-  if (total < 0) {
-    total = 0;
-    for (int64_t c : counts) total += c;
-  }
-  std::string listed;
-  for (int64_t i = 0; i < n; ++i) listed += (i ? ", " : "") + std::to_string(counts[i]);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t want = chunk_range(total, n, i).length;
-    if (want != counts[i]) {
-      throw LossParallelLayoutError("vocab_parallel: the members' class counts (" + listed +
-                                    ") are not the torch.chunk pieces of " + std::to_string(total) +
-                                    " classes: member " + std::to_string(i) + " holds " + std::to_string(counts[i]) +
-                                    ", expected " + std::to_string(want));
-    }
-  }
-  return total;
 }
 
 namespace {

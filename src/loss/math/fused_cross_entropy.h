@@ -12,9 +12,9 @@
 #include <c10/util/Optional.h>
 
 #include "hyper_parallel/loss/cross_entropy_definition.h"
-#include "loss/call_agreement.h"
-#include "loss/cross_entropy_kernels.h"
-#include "loss/input_agreement.h"
+#include "loss/call/call_agreement.h"
+#include "loss/math/cross_entropy_kernels.h"
+#include "loss/call/input_agreement.h"
 
 namespace hyper_parallel {
 

@@ -31,6 +31,8 @@
 
 #include "hyper_parallel/loss/cross_entropy_definition.h"
 #include "hyper_parallel/loss/vocab_parallel.h"  // VocabPiece
+#include "loss/call/loss_call_site.h"
+#include "loss/call/vocab_pieces.h"
 
 namespace hyper_parallel {
 
@@ -76,10 +78,6 @@ void record_logits(LossCallRecord& call, const at::Tensor& local_logits, int64_t
 void record_target(LossCallRecord& call, const at::Tensor& target, int64_t class_dim);
 // Whether the C++ loss_parallel guard is active on this thread, and its effective strictness.
 void record_context(LossCallRecord& call);
-
-// How errors name the call: "<op> under loss_parallel" for the DTensor route's ops, the bare
-// name for the functions on local pieces (vocab_parallel_*), which no context surrounds.
-std::string loss_call_site(const std::string& op);
 
 // For log_softmax and nll_loss: the loss_parallel guard's cross-entropy-only options (z-loss,
 // soft-cap) into `call`, so that a guard that differs between ranks is named on every rank;
@@ -143,10 +141,5 @@ int64_t learn_vocabulary(const std::string& op, int64_t local_classes, const Com
 // all-gather per group, the call's first collective on each rank.
 void agree_on_context(const LossCallRecord& mine, const std::vector<const Communicator*>& comms,
                       const c10::Device& device);
-
-// Throws LossParallelLayoutError, the same on every member, unless `counts` (every member's
-// class count) are torch.chunk's pieces of `vocab_size` classes; vocab_size < 0: of their sum.
-// Returns the vocabulary.
-int64_t check_vocab_pieces(const std::vector<int64_t>& counts, int64_t vocab_size);
 
 }  // namespace hyper_parallel

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "hyper_parallel/core/communicator.h"
-#include "loss/class_sharding.h"
+#include "loss/call/class_sharding.h"
 
 namespace hyper_parallel {
 

@@ -1,4 +1,4 @@
-#include "loss/loss_input_checks.h"
+#include "loss/call/loss_input_checks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>

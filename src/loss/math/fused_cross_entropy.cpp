@@ -1,4 +1,4 @@
-#include "loss/fused_cross_entropy.h"
+#include "loss/math/fused_cross_entropy.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
@@ -10,7 +10,7 @@
 #if defined(HP_CE_HAVE_CUDA)
 #include "loss/kernel/cross_entropy_cuda_kernel.h"
 #endif
-#include "loss/gradient_buffer.h"
+#include "loss/math/gradient_buffer.h"
 
 namespace hyper_parallel {
 

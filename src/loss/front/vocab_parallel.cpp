@@ -6,26 +6,17 @@
 
 #include <string>
 
-#include "loss/call_agreement.h"
-#include "loss/class_sharding.h"
-#include "loss/cross_entropy_kernels.h"
-#include "loss/fused_cross_entropy.h"
-#include "loss/input_agreement.h"
-#include "loss/logits_device.h"
-#include "loss/loss_input_checks.h"
+#include "loss/call/call_agreement.h"
+#include "loss/call/class_sharding.h"
+#include "loss/math/cross_entropy_kernels.h"
+#include "loss/math/fused_cross_entropy.h"
+#include "loss/call/input_agreement.h"
+#include "loss/math/logits_device.h"
+#include "loss/call/loss_input_checks.h"
 
 namespace hyper_parallel {
 
 namespace {
-
-std::string piece_mismatch(const Communicator* comm, int64_t local, int64_t total) {
-  const int64_t n = comm ? comm->size() : 1, r = comm ? comm->rank() : 0;
-  const ChunkRange want = chunk_range(total, n, r);
-  return "expected member " + std::to_string(r) + " of " + std::to_string(n) + " to hold classes [" +
-         std::to_string(want.offset) + ", " + std::to_string(want.offset + want.length) + ") of the vocabulary of " +
-         std::to_string(total) + " (its torch.chunk piece, as DTensor's Shard gives it), got " + std::to_string(local) +
-         " classes";
-}
 
 ClassShard class_shard(const Communicator* comm, const VocabPiece& p) {
   ClassShard s;
@@ -75,26 +66,6 @@ VocabPiece agreed_piece(const LossCallRecord& call, const Communicator* comm, co
 }
 
 }  // namespace
-
-VocabPiece vocab_piece(const Communicator* comm, int64_t local_classes, int64_t vocab_size) {
-  const int64_t n = comm ? comm->size() : 1, r = comm ? comm->rank() : 0;
-  int64_t total = vocab_size;
-  if (total < 0) {
-    if (n == 1) {
-      total = local_classes;
-    } else {
-      const at::Tensor mine = at::full({1}, local_classes, at::TensorOptions().dtype(at::kLong));
-      const at::Tensor all = comm->all_gather(mine, 0, std::vector<int64_t>(n, 1));
-      std::vector<int64_t> counts(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) counts[i] = all[i].item<int64_t>();
-      total = check_vocab_pieces(counts, -1);
-    }
-  }
-  const ChunkRange want = chunk_range(total, n, r);
-  if (want.length != local_classes)
-    throw LossParallelLayoutError("vocab_parallel: " + piece_mismatch(comm, local_classes, total));
-  return {want.offset, want.length, total};
-}
 
 int64_t learn_vocab_size(const std::string& op, int64_t local_classes, const Communicator* comm,
                          const c10::Device& device) {

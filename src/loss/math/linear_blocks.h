@@ -12,8 +12,8 @@
 
 #include <string>
 
-#include "loss/class_sharding.h"
-#include "loss/fused_cross_entropy.h"
+#include "loss/call/class_sharding.h"
+#include "loss/math/fused_cross_entropy.h"
 
 namespace hyper_parallel {
 

@@ -18,12 +18,12 @@
 #include "hyper_parallel/dispatch/dispatch.h"
 #include "hyper_parallel/dtensor/dtensor.h"
 #include "hyper_parallel/loss/parallelism_config.h"
-#include "loss/call_agreement.h"
-#include "loss/class_sharding.h"
-#include "loss/cross_entropy_kernels.h"
-#include "loss/input_agreement.h"
-#include "loss/loss_input_checks.h"
-#include "loss/loss_parallel_dispatch.h"
+#include "loss/call/call_agreement.h"
+#include "loss/call/class_sharding.h"
+#include "loss/math/cross_entropy_kernels.h"
+#include "loss/call/input_agreement.h"
+#include "loss/call/loss_input_checks.h"
+#include "loss/front/loss_parallel_dispatch.h"
 
 namespace hyper_parallel {
 

@@ -1,5 +1,5 @@
 // linear_blocks.h: the head's matmul and a fused loss's statistics or gradient, a block at a time.
-#include "loss/linear_blocks.h"
+#include "loss/math/linear_blocks.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -11,8 +11,8 @@
 #include "hyper_parallel/dtensor/dtensor.h"
 #include "hyper_parallel/loss/loss_parallel.h"
 #include "loss/kernel/cross_entropy_cpu_kernel.h"
-#include "loss/cross_entropy_kernels.h"
-#include "loss/gradient_buffer.h"
+#include "loss/math/cross_entropy_kernels.h"
+#include "loss/math/gradient_buffer.h"
 
 namespace hyper_parallel {
 

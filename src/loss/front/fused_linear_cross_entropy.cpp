@@ -16,14 +16,14 @@
 #include "compat/autograd_compat.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor/dtensor.h"
-#include "loss/class_sharding.h"
+#include "loss/call/class_sharding.h"
 #include "loss/kernel/cross_entropy_cpu_kernel.h"
-#include "loss/cross_entropy_kernels.h"
-#include "loss/fused_cross_entropy.h"
-#include "loss/linear_blocks.h"
-#include "loss/call_agreement.h"
-#include "loss/input_agreement.h"
-#include "loss/loss_input_checks.h"
+#include "loss/math/cross_entropy_kernels.h"
+#include "loss/math/fused_cross_entropy.h"
+#include "loss/math/linear_blocks.h"
+#include "loss/call/call_agreement.h"
+#include "loss/call/input_agreement.h"
+#include "loss/call/loss_input_checks.h"
 
 namespace hyper_parallel {
 

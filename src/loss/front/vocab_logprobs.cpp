@@ -15,13 +15,13 @@
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor/dtensor.h"
 #include "hyper_parallel/loss/vocab_parallel.h"
-#include "loss/call_agreement.h"
-#include "loss/class_sharding.h"
+#include "loss/call/call_agreement.h"
+#include "loss/call/class_sharding.h"
 #include "loss/kernel/cross_entropy_cpu_kernel.h"
-#include "loss/cross_entropy_kernels.h"
-#include "loss/fused_logprobs.h"
-#include "loss/input_agreement.h"
-#include "loss/logits_device.h"
+#include "loss/math/cross_entropy_kernels.h"
+#include "loss/math/fused_logprobs.h"
+#include "loss/call/input_agreement.h"
+#include "loss/math/logits_device.h"
 
 namespace hyper_parallel {
 

@@ -1,4 +1,4 @@
-#include "loss/cross_entropy_kernels.h"
+#include "loss/math/cross_entropy_kernels.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "hyper_parallel/loss/loss_parallel.h"
-#include "loss/loss_input_checks.h"
+#include "loss/call/loss_input_checks.h"
 
 namespace hyper_parallel {
 

@@ -1,4 +1,4 @@
-#include "loss/gradient_buffer.h"
+#include "loss/math/gradient_buffer.h"
 
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>

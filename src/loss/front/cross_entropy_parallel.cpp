@@ -9,14 +9,14 @@
 #include "compat/autograd_compat.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor/dtensor.h"
-#include "loss/call_agreement.h"
-#include "loss/class_sharding.h"
-#include "loss/cross_entropy_kernels.h"
-#include "loss/fused_cross_entropy.h"
-#include "loss/input_agreement.h"
-#include "loss/logits_device.h"
-#include "loss/loss_input_checks.h"
-#include "loss/loss_parallel_dispatch.h"
+#include "loss/call/call_agreement.h"
+#include "loss/call/class_sharding.h"
+#include "loss/math/cross_entropy_kernels.h"
+#include "loss/math/fused_cross_entropy.h"
+#include "loss/call/input_agreement.h"
+#include "loss/math/logits_device.h"
+#include "loss/call/loss_input_checks.h"
+#include "loss/front/loss_parallel_dispatch.h"
 
 namespace hyper_parallel {
 
