@@ -51,6 +51,7 @@ hp_install_missing() {
     DEBIAN_FRONTEND=noninteractive hp_sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
   fi
   if [ -z "${HP_LIBTORCH:-}" ]; then hp_install_torch_venv; fi
+  if [ "${HP_WITH_MINDSPORE:-0}" = 1 ]; then hp_install_mindspore_venv; fi
 }
 
 # What the venv holds. transformers, safetensors, tokenizers and sentencepiece: the Hugging
@@ -95,6 +96,39 @@ hp_install_torch_venv() {
 hp_venv_pip_install() {
   "$HP_VENV/bin/python" -m pip install -q --progress-bar off --disable-pip-version-check "${HP_VENV_REQUIREMENTS[@]}"
   echo "${HP_VENV_REQUIREMENTS[*]}" >"$HP_VENV/.hp-complete"
+}
+
+# MindSpore for the MindSpore front end's tests (python/hyper_parallel_cpp/mindspore/), in a
+# venv of its own: with MindSpore beside torch, HyperParallel would pick its MindSpore platform
+# for our torch tests. Optional: nothing installs it unless asked (hp_install_mindspore_venv, or
+# HP_WITH_MINDSPORE=1 for hp_install_missing); the tests skip, saying so, without it. MindSpore
+# works only with numpy<2 (its wheel pulls numpy 2). pyyaml: HyperParallel's dispatcher reads
+# its op tables with it (the HYPER_PARALLEL_CHECKOUT tests), though its requirements omit it.
+HP_MINDSPORE_VERSION="2.10.0"
+HP_MINDSPORE_VENV="${HP_MINDSPORE_VENV:-$HP_CACHE/mindspore-$HP_MINDSPORE_VERSION}"
+HP_MINDSPORE_REQUIREMENTS=("mindspore==$HP_MINDSPORE_VERSION" "numpy<2" pytest==9.2.0 pyyaml==6.0.4)
+
+hp_install_mindspore_venv() {
+  local marker="$HP_MINDSPORE_VENV/.hp-complete" wanted="${HP_MINDSPORE_REQUIREMENTS[*]}"
+  mkdir -p "$HP_CACHE"
+  exec {hp_ms_lock}>"$HP_CACHE/.mindspore-venv.lock"
+  flock "$hp_ms_lock"
+  if [ -f "$marker" ] && [ "$(cat "$marker")" = "$wanted" ]; then
+    echo "==> reusing mindspore $HP_MINDSPORE_VERSION in $HP_MINDSPORE_VENV"
+  else
+    if [ -f "$marker" ]; then
+      echo "==> topping up $HP_MINDSPORE_VENV to: $wanted"
+    else
+      echo "==> installing mindspore==$HP_MINDSPORE_VERSION into $HP_MINDSPORE_VENV"
+      rm -rf "$HP_MINDSPORE_VENV"
+      "${HP_BOOTSTRAP_PYTHON:-python3}" -m venv "$HP_MINDSPORE_VENV"
+    fi
+    "$HP_MINDSPORE_VENV/bin/python" -m pip install -q --progress-bar off --disable-pip-version-check \
+      "${HP_MINDSPORE_REQUIREMENTS[@]}"
+    echo "$wanted" >"$marker"
+  fi
+  flock -u "$hp_ms_lock"
+  exec {hp_ms_lock}>&-
 }
 
 # The CMake package folder of the LibTorch to build against.
