@@ -79,10 +79,11 @@ struct VocabCrossEntropyOptions : CrossEntropyDefinition {
 
 // What the cross-entropy's backward needs besides its inputs ([rows], compute type).
 struct VocabCrossEntropySaved {
-  at::Tensor row_max, log_sum;  // lse = row_max + log_sum, kept apart (fused_cross_entropy.h)
-  at::Tensor row_weight;        // probability targets: sum_c w_c q'_c; index targets: recomputed
-  at::Tensor grad_rows;         // gradient_in_forward: the gradient written over the logits' rows
-  int64_t vocab_size = -1;      // forward: the vocabulary it used (learnt when given < 0)
+  at::Tensor row_max, log_sum;    // lse = row_max + log_sum, kept apart (fused_cross_entropy.h)
+  at::Tensor row_weight;          // probability targets: sum_c w_c q'_c; index targets: recomputed
+  at::Tensor grad_rows;           // gradient_in_forward: the gradient written over the logits' rows
+  int64_t vocab_size = -1;        // forward: the vocabulary it used (learnt when given < 0)
+  at::Tensor mean_denominator{};  // forward: what 'mean' divides this member's rows by (compute type)
 };
 
 // Cross-entropy of `local_logits` (this member's classes along `class_dim`). target: class

@@ -28,14 +28,18 @@ std::string definition_problem(const CrossEntropyDefinition& d) {
   return {};
 }
 
+// `op`: `problem`, as the error `kind` says.
+[[noreturn]] void raise(OptionErrorKind kind, const std::string& op, const std::string& problem) {
+  if (kind == OptionErrorKind::value_error) TORCH_CHECK_VALUE(false, op, ": ", problem);
+  TORCH_CHECK(false, op, ": ", problem);
+}
+
 }  // namespace
 
 void check_cross_entropy_definition(const CrossEntropyDefinition& definition, const std::string& op,
                                     OptionErrorKind kind) {
   const std::string problem = definition_problem(definition);
-  if (problem.empty()) return;
-  if (kind == OptionErrorKind::value_error) TORCH_CHECK_VALUE(false, op, ": ", problem);
-  TORCH_CHECK(false, op, ": ", problem);
+  if (!problem.empty()) raise(kind, op, problem);
 }
 
 void check_no_target_or_weight_grad(const at::Tensor& target, const c10::optional<at::Tensor>& weight,
@@ -51,6 +55,41 @@ void check_class_weight_dtype(at::ScalarType input, const at::Tensor& weight, co
                               const std::string& op) {
   TORCH_CHECK(weight.scalar_type() == input, op, ": expected scalar type ", input, " but found ", weight.scalar_type(),
               " (the class weight must have the ", input_name, "' dtype)");
+}
+
+void check_index_target_dtype(const at::Tensor& target, const std::string& op, OptionErrorKind kind) {
+  if (target.scalar_type() == at::kLong || target.scalar_type() == at::kByte) return;
+  raise(kind, op, c10::str("expected target dtype to be Long or Byte, but got ", target.scalar_type()));
+}
+
+void check_class_weight(const at::Tensor& weight, int64_t num_classes, at::ScalarType input,
+                        const std::string& input_name, const std::string& op, OptionErrorKind kind,
+                        const std::string& described) {
+  if (weight.dim() != 1 || weight.size(0) != num_classes) {
+    raise(kind, op,
+          c10::str("expected a class weight of shape [", num_classes, "], got ",
+                   described.empty() ? c10::str(weight.sizes()) : described));
+  }
+  check_class_weight_dtype(input, weight, input_name, op);
+}
+
+void check_linear_pieces(const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target,
+                         const std::string& op) {
+  TORCH_CHECK_VALUE(local_weight.dim() == 2 && hidden.dim() == 2 && hidden.size(1) == local_weight.size(1), op,
+                    ": expected hidden [tokens, dim] and this rank's weight rows [V_local, dim], got ", hidden.sizes(),
+                    " and ", local_weight.sizes());
+  TORCH_CHECK_VALUE(at::isFloatingType(hidden.scalar_type()) && hidden.scalar_type() == local_weight.scalar_type(), op,
+                    ": expected hidden and weight of one floating dtype, got ", hidden.scalar_type(), " and ",
+                    local_weight.scalar_type());
+  TORCH_CHECK(hidden.device() == local_weight.device() && target.device() == hidden.device(), op,
+              ": expected hidden, weight and target on one device, got ", hidden.device(), ", ", local_weight.device(),
+              " and ", target.device());
+}
+
+void check_block_sizes(int64_t chunk_tokens, int64_t vocab_block, const std::string& op) {
+  TORCH_CHECK_VALUE(chunk_tokens >= 0 && vocab_block >= 0, op,
+                    ": chunk_tokens and vocab_block must be >= 0 (0: automatic), got ", chunk_tokens, " and ",
+                    vocab_block);
 }
 
 void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore_index) {
@@ -77,8 +116,7 @@ void check_nll_inputs(c10::IntArrayRef logp_shape, at::ScalarType logp_dtype, in
   check_cross_entropy_definition(CrossEntropyDefinition{.ignore_index = ignore_index, .reduction = reduction}, op,
                                  OptionErrorKind::value_error);
   // The error types and words are ATen's nll_loss's (RuntimeError, ValueError for the batch).
-  TORCH_CHECK(target.scalar_type() == at::kLong || target.scalar_type() == at::kByte, op,
-              ": expected target dtype to be Long or Byte, but got ", target.scalar_type());
+  check_index_target_dtype(target, op, OptionErrorKind::runtime_error);
   std::vector<int64_t> expect = logp_shape.vec();
   expect.erase(expect.begin() + class_dim);
   // ATen's own words when only the batch differs.

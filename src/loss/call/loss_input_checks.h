@@ -39,10 +39,26 @@ void check_probability_target_ignore_index(int64_t ignore_index, const std::stri
 void check_nll_inputs(c10::IntArrayRef logp_shape, at::ScalarType logp_dtype, int64_t class_dim,
                       const at::Tensor& target, const c10::optional<at::Tensor>& weight, int64_t num_classes,
                       int64_t reduction, int64_t ignore_index, const std::string& op);
+// As PyTorch's nll_loss: class indices are int64 (or uint8), not int32 or floating point. Raises
+// `kind` (ATen's words), naming `op`.
+void check_index_target_dtype(const at::Tensor& target, const std::string& op, OptionErrorKind kind);
+// A class weight for `num_classes` classes: [num_classes] (`described`: how the message shows
+// what was given; empty: its sizes), in `input`'s dtype (check_class_weight_dtype). Raises `kind`
+// for the shape.
+void check_class_weight(const at::Tensor& weight, int64_t num_classes, at::ScalarType input,
+                        const std::string& input_name, const std::string& op, OptionErrorKind kind,
+                        const std::string& described = {});
 // As PyTorch's cross_entropy and nll_loss: a class weight of another dtype than `input` (the
 // logits, log-probabilities or hidden states, named by `input_name`) is refused, not converted.
 void check_class_weight_dtype(at::ScalarType input, const at::Tensor& weight, const std::string& input_name,
                               const std::string& op);
+// The fused linear losses' plain local pieces: hidden [tokens, dim] and this rank's weight rows
+// [V_local, dim] of one floating dtype, with the target on one device. Raises c10::ValueError
+// (c10::Error for the devices), naming `op`.
+void check_linear_pieces(const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target,
+                         const std::string& op);
+// The fused losses' block sizes (chunk_tokens, vocab_block): >= 0, 0 automatic (c10::ValueError).
+void check_block_sizes(int64_t chunk_tokens, int64_t vocab_block, const std::string& op);
 // The losses give no gradient to a target or a class weight: asking for one is refused
 // (LossParallelUnsupportedError naming `op`), not dropped.
 void check_no_target_or_weight_grad(const at::Tensor& target, const c10::optional<at::Tensor>& weight,

@@ -1,4 +1,4 @@
-// The fused cross_entropy of loss_parallel, and its custom autograd node (K3).
+// The fused cross_entropy of loss_parallel (its autograd node: cross_entropy_parallel_backward.h).
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
 #include <c10/util/Exception.h>
@@ -10,102 +10,19 @@
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor/dtensor.h"
 #include "loss/call/call_agreement.h"
+#include "loss/call/loss_call.h"
 #include "loss/call/class_sharding.h"
 #include "loss/math/cross_entropy_kernels.h"
 #include "loss/math/fused_cross_entropy.h"
 #include "loss/call/input_agreement.h"
 #include "loss/math/logits_device.h"
 #include "loss/call/loss_input_checks.h"
+#include "loss/front/cross_entropy_parallel_backward.h"
 #include "loss/front/loss_parallel_dispatch.h"
 
 namespace hyper_parallel {
 
 namespace {
-
-using torch::autograd::Node;
-using torch::autograd::variable_list;
-
-// The gradient of the cross entropy with respect to the class-sharded logits. Holds the
-// logits' rows, the per-row log-sum-exp and weights: everything backward needs, so it
-// runs without a collective and without the loss_parallel context. With
-// gradient_in_forward it holds the gradient already written over the logits instead.
-struct CrossEntropyParallelBackward : Node {
-  FusedCrossEntropy ce;
-  ClassSharding sharding;
-  std::vector<int64_t> local_shape;  // of the local logits
-  // The global mean on a mesh whose other dims shard the rows (strict = false): the kernel
-  // summed, the loss was divided by the global denominator; its inverse scales the gradient.
-  at::Tensor mean_scale;
-  // The logits whose rows `ce` keeps, saved so that an in-place change between forward and
-  // backward raises LibTorch's usual error instead of giving the gradient of other logits.
-  torch::autograd::SavedVariable saved_logits;
-
-  variable_list apply(variable_list&& grads) override {
-    // Throws when the logits were modified in place, or released. (Not saved when the
-    // gradient was written over them: their storage is the gradient.)
-    if (!ce.gradient_in_forward) saved_logits.unpack();
-    // (With it, nothing was saved: say what SavedVariable says once the graph is freed.)
-    TORCH_CHECK(ce.lse.defined(),
-                "Trying to backward through the graph a second time (or directly access saved "
-                "tensors after they have already been freed). Specify retain_graph=True if you need to backward "
-                "a second time.");
-    if (!grads[0].defined()) return {at::Tensor()};
-    // A per-row loss's gradient is laid out as its rows (this rank's piece, no collective); a
-    // reduced loss's is its value (Replicate, as PyTorch's gradient of a Partial(sum) is).
-    at::Tensor g = ce.definition.reduction == at::Reduction::None ? local_piece(grads[0], sharding.row_layout())
-                                                                  : full_value(grads[0]);
-    if (mean_scale.defined()) g = g * mean_scale;
-    const ClassShard& shard = sharding.shard;
-    at::Tensor rows =
-        ce.gradient_in_forward ? gradient_written_in_forward(g, shard) : fused_cross_entropy_backward(ce, g, shard);
-    return {make_dtensor(from_rows(rows, local_shape, sharding.class_dim), sharding.layout)};
-  }
-
-  // gradient_in_forward: the first backward scales the stored gradient in place and hands
-  // out its storage; a later one (through a retained graph) gets a new tensor, the stored
-  // gradient times the ratio of its incoming gradient to the first one, so that backwards
-  // accumulate as ATen's do. Where that ratio does not exist, or someone wrote the storage
-  // since, it raises instead of giving a wrong gradient.
-  at::Tensor gradient_written_in_forward(const at::Tensor& grad_loss, const ClassShard& shard) {
-    const at::Tensor& stored = ce.grad_rows;
-    const char* op = "cross_entropy with gradient_in_forward";
-    TORCH_CHECK(stored._version() == grad_version, op,
-                ": the gradient written over the logits was modified in "
-                "place after ",
-                grad_applied.defined() ? "the first backward handed it out" : "the forward wrote it",
-                "; turn gradient_in_forward off to use the logits' storage otherwise or to backward through this "
-                "loss more than once");
-    const int64_t rows = stored.size(0);
-    const at::Tensor g = (ce.definition.reduction == at::Reduction::None ? grad_loss.reshape({-1})
-                                                                         : grad_loss.reshape({}).expand({rows}))
-                             .to(ce.lse.scalar_type());
-    if (!grad_applied.defined()) {
-      at::Tensor out = fused_cross_entropy_backward(ce, grad_loss, shard);  // in place
-      grad_applied = g.clone();
-      grad_version = stored._version();
-      return out;
-    }
-    TORCH_CHECK(grad_applied.ne(0).logical_and(grad_applied.isfinite()).logical_or(g.eq(0)).all().item<bool>(), op,
-                ": a second backward through this loss needs the first one's incoming gradient to be finite and "
-                "nonzero wherever this one is nonzero (the first scaled the stored gradient in place, and a zero or "
-                "non-finite scale cannot be undone); turn gradient_in_forward off to backward more than once");
-    const at::Tensor ratio = at::where(g.eq(0), at::zeros_like(g), g / grad_applied);
-    return (stored.to(g.scalar_type()) * ratio.unsqueeze(1)).to(stored.scalar_type());
-  }
-
-  // gradient_in_forward: the incoming gradient the first backward scaled the stored gradient
-  // by ([M], compute type; undefined before it), and the storage's version after our last
-  // write: a later write by anyone else makes the stored gradient unusable.
-  at::Tensor grad_applied;
-  int64_t grad_version = 0;
-  std::string name() const override { return "hyper_parallel::CrossEntropyParallelBackward"; }
-  void release_variables() override {
-    saved_logits.reset_data();
-    ce = FusedCrossEntropy{};
-    mean_scale = at::Tensor();
-    grad_applied = at::Tensor();
-  }
-};
 
 // Probability targets, laid out as the logits (or replicated: cut here): this rank's piece, as rows.
 at::Tensor soft_target_rows(const at::Tensor& target, const ClassSharding& cs, const std::string& op, bool strict) {
@@ -164,26 +81,25 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   ce.gradient_in_forward =
       options.gradient_in_forward && wants_grad && !leaf_values && ce.x_rows.is_alias_of(local_logits) &&
       (ce.x_rows.size(1) <= 1 || ce.x_rows.stride(1) == 1) && local_logits.is_non_overlapping_and_dense();
-  // The call's record before the statistics' all-gather, which is sized by rows (one
-  // all-gather more, issued now and settled once the local statistics are computed): ranks
-  // whose rows, dtype, vocabulary or options differ are named.
-  LossCallRecord call;
-  call.op = op;
-  record_logits(call, local_logits, class_dim);
-  record_target(call, target, class_dim);
-  record_context(call);
-  call.vocab_size = cs.shard.total;
-  call.local_classes = cs.shard.local;
-  call.definition = ce.definition;
-  call.gradient_in_forward = options.gradient_in_forward;
-  if (weight && weight->defined()) call.class_weight = dtensor_impl(*weight) ? local_of(*weight) : *weight;
-  PendingCallAgreement call_agreement(call, cs.shard.comm, local_logits.device());
   // The rows' shape: the logits' without the class dim, global and this rank's.
   const Layout row_layout = cs.row_layout();
   const std::vector<int64_t>& rows_shape = row_layout.shape();
   std::vector<int64_t> loss_shape = row_layout.local_shape();
   ce.soft = target.is_floating_point();
-  const InputAgreement agreement(op, target, [&] {
+  LossCallSteps steps;
+  // The call's record before the statistics' all-gather, which is sized by rows: ranks whose
+  // rows, dtype, vocabulary or options differ are named.
+  steps.describe = [&](LossCallRecord& call, ClassLayout& layout) {
+    record_logits(call, local_logits, class_dim);
+    record_target(call, target, class_dim);
+    record_context(call);
+    call.definition = ce.definition;
+    call.gradient_in_forward = options.gradient_in_forward;
+    if (weight && weight->defined()) call.class_weight = dtensor_impl(*weight) ? local_of(*weight) : *weight;
+    layout = placed_layout(cs.shard, local_logits.device());
+  };
+  steps.replicated = target;
+  steps.checks = [&](const ClassShard& shard) {
     // What strictness and the options refuse, among the checks: a rank that refuses alone
     // (its strictness or z-loss differ) is named in the record, not left raising while the
     // others wait in a collective.
@@ -204,9 +120,7 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
       check_on_logits_mesh(*weight, cs, "class weight", op);
       check_on_logits_device(local_logits.device(), local_device(*weight), "class weight", op);
       at::Tensor w = replicated_value(*weight, "class weight", op);
-      TORCH_CHECK(w.dim() == 1 && w.size(0) == cs.shard.total, op, ": expected a class weight of shape [",
-                  cs.shard.total, "], got ", w.sizes());
-      check_class_weight_dtype(local_logits.scalar_type(), w, "logits", op);
+      check_class_weight(w, shard.total, local_logits.scalar_type(), "logits", op, OptionErrorKind::runtime_error);
       ce.weight = w.to(ct);
     }
     if (ce.soft) {
@@ -214,30 +128,22 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
       ce.target = soft_target_rows(target, cs, op, strict);
     } else {
       at::Tensor t = laid_out_local(target, cs.row_placements(), rows_shape, "target", op, cs, strict);
-      // As PyTorch's nll_loss: class indices are int64 (or uint8).
-      TORCH_CHECK(t.scalar_type() == at::kLong || t.scalar_type() == at::kByte, op,
-                  ": expected target dtype to be Long or Byte, but got ", t.scalar_type());
+      check_index_target_dtype(t, op, OptionErrorKind::runtime_error);
       // This rank's rows (the whole target where no other mesh dim shards them).
       TORCH_CHECK(t.sizes() == c10::IntArrayRef(loss_shape), op, ": expected a target of shape ",
                   c10::IntArrayRef(rows_shape), " for logits of shape ", c10::IntArrayRef(cs.layout.shape()), ", got ",
                   t.sizes());
-      check_targets(t, cs.shard.total, ignore_index);
+      check_targets(t, shard.total, ignore_index);
       ce.target = t.reshape({-1}).to(at::kLong);
     }
-  });
-  if (agreement.refused()) {
-    // Inputs this rank cannot use: it still joins the forward's all-gather (which settles the
-    // refusal the same way on every rank) with inputs that touch nothing.
-    ce.soft = false;
-    ce.weight = c10::nullopt;
-    ce.target = at::full({ce.x_rows.size(0)}, ignore_index, ce.x_rows.options().dtype(at::kLong));
-    ce.gradient_in_forward = false;
-  }
+  };
+  steps.placeholders = [&] { use_placeholder_inputs(ce); };
+  LossCall call(op, steps);
   const ClassShard& shard = cs.shard;
   at::Tensor loss;
   std::exception_ptr refused_here;  // the global mean tells the other row groups before raising it
   try {
-    loss = fused_cross_entropy_forward(ce, shard, &agreement, &call_agreement);
+    loss = fused_cross_entropy_forward(ce, shard, call.inputs(), call.agreement());
   } catch (...) {
     if (!global_mean) throw;
     refused_here = std::current_exception();

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 
 #include "compat/autograd_compat.h"
 #include "dtensor/dtensor_impl.h"
@@ -20,6 +21,8 @@
 #include "loss/math/cross_entropy_kernels.h"
 #include "loss/math/fused_logprobs.h"
 #include "loss/call/input_agreement.h"
+#include "loss/call/loss_input_checks.h"
+#include "loss/call/loss_call.h"
 #include "loss/math/linear_blocks.h"
 
 namespace hyper_parallel {
@@ -119,52 +122,39 @@ Logprobs vocab_parallel_linear_logprobs_forward(const at::Tensor& hidden, const 
   const std::string op = kLinearLogprobsOp;
   const int64_t local_classes = local_weight.dim() == 2 ? local_weight.size(0) : 0;
   const int64_t tokens = hidden.dim() >= 1 ? hidden.size(0) : 0;
-  // The call's record first; its all-gather also gives the members' class counts. A given
-  // vocabulary places this member's classes without them: the record then travels while the
-  // blocks are computed.
-  LossCallRecord call = logprobs_call(op, tokens, hidden.scalar_type(), local_classes, vocab_size, options);
-  // Ranks whose hidden sizes differ would combine statistics of different products, and
-  // all-reduce hidden gradients of different sizes in backward.
-  call.hidden_dim = hidden.dim() >= 1 ? hidden.size(-1) : -1;
-  record_target(call, target, -1);
-  PendingCallAgreement call_agreement(call, comm, hidden.device());
-  VocabPiece piece;
-  if (vocab_size < 0) piece = call_agreement.settle_learnt_vocabulary();
   at::Tensor h = hidden, w = local_weight, t;
-  // Every check inside the agreement: one rank's refusal is the same error on every rank.
-  const InputAgreement agreement(op, target, [&] {
-    if (vocab_size >= 0) piece = vocab_piece(comm, local_classes, vocab_size);
-    check_logprobs_options(options, op, hidden.scalar_type());
-    TORCH_CHECK_VALUE(local_weight.dim() == 2 && hidden.dim() == 2 && hidden.size(1) == local_weight.size(1), op,
-                      ": expected hidden [tokens, dim] and this rank's weight rows [V_local, dim], got ",
-                      hidden.sizes(), " and ", local_weight.sizes());
-    TORCH_CHECK_VALUE(at::isFloatingType(hidden.scalar_type()) && hidden.scalar_type() == local_weight.scalar_type(),
-                      op, ": expected hidden and weight of one floating dtype, got ", hidden.scalar_type(), " and ",
-                      local_weight.scalar_type());
-    TORCH_CHECK(hidden.device() == local_weight.device() && target.device() == hidden.device(), op,
-                ": expected hidden, weight and target on one device, got ", hidden.device(), ", ",
-                local_weight.device(), " and ", target.device());
-    t = logprobs_target(target, {hidden.size(0)}, piece.total, options.ignore_index, op);
-  });
   LogprobsOptions used = options;
-  if (agreement.refused()) {
+  LossCallSteps steps;
+  steps.describe = [&](LossCallRecord& call, ClassLayout& layout) {
+    call = logprobs_call(op, tokens, hidden.scalar_type(), options);
+    // Ranks whose hidden sizes differ would combine statistics of different products, and
+    // all-reduce hidden gradients of different sizes in backward.
+    call.hidden_dim = hidden.dim() >= 1 ? hidden.size(-1) : -1;
+    record_target(call, target, -1);
+    layout = ClassLayout{comm, local_classes, vocab_size, -1, hidden.device()};
+  };
+  steps.replicated = target;
+  steps.checks = [&](const ClassShard& shard) {
+    check_logprobs_options(options, op, hidden.scalar_type());
+    check_linear_pieces(hidden, local_weight, target, op);
+    t = logprobs_target(target, {hidden.size(0)}, shard.total, options.ignore_index, op);
+  };
+  steps.placeholders = [&] {
     // Placeholders that touch nothing; the all-gather settles the refusal everywhere.
-    h = hidden.dim() == 2 ? hidden : at::zeros({0, 0}, hidden.options());
-    w = local_weight.dim() == 2 ? local_weight : at::zeros({0, h.size(1)}, hidden.options());
-    t = at::full({h.size(0)}, options.ignore_index, hidden.options().dtype(at::kLong));
-    piece = VocabPiece{0, w.size(0), std::max<int64_t>(piece.total, w.size(0))};
+    std::tie(h, w, t) = linear_placeholders(hidden, local_weight, options.ignore_index);
     used.temperature = 1.0;
-  }
-  const ClassShard shard{comm, piece.offset, piece.local, piece.total};
+  };
+  LossCall call(op, steps);
+  const ClassShard& shard = call.shard();
   const at::ScalarType dt = h.scalar_type(), ct = compute_type(dt);
   FusedCrossEntropy ce = logprobs_of(t, used);
   fused_cross_entropy_prepare(ce, h.size(0), shard, h.options().dtype(ct));
-  const at::Tensor stats = agreement.refused()
+  const at::Tensor stats = call.refused()
                                ? at::zeros({ce_kernel::kStats, h.size(0)}, h.options().dtype(ct))
                                : linear_block_stats(ce, h, w, shard, blocks_of(used, h.size(0), w.size(0), dt));
-  call_agreement.settle();
-  const auto combined = fused_logprobs_combine(ce, stats, shard, &agreement);
-  return logprobs_results(ce, combined, dt, {h.size(0)}, piece.total, saved);
+  call.settle();
+  const auto combined = fused_logprobs_combine(ce, stats, shard, call.inputs());
+  return logprobs_results(ce, combined, dt, {h.size(0)}, shard.total, saved);
 }
 
 std::vector<at::Tensor> vocab_parallel_linear_logprobs_backward(

@@ -21,6 +21,7 @@
 #include "loss/math/cross_entropy_kernels.h"
 #include "loss/math/fused_logprobs.h"
 #include "loss/call/input_agreement.h"
+#include "loss/call/loss_call.h"
 #include "loss/math/logits_device.h"
 
 namespace hyper_parallel {
@@ -76,16 +77,6 @@ Logprobs vocab_parallel_logprobs_forward(const at::Tensor& local_logits, int64_t
   const std::string op = kLogprobsOp;
   TORCH_CHECK_VALUE(local_logits.dim() >= 1, op, ": expected logits with a class dim, got a 0-dim tensor");
   const int64_t class_dim = c10::maybe_wrap_dim(class_dim_in, local_logits.dim());
-  // The call's record first: its all-gather also gives the members' class counts. A given
-  // vocabulary places this member's classes without them: the record then travels while the
-  // statistics are computed, settled before their all-gather.
-  LossCallRecord call = logprobs_call(op, rows_over_class_dim(local_logits, class_dim), local_logits.scalar_type(),
-                                      local_logits.size(class_dim), vocab_size, options);
-  record_logits(call, local_logits, class_dim);
-  record_target(call, target, class_dim);
-  PendingCallAgreement call_agreement(call, comm, local_logits.device());
-  VocabPiece piece;
-  if (vocab_size < 0) piece = call_agreement.settle_learnt_vocabulary();
   FusedCrossEntropy ce;
   ce.x_rows = contiguous_class_rows(to_rows(local_logits, class_dim));
   ce.definition.reduction = at::Reduction::None;
@@ -94,30 +85,35 @@ Logprobs vocab_parallel_logprobs_forward(const at::Tensor& local_logits, int64_t
   ce.entropy_sum = options.return_entropy;
   std::vector<int64_t> out_shape = local_logits.sizes().vec();
   out_shape.erase(out_shape.begin() + class_dim);
-  // Every check inside the agreement: a refusal on one member is the same error on all.
-  const InputAgreement agreement(op, target, [&] {
-    if (vocab_size >= 0) piece = vocab_piece(comm, call.local_classes, vocab_size);
+  LossCallSteps steps;
+  steps.describe = [&](LossCallRecord& call, ClassLayout& layout) {
+    call = logprobs_call(op, 0, local_logits.scalar_type(), options);
+    record_logits(call, local_logits, class_dim);
+    record_target(call, target, class_dim);
+    layout = ClassLayout{comm, local_logits.size(class_dim), vocab_size, -1, local_logits.device()};
+  };
+  steps.replicated = target;
+  steps.checks = [&](const ClassShard& shard) {
     check_logprobs_options(options, op, local_logits.scalar_type());
     TORCH_CHECK_VALUE(local_logits.is_floating_point(), op, ": expected floating-point logits, got ",
                       local_logits.scalar_type());
     check_on_logits_device(local_logits.device(), target.device(), "target", op);
-    ce.target = logprobs_target(target, out_shape, piece.total, options.ignore_index, op);
-  });
-  if (agreement.refused()) {
-    // This member still joins the statistics' all-gather, which settles the refusal everywhere.
+    ce.target = logprobs_target(target, out_shape, shard.total, options.ignore_index, op);
+  };
+  steps.placeholders = [&] {
     ce.target = at::full({ce.x_rows.size(0)}, options.ignore_index, ce.x_rows.options().dtype(at::kLong));
     ce.temperature = 1.0;
-    piece.local = ce.x_rows.size(1);
-  }
-  const ClassShard shard{comm, piece.offset, piece.local, piece.total};
+  };
+  LossCall call(op, steps);
+  const ClassShard& shard = call.shard();
   const at::ScalarType ct = compute_type(local_logits.scalar_type());
   const int64_t rows = ce.x_rows.size(0);
   fused_cross_entropy_prepare(ce, rows, shard, local_logits.options().dtype(ct));
-  const at::Tensor stats = agreement.refused() ? at::zeros({ce_kernel::kStats, rows}, local_logits.options().dtype(ct))
-                                               : fused_cross_entropy_block_stats(ce, ce.x_rows, 0, 0, shard);
-  call_agreement.settle();
-  const auto combined = fused_logprobs_combine(ce, stats, shard, &agreement);
-  return logprobs_results(ce, combined, local_logits.scalar_type(), out_shape, piece.total, saved);
+  const at::Tensor stats = call.refused() ? at::zeros({ce_kernel::kStats, rows}, local_logits.options().dtype(ct))
+                                          : fused_cross_entropy_block_stats(ce, ce.x_rows, 0, 0, shard);
+  call.settle();
+  const auto combined = fused_logprobs_combine(ce, stats, shard, call.inputs());
+  return logprobs_results(ce, combined, local_logits.scalar_type(), out_shape, shard.total, saved);
 }
 
 at::Tensor vocab_parallel_logprobs_backward(const at::Tensor& grad_logprobs, const at::Tensor& grad_entropy,

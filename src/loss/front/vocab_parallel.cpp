@@ -7,6 +7,7 @@
 #include <string>
 
 #include "loss/call/call_agreement.h"
+#include "loss/call/loss_call.h"
 #include "loss/call/class_sharding.h"
 #include "loss/math/cross_entropy_kernels.h"
 #include "loss/math/fused_cross_entropy.h"
@@ -27,15 +28,6 @@ ClassShard class_shard(const Communicator* comm, const VocabPiece& p) {
   return s;
 }
 
-// The record agree_on_call compares, for `local` (this member's classes along class_dim).
-LossCallRecord loss_call(const std::string& op, const at::Tensor& local, int64_t class_dim, int64_t vocab_size) {
-  LossCallRecord call;
-  call.op = op;
-  record_logits(call, local, class_dim);
-  call.vocab_size = vocab_size;
-  return call;
-}
-
 int64_t wrap_class_dim(const at::Tensor& t, int64_t class_dim, const char* op) {
   TORCH_CHECK_VALUE(t.dim() >= 1, op, ": expected logits with a class dim, got a 0-dim tensor");
   return c10::maybe_wrap_dim(class_dim, t.dim());
@@ -49,20 +41,6 @@ FusedCrossEntropy settings_of(const at::Tensor& local_logits, int64_t class_dim,
   ce.definition = options;
   ce.soft = target.is_floating_point();
   return ce;
-}
-
-// Agrees on the call (agree_on_call, settling `checks` when given) and returns this member's
-// piece, every member's count checked on every member (the same verdict everywhere). A
-// call.vocab_size < 0 is the vocabulary the counts make up: no collective of its own.
-VocabPiece agreed_piece(const LossCallRecord& call, const Communicator* comm, const at::Device& device,
-                        const InputAgreement* checks = nullptr) {
-  const std::vector<int64_t> counts = agree_on_call(call, comm, device, checks);
-  const int64_t n = comm ? comm->size() : 1;
-  // A dry run knows no counts: this member's own piece is checked (its pieces even when unknown).
-  const int64_t total = !counts.empty()        ? check_vocab_pieces(counts, call.vocab_size)
-                        : call.vocab_size >= 0 ? call.vocab_size
-                                               : call.local_classes * n;
-  return vocab_piece(comm, call.local_classes, total);
 }
 
 }  // namespace
@@ -98,18 +76,6 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
                                                 VocabCrossEntropySaved* saved) {
   const std::string op = "vocab_parallel_cross_entropy";
   const int64_t class_dim = wrap_class_dim(local_logits, class_dim_in, op.c_str());
-  // The call's record first (agree_on_call): its all-gather also gives the members' class
-  // counts, so an unknown vocabulary costs no collective of its own.
-  LossCallRecord call = loss_call(op, local_logits, class_dim, vocab_size);
-  record_target(call, target, class_dim);
-  call.definition = options;
-  call.gradient_in_forward = options.gradient_in_forward;
-  if (weight && weight->defined()) call.class_weight = *weight;
-  // A given vocabulary makes this member's piece known here: the record's all-gather then
-  // travels while the statistics are computed, settled before their all-gather.
-  PendingCallAgreement call_agreement(call, comm, local_logits.device());
-  VocabPiece piece;
-  if (vocab_size < 0) piece = call_agreement.settle_learnt_vocabulary();
   const at::ScalarType ct = compute_type(local_logits.scalar_type());
   FusedCrossEntropy ce = settings_of(local_logits, class_dim, target, options);
   ce.gradient_in_forward = options.gradient_in_forward && ce.x_rows.is_alias_of(local_logits) &&
@@ -117,10 +83,18 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
                            local_logits.is_non_overlapping_and_dense();
   std::vector<int64_t> loss_shape = local_logits.sizes().vec();
   loss_shape.erase(loss_shape.begin() + class_dim);
-  // Every check runs inside the agreement: a refusal on one member is the same error on all.
+  LossCallSteps steps;
+  steps.describe = [&](LossCallRecord& call, ClassLayout& layout) {
+    record_logits(call, local_logits, class_dim);
+    record_target(call, target, class_dim);
+    call.definition = options;
+    call.gradient_in_forward = options.gradient_in_forward;
+    if (weight && weight->defined()) call.class_weight = *weight;
+    layout = ClassLayout{comm, local_logits.size(class_dim), vocab_size, -1, local_logits.device()};
+  };
   // Probability targets are this member's piece, which differs between members.
-  const InputAgreement agreement(op, ce.soft ? at::Tensor() : target, [&] {
-    if (vocab_size >= 0) piece = vocab_piece(comm, local_logits.size(class_dim), vocab_size);
+  steps.replicated = ce.soft ? at::Tensor() : target;
+  steps.checks = [&](const ClassShard& shard) {
     check_cross_entropy_definition(options, op, OptionErrorKind::value_error);
     TORCH_CHECK_VALUE(local_logits.is_floating_point(), op, ": expected floating-point logits, got ",
                       local_logits.scalar_type());
@@ -128,9 +102,7 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
     check_on_logits_device(local_logits.device(), target.device(), ce.soft ? "probability target" : "target", op);
     if (weight && weight->defined()) {
       check_on_logits_device(local_logits.device(), weight->device(), "class weight", op);
-      TORCH_CHECK_VALUE(weight->dim() == 1 && weight->size(0) == piece.total, op,
-                        ": expected a class weight of shape [", piece.total, "], got ", weight->sizes());
-      check_class_weight_dtype(local_logits.scalar_type(), *weight, "logits", op);
+      check_class_weight(*weight, shard.total, local_logits.scalar_type(), "logits", op, OptionErrorKind::value_error);
       ce.weight = weight->to(ct);
     }
     if (ce.soft) {
@@ -140,32 +112,26 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
       check_probability_target_ignore_index(options.ignore_index, op);
       ce.target = to_rows(target, class_dim);
     } else {
-      TORCH_CHECK_VALUE(target.scalar_type() == at::kLong || target.scalar_type() == at::kByte, op,
-                        ": expected target dtype to be Long or Byte, but got ", target.scalar_type());
+      check_index_target_dtype(target, op, OptionErrorKind::value_error);
       TORCH_CHECK_VALUE(target.sizes() == c10::IntArrayRef(loss_shape), op, ": expected a target of shape ",
                         c10::IntArrayRef(loss_shape), " for local logits of shape ", local_logits.sizes(),
                         " (class dim ", class_dim, "), got ", target.sizes());
-      check_targets(target, piece.total, options.ignore_index);
+      check_targets(target, shard.total, options.ignore_index);
       ce.target = target.reshape({-1}).to(at::kLong);
     }
-  });
-  if (agreement.refused()) {
-    // This member still joins the forward's all-gather, which settles the refusal everywhere.
-    ce.soft = false;
-    ce.weight = c10::nullopt;
-    ce.target = at::full({ce.x_rows.size(0)}, options.ignore_index, ce.x_rows.options().dtype(at::kLong));
-    ce.gradient_in_forward = false;
-    piece.local = ce.x_rows.size(1);
-  }
-  const ClassShard shard = class_shard(comm, piece);
-  at::Tensor loss = fused_cross_entropy_forward(ce, shard, &agreement, &call_agreement).to(local_logits.scalar_type());
+  };
+  steps.placeholders = [&] { use_placeholder_inputs(ce); };
+  LossCall call(op, steps);
+  at::Tensor loss = fused_cross_entropy_forward(ce, call.shard(), call.inputs(), call.agreement());
+  loss = loss.to(local_logits.scalar_type());
   if (options.reduction == at::Reduction::None) loss = loss.reshape(loss_shape);
   if (saved) {
     saved->row_max = ce.row_max;
     saved->log_sum = ce.log_sum;
     saved->row_weight = ce.soft ? ce.row_weight : at::Tensor();
     saved->grad_rows = ce.grad_rows;
-    saved->vocab_size = piece.total;
+    saved->vocab_size = call.shard().total;
+    saved->mean_denominator = ce.ce_denominator;
   }
   return loss;
 }
@@ -224,9 +190,12 @@ at::Tensor vocab_parallel_log_softmax(const at::Tensor& local, int64_t class_dim
   const std::string op = "vocab_parallel_log_softmax";
   const int64_t class_dim = wrap_class_dim(local, class_dim_in, op.c_str());
   // The call's record before the all-reduces sized by rows (one all-gather more).
-  LossCallRecord call = loss_call(op, local, class_dim, vocab_size);
+  LossCallRecord call;
+  call.op = op;
+  record_logits(call, local, class_dim);
   record_guard_cross_entropy_options(call);
-  const ClassShard shard = class_shard(comm, agreed_piece(call, comm, local.device()));
+  const ClassShard shard =
+      agree_on_loss_call(call, ClassLayout{comm, local.size(class_dim), vocab_size, -1, local.device()});
   const at::Tensor rows = distributed_log_softmax(to_rows(local, class_dim), shard);
   return from_rows(rows.to(out_dtype.value_or(local.scalar_type())), local.sizes(), class_dim);
 }
@@ -250,24 +219,28 @@ std::vector<at::Tensor> vocab_parallel_nll_loss_forward(const at::Tensor& local_
                                                         int64_t vocab_size) {
   const std::string op = "vocab_parallel_nll_loss";
   const int64_t class_dim = wrap_class_dim(local_logp, class_dim_in, op.c_str());
-  // The checks need the vocabulary: an unknown one is learnt first, in a record of this op
-  // (one all-gather more, the same first collective as a member given the vocabulary makes).
-  if (vocab_size < 0) vocab_size = learn_vocabulary(op, local_logp.size(class_dim), comm, local_logp.device());
   c10::optional<at::Tensor> w;
   if (weight && weight->defined()) w = *weight;
-  LossCallRecord call = loss_call(op, local_logp, class_dim, vocab_size);
-  record_target(call, target, class_dim);
-  call.definition.reduction = reduction;
-  call.definition.ignore_index = ignore_index;
-  if (w) call.class_weight = *w;
-  record_guard_cross_entropy_options(call);
-  // The checks settle in the call's record: a refusal on one member is the same error on all.
-  const InputAgreement agreement(op, target, [&] {
+  // The checks settle in the call's record (they need the vocabulary: an unknown one is learnt
+  // first, one all-gather more): a refusal on one member is the same error on all.
+  LossCallSteps steps;
+  steps.verdict = CheckVerdict::in_record;
+  steps.describe = [&](LossCallRecord& call, ClassLayout& layout) {
+    record_logits(call, local_logp, class_dim);
+    record_target(call, target, class_dim);
+    call.definition.reduction = reduction;
+    call.definition.ignore_index = ignore_index;
+    if (w) call.class_weight = *w;
+    record_guard_cross_entropy_options(call);
+    layout = ClassLayout{comm, local_logp.size(class_dim), vocab_size, -1, local_logp.device()};
+  };
+  steps.replicated = target;
+  steps.checks = [&](const ClassShard& shard) {
     check_no_target_or_weight_grad(target, w, op);
-    check_nll_inputs(local_logp.sizes(), local_logp.scalar_type(), class_dim, target, w, vocab_size, reduction,
+    check_nll_inputs(local_logp.sizes(), local_logp.scalar_type(), class_dim, target, w, shard.total, reduction,
                      ignore_index, op);
-  });
-  const ClassShard shard = class_shard(comm, agreed_piece(call, comm, local_logp.device(), &agreement));
+  };
+  const ClassShard shard = LossCall(op, steps).shard();
   auto result =
       distributed_nll_forward(to_rows(local_logp, class_dim), target.reshape({-1}), w, reduction, ignore_index, shard);
   at::Tensor out = reduction == at::Reduction::None ? result.first.reshape(target.sizes()) : result.first;

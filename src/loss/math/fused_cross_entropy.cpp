@@ -490,4 +490,11 @@ at::Tensor fused_cross_entropy_backward(const FusedCrossEntropy& ce, const at::T
 AtenStatisticsForTesting::AtenStatisticsForTesting() { aten_for_testing = true; }
 AtenStatisticsForTesting::~AtenStatisticsForTesting() { aten_for_testing = false; }
 
+void use_placeholder_inputs(FusedCrossEntropy& ce) {
+  ce.soft = false;
+  ce.weight = c10::nullopt;
+  ce.target = at::full({ce.x_rows.size(0)}, ce.definition.ignore_index, ce.x_rows.options().dtype(at::kLong));
+  ce.gradient_in_forward = false;
+}
+
 }  // namespace hyper_parallel

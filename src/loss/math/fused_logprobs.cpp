@@ -14,14 +14,12 @@ namespace hyper_parallel {
 
 namespace k = ce_kernel;
 
-LossCallRecord logprobs_call(const std::string& op, int64_t rows, at::ScalarType dtype, int64_t local_classes,
-                             int64_t vocab_size, const LogprobsOptions& options) {
+LossCallRecord logprobs_call(const std::string& op, int64_t rows, at::ScalarType dtype,
+                             const LogprobsOptions& options) {
   LossCallRecord call;
   call.op = op;
   call.rows = rows;
   call.dtype = static_cast<int64_t>(dtype);
-  call.vocab_size = vocab_size;
-  call.local_classes = local_classes;
   call.definition.ignore_index = options.ignore_index;
   call.temperature = options.temperature;
   call.entropy = options.return_entropy;
@@ -39,9 +37,7 @@ void check_logprobs_options(const LogprobsOptions& o, const std::string& op, at:
                     o.temperature, " is too small for ", dtype, " logits: 1 / T overflows ",
                     in_float ? "float32, their compute type (T >= 2.9e-39 is fine; float64 logits take T >= 5.6e-309)"
                              : "float64 (T >= 5.6e-309 is fine)");
-  TORCH_CHECK_VALUE(o.chunk_tokens >= 0 && o.vocab_block >= 0, op,
-                    ": chunk_tokens and vocab_block must be >= 0 (0: automatic), got ", o.chunk_tokens, " and ",
-                    o.vocab_block);
+  check_block_sizes(o.chunk_tokens, o.vocab_block, op);
 }
 
 at::Tensor logprobs_target(const at::Tensor& target, c10::IntArrayRef shape, int64_t vocab, int64_t ignore_index,
@@ -51,8 +47,7 @@ at::Tensor logprobs_target(const at::Tensor& target, c10::IntArrayRef shape, int
                                        ": expected the sampled tokens as class indices, got a floating-point "
                                        "target (probability targets have no log-probability of one token)");
   }
-  TORCH_CHECK_VALUE(target.scalar_type() == at::kLong || target.scalar_type() == at::kByte, op,
-                    ": expected target dtype to be Long or Byte, but got ", target.scalar_type());
+  check_index_target_dtype(target, op, OptionErrorKind::value_error);
   check_no_target_or_weight_grad(target, c10::nullopt, op);
   TORCH_CHECK_VALUE(target.sizes() == shape, op, ": expected a target of shape ", shape,
                     " (one class per row of the logits), got ", target.sizes());

@@ -33,9 +33,8 @@
 namespace hyper_parallel {
 
 // The record agree_on_call compares for a log-probabilities call of `op`: `rows` of `dtype`,
-// this rank's `local_classes` of `vocab_size`, the options.
-LossCallRecord logprobs_call(const std::string& op, int64_t rows, at::ScalarType dtype, int64_t local_classes,
-                             int64_t vocab_size, const LogprobsOptions& options);
+// the options (LossCall adds the classes).
+LossCallRecord logprobs_call(const std::string& op, int64_t rows, at::ScalarType dtype, const LogprobsOptions& options);
 
 // The options' ranges (temperature finite and > 0, with 1 / T finite in the compute type of
 // `dtype`, the logits': the kernels scale by it; block sizes >= 0), naming `op`.

@@ -45,6 +45,14 @@ at::Tensor view_of(const at::Tensor& buffer, int64_t rows, int64_t cols) {
 
 }  // namespace
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_placeholders(const at::Tensor& hidden,
+                                                                   const at::Tensor& local_weight,
+                                                                   int64_t ignore_index) {
+  const at::Tensor h = hidden.dim() == 2 ? hidden : at::zeros({0, 0}, hidden.options());
+  const at::Tensor w = local_weight.dim() == 2 ? local_weight : at::zeros({0, h.size(1)}, hidden.options());
+  return {h, w, at::full({h.size(0)}, ignore_index, hidden.options().dtype(at::kLong))};
+}
+
 std::string describe_input(const at::Tensor& t) {
   if (auto* impl = dtensor_impl(t)) {
     return "a DTensor " + to_string(impl->layout().placements()) + " on " + impl->layout().mesh().str() + " of shape " +

@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <tuple>
 #include <utility>
 
 #include <string>
@@ -30,6 +31,13 @@ struct LinearHead {
 LinearHead linear_head(const at::Tensor& hidden, const at::Tensor& weight, const std::string& op);
 // "a DTensor [Shard(0)] on <mesh> of shape [..]" or "a plain tensor of shape [..]", for messages.
 std::string describe_input(const at::Tensor& t);
+
+// A refusing rank's stand-ins for hidden [T, D], its weight rows [V_l, D] (empty where either is
+// not 2-D) and targets all ignore_index: blocks that touch nothing, so that it joins the
+// forward's collectives (LossCall's placeholders).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_placeholders(const at::Tensor& hidden,
+                                                                   const at::Tensor& local_weight,
+                                                                   int64_t ignore_index);
 
 struct LinearBlocks {
   int64_t tokens, vocab;  // per block
