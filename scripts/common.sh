@@ -36,6 +36,7 @@ HP_PACKAGES=(
   clang lld  # the sanitizer + libFuzzer build (hp_build_sanitized)
   clang-format  # the format check (scripts/check_format.sh)
   python3-dev  # Python.h for the hyper_parallel_cpp extension module (python/)
+  libsleef-dev  # Sleef for libhyper_parallel_kernels (src/kernels_c), which cannot take LibTorch's
 )
 
 hp_sudo() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
