@@ -84,16 +84,20 @@ PYBIND11_MODULE(_C, m) {
         at::Tensor row_weight = saved.row_weight.defined() ? saved.row_weight : saved.row_max.new_empty({0});
         // The gradient written over the logits (gradient_in_forward), or an empty tensor.
         at::Tensor grad_rows = saved.grad_rows.defined() ? saved.grad_rows : saved.row_max.new_empty({0});
+        // What 'mean' divides this member's rows by: a global mean sums it over the mesh dims
+        // that shard the rows, so no front end restates the kernel's denominator.
         if (return_vocab)
-          return py::make_tuple(loss, saved.row_max, saved.log_sum, row_weight, grad_rows, saved.vocab_size);
-        return py::make_tuple(loss, saved.row_max, saved.log_sum, row_weight, grad_rows);
+          return py::make_tuple(loss, saved.row_max, saved.log_sum, row_weight, grad_rows, saved.mean_denominator,
+                                saved.vocab_size);
+        return py::make_tuple(loss, saved.row_max, saved.log_sum, row_weight, grad_rows, saved.mean_denominator);
       },
       py::arg("logits"), py::arg("class_dim"), py::arg("target"), py::arg("weight"), py::arg("group"),
       py::arg("vocab_size"), py::arg("ignore_index"), py::arg("reduction"), py::arg("label_smoothing"),
       py::arg("z_loss_weight"), py::arg("logit_softcap"), py::arg("gradient_in_forward"),
       py::arg("return_vocab") = false,
-      "loss, row_max, log_sum, row_weight, grad_rows (and with return_vocab the vocabulary it used: a vocab_size "
-      "< 0 is learnt in the call's record, no collective of its own): the loss and what its backward needs");
+      "loss, row_max, log_sum, row_weight, grad_rows, mean_denominator (and with return_vocab the vocabulary it used: "
+      "a vocab_size < 0 is learnt in the call's record, no collective of its own): the loss, what its backward needs "
+      "and what 'mean' divides this member's rows by");
   m.def(
       "cross_entropy_backward",
       [](const at::Tensor& grad, const at::Tensor& logits, int64_t class_dim, const at::Tensor& target,

@@ -14,8 +14,10 @@ _EMPTY = torch.empty(0)  # "none" for the kernels' optional tensors
 
 
 class CrossEntropy(torch.autograd.Function):
-    """cross_entropy on the local pieces. With `in_forward` the gradient is written over the
-    logits' local piece in forward (gradient_in_forward)."""
+    """cross_entropy on the local pieces. Returns the loss and the kernel's mean denominator (what
+    'mean' divides this rank's rows by: the class weights of the counted targets, their count, or
+    the rows for probability targets), not differentiable. With `in_forward` the gradient is
+    written over the logits' local piece in forward (gradient_in_forward)."""
 
     @staticmethod
     def forward(ctx, local, target, weight, group_name, vocab_size, class_dim, ignore_index, reduction, smoothing,
@@ -23,7 +25,7 @@ class CrossEntropy(torch.autograd.Function):
         # owner: [the DTensor whose local piece `local` is]. A DTensor has a version counter of
         # its own, which autograd checks for its saved users and which in-place DTensor ops bump
         # (not the local piece's): both are bumped here and both checked in backward.
-        loss, row_max, log_sum, row_weight, grad_rows = _C.cross_entropy_forward(
+        loss, row_max, log_sum, row_weight, grad_rows, mean_denominator = _C.cross_entropy_forward(
             local, class_dim, target, weight, group_name, vocab_size, ignore_index, reduction, smoothing, z, cap,
             in_forward)
         ctx.args = (class_dim, group_name, vocab_size, ignore_index, reduction, smoothing, z, cap)
@@ -37,10 +39,11 @@ class CrossEntropy(torch.autograd.Function):
             ctx.versions = (local._version, dtensor._version)
         else:  # not asked, or not written (rows without a unit class stride, or no classes here)
             ctx.save_for_backward(local, target, weight, row_max, log_sum, row_weight)
-        return loss
+        ctx.mark_non_differentiable(mean_denominator)
+        return loss, mean_denominator
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx, grad_loss, _grad_mean_denominator):
         class_dim, group_name, vocab_size, ignore_index, reduction, smoothing, z, cap = ctx.args
         if ctx.written:
             if ctx.grad_rows is None:

@@ -4,8 +4,6 @@ group of the mesh dim that shards the classes, the loss laid out as PyTorch 2.15
 it out (torch_dtensor_layout.py). A handler returns NotImplemented for a call that is PyTorch's.
 """
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
@@ -14,7 +12,7 @@ from . import torch_dtensor_layout as layout
 from .eager_kernels import CrossEntropy, LogSoftmax, NllLoss
 from .errors import LossParallelUnsupportedError, warn_once
 from .loss_arguments import (CROSS_ENTROPY, NLL_LOSS, log_softmax_args, reduction_code, reduction_of,
-                             reject_cross_entropy_only_options, rows_of)
+                             reject_cross_entropy_only_options)
 from .loss_parallel_state import LossParallelOptions
 
 
@@ -49,10 +47,9 @@ def _cross_entropy(options: LossParallelOptions, args, kwargs):
     local = cs.logits.to_local()
     # Not for leaves: their values are the caller's, and their .grad would alias them.
     in_forward = options.gradient_in_forward and torch.is_grad_enabled() and cs.logits.grad_fn is not None
-    loss = CrossEntropy.apply(local, target_local, weight_local, *args, in_forward, [cs.logits])
-    if global_mean:
-        loss = loss * layout.global_mean_scale(cs, _mean_denominator(target_local, weight_local, ignore_index,
-                                                                     rows_of(local.shape, class_dim), loss.dtype))
+    loss, denominator = CrossEntropy.apply(local, target_local, weight_local, *args, in_forward, [cs.logits])
+    if global_mean:  # the kernel's denominator (compute type), in the loss's dtype as the loss is scaled
+        loss = loss * layout.global_mean_scale(cs, denominator.to(loss.dtype))
     return layout.loss_result(loss, cs, reduction)
 
 
@@ -71,20 +68,6 @@ def _gathered(func, logits: DTensor, op: str, options: LossParallelOptions, args
     if op != "cross_entropy":
         reject_cross_entropy_only_options(options, op)
     return layout.gathered(func, logits.device_mesh, args, kwargs)
-
-
-def _mean_denominator(target_local: torch.Tensor, weight_local: Optional[torch.Tensor], ignore_index: int,
-                      rows: int, dtype: torch.dtype) -> torch.Tensor:
-    """What cross_entropy's 'mean' divides this rank's rows by, as F.cross_entropy defines it: the
-    class weights of the counted targets (their count without weights), or the rows for
-    probability targets. (nll_loss takes it from its kernel; the cross-entropy kernel keeps its own.)"""
-    if target_local.is_floating_point():
-        return torch.tensor(float(rows), dtype=dtype)
-    counted = target_local != ignore_index
-    if weight_local is None:
-        return counted.sum().to(dtype)
-    return torch.where(counted, weight_local.to(dtype)[torch.where(counted, target_local, 0)],
-                       torch.zeros((), dtype=dtype)).sum()
 
 
 def _log_softmax(options: LossParallelOptions, args, kwargs, func=None):
@@ -126,7 +109,7 @@ def _nll_loss(options: LossParallelOptions, args, kwargs):
                                       int(a.get("ignore_index", -100)), cs.group_name, cs.vocab_size,
                                       options.z_loss_weight, options.logit_softcap)
     reject_cross_entropy_only_options(options, op)
-    if global_mean:  # the kernel's total weight is what 'mean' divides this rank's rows by
+    if global_mean:  # the kernel's total weight (the loss's dtype) is what 'mean' divides this rank's rows by
         out = out * layout.global_mean_scale(cs, total_weight)
     return layout.loss_result(out, cs, reduction)
 
