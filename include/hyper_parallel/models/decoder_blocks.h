@@ -3,7 +3,8 @@
 // window, float32 softmax), the gated MLP (SiLU or tanh-GELU), and the block that chains
 // them (pre-norms, optionally post-norms too). Llama, Qwen3 and Gemma 2 are built from these;
 // a family of its own (in or out of the tree) sets the options its checkpoints describe.
-// decoder_plan.h has their TP plan, Hugging Face names and shape checks.
+// decoder_plan.h has their TP plan, Hugging Face names and shape checks, decoder_stack.h the
+// loop over the blocks, the seeded initialisation and the tied head.
 //
 // Parallelized sub-modules are called through hp::parallel_forward, so the same code runs on
 // one process and under any TP degree; attention works on each rank's local heads

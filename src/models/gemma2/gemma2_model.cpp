@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "hyper_parallel/models/gemma2.h"
+#include "hyper_parallel/models/decoder_stack.h"
 #include "hyper_parallel/nn/parameters_on_meta.h"
-#include "models/decoder_blocks.h"
 
 namespace hyper_parallel {
 

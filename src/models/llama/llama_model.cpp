@@ -2,8 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "hyper_parallel/models/decoder_stack.h"
 #include "hyper_parallel/nn/parameters_on_meta.h"
-#include "models/decoder_blocks.h"
 
 namespace hyper_parallel {
 

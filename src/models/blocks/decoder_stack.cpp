@@ -1,4 +1,5 @@
-#include "models/decoder_blocks.h"
+// The decoder stack's seeded initialisation and tied head.
+#include "hyper_parallel/models/decoder_stack.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

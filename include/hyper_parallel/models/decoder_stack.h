@@ -1,7 +1,8 @@
-// decoder_blocks.h — what every decoder family's module does alike, written once: the
-// block loop (hooks around each block for sharded data parallelism, each block run through
-// the activation-checkpointing policy), TorchTitan's weight initialisation and the tied
-// head. A family's module keeps what differs (its blocks, its embedding scale, its norms).
+// The decoder stack around the blocks, alike in every family: the block loop (hooks around
+// each block for sharded data parallelism, each block run through the activation-checkpointing
+// policy), TorchTitan's seeded weight initialisation and the tied head. A family's module
+// (Llama's, Gemma 2's, one from outside the library) keeps what differs: its blocks
+// (decoder_blocks.h), its embedding scale, its norms.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,8 +14,11 @@
 #include <functional>
 #include <string>
 
+#include "hyper_parallel/core/export.h"
 #include "hyper_parallel/nn/activation_checkpoint.h"
 #include "hyper_parallel/nn/block_hooks.h"
+
+HP_PUBLIC_BEGIN
 
 namespace hyper_parallel {
 
@@ -52,3 +56,5 @@ void init_decoder_weights(torch::nn::Module& model, uint64_t seed, int64_t n_lay
 void tie_head_to_embeddings(torch::nn::Linear& head, const torch::nn::Embedding& embeddings);
 
 }  // namespace hyper_parallel
+
+HP_PUBLIC_END
