@@ -58,10 +58,12 @@ def launch(script: str, world: int, out_dir: str, extra_env=None, timeout: float
     start = time.time()
     sched = subprocess.Popen([python, "-c", "import mindspore as ms; ms.set_device('CPU'); "
                               "from mindspore.communication import init; init()"],
-                             env=dict(env, MS_ROLE="MS_SCHED"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             env=dict(env, MS_ROLE="MS_SCHED"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             cwd=out_dir)
     logs = [open(os.path.join(out_dir, f"rank{r}.log"), "w+") for r in range(world)]
+    # In out_dir: MindSpore writes rank_<r>/ folders (graphs that failed to compile) where it runs.
     workers = [subprocess.Popen([python, script], env=dict(env, MS_ROLE="MS_WORKER", MS_NODE_ID=str(r)),
-                                stdout=logs[r], stderr=subprocess.STDOUT) for r in range(world)]
+                                stdout=logs[r], stderr=subprocess.STDOUT, cwd=out_dir) for r in range(world)]
     try:
         codes = [w.wait(timeout=timeout) for w in workers]
         sched.wait(timeout=60)
