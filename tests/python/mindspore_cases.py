@@ -172,12 +172,8 @@ def error_cases():
     if RANK == 0:
         bad[0] = 8 + 5  # on rank 0 only: every rank must still raise the same error
     expect_error("target_out_of_range_on_rank_0", lambda: vocab_parallel_cross_entropy(x, Tensor(bad)).asnumpy())
-    def nan_loss():
-        loss = float(vocab_parallel_cross_entropy(x, Tensor(np.full(6, 8 + 5)), backend="ops").asnumpy())
-        if not np.isnan(loss):
-            raise AssertionError(f"a target outside the classes gave the loss {loss}, not NaN")
-
-    expect_error("target_out_of_range_ops", nan_loss)
+    expect_error("target_out_of_range_ops", lambda: vocab_parallel_cross_entropy(
+        x, Tensor(np.full(6, 8 + 5)), backend="ops").asnumpy())
     # Uneven pieces without vocab_size: rank 0 holds 5 classes, the others 1 each.
     mine = 5 if RANK == 0 else 1
     expect_error("uneven_without_vocab_size", lambda: vocab_parallel_cross_entropy(

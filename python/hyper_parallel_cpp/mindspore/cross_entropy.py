@@ -98,7 +98,9 @@ class VocabParallelCrossEntropy(nn.Cell):
         self.rank = self.group.rank
         self.size = self.group.size
 
-    def construct(self, local_logits, target, weight=None):
+    def loss_and_saved(self, local_logits, target, weight=None):
+        """(loss, what the route saved for backward); for the ops route saved[3] counts, over all
+        ranks, the index targets outside the classes."""
         local_classes = local_logits.shape[-1]
         logits = local_logits.reshape(-1, local_classes)
         probabilities = target.dtype == local_logits.dtype or target.dtype == ms.float32 or \
@@ -117,13 +119,17 @@ class VocabParallelCrossEntropy(nn.Cell):
         if weight is None:
             weight = ops.ones((total,), compute_dtype(local_logits.dtype)) if self.backend == "ops" else \
                 ops.zeros((1,), compute_dtype(local_logits.dtype))
-        loss, _ = self.core(logits, flat_target, weight, options)
+        loss, saved = self.core(logits, flat_target, weight, options)
         if self.reduction == "none":
-            return loss.reshape(target.shape[:-1] if probabilities else target.shape)
-        return loss.reshape(())
+            return loss.reshape(target.shape[:-1] if probabilities else target.shape), saved
+        return loss.reshape(()), saved
+
+    def construct(self, local_logits, target, weight=None):
+        return self.loss_and_saved(local_logits, target, weight)[0]
 
 
 _CELLS = {}
+TARGET_OUTSIDE_CLASSES = 4  # hpk_status HPK_ERROR_TARGET, the C kernels' code for the same check
 
 
 def vocab_parallel_cross_entropy(local_logits: Tensor, target: Tensor, group: Optional[str] = None, *,
@@ -144,6 +150,18 @@ def vocab_parallel_cross_entropy(local_logits: Tensor, target: Tensor, group: Op
         cell = _CELLS[key] = VocabParallelCrossEntropy(group, vocab_size=vocab_size, ignore_index=ignore_index,
                                                        reduction=reduction, label_smoothing=label_smoothing,
                                                        backend=backend)
+    if cell.backend == "ops":
+        # MindSpore's ops have no check stage: the targets outside the classes are counted in
+        # the gathered statistics (the same count on every rank), and raised on here.
+        loss, saved = cell.loss_and_saved(local_logits, target, weight)
+        if saved.shape[1] > 0 and target.dtype in (ms.int32, ms.int64) and float(saved[3][0].asnumpy()) > 0:
+            _, total = class_range(local_logits.shape[-1], cell.group, vocab_size)
+            mine = target.asnumpy().reshape(-1)
+            found = [int(t) for t in mine if t != ignore_index and not 0 <= t < total]
+            raise KernelError(f"expected index targets in [0, {total}) or equal to ignore_index ({ignore_index}), got "
+                              f"{found[0] if found else 'one on another rank'} (the statistics of every rank of the "
+                              f"group counted it)", TARGET_OUTSIDE_CLASSES)
+        return loss
     try:
         loss = cell(local_logits, target, weight)
         if cell.backend == "kernel":

@@ -6,7 +6,8 @@ probability targets, the weighted target-logit sums) -> one gather of those stat
 log-sum-exp and the loss; the backward (``bprop``) needs no collective. It uses only ops with
 CPU kernels in MindSpore 2.8 - 2.10 (no LogSoftmaxExt, LogSumExp or Clone), so it is tested on
 CPU too. A target outside the classes is counted in the gathered statistics; saved[3] holds the
-count, the same on every rank, and the loss is NaN where it is not 0.
+count, the same on every rank: the loss is NaN where it is not 0, and the function form
+(cross_entropy.py, PyNative) raises KernelError on every rank.
 
 float64 statistics cross the collective as three float32 parts each (hi + mid + lo, 72 bits of
 mantissa for float64's 53, exact for finite values in float32's exponent range): MindSpore's CPU
