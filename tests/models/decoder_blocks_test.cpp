@@ -102,10 +102,12 @@ TEST(DecoderBlocks, RopeTablesInBothPrecisionsAndWithLlama3Scaling) {
   EXPECT_EQ(cos32.scalar_type(), at::kFloat);
   EXPECT_TRUE(at::allclose(cos32, cos64, 0, 5e-5)) << (cos32 - cos64).abs().max().item<double>();
   EXPECT_TRUE(at::allclose(sin32, sin64, 0, 5e-5)) << (sin32 - sin64).abs().max().item<double>();
-  o.llama3_scaling = Llama3RopeScaling{.factor = 8.0, .original_max_position_embeddings = 16};
+  // Wavelengths below 64 / high_freq_factor (4) are kept, those above 64 / low_freq_factor
+  // (1) slowed down by the factor.
+  o.llama3_scaling = Llama3RopeScaling{.factor = 8.0, .original_max_position_embeddings = 64};
   const auto [cos_scaled, sin_scaled] = rope_tables(o);
-  EXPECT_TRUE(at::allclose(cos_scaled.select(1, 0), cos32.select(1, 0)));  // the highest frequency is kept
-  EXPECT_FALSE(at::allclose(cos_scaled.select(1, 7), cos32.select(1, 7)));
+  EXPECT_TRUE(at::equal(sin_scaled.select(1, 0), sin32.select(1, 0)));               // wavelength 2 pi
+  EXPECT_TRUE(at::allclose(sin_scaled.select(1, 7) * 8, sin32.select(1, 7), 1e-3));  // 6e5
   EXPECT_THROW(rope_tables({.head_dim = 7, .max_seq_len = 4}), c10::Error);
 }
 
