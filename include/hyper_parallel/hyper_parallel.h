@@ -19,6 +19,7 @@
 #include "hyper_parallel/loss/fused_linear_loss.h"
 #include "hyper_parallel/core/layout.h"
 #include "hyper_parallel/loss/loss_parallel.h"
+#include "hyper_parallel/loss/plain_cross_entropy.h"
 #include "hyper_parallel/nn/module_utils.h"
 #include "hyper_parallel/nn/parallel_style.h"
 #include "hyper_parallel/loss/parallelism_config.h"

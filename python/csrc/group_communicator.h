@@ -39,11 +39,8 @@ inline std::optional<at::Tensor> defined_or_none(const std::optional<at::Tensor>
 // The Python ops' loss arguments as the library's cross-entropy definition.
 inline hp::CrossEntropyDefinition definition(int64_t ignore_index, int64_t reduction, double label_smoothing,
                                              double z_loss_weight, double logit_softcap) {
-  return hp::CrossEntropyDefinition{.ignore_index = ignore_index,
-                                    .reduction = reduction,
-                                    .label_smoothing = label_smoothing,
-                                    .z_loss_weight = z_loss_weight,
-                                    .logit_softcap = logit_softcap};
+  return hp::CrossEntropyDefinition{hp::LossTerms{.z_loss_weight = z_loss_weight, .logit_softcap = logit_softcap},
+                                    ignore_index, reduction, label_smoothing};
 }
 
 inline hp::VocabCrossEntropyOptions ce_options(int64_t ignore_index, int64_t reduction, double label_smoothing,

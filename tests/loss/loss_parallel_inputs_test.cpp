@@ -341,12 +341,16 @@ Options with_definition(const CrossEntropyDefinition& d) {
 TEST(LossDefinition, EveryFrontEndRefusesTheSameBadDefinitionOnEveryRank) {
   const double inf = std::numeric_limits<double>::infinity();
   const std::vector<BadDefinition> cases = {
-      {"reduction", {.reduction = 7}, "reduction must be at::Reduction None, Mean or Sum, got 7"},
-      {"label_smoothing", {.label_smoothing = 1.5}, "label_smoothing must be in [0, 1], got 1.5"},
-      {"negative z-loss", {.z_loss_weight = -1e-4}, "z_loss_weight must be >= 0 and finite (0: off)"},
-      {"infinite z-loss", {.z_loss_weight = inf}, "z_loss_weight must be >= 0 and finite (0: off), got inf"},
-      {"negative soft-cap", {.logit_softcap = -30}, "logit_softcap must be >= 0 and finite (0: off), got -30"},
-      {"infinite soft-cap", {.logit_softcap = inf}, "logit_softcap must be >= 0 and finite (0: off), got inf"},
+      {"reduction",
+       {{}, /*ignore_index=*/-100, /*reduction=*/7},
+       "reduction must be at::Reduction None, Mean or Sum, got 7"},
+      {"label_smoothing",
+       {{}, -100, at::Reduction::Mean, /*label_smoothing=*/1.5},
+       "label_smoothing must be in [0, 1], got 1.5"},
+      {"negative z-loss", {{.z_loss_weight = -1e-4}}, "z_loss_weight must be >= 0 and finite (0: off)"},
+      {"infinite z-loss", {{.z_loss_weight = inf}}, "z_loss_weight must be >= 0 and finite (0: off), got inf"},
+      {"negative soft-cap", {{.logit_softcap = -30}}, "logit_softcap must be >= 0 and finite (0: off), got -30"},
+      {"infinite soft-cap", {{.logit_softcap = inf}}, "logit_softcap must be >= 0 and finite (0: off), got inf"},
   };
   constexpr int64_t kRanks = 2;
   const at::Tensor full = random_tensor({kRows, kClasses}, 21);

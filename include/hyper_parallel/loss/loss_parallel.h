@@ -24,10 +24,12 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hyper_parallel/core/device_mesh.h"
 #include "hyper_parallel/core/export.h"
+#include "hyper_parallel/loss/loss_terms.h"
 
 HP_PUBLIC_BEGIN
 
@@ -46,7 +48,17 @@ class LossParallelUnsupportedError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-struct LossParallelOptions {
+// The terms (LossTerms, z_loss_weight and logit_softcap) are the two fields of cross_entropy's
+// definition (cross_entropy_definition.h) that the call cannot pass: cross_entropy under this
+// guard adds them to the call's ignore_index, reduction and label_smoothing. log_softmax /
+// nll_loss under a guard that sets either raise LossParallelUnsupportedError rather than
+// silently ignoring them.
+struct LossParallelOptions : LossTerms {
+  // LossParallelOptions{mesh, strict}: the layout fields by position, as before the terms
+  // moved into the base (a base would otherwise come first in an aggregate's braces).
+  LossParallelOptions(std::optional<DeviceMesh> mesh = std::nullopt, std::optional<bool> strict = std::nullopt)
+      : mesh(std::move(mesh)), strict(strict) {}
+
   // The TP mesh. Unset: inferred from the logits (their 1-D mesh, or the mesh dim that
   // shards the class dim). Set: the logits must live on it.
   std::optional<DeviceMesh> mesh;
@@ -54,13 +66,6 @@ struct LossParallelOptions {
   // LossParallelLayoutError. false: other layouts re-laid out (a warning), 'mean' exact.
   // Unset: ParallelismConfig::loss_parallel_strict_mesh (default true).
   std::optional<bool> strict;
-
-  // The two fields of cross_entropy's definition (cross_entropy_definition.h) that the call
-  // cannot pass: cross_entropy under this guard adds them to the call's ignore_index,
-  // reduction and label_smoothing. log_softmax / nll_loss under a guard that sets either raise
-  // LossParallelUnsupportedError rather than silently ignoring them.
-  double z_loss_weight = 0.0;
-  double logit_softcap = 0.0;
   // Allows the loss to write d loss / d logits into the logits' own storage during
   // forward (no logits-sized gradient buffer; backward only scales it). The logits'
   // version counter is bumped, so any other autograd user that saved them raises instead

@@ -8,17 +8,16 @@
 #include <optional>
 
 #include "hyper_parallel/loss/loss_parallel.h"
+#include "hyper_parallel/loss/loss_terms.h"
 #include "hyper_parallel/core/export.h"
 
 HP_PUBLIC_BEGIN
 
 namespace hyper_parallel::train {
 
-// [training] z_loss_weight, logit_softcap: LossParallelOptions' meaning on every loss path.
-struct LossTerms {
-  double z_loss_weight = 0.0;  // + z * lse^2 per counted token
-  double logit_softcap = 0.0;  // > 0: logits -> cap * tanh(logits / cap) first
-};
+// [training] z_loss_weight, logit_softcap: the loss layer's LossTerms (loss_terms.h), the
+// same meaning on every loss path.
+using LossTerms = hyper_parallel::LossTerms;
 
 class TrainContext {
  public:
@@ -29,8 +28,7 @@ class TrainContext {
     std::optional<LossParallelGuard> guard;
     if (loss_parallel_) {
       LossParallelOptions options;
-      options.z_loss_weight = terms_.z_loss_weight;
-      options.logit_softcap = terms_.logit_softcap;
+      static_cast<LossTerms&>(options) = terms_;
       guard.emplace(options);
     }
     return guard;
@@ -39,7 +37,9 @@ class TrainContext {
   const LossTerms& loss_terms() const { return terms_; }
   // Validation reports cross-entropy alone: the z-loss is a regulariser of training, the
   // soft-capping part of the model's logits.
-  TrainContext for_validation() const { return TrainContext(loss_parallel_, {0.0, terms_.logit_softcap}); }
+  TrainContext for_validation() const {
+    return TrainContext(loss_parallel_, LossTerms{.z_loss_weight = 0.0, .logit_softcap = terms_.logit_softcap});
+  }
 
  private:
   bool loss_parallel_;

@@ -113,7 +113,7 @@ void check_probability_target_ignore_index(int64_t ignore_index, const std::stri
 void check_nll_inputs(c10::IntArrayRef logp_shape, at::ScalarType logp_dtype, int64_t class_dim,
                       const at::Tensor& target, const c10::optional<at::Tensor>& weight, int64_t num_classes,
                       int64_t reduction, int64_t ignore_index, const std::string& op) {
-  check_cross_entropy_definition(CrossEntropyDefinition{.ignore_index = ignore_index, .reduction = reduction}, op,
+  check_cross_entropy_definition(CrossEntropyDefinition{LossTerms{}, ignore_index, reduction}, op,
                                  OptionErrorKind::value_error);
   // The error types and words are ATen's nll_loss's (RuntimeError, ValueError for the batch).
   check_index_target_dtype(target, op, OptionErrorKind::runtime_error);

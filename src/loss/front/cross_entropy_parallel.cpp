@@ -67,12 +67,9 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   // 'mean' over rows that other mesh dims shard: the kernel sums, the sum is divided by the
   // global denominator below (one small all-reduce per such mesh dim).
   const bool global_mean = reduction == at::Reduction::Mean && !cs.row_mesh_dims().empty();
-  // The call gives three fields of the definition, the guard the other two.
-  ce.definition = CrossEntropyDefinition{.ignore_index = ignore_index,
-                                         .reduction = global_mean ? int64_t{at::Reduction::Sum} : reduction,
-                                         .label_smoothing = label_smoothing,
-                                         .z_loss_weight = options.z_loss_weight,
-                                         .logit_softcap = options.logit_softcap};
+  // The call gives three fields of the definition, the guard the terms.
+  ce.definition = CrossEntropyDefinition{static_cast<const LossTerms&>(options), ignore_index,
+                                         global_mean ? int64_t{at::Reduction::Sum} : reduction, label_smoothing};
   const bool wants_grad = torch::autograd::GradMode::is_enabled() && logits.requires_grad();
   // Writing the gradient over the logits needs their storage as plain rows, and logits
   // that are neither a leaf nor a view of one: a leaf's values are the caller's (PyTorch

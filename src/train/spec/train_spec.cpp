@@ -15,6 +15,7 @@
 #include "hyper_parallel/models/causal_lm.h"
 #include "hyper_parallel/dtensor/dtensor.h"
 #include "hyper_parallel/loss/fused_linear_loss.h"
+#include "hyper_parallel/loss/plain_cross_entropy.h"
 #include "hyper_parallel/models/model_registry.h"
 #include "hyper_parallel_train/spec/parallelized_model.h"
 
@@ -139,8 +140,7 @@ at::Tensor token_loss_sum(torch::nn::Module& module, const Batch& batch, const T
     FusedLinearCrossEntropyOptions options;
     options.ignore_index = kIgnoreIndex;
     options.reduction = at::Reduction::Sum;
-    options.z_loss_weight = terms.z_loss_weight;
-    options.logit_softcap = terms.logit_softcap;
+    static_cast<LossTerms&>(options) = terms;
     // The sum in float32, as the unfused path below widens its logits: a bfloat16 sum of the
     // token losses would be rounded to 8 bits (0.4 %), in the loss reported and in its scale.
     options.loss_dtype = at::promoteTypes(hidden.scalar_type(), at::kFloat);
@@ -155,13 +155,9 @@ at::Tensor token_loss_sum(torch::nn::Module& module, const Batch& batch, const T
   const auto sum_options = F::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum);
   if (context.loss_parallel_enabled())
     return F::cross_entropy(logits, target, sum_options);  // the guard adds the terms
-  if (terms.logit_softcap > 0) logits = at::tanh(logits / terms.logit_softcap) * terms.logit_softcap;
-  at::Tensor loss = F::cross_entropy(logits, target, sum_options);
-  if (terms.z_loss_weight != 0) {
-    const at::Tensor counted = target.ne(kIgnoreIndex).to(logits.scalar_type());
-    loss = loss + terms.z_loss_weight * (at::logsumexp(logits, {-1}).square() * counted).sum();
-  }
-  return loss;
+  // All the classes here: the loss layer's one definition of the terms on full logits.
+  CrossEntropyDefinition definition{terms, kIgnoreIndex, at::Reduction::Sum};
+  return cross_entropy_with_terms(logits, target, definition);
 }
 
 LossTerms loss_terms(const torch::nn::Module& model, const TrainingConfig& t) {
