@@ -238,6 +238,20 @@ TEST(FusedCrossEntropy, ZLossAndSoftcapMatchTheFloat64DefinitionAtEveryDegree) {
   run_grid(option_grid(), {1, 2, 3, 4});
 }
 
+// The loss layer's plain form of the definition (what hp-train computes without loss
+// parallel) is this file's float64 reference, which the sharded paths above are compared to.
+TEST(FusedCrossEntropy, PlainCrossEntropyWithTermsIsTheFloat64Definition) {
+  for (const Case& c : option_grid()) {
+    if (c.weighted || c.soft) continue;  // class-index targets without class weights
+    SCOPED_TRACE(c.name());
+    const Data d = make_data(c, 5);
+    CrossEntropyDefinition definition{
+        {.z_loss_weight = c.z_loss_weight, .logit_softcap = c.logit_softcap}, -100, c.reduction, c.label_smoothing};
+    const at::Tensor got = cross_entropy_with_terms(d.logits, d.target, definition);
+    EXPECT_LE(rel_err(got, reference_loss(c, d.logits, d)), 1e-14);
+  }
+}
+
 // Rows longer than the kernel's 2048-class blocks, with the max in a later block (the
 // running sum is rescaled), class counts off the vector width, an uneven TP 3.
 TEST(FusedCrossEntropy, LongRowsAcrossBlocksMatchTheDefinition) {
