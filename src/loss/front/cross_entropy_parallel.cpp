@@ -10,7 +10,7 @@
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor/dtensor.h"
 #include "loss/call/call_agreement.h"
-#include "loss/call/loss_call.h"
+#include "loss/call/loss_call_plan.h"
 #include "loss/call/class_sharding.h"
 #include "loss/math/cross_entropy_kernels.h"
 #include "loss/math/fused_cross_entropy.h"
@@ -135,7 +135,7 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
     }
   };
   steps.placeholders = [&] { use_placeholder_inputs(ce); };
-  LossCall call(op, steps);
+  LossCallPlan call(op, steps);
   const ClassShard& shard = cs.shard;
   at::Tensor loss;
   std::exception_ptr refused_here;  // the global mean tells the other row groups before raising it

@@ -24,7 +24,7 @@
 #include "loss/math/linear_blocks.h"
 #include "loss/call/call_agreement.h"
 #include "loss/call/input_agreement.h"
-#include "loss/call/loss_call.h"
+#include "loss/call/loss_call_plan.h"
 #include "loss/front/fused_linear_inputs.h"
 #include "loss/call/loss_input_checks.h"
 
@@ -46,7 +46,7 @@ FusedCrossEntropy cross_entropy_of(const LinearLossInputs& in, const FusedLinear
 }
 
 // The record agree_on_call compares for this loss: hidden's tokens, size and dtype, the
-// target's kind and shape, the options, the class weight (LossCall adds the classes).
+// target's kind and shape, the options, the class weight (LossCallPlan adds the classes).
 LossCallRecord linear_call(const std::string& op, const at::Tensor& hidden, const at::Tensor& target,
                            const FusedLinearCrossEntropyOptions& o, const at::Tensor& class_weight) {
   LossCallRecord call;
@@ -143,7 +143,7 @@ at::Tensor fused_linear_cross_entropy(const at::Tensor& hidden, const at::Tensor
                                                       : hidden.device();
     layout = placed_layout(in.shard, device);
   };
-  LossCall call(kOp, steps);
+  LossCallPlan call(kOp, steps);
   // A refusal is settled at once (the placeholders make no blocks); otherwise the record
   // travels while the blocks are computed.
   if (call.refused()) call.settle();
@@ -193,7 +193,7 @@ at::Tensor vocab_parallel_linear_cross_entropy_forward(const at::Tensor& hidden,
     in = LinearLossInputs{};
     std::tie(in.h, in.w, in.target) = linear_placeholders(hidden, local_weight, options.ignore_index);
   };
-  LossCall call(op, steps);
+  LossCallPlan call(op, steps);
   in.shard = call.shard();
   const at::ScalarType dt = in.h.scalar_type();
   const LinearBlocks blocks =

@@ -1,5 +1,5 @@
 // The fused linear cross-entropy's inputs, validated (internal): on DTensors (the head's rows
-// class-sharded) and as plain local pieces. Both front ends run these inside LossCall's checks.
+// class-sharded) and as plain local pieces. Both front ends run these inside LossCallPlan's checks.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -22,7 +22,7 @@
 #include "loss/math/fused_logprobs.h"
 #include "loss/call/input_agreement.h"
 #include "loss/call/loss_input_checks.h"
-#include "loss/call/loss_call.h"
+#include "loss/call/loss_call_plan.h"
 #include "loss/math/linear_blocks.h"
 
 namespace hyper_parallel {
@@ -144,7 +144,7 @@ Logprobs vocab_parallel_linear_logprobs_forward(const at::Tensor& hidden, const 
     std::tie(h, w, t) = linear_placeholders(hidden, local_weight, options.ignore_index);
     used.temperature = 1.0;
   };
-  LossCall call(op, steps);
+  LossCallPlan call(op, steps);
   const ClassShard& shard = call.shard();
   const at::ScalarType dt = h.scalar_type(), ct = compute_type(dt);
   FusedCrossEntropy ce = logprobs_of(t, used);

@@ -22,7 +22,7 @@
 #include "loss/call/class_sharding.h"
 #include "loss/math/cross_entropy_kernels.h"
 #include "loss/call/input_agreement.h"
-#include "loss/call/loss_call.h"
+#include "loss/call/loss_call_plan.h"
 #include "loss/call/loss_input_checks.h"
 #include "loss/front/loss_parallel_dispatch.h"
 #include "loss/front/routed_loss_kernels.h"

@@ -9,7 +9,7 @@
 #include "hyper_parallel/dtensor/dtensor.h"
 #include "loss/call/call_agreement.h"
 #include "loss/call/class_sharding.h"
-#include "loss/call/loss_call.h"
+#include "loss/call/loss_call_plan.h"
 #include "loss/call/loss_input_checks.h"
 #include "loss/math/cross_entropy_kernels.h"
 
@@ -155,7 +155,7 @@ bool nll_forward_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   steps.after_checks = [&](LossCallRecord& call, ClassLayout&) {
     if (weight) call.class_weight = *weight;
   };
-  LossCall call(op, steps);
+  LossCallPlan call(op, steps);
   std::pair<at::Tensor, at::Tensor> result;
   std::exception_ptr refused_here;  // the global mean tells the other row groups before raising it
   try {

@@ -21,7 +21,7 @@
 #include "loss/math/cross_entropy_kernels.h"
 #include "loss/math/fused_logprobs.h"
 #include "loss/call/input_agreement.h"
-#include "loss/call/loss_call.h"
+#include "loss/call/loss_call_plan.h"
 #include "loss/math/logits_device.h"
 
 namespace hyper_parallel {
@@ -104,7 +104,7 @@ Logprobs vocab_parallel_logprobs_forward(const at::Tensor& local_logits, int64_t
     ce.target = at::full({ce.x_rows.size(0)}, options.ignore_index, ce.x_rows.options().dtype(at::kLong));
     ce.temperature = 1.0;
   };
-  LossCall call(op, steps);
+  LossCallPlan call(op, steps);
   const ClassShard& shard = call.shard();
   const at::ScalarType ct = compute_type(local_logits.scalar_type());
   const int64_t rows = ce.x_rows.size(0);

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "loss/call/call_agreement.h"
-#include "loss/call/loss_call.h"
+#include "loss/call/loss_call_plan.h"
 #include "loss/call/class_sharding.h"
 #include "loss/math/cross_entropy_kernels.h"
 #include "loss/math/fused_cross_entropy.h"
@@ -121,7 +121,7 @@ at::Tensor vocab_parallel_cross_entropy_forward(const at::Tensor& local_logits, 
     }
   };
   steps.placeholders = [&] { use_placeholder_inputs(ce); };
-  LossCall call(op, steps);
+  LossCallPlan call(op, steps);
   at::Tensor loss = fused_cross_entropy_forward(ce, call.shard(), call.inputs(), call.agreement());
   loss = loss.to(local_logits.scalar_type());
   if (options.reduction == at::Reduction::None) loss = loss.reshape(loss_shape);
@@ -240,7 +240,7 @@ std::vector<at::Tensor> vocab_parallel_nll_loss_forward(const at::Tensor& local_
     check_nll_inputs(local_logp.sizes(), local_logp.scalar_type(), class_dim, target, w, shard.total, reduction,
                      ignore_index, op);
   };
-  const ClassShard shard = LossCall(op, steps).shard();
+  const ClassShard shard = LossCallPlan(op, steps).shard();
   auto result =
       distributed_nll_forward(to_rows(local_logp, class_dim), target.reshape({-1}), w, reduction, ignore_index, shard);
   at::Tensor out = reduction == at::Reduction::None ? result.first.reshape(target.sizes()) : result.first;

@@ -108,7 +108,7 @@ struct AtenStatisticsForTesting {
 at::Tensor fused_cross_entropy_backward(const FusedCrossEntropy& ce, const at::Tensor& grad_loss,
                                         const ClassShard& shard);
 
-// A rank that refused its inputs (LossCall's placeholders): index targets all ignore_index, no
+// A rank that refused its inputs (LossCallPlan's placeholders): index targets all ignore_index, no
 // class weight, no gradient written, so that it joins the forward's collectives touching nothing.
 void use_placeholder_inputs(FusedCrossEntropy& ce);
 

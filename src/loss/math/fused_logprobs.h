@@ -33,7 +33,7 @@
 namespace hyper_parallel {
 
 // The record agree_on_call compares for a log-probabilities call of `op`: `rows` of `dtype`,
-// the options (LossCall adds the classes).
+// the options (LossCallPlan adds the classes).
 LossCallRecord logprobs_call(const std::string& op, int64_t rows, at::ScalarType dtype, const LogprobsOptions& options);
 
 // The options' ranges (temperature finite and > 0, with 1 / T finite in the compute type of

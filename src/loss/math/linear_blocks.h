@@ -34,7 +34,7 @@ std::string describe_input(const at::Tensor& t);
 
 // A refusing rank's stand-ins for hidden [T, D], its weight rows [V_l, D] (empty where either is
 // not 2-D) and targets all ignore_index: blocks that touch nothing, so that it joins the
-// forward's collectives (LossCall's placeholders).
+// forward's collectives (LossCallPlan's placeholders).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_placeholders(const at::Tensor& hidden,
                                                                    const at::Tensor& local_weight,
                                                                    int64_t ignore_index);

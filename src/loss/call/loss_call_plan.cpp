@@ -1,5 +1,5 @@
-// loss_call.h: the sequence every loss front end runs, once.
-#include "loss/call/loss_call.h"
+// loss_call_plan.h: the sequence every loss front end runs, once.
+#include "loss/call/loss_call_plan.h"
 
 #include <algorithm>
 
@@ -32,7 +32,7 @@ VocabPiece piece_from_counts(const std::vector<int64_t>& counts, const ClassLayo
 
 }  // namespace
 
-LossCall::LossCall(const std::string& op, const LossCallSteps& steps) : verdict_(steps.verdict) {
+LossCallPlan::LossCallPlan(const std::string& op, const LossCallSteps& steps) : verdict_(steps.verdict) {
   LossCallRecord record;
   record.op = op;
   ClassLayout layout;
@@ -80,7 +80,7 @@ LossCall::LossCall(const std::string& op, const LossCallSteps& steps) : verdict_
   }
 }
 
-LossCall::~LossCall() = default;
+LossCallPlan::~LossCallPlan() = default;
 
 ClassShard agree_on_loss_call(LossCallRecord record, const ClassLayout& layout) {
   record_layout(record, layout);

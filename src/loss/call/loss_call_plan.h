@@ -4,7 +4,7 @@
 // Every front end (the DTensor route's cross_entropy, nll_loss and log_softmax, the functions on
 // local pieces, the fused linear losses, the log-probabilities) makes the same steps, and their
 // order decides correctness across ranks: a step out of order deadlocks, or lets a call that
-// differs between ranks through. LossCall takes what the front end resolved (its record, where
+// differs between ranks through. LossCallPlan takes what the front end resolved (its record, where
 // its classes are, its checks) and runs them:
 //   1. the call's record starts its all-gather (PendingCallAgreement), so that every rank sends
 //      the same first collective whatever it decides next;
@@ -58,9 +58,9 @@ enum class CheckVerdict {
   in_record,        // in the call's record (a front end with no statistics all-gather)
 };
 
-// What a front end hands LossCall.
+// What a front end hands LossCallPlan.
 struct LossCallSteps {
-  // The call's record and where its classes are, as the front end resolved them (LossCall
+  // The call's record and where its classes are, as the front end resolved them (LossCallPlan
   // writes the layout's vocabulary and class count into the record: they are the same). None:
   // the checks resolve the layout themselves (CheckVerdict::in_record; after_checks gives it).
   std::function<void(LossCallRecord& record, ClassLayout& layout)> describe;
@@ -77,15 +77,15 @@ struct LossCallSteps {
   CheckVerdict verdict = CheckVerdict::with_statistics;
 };
 
-class LossCall {
+class LossCallPlan {
  public:
   // Runs steps 1-4 (the constructor returns once the front end may compute). With
   // CheckVerdict::in_record the record is settled here only where this rank's piece needs the
   // members' counts (a layout without an offset); otherwise by the front end (settle()).
-  LossCall(const std::string& op, const LossCallSteps& steps);
-  ~LossCall();
-  LossCall(const LossCall&) = delete;
-  LossCall& operator=(const LossCall&) = delete;
+  LossCallPlan(const std::string& op, const LossCallSteps& steps);
+  ~LossCallPlan();
+  LossCallPlan(const LossCallPlan&) = delete;
+  LossCallPlan& operator=(const LossCallPlan&) = delete;
 
   // This rank's classes: what the front end computes with (on a refusal, its own count of
   // the vocabulary the call knows, so that placeholders fit).
