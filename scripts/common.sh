@@ -233,14 +233,14 @@ hp_ctest_sanitized() {
     -j "$(nproc 2>/dev/null || echo 2)" --timeout 900 "${HP_CTEST_REPEAT[@]}" "$@"
 }
 
-# Each fuzz target for HP_FUZZ_SECONDS (default 60) on a copy of its seed corpus; any
+# Each fuzz target for HP_FUZZ_SECONDS (default 30) on a copy of its seed corpus; any
 # crash, leak, timeout (-timeout=10 s per input) or out-of-memory fails the run. As many
 # targets run side by side as there are cores: libFuzzer runs one process on one core, so
 # each target gets the same time and a core of its own, as when they ran one after another,
 # and the phase takes ceil(5 / cores) rounds instead of 5. The summaries are printed in a
 # fixed order once all have finished.
 hp_fuzz() {
-  local seconds="${HP_FUZZ_SECONDS:-60}" name work side_by_side failed=0
+  local seconds="${HP_FUZZ_SECONDS:-30}" name work side_by_side failed=0
   local names=(job_config op_spec checkpoint_reader megatron_index safetensors_header)
   side_by_side="$(nproc 2>/dev/null || echo 2)"
   hp_sanitizer_env

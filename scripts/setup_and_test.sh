@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the whole test suite; then the same suite
 # built with ASan + UBSan (clang, build-san/) and each libFuzzer target for
-# HP_FUZZ_SECONDS (default 60). HP_SKIP_SANITIZERS=1 skips the second part (and says so).
+# HP_FUZZ_SECONDS (default 30). HP_SKIP_SANITIZERS=1 skips the second part (and says so).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 hp_install_missing
 hp_build
