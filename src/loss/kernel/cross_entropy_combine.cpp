@@ -75,6 +75,7 @@ void cross_entropy_combine(const CrossEntropyCombineArgs<acc_t>& args) {
     acc_t ce_row;
     if (args.probabilities) {
       args.a[r] = v1;  // A = sum_c w_c q'_c, until the coefficients below
+      if (args.target_weight_sum) args.target_weight_sum[r] = v1;
       ce_row = u_all * log_sum - v2;
     } else {
       ce_row = one_minus_eps * args.row_weight[r] * ((top - v1) + log_sum);

@@ -2,8 +2,10 @@
 // from every rank's per-row statistics [P, kStats, rows] (cross_entropy_cpu_kernel.h), gathered
 // by the caller, the loss or log-probabilities and what backward needs. Plain C++ on arrays, no
 // framework: the framework-free library (src/kernels_c) runs it on the statistics its caller's
-// framework gathered. The same math as fused_cross_entropy.cpp's tensor combine
-// (combine_log_sum_exp, fused_cross_entropy_combine, coefficients) and fused_logprobs.cpp's:
+// framework gathered, and the LibTorch route on the CPU on those it gathered (so that both
+// give the same loss). fused_cross_entropy.cpp's and fused_logprobs.cpp's tensor combine
+// (combine_log_sum_exp, fused_cross_entropy_combine, coefficients) is the same math for the
+// devices without it:
 //   M = max_p m_p (0 when -inf),  S = sum_p s_p exp((m_p - M) / T),  log_sum = log S
 //   index targets: (1 - eps) w_t ((M - y_t) + log_sum) + eps / C (W log_sum - sum_c w_c (y_c - M))
 //   probability targets: U log_sum - sum_c w_c q'_c (y_c - M)
@@ -33,6 +35,9 @@ struct CrossEntropyCombineArgs {
   // t_coef; reduction's denominators included), [rows] each: backward multiplies them by the
   // incoming gradient. c is 0 for index targets, t for probability targets.
   acc_t *a = nullptr, *b = nullptr, *c = nullptr, *t = nullptr;
+  // Probability targets, optional: A = sum_c w_c q'_c per row [rows], which a later backward's
+  // coefficients take (index targets: unused).
+  acc_t* target_weight_sum = nullptr;
 };
 
 template <typename acc_t>

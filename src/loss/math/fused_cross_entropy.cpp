@@ -1,11 +1,13 @@
 #include "loss/math/fused_cross_entropy.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <ATen/core/Reduction.h>
 #include <c10/util/Exception.h>
 
 #include <limits>
 
+#include "loss/kernel/cross_entropy_combine.h"
 #include "loss/kernel/cross_entropy_cpu_kernel.h"
 #if defined(HP_CE_HAVE_CUDA)
 #include "loss/kernel/cross_entropy_cuda_kernel.h"
@@ -157,6 +159,70 @@ Coefficients coefficients(const FusedCrossEntropy& ce, const at::Tensor& g_rows,
     if (p->defined()) *p = p->contiguous();
   }
   return k;
+}
+
+// fused_cross_entropy_combine on the CPU: the raw-array combine (cross_entropy_combine.h) on
+// the gathered statistics, which also gives the gradient's coefficients for a unit incoming
+// gradient. Sets what the tensor combine sets.
+at::Tensor combine_with_kernel(FusedCrossEntropy& ce, const at::Tensor& gathered, const ClassShard& shard) {
+  const at::Tensor all = gathered.contiguous();
+  const int64_t rows = all.size(2);
+  const auto opts = all.options();
+  const double eps = ce.definition.label_smoothing;
+  const bool none = ce.definition.reduction == at::Reduction::None;
+  at::Tensor loss = none ? at::empty({rows}, opts) : at::empty({}, opts);
+  ce.row_max = at::empty({rows}, opts);
+  ce.log_sum = at::empty({rows}, opts);
+  const at::Tensor unit = at::empty({4, rows}, opts);  // a, b, c, t
+  const at::Tensor valid = ce.valid.to(at::kByte).contiguous();
+  const at::Tensor row_weight = ce.soft ? at::empty({rows}, opts) : ce.row_weight.contiguous();
+  // Label smoothing's W = sum_c w_c, as the tensor coefficients take it (in the compute type).
+  const double weight_sum =
+      ce.weight && eps > 0 && !ce.soft ? ce.weight->sum().item<double>() : static_cast<double>(shard.total);
+  AT_DISPATCH_FLOATING_TYPES(all.scalar_type(), "fused cross-entropy combine", [&] {
+    k::CrossEntropyCombineArgs<scalar_t> args;
+    args.all = all.const_data_ptr<scalar_t>();
+    args.ranks = all.size(0);
+    args.rows = rows;
+    args.probabilities = ce.soft;
+    args.valid = valid.const_data_ptr<uint8_t>();
+    args.classes = shard.total;
+    args.weight_sum = weight_sum;
+    args.label_smoothing = eps;
+    args.z_loss_weight = ce.definition.z_loss_weight;
+    args.reduction = ce.definition.reduction;
+    if (ce.soft) {
+      args.target_weight_sum = row_weight.data_ptr<scalar_t>();
+    } else {
+      args.row_weight = row_weight.const_data_ptr<scalar_t>();
+    }
+    args.loss = loss.data_ptr<scalar_t>();
+    args.row_max = ce.row_max.data_ptr<scalar_t>();
+    args.log_sum = ce.log_sum.data_ptr<scalar_t>();
+    args.a = unit[0].data_ptr<scalar_t>();
+    args.b = unit[1].data_ptr<scalar_t>();
+    args.c = unit[2].data_ptr<scalar_t>();
+    args.t = unit[3].data_ptr<scalar_t>();
+    k::cross_entropy_combine(args);
+  });
+  ce.lse = ce.row_max + ce.log_sum;
+  if (ce.soft) {
+    ce.row_weight = row_weight;  // A = sum_c w_c q'_c
+    ce.ce_denominator = at::scalar_tensor(static_cast<double>(rows), opts);
+    ce.z_denominator = ce.ce_denominator;
+  } else {
+    ce.ce_denominator = ce.row_weight.sum();
+    ce.z_denominator = ce.valid.sum();
+  }
+  // The kernel writes every coefficient; the ones that are 0 by the options stay undefined,
+  // as the tensor coefficients leave them (the backward kernel then skips them).
+  Coefficients& co = ce.unit_coefficients;
+  co = Coefficients{};
+  co.a = unit[0];
+  if (eps > 0) co.b = unit[1];
+  if (ce.soft) co.c = unit[2];
+  if (!ce.soft) co.t = unit[3];
+  return loss;
 }
 
 // The block's rows of a per-row array (undefined stays undefined).
@@ -332,6 +398,8 @@ at::Tensor all_gather_stats(const at::Tensor& stats, const ClassShard& shard, co
   return gathered.narrow(1, 0, k::kStats * rows).view({gathered.size(0), k::kStats, rows});
 }
 
+bool combines_with_kernel(const at::Tensor& all) { return all.device().is_cpu() && !aten_for_testing; }
+
 at::Tensor combine_log_sum_exp(FusedCrossEntropy& ce, const at::Tensor& all) {
   const at::Tensor m = all.select(1, k::kMax), s = all.select(1, k::kSumExp);
   at::Tensor top = m.amax(0);
@@ -352,6 +420,9 @@ at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& 
   const double eps = ce.definition.label_smoothing;
   const double C = static_cast<double>(shard.total);
   const at::Tensor all = all_gather_stats(stats, shard, agreement);
+  ce.unit_coefficients = Coefficients{};
+  // The raw combine knows no temperature or entropy sum (the log-probabilities' statistics).
+  if (combines_with_kernel(all) && ce.temperature == 1.0 && !ce.entropy_sum) return combine_with_kernel(ce, all, shard);
   combine_log_sum_exp(ce, all);
   const at::Tensor m = all.select(1, k::kMax);
   const at::Tensor top = ce.row_max;
@@ -456,10 +527,13 @@ at::Tensor fused_cross_entropy_forward(FusedCrossEntropy& ce, const ClassShard& 
   const at::Tensor loss = fused_cross_entropy_combine(ce, stats, shard, agreement);
   if (ce.gradient_in_forward) {
     // d loss / d x for a unit incoming gradient, over the logits: backward only scales it.
-    const Coefficients co = coefficients(ce, per_row(at::ones({}, opts), rows, at::Reduction::Sum), shard);
+    const Coefficients co = ce.unit_coefficients.a.defined()
+                                ? ce.unit_coefficients
+                                : coefficients(ce, per_row(at::ones({}, opts), rows, at::Reduction::Sum), shard);
     fused_cross_entropy_block_gradient(ce, co, x, x, 0, 0, shard);
     ce.grad_rows = x;
   }
+  ce.unit_coefficients = Coefficients{};  // backward scales what forward wrote, or takes its own
   return loss;
 }
 

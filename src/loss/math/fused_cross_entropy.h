@@ -18,6 +18,12 @@
 
 namespace hyper_parallel {
 
+// The gradient's per-row coefficients (ce_kernel::BackwardArgs' a, b, c, t_coef and e).
+struct FusedCrossEntropyCoefficients {
+  at::Tensor a, b, c, t;  // [M] compute type, or undefined (0)
+  at::Tensor e;           // the entropy's, or undefined (0)
+};
+
 struct FusedCrossEntropy {
   // Inputs, kept for backward.
   at::Tensor x_rows;  // logits rows [M, C_l] (input dtype; a view of the local logits when possible)
@@ -44,6 +50,9 @@ struct FusedCrossEntropy {
   at::Tensor q;                              // soft: the probability rows in compute type, unit class stride
   at::Tensor ce_denominator, z_denominator;  // mean: what the sums are divided by
   at::Tensor grad_rows;                      // gradient_in_forward: the gradient written in forward
+  // The CPU's combine (cross_entropy_combine.h) gives the coefficients for a unit incoming
+  // gradient with the loss: gradient_in_forward writes the gradient from them.
+  FusedCrossEntropyCoefficients unit_coefficients;
 };
 
 // Returns the loss (compute type): [M] for none, a scalar otherwise. One all-gather, which
@@ -71,6 +80,11 @@ void merge_block_stats(const FusedCrossEntropy& ce, at::Tensor& acc, const at::T
 at::Tensor fused_cross_entropy_combine(FusedCrossEntropy& ce, const at::Tensor& stats, const ClassShard& shard,
                                        const InputAgreement* agreement = nullptr);
 
+// Whether the gathered statistics `all` are combined by the raw-array kernels
+// (cross_entropy_combine.h, which the framework-free library runs too): on the CPU, unless
+// AtenStatisticsForTesting is held. Elsewhere the tensor ops below compute the same math.
+bool combines_with_kernel(const at::Tensor& all);
+
 // fused_cross_entropy_combine in parts, for the other losses built on these statistics
 // (fused_logprobs.h): the one all-gather of every rank's statistics [P, kStats, M] (the
 // agreement's record, when given, settled first), and the log-sum-exp of every row from them
@@ -85,12 +99,8 @@ at::Tensor rebased_entropy_sum(const at::Tensor& h, const at::Tensor& s, const a
 // so that it keeps its relative accuracy at any T (the difference itself, exactly, at T = 1).
 at::Tensor scaled_difference(const at::Tensor& difference, double temperature);
 
-// Backward in blocks: per-row coefficients for an incoming loss gradient, then the
+// Backward in blocks: per-row coefficients for an incoming loss gradient (below), then the
 // gradient of each logits block (`out` may be x itself). No collective.
-struct FusedCrossEntropyCoefficients {
-  at::Tensor a, b, c, t;  // [M] compute type, or undefined (0)
-  at::Tensor e;           // the entropy's (ce_kernel::BackwardArgs), or undefined (0)
-};
 FusedCrossEntropyCoefficients fused_cross_entropy_coefficients(const FusedCrossEntropy& ce, const at::Tensor& grad_loss,
                                                                const ClassShard& shard);
 void fused_cross_entropy_block_gradient(const FusedCrossEntropy& ce, const FusedCrossEntropyCoefficients& co,

@@ -2,10 +2,12 @@
 #include "loss/math/fused_logprobs.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 
 #include <cmath>
 
 #include "dtensor/dtensor_impl.h"
+#include "loss/kernel/cross_entropy_combine.h"
 #include "loss/kernel/cross_entropy_cpu_kernel.h"
 #include "loss/math/cross_entropy_kernels.h"
 #include "loss/call/loss_input_checks.h"
@@ -55,9 +57,48 @@ at::Tensor logprobs_target(const at::Tensor& target, c10::IntArrayRef shape, int
   return target.reshape({-1}).to(at::kLong);
 }
 
+namespace {
+
+// fused_logprobs_combine on the CPU: the raw-array combine (cross_entropy_combine.h) on the
+// gathered statistics. Sets what the tensor combine sets.
+LogprobsRows logprobs_combine_with_kernel(FusedCrossEntropy& ce, const at::Tensor& gathered) {
+  const at::Tensor all = gathered.contiguous();
+  const int64_t rows = all.size(2);
+  const auto opts = all.options();
+  const at::Tensor valid = ce.valid.to(at::kByte).contiguous();
+  const at::Tensor mean_difference = at::empty({rows}, opts);
+  LogprobsRows out;
+  out.logprobs = at::empty({rows}, opts);
+  if (ce.entropy_sum) out.entropy = at::empty({rows}, opts);
+  ce.row_max = at::empty({rows}, opts);
+  ce.log_sum = at::empty({rows}, opts);
+  AT_DISPATCH_FLOATING_TYPES(all.scalar_type(), "fused log-probabilities combine", [&] {
+    k::LogprobsCombineArgs<scalar_t> args;
+    args.all = all.const_data_ptr<scalar_t>();
+    args.ranks = all.size(0);
+    args.rows = rows;
+    args.valid = valid.const_data_ptr<uint8_t>();
+    args.temperature = ce.temperature;
+    args.entropy = ce.entropy_sum;
+    args.logprobs = out.logprobs.data_ptr<scalar_t>();
+    args.entropy_rows = ce.entropy_sum ? out.entropy.data_ptr<scalar_t>() : nullptr;
+    args.mean_difference = mean_difference.data_ptr<scalar_t>();
+    args.row_max = ce.row_max.data_ptr<scalar_t>();
+    args.log_sum = ce.log_sum.data_ptr<scalar_t>();
+    k::logprobs_combine(args);
+  });
+  ce.lse = ce.row_max + ce.log_sum;
+  // Without the entropy mu stays undefined: backward then refuses an entropy gradient.
+  if (ce.entropy_sum) out.mean_difference = mean_difference;
+  return out;
+}
+
+}  // namespace
+
 LogprobsRows fused_logprobs_combine(FusedCrossEntropy& ce, const at::Tensor& stats, const ClassShard& shard,
                                     const InputAgreement* agreement) {
   const at::Tensor all = all_gather_stats(stats, shard, agreement);
+  if (combines_with_kernel(all)) return logprobs_combine_with_kernel(ce, all);
   const at::Tensor sum_exp = combine_log_sum_exp(ce, all);
   const at::Tensor valid = ce.valid.to(at::kBool);
   auto or_zero = [&](const at::Tensor& t) { return at::where(valid, t, at::zeros_like(t)); };
