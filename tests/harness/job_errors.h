@@ -1,6 +1,6 @@
-// The pattern of the tests that expect a job to be refused: every rank-thread runs a body,
-// each rank's error is kept, and the test checks that every rank failed and what the
-// errors say together.
+// The pattern of the tests that expect a job or a call to be refused: every rank-thread runs a
+// body (or one call runs), each rank's error is kept, and the test checks that every rank
+// failed and what the errors say together.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,12 +8,15 @@
 #include <c10/util/Exception.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "compat/file_system.h"
 #include "harness/rank_harness.h"
+#include "hyper_parallel/core/device_mesh.h"
 
 namespace hyper_parallel::testing {
 
@@ -34,6 +37,44 @@ inline std::vector<std::string> rank_errors(int64_t ranks, const std::function<v
     }
   });
   return errors;
+}
+
+// call(rank, mesh) on `ranks` rank-threads, each with a 1-D CPU mesh of them: each rank's
+// error of type E (error_text), "other error: " and the text for any other exception, "no error"
+// when it raised none. Bounded: a hang fails in 10 s.
+template <class E = std::exception>
+std::vector<std::string> mesh_rank_errors(int64_t ranks, const std::function<void(int64_t, const DeviceMesh&)>& call) {
+  std::vector<std::string> got(static_cast<size_t>(ranks));
+  run_ranks(
+      ranks,
+      [&](int64_t rank) {
+        auto mesh = init_device_mesh("cpu", {ranks});
+        std::string& mine = got[static_cast<size_t>(rank)];
+        try {
+          call(rank, mesh);
+          mine = "no error";
+        } catch (const std::exception& e) {
+          if constexpr (std::is_same_v<E, std::exception>) {
+            mine = error_text(e);
+          } else {
+            mine = dynamic_cast<const E*>(&e) ? error_text(e) : "other error: " + error_text(e);
+          }
+        }
+      },
+      std::chrono::seconds(10));
+  return got;
+}
+
+// fn()'s error if it raised an E (its what()), "<no error>" when it raised nothing; any other
+// exception goes through.
+template <class E>
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "<no error>";
 }
 
 // Every rank failed, and at least one error holds each of `needles`.

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "harness/cross_entropy_kernel_args.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "loss/kernel/cross_entropy_cpu_kernel.h"
@@ -23,6 +24,8 @@
 namespace cross_entropy_kernel_threads_test {
 
 using namespace hyper_parallel;
+using hyper_parallel::testing::backward_args;
+using hyper_parallel::testing::forward_args;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
 namespace F = torch::nn::functional;
@@ -86,32 +89,15 @@ void forward_and_backward(const at::Tensor& x, ObservedTasks& seen, int64_t* for
   const int64_t rows = x.size(0), cols = x.size(1);
   const at::ScalarType ct = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor stats = at::empty({ce_kernel::kStats, rows}, at::TensorOptions().dtype(ct));
-  ce_kernel::ForwardArgs f;
-  f.dtype = x.scalar_type();
-  f.x = x.const_data_ptr();
-  f.rows = rows;
-  f.cols = cols;
-  f.ldx = cols;
-  f.stats = stats.data_ptr();
-  ce_kernel::forward_stats(f);
+  ce_kernel::forward_stats(forward_args(x, cols, stats));
   *forward_threads = static_cast<int64_t>(seen.threads());
   *forward_once = seen.cover_each_row_once(rows);
   seen.clear();
   const at::Tensor row_max = stats[ce_kernel::kMax].contiguous();
   const at::Tensor log_sum = stats[ce_kernel::kSumExp].log().contiguous();
   const at::Tensor a = at::full({rows}, 1.0 / static_cast<double>(rows), at::TensorOptions().dtype(ct));
-  at::Tensor out = at::empty_like(x);
-  ce_kernel::BackwardArgs g;
-  g.dtype = x.scalar_type();
-  g.x = x.const_data_ptr();
-  g.out = out.data_ptr();
-  g.rows = rows;
-  g.cols = cols;
-  g.ldx = g.ldo = cols;
-  g.row_max = row_max.const_data_ptr();
-  g.log_sum = log_sum.const_data_ptr();
-  g.a = a.const_data_ptr();
-  ce_kernel::backward(g);
+  const at::Tensor out = at::empty_like(x);
+  ce_kernel::backward(backward_args(x, out, cols, row_max, log_sum, a));
 }
 
 #define HP_REQUIRE_PARALLEL_KERNELS() \

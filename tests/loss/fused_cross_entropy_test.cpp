@@ -14,6 +14,8 @@
 #include <map>
 #include <vector>
 
+#include "harness/cross_entropy_data.h"
+#include "harness/cross_entropy_kernel_args.h"
 #include "harness/rank_harness.h"
 #include "harness/rounding_bound.h"
 #include "hyper_parallel/hyper_parallel.h"
@@ -23,6 +25,9 @@
 namespace fused_cross_entropy_test {
 
 using namespace hyper_parallel;
+using hyper_parallel::testing::backward_args;
+using hyper_parallel::testing::forward_args;
+using hyper_parallel::testing::random_cross_entropy_data;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::RoundingRecord;
 using hyper_parallel::testing::run_ranks;
@@ -49,23 +54,7 @@ struct Case {
   }
 };
 
-struct Data {
-  at::Tensor logits, target, weight;
-};
-
-Data make_data(const Case& c, uint64_t seed) {
-  Data d;
-  d.logits = random_tensor({c.rows, c.classes}, seed) * 4;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
-  if (c.soft) {
-    d.target = torch::softmax(random_tensor({c.rows, c.classes}, seed + 2) * 2, 1);
-  } else {
-    d.target = at::randint(c.classes, {c.rows}, gen, at::kLong);
-    if (c.ignored_fraction > 0) d.target.masked_fill_(at::rand({c.rows}, gen, at::kDouble) < c.ignored_fraction, -100);
-  }
-  if (c.weighted) d.weight = at::rand({c.classes}, gen, at::kDouble) + 0.5;
-  return d;
-}
+using Data = hyper_parallel::testing::CrossEntropyData;
 
 F::CrossEntropyFuncOptions ce_options(const Case& c, const at::Tensor& weight,
                                       F::CrossEntropyFuncOptions::reduction_t r) {
@@ -172,7 +161,7 @@ void run_grid(const std::vector<Case>& cases, const std::vector<int64_t>& degree
   std::vector<at::Tensor> ref_loss, ref_grad, c_loss;
   std::vector<std::map<at::ScalarType, InDtype>> aten_16bit;
   for (size_t i = 0; i < cases.size(); ++i) {
-    data.push_back(make_data(cases[i], 500 + i));
+    data.push_back(random_cross_entropy_data(cases[i], 500 + i));
     at::Tensor x = data.back().logits.clone().set_requires_grad(true);
     at::Tensor loss = reference_loss(cases[i], x, data.back());
     c_loss.push_back(random_tensor(loss.sizes(), 9000 + i));
@@ -244,7 +233,7 @@ TEST(FusedCrossEntropy, PlainCrossEntropyWithTermsIsTheFloat64Definition) {
   for (const Case& c : option_grid()) {
     if (c.weighted || c.soft) continue;  // class-index targets without class weights
     SCOPED_TRACE(c.name());
-    const Data d = make_data(c, 5);
+    const Data d = random_cross_entropy_data(c, 5);
     CrossEntropyDefinition definition{
         {.z_loss_weight = c.z_loss_weight, .logit_softcap = c.logit_softcap}, -100, c.reduction, c.label_smoothing};
     const at::Tensor got = cross_entropy_with_terms(d.logits, d.target, definition);
@@ -463,15 +452,9 @@ TEST(FusedCrossEntropyKernel, StatisticsAndGradientMatchAtenOnAwkwardRows) {
     const at::Tensor xd = x.to(at::kDouble);
     const at::Tensor col = torch::tensor(std::vector<int64_t>{5, -1, 4098, cols - 2, 0});
     at::Tensor stats = at::empty({ce_kernel::kStats, rows}, at::TensorOptions().dtype(ct));
-    ce_kernel::ForwardArgs f;
-    f.dtype = dtype;
-    f.x = x.const_data_ptr();
-    f.rows = rows;
-    f.cols = cols;
-    f.ldx = ld;
+    ce_kernel::ForwardArgs f = forward_args(x, ld, stats);
     f.target_col = col.const_data_ptr<int64_t>();
     f.smoothing_sum = true;
-    f.stats = stats.data_ptr();
     ce_kernel::forward_stats(f);
     const at::Tensor sd = stats.to(at::kDouble);
     const at::Tensor lse = sd[0] + sd[1].log();
@@ -494,16 +477,7 @@ TEST(FusedCrossEntropyKernel, StatisticsAndGradientMatchAtenOnAwkwardRows) {
     const at::Tensor a = torch::tensor({1.0, 0.0, 2.0, 0.5, 1.0}).to(ct),
                      b = torch::tensor({0.01, 0.0, 0.0, 0.0, 0.02}).to(ct);
     const at::Tensor tc = torch::tensor({1.0, 0.0, 2.0, 0.5, 1.0}).to(ct);
-    ce_kernel::BackwardArgs g;
-    g.dtype = dtype;
-    g.x = out.const_data_ptr();
-    g.out = out.data_ptr();
-    g.rows = rows;
-    g.cols = cols;
-    g.ldx = g.ldo = ld;
-    g.row_max = max_ct.const_data_ptr();
-    g.log_sum = log_sum_ct.const_data_ptr();
-    g.a = a.const_data_ptr();
+    ce_kernel::BackwardArgs g = backward_args(out.narrow(1, 0, cols), out, ld, max_ct, log_sum_ct, a);
     g.b = b.const_data_ptr();
     g.t_coef = tc.const_data_ptr();
     g.target_col = col.const_data_ptr<int64_t>();
@@ -553,16 +527,9 @@ TEST(FusedCrossEntropyKernel, LargeAndBf16GradientsAreTheSmallFloat32OnesBitForB
       const at::Tensor b = torch::full({rows}, smoothing ? 1e-6 : 0.0, at::kFloat);
       // Rows [r0, r0 + n) of the gradient of `in`, written into `out`.
       auto backward = [&](const at::Tensor& in, at::Tensor& out, int64_t r0, int64_t n) {
-        ce_kernel::BackwardArgs g;
-        g.dtype = in.scalar_type();
-        g.x = in[r0].const_data_ptr();
-        g.out = out[r0].data_ptr();
-        g.rows = n;
-        g.cols = cols;
-        g.ldx = g.ldo = cols;
-        g.row_max = row_max.const_data_ptr<float>() + r0;
-        g.log_sum = log_sum.const_data_ptr<float>() + r0;
-        g.a = a.const_data_ptr<float>() + r0;
+        ce_kernel::BackwardArgs g =
+            backward_args(in.narrow(0, r0, n), out.narrow(0, r0, n), cols, row_max.narrow(0, r0, n),
+                          log_sum.narrow(0, r0, n), a.narrow(0, r0, n));
         g.b = b.const_data_ptr<float>() + r0;
         g.t_coef = tc.const_data_ptr<float>() + r0;
         g.target_col = col.const_data_ptr<int64_t>() + r0;

@@ -23,6 +23,7 @@ namespace loss_agreement_test {
 
 using namespace hyper_parallel;
 using hyper_parallel::testing::error_text;
+using hyper_parallel::testing::mesh_rank_errors;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
 namespace F = torch::nn::functional;
@@ -34,22 +35,7 @@ constexpr int64_t kRanks = 2, kRows = 6, kVocab = 13;  // pieces 7 and 6
 // Runs `call(rank, comm)` on 2 ranks; each rank's LossParallelLayoutError message, or
 // "no error" / "other error: ..." for anything else. Bounded: a hang fails in 10 s.
 std::vector<std::string> layout_errors(const std::function<void(int64_t, const DeviceMesh&)>& call) {
-  std::vector<std::string> got(kRanks);
-  run_ranks(
-      kRanks,
-      [&](int64_t rank) {
-        auto mesh = init_device_mesh("cpu", {kRanks});
-        try {
-          call(rank, mesh);
-          got[rank] = "no error";
-        } catch (const LossParallelLayoutError& e) {
-          got[rank] = e.what();
-        } catch (const std::exception& e) {
-          got[rank] = "other error: " + error_text(e);
-        }
-      },
-      std::chrono::seconds(10));
-  return got;
+  return mesh_rank_errors<LossParallelLayoutError>(kRanks, call);
 }
 
 // Every rank has the same error, which names `field` and rank 1 as the one that differs.
@@ -316,20 +302,10 @@ TEST(LossAgreement, TheFusedLinearLossSettlesARefusalOnOneRankEverywhere) {
 // for an op called outside it, and guesses nothing about inputs that differ between ranks.
 TEST(LossAgreement, ARefusalOnSomeRanksSaysWhereWithoutGuessingWhy) {
   const at::Tensor full = random_tensor({kRows, kVocab}, 14);
-  std::vector<std::string> errors(kRanks);
-  run_ranks(
-      kRanks,
-      [&](int64_t rank) {
-        auto mesh = init_device_mesh("cpu", {kRanks});
-        try {
-          vocab_parallel_cross_entropy_forward(piece(full, rank), 1, targets(kRows), std::nullopt, &mesh.comm(0),
-                                               kVocab + 1, {}, nullptr);
-          errors[rank] = "no error";
-        } catch (const std::exception& e) {
-          errors[rank] = error_text(e);
-        }
-      },
-      std::chrono::seconds(10));
+  const std::vector<std::string> errors = mesh_rank_errors(kRanks, [&](int64_t rank, const DeviceMesh& mesh) {
+    vocab_parallel_cross_entropy_forward(piece(full, rank), 1, targets(kRows), std::nullopt, &mesh.comm(0), kVocab + 1,
+                                         {}, nullptr);
+  });
   const std::string want =
       "vocab_parallel_cross_entropy: the inputs were refused on rank(s) 1 of the loss's group; on rank 1: expected "
       "member 1 of 2 to hold classes [7, 14)";

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/cross_entropy_data.h"
 #include "harness/rank_harness.h"
 #include "harness/rounding_bound.h"
 #include "hyper_parallel/core/communicator.h"
@@ -34,6 +35,7 @@
 namespace loss_kernels_c_api_test {
 
 namespace hp = hyper_parallel;
+using hyper_parallel::testing::random_cross_entropy_data;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::RoundingRecord;
 using hyper_parallel::testing::run_ranks;
@@ -117,24 +119,14 @@ struct Case {
   }
 };
 
-struct Data {
-  at::Tensor logits, target, weight, grad_loss;  // float64; grad_loss: the incoming gradient
+struct Data : hyper_parallel::testing::CrossEntropyData {
+  at::Tensor grad_loss;  // the incoming gradient, float64
 };
 
 Data make_data(const Case& c, uint64_t seed) {
-  Data d;
-  d.logits = random_tensor({c.rows, c.classes}, seed) * 4;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1);
-  if (c.soft) {
-    d.target = at::softmax(random_tensor({c.rows, c.classes}, seed + 2) * 2, 1);
-  } else {
-    d.target = at::randint(c.classes, {c.rows}, gen, at::kLong);
-    if (c.ignored_fraction > 0) d.target.masked_fill_(at::rand({c.rows}, gen, at::kDouble) < c.ignored_fraction, -100);
-  }
-  if (c.weighted) d.weight = at::rand({c.classes}, gen, at::kDouble) + 0.5;
-  d.grad_loss = random_tensor(c.reduction == HPK_REDUCTION_NONE ? std::vector<int64_t>{c.rows} : std::vector<int64_t>{},
-                              seed + 3);
-  return d;
+  const at::Tensor grad_loss = random_tensor(
+      c.reduction == HPK_REDUCTION_NONE ? std::vector<int64_t>{c.rows} : std::vector<int64_t>{}, seed + 3);
+  return {random_cross_entropy_data(c, seed), grad_loss};
 }
 
 // The definition on the full logits (any dtype): y = cap tanh(x / cap); cross_entropy(y) plus

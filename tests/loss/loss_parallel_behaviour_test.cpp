@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <thread>
 
+#include "harness/job_errors.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 #include "loss/front/loss_parallel_dispatch.h"
@@ -14,6 +15,7 @@
 namespace loss_parallel_behaviour_test {
 
 using namespace hyper_parallel;
+using hyper_parallel::testing::error_of;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
 namespace F = torch::nn::functional;
@@ -26,16 +28,6 @@ bool close(const at::Tensor& a, const at::Tensor& b, double tol = 1e-10) {
 
 at::Tensor sharded_logits(const at::Tensor& full, const DeviceMesh& mesh, int64_t class_dim = 1) {
   return distribute_tensor(full, mesh, {Shard(class_dim)}).set_requires_grad(true);
-}
-
-template <typename E>
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 // Restores the process-wide config at scope exit.

@@ -9,27 +9,19 @@
 
 #include <functional>
 
+#include "harness/job_errors.h"
 #include "harness/rank_harness.h"
 #include "hyper_parallel/hyper_parallel.h"
 
 namespace loss_parallel_meshes_test {
 
 using namespace hyper_parallel;
+using hyper_parallel::testing::error_of;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
 namespace F = torch::nn::functional;
 
 namespace {
-
-template <class E>
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 

@@ -20,6 +20,7 @@ namespace nll_loss_inputs_test {
 
 using namespace hyper_parallel;
 using hyper_parallel::testing::error_text;
+using hyper_parallel::testing::mesh_rank_errors;
 using hyper_parallel::testing::random_tensor;
 using hyper_parallel::testing::run_ranks;
 namespace F = torch::nn::functional;
@@ -39,20 +40,7 @@ at::Tensor good_target() { return torch::tensor({0, 3, 5, 8, 1, 2}); }
 
 // Each rank's error from `call` ("no error" when none); bounded by 10 s for a hang.
 std::vector<std::string> errors_of(const std::function<void(int64_t, const DeviceMesh&)>& call) {
-  std::vector<std::string> got(kRanks);
-  run_ranks(
-      kRanks,
-      [&](int64_t rank) {
-        auto mesh = init_device_mesh("cpu", {kRanks});
-        try {
-          call(rank, mesh);
-          got[rank] = "no error";
-        } catch (const std::exception& e) {
-          got[rank] = error_text(e);
-        }
-      },
-      std::chrono::seconds(10));
-  return got;
+  return mesh_rank_errors(kRanks, call);
 }
 
 void expect_everywhere(const std::vector<std::string>& errors, const std::string& needle, const std::string& what) {
