@@ -88,7 +88,9 @@ typedef enum hpk_status {
   HPK_ERROR_TARGET = 4,       /* an index target outside [0, total_classes) that is not ignore_index */
   HPK_ERROR_WEIGHT = 5,       /* class weights of the wrong length */
   HPK_ERROR_OPTION = 6,       /* an option out of range (reduction, label_smoothing, z_loss_weight, ...) */
-  HPK_ERROR_INTERNAL = 7      /* anything else (an exception inside the library, out of memory) */
+  HPK_ERROR_INTERNAL = 7,     /* anything else (an exception inside the library, out of memory) */
+  HPK_ERROR_LAYOUT = 8,     /* hpk_resolve_class_axis: a layout loss_parallel does not take (LossParallelLayoutError) */
+  HPK_ERROR_UNSUPPORTED = 9 /* hpk_resolve_class_axis: a layout the route cannot take (LossParallelUnsupportedError) */
 } hpk_status;
 
 /* The error channel: the code and a NUL-terminated message (truncated to fit). */
@@ -203,6 +205,83 @@ HPK_API int32_t hpk_logprobs_combine(const hpk_logprobs* lp, const void* all_sta
 HPK_API int32_t hpk_logprobs_backward(const hpk_logprobs* lp, const void* saved, const void* grad_logprobs,
                                       const void* grad_entropy, void* grad_logits, int64_t grad_row_stride,
                                       hpk_error* error);
+
+/* ---- The class axis of loss_parallel's logits --------------------------------------------
+ *
+ * Which mesh dim of a DTensor shards its class dim, whether the logits must be re-laid out
+ * first, and the placements of a tensor over their rows (the target, a per-row loss); or the
+ * error every rank raises, with its message. The one decision of every front end (the C++
+ * DTensor route, PyTorch's and HyperParallel's DTensors in Python): the caller describes its
+ * tensor's placements and its own words, and acts on the answer. Pure: no collective. */
+
+enum { HPK_MAX_MESH_DIMS = 16 };
+
+typedef enum hpk_placement_kind {
+  HPK_PLACEMENT_SHARD = 0, /* exactly a Shard of `dim` (torch.chunk's pieces) */
+  HPK_PLACEMENT_REPLICATE = 1,
+  HPK_PLACEMENT_PARTIAL = 2,
+  HPK_PLACEMENT_OTHER = 3 /* other pieces (a strided shard): gathered where re-laid out */
+} hpk_placement_kind;
+
+typedef struct hpk_placement {
+  int32_t kind; /* hpk_placement_kind */
+  int64_t dim;  /* HPK_PLACEMENT_SHARD: the tensor dim, in [0, ndim) */
+} hpk_placement;
+
+typedef enum hpk_strictness {
+  HPK_STRICTNESS_UNKNOWN = -1, /* not asked yet: answered HPK_CLASS_AXIS_NEEDS_STRICTNESS where it decides */
+  HPK_STRICTNESS_RELAXED = 0,
+  HPK_STRICTNESS_STRICT = 1
+} hpk_strictness;
+
+typedef struct hpk_class_axis_query {
+  int32_t is_dtensor; /* 0: a plain tensor (refused) */
+  int64_t mesh_ndim;  /* placements given, in [1, HPK_MAX_MESH_DIMS] for a DTensor */
+  hpk_placement placements[HPK_MAX_MESH_DIMS];
+  int64_t ndim;             /* the tensor's dims */
+  int64_t class_dim;        /* in [0, ndim) */
+  int32_t can_relayout;     /* the route re-lays out logits off the contract (not strict) */
+  int32_t rows_sharded;     /* the route lays out per-row results sharded along the other mesh dims */
+  int32_t strictness;       /* hpk_strictness */
+  int32_t has_options_mesh; /* loss_parallel(mesh = ...) given: then options_mesh_fits */
+  int32_t options_mesh_fits[HPK_MAX_MESH_DIMS]; /* per mesh dim: that mesh is the whole one or that dim's */
+  /* The route's words (NUL-terminated; NULL reads as ""): */
+  const char* op;           /* the op: "cross_entropy" */
+  const char* tensor;       /* its DTensor: "a DTensor" */
+  const char* relax;        /* its "not strict": "strict=False"; "" where it has no strictness */
+  const char* found;        /* the layout found; for a plain tensor its shape (or "") */
+  const char* options_mesh; /* the mesh given */
+} hpk_class_axis_query;
+
+typedef enum hpk_class_axis_outcome {
+  HPK_CLASS_AXIS_RESOLVED = 0,
+  HPK_CLASS_AXIS_NEEDS_STRICTNESS = 1 /* ask again with strictness known (the caller may agree on it first) */
+} hpk_class_axis_outcome;
+
+typedef struct hpk_class_axis {
+  int32_t outcome;                       /* hpk_class_axis_outcome */
+  int64_t mesh_dim;                      /* the mesh dim sharding the class dim */
+  int32_t relayout;                      /* nonzero: re-lay out the logits to `want` first */
+  hpk_placement want[HPK_MAX_MESH_DIMS]; /* the contract layout, mesh_ndim of them */
+  hpk_placement rows[HPK_MAX_MESH_DIMS]; /* a tensor over the logits' rows, mesh_ndim of them */
+  /* The refusal's whole message (HPK_ERROR_LAYOUT / HPK_ERROR_UNSUPPORTED), where the caller
+   * gives a buffer: set message and message_capacity; message_length is its length (longer than
+   * the capacity: truncated, ask again with more). hpk_error holds it too, truncated. */
+  char* message;
+  int64_t message_capacity;
+  int64_t message_length;
+} hpk_class_axis;
+
+/* Returns HPK_OK with `axis` filled (outcome resolved or needs strictness), HPK_ERROR_LAYOUT or
+ * HPK_ERROR_UNSUPPORTED with the message (error->message unprefixed: it is the refusal itself),
+ * or HPK_ERROR_SHAPE / HPK_ERROR_NULL_POINTER for a malformed query. */
+HPK_API int32_t hpk_resolve_class_axis(const hpk_class_axis_query* query, hpk_class_axis* axis, hpk_error* error);
+
+/* The layout a route takes, in the words of the messages ("<tensor> sharded along its class dim 1
+ * on exactly one mesh dim (Shard(1)), its other mesh dims ..."), for a route's own messages:
+ * written NUL-terminated into buffer (truncated to capacity); returns its whole length. */
+HPK_API int64_t hpk_class_axis_expected(int32_t rows_sharded, const char* tensor, int64_t class_dim, char* buffer,
+                                        int64_t capacity);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -11,52 +11,45 @@
 #include "hyper_parallel/dtensor/dtensor.h"
 #include "hyper_parallel/loss/parallelism_config.h"
 #include "loss/call/call_agreement.h"
+#include "loss/class_axis.h"
 
 namespace hyper_parallel {
 
 namespace {
 
-std::string expected_layout(int64_t class_dim) {
-  return "a DTensor sharded along its class dim " + std::to_string(class_dim) + " on exactly one mesh dim (Shard(" +
-         std::to_string(class_dim) + ")), its other mesh dims Replicate or Shard of another dim";
-}
-
 std::string describe(const Layout& layout) { return to_string(layout.placements()) + " on " + layout.mesh().str(); }
 
-// The contract layout nearest to `layout`: the class dim sharded by the last mesh dim that
-// shards it, other shards of other dims kept, Partials reduced, other class shards gathered.
-// Empty when no mesh dim shards the class dim.
-Placements contract_placements(const Layout& layout, int64_t class_dim) {
-  const auto sharding = layout.mesh_dims_sharding(class_dim);
-  if (sharding.empty()) return {};
-  Placements want;
-  for (int64_t i = 0; i < static_cast<int64_t>(layout.placements().size()); ++i) {
-    const Placement& p = layout.placement(i);
-    if (i == sharding.back()) {
-      want.push_back(Placement::shard(class_dim));
-    } else if (p.is_shard() && p.dim() != class_dim) {
-      want.push_back(p);
-    } else {
-      want.push_back(Placement::replicate());
-    }
+class_axis::Placements neutral_placements(const Placements& ps) {
+  class_axis::Placements out;
+  for (const Placement& p : ps) {
+    out.push_back(p.is_shard()       ? class_axis::shard(p.dim())
+                  : p.is_replicate() ? class_axis::replicate()
+                                     : class_axis::Placement{class_axis::Kind::Partial, -1});
   }
-  return want;
+  return out;
+}
+
+// Neutral placements back (Shard and Replicate only: what a contract layout holds).
+Placements placements_from_neutral(const class_axis::Placements& ps) {
+  Placements out;
+  for (const class_axis::Placement& p : ps)
+    out.push_back(p.is_shard() ? Placement::shard(p.dim) : Placement::replicate());
+  return out;
+}
+
+// The C++ DTensor route: it re-lays out, and lays out per-row results sharded.
+const class_axis::Route kCppDTensorRoute{true, true, "a DTensor", "strict = false"};
+
+[[noreturn]] void raise_refusal(const class_axis::Decision& d) {
+  if (d.outcome == class_axis::Outcome::UnsupportedError) throw LossParallelUnsupportedError(d.message);
+  throw LossParallelLayoutError(d.message);
 }
 
 }  // namespace
 
 Placements ClassSharding::row_placements() const {
-  Placements out;
-  const Placements& ps = layout.placements();
-  for (int64_t i = 0; i < static_cast<int64_t>(ps.size()); ++i) {
-    if (i == mesh_dim || !ps[i].is_shard()) {
-      out.push_back(Placement::replicate());
-    } else {
-      const int64_t d = ps[i].dim();
-      out.push_back(Placement::shard(d > class_dim ? d - 1 : d));
-    }
-  }
-  return out;
+  return placements_from_neutral(
+      class_axis::row_placements(neutral_placements(layout.placements()), mesh_dim, class_dim));
 }
 
 Layout ClassSharding::row_layout() const {
@@ -93,28 +86,28 @@ bool is_class_sharded(const at::Tensor& t, int64_t class_dim) {
 ClassSharding resolve_class_sharding(at::Tensor* t, int64_t class_dim, const std::string& op,
                                      const LossParallelOptions& options, bool differentiable) {
   auto* impl = dtensor_impl(*t);
+  class_axis::Question q;
+  q.route = kCppDTensorRoute;
+  q.class_dim = class_dim;
+  q.op = op;
   if (!impl) {
-    throw LossParallelLayoutError(op + " under loss_parallel: expected the input to be " + expected_layout(class_dim) +
-                                  ", got a plain tensor of shape " + c10::str(t->sizes()));
+    q.is_dtensor = false;
+    q.found = c10::str(t->sizes());
+    raise_refusal(class_axis::decide(q));
   }
   const Layout& layout = impl->layout();
   const DeviceMesh& mesh = layout.mesh();
-  const std::string got = describe(layout);
-  const Placements want = contract_placements(layout, class_dim);
-  if (want.empty()) {
-    throw LossParallelLayoutError(op + " under loss_parallel: expected the input to be " + expected_layout(class_dim) +
-                                  ", got " + got + ": the class dim " + std::to_string(class_dim) + " is not sharded");
-  }
-  const int64_t m = layout.mesh_dims_sharding(class_dim).back();
+  q.placements = neutral_placements(layout.placements());
+  q.found = describe(layout);
   if (options.mesh) {
-    const bool whole = *options.mesh == mesh;
-    const bool that_dim = options.mesh->ndim() == 1 && options.mesh->ranks() == mesh.comm(m).global_ranks();
-    if (!whole && !that_dim) {
-      throw LossParallelLayoutError(op + " under loss_parallel(mesh = " + options.mesh->str() +
-                                    "): expected the input on that mesh, got " + got);
+    q.options_mesh = options.mesh->str();
+    for (int64_t d = 0; d < mesh.ndim(); ++d) {  // the whole mesh, or that dim's ranks as a 1-D mesh
+      q.options_mesh_fits.push_back(
+          *options.mesh == mesh || (options.mesh->ndim() == 1 && options.mesh->ranks() == mesh.comm(d).global_ranks()));
     }
   }
-  if (want != layout.placements()) {
+  class_axis::Decision decision = class_axis::decide(q);
+  if (decision.outcome == class_axis::Outcome::NeedsStrictness) {
     // Strictness decides here, on each rank alone, between a refusal and a re-layout (the
     // redistribution's collectives): the ranks of the whole mesh agree on it first (one small
     // all-gather per mesh dim, on this refusal or re-layout path only).
@@ -125,13 +118,15 @@ ClassSharding resolve_class_sharding(at::Tensor* t, int64_t class_dim, const std
     std::vector<const Communicator*> comms;
     for (int64_t d = 0; d < mesh.ndim(); ++d) comms.push_back(&mesh.comm(d));
     agree_on_context(call, comms, impl->local().device());
-    if (effective_strict(options)) {
-      throw LossParallelLayoutError(op + " under loss_parallel (strict): expected the input to be " +
-                                    expected_layout(class_dim) + " (PyTorch's loss_parallel contract), got " + got +
-                                    ". Reduce a Partial and gather the other shardings of the class dim first, or "
-                                    "use strict = false");
-    }
-    TORCH_WARN_ONCE("loss_parallel (strict = false): re-laying out the logits (", got, " -> ", to_string(want), ")");
+    q.strictness = effective_strict(options) ? class_axis::Strictness::Strict : class_axis::Strictness::Relaxed;
+    decision = class_axis::decide(q);
+  }
+  if (decision.outcome != class_axis::Outcome::Resolved) raise_refusal(decision);
+  const int64_t m = decision.mesh_dim;
+  if (decision.relayout) {
+    const Placements want = placements_from_neutral(decision.want);
+    TORCH_WARN_ONCE("loss_parallel (strict = false): re-laying out the logits (", q.found, " -> ", to_string(want),
+                    ")");
     *t = differentiable ? redistribute(*t, want)
                         : make_dtensor(redistribute_local(impl->local(), layout, layout.with_placements(want)),
                                        layout.with_placements(want));

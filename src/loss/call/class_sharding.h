@@ -1,6 +1,6 @@
 // Which mesh dim shards the class dim of a tensor, validated against the loss_parallel
-// contract (internal). Every loss_parallel kernel starts here, so every layout error
-// is raised in one place with one wording.
+// contract (internal). Every loss_parallel kernel starts here; the decision and its wording are
+// the one every front end shares (loss/class_axis.h), acted on here on the C++ DTensor.
 //
 // The contract (PyTorch 2.15's loss_parallel): exactly one mesh dim shards the class dim
 // (Shard(class_dim), the tensor-parallel dim, anywhere in the mesh); every other mesh dim
