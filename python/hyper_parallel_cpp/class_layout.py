@@ -1,11 +1,14 @@
-"""Where a loss's classes live: the one resolution of the class axis for every Python front end.
+"""Where a loss's classes live, for every Python front end: the one class-axis decision of the C++
+library (src/loss/class_axis.h), called through libhyper_parallel_kernels' hpk_resolve_class_axis.
 
-Both DTensor routes (PyTorch's, loss_parallel.py; HyperParallel's, integrations/hyperparallel.py)
-describe their logits' layout in neutral terms (a LayoutView: one Placement per mesh dim, the tensor's
-dims, the route's words for it) and this module decides, with one wording per decision, which mesh
-dim shards the classes, whether the logits must be re-laid out first, or which error every rank
-raises. The route then acts on that (a redistribute, a process group, this rank's piece) and hands
-the kernels the neutral result: the class dim, the group's name, the vocabulary.
+Each DTensor route (PyTorch's, torch_dtensor_layout.py; HyperParallel's torch DTensor,
+integrations/hyperparallel_layout.py; HyperParallel's MindSpore DTensor, mindspore/loss_parallel.py)
+describes its logits' layout in neutral terms (a LayoutView: one Placement per mesh dim, the tensor's
+dims, the route's words for it) and its capabilities (a Route); the decision says which mesh dim
+shards the classes, whether the logits must be re-laid out first, the placements of a tensor over
+their rows, or which error every rank raises with which words. The C++ DTensor route makes the same
+call, so every front end decides alike. The route then acts on the answer (a redistribute, a
+process group, this rank's piece).
 
 The contract (PyTorch 2.15's loss_parallel, torch/distributed/tensor/parallel/loss.py): exactly one
 mesh dim shards the class dim (the tensor-parallel dim, anywhere in the mesh); every other mesh dim is
@@ -13,12 +16,15 @@ Replicate or shards another tensor dim (batch, sequence). Under strict (the defa
 taken; strict=False re-lays out the rest, where the route can (a warning). A route that cannot lay out
 rows sharded along other mesh dims (HyperParallel's: its loss is replicated) takes a mesh of more than
 one dim under strict=False only, its other dims Replicate.
+
+Needs neither torch nor MindSpore (the MindSpore front end imports it without torch).
 """
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from .errors import LossParallelLayoutError, LossParallelUnsupportedError
+from .kernels_library import Error, kernels_library
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ def placement_of(p, ndim: int, torch_chunk_piece: bool = True) -> Placement:
 
 @dataclass(frozen=True)
 class LayoutView:
-    """A DTensor's layout as the resolver reads it, whatever framework made it."""
+    """A DTensor's layout as the decision reads it, whatever framework made it."""
     placements: Tuple[Placement, ...]  # one per mesh dim, shard dims non-negative
     ndim: int  # the tensor's dims
     described: str  # the route's words for the layout, for messages
@@ -62,10 +68,13 @@ class LayoutView:
 
 @dataclass(frozen=True)
 class Route:
-    """What a front end can do with logits off the contract."""
+    """What a front end can do with logits off the contract, and its words and errors."""
     tensor: str  # how messages name its DTensor
     relayout: bool  # it can re-lay out the logits (strict=False)
     rows_sharded: bool  # it can lay out per-row results sharded along the other mesh dims
+    relax: str = "strict=False"  # how its messages spell "not strict"; "" where it has no strictness
+    layout_error: Optional[type] = None  # its LossParallelLayoutError (None: hyper_parallel_cpp's, needs torch)
+    unsupported_error: Optional[type] = None  # its LossParallelUnsupportedError (likewise)
 
 
 @dataclass(frozen=True)
@@ -73,28 +82,78 @@ class Resolution:
     mesh_dim: int  # the mesh dim that shards the class dim
     want: Tuple[Placement, ...]  # the contract layout; differs from the view's where it must be re-laid out
     relayout: bool
+    rows: Tuple[Placement, ...] = ()  # a tensor over the logits' rows (target, per-row loss)
+
+    @property
+    def row_mesh_dims(self) -> List[int]:
+        """The mesh dims other than the class dim's that shard the rows."""
+        return row_mesh_dims(self.rows)
 
 
-def expected_layout(route: Route, class_dim: int) -> str:
-    others = ("its other mesh dims Shard or Replicate (a Shard of another dim)" if route.rows_sharded else
-              "its other mesh dims Replicate (or the tensor-parallel mesh alone)")
-    return (f"{route.tensor} sharded along its class dim {class_dim} on exactly one mesh dim (Shard({class_dim})), "
-            f"{others}")
+# ---- libhyper_parallel_kernels' structs (include/hyper_parallel_kernels/loss_kernels.h) ----
+
+_MAX_MESH_DIMS = 16
+_KINDS = ("shard", "replicate", "partial", "other")  # hpk_placement_kind, in order
+_STRICTNESS_UNKNOWN, _NEEDS_STRICTNESS = -1, 1
+_LAYOUT_ERROR, _UNSUPPORTED_ERROR = 8, 9
 
 
-def mesh_dims_sharding(placements: Sequence[Placement], class_dim: int) -> List[int]:
-    return [i for i, p in enumerate(placements) if p.is_shard and p.dim == class_dim]
+class _Placement(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int32), ("dim", ctypes.c_int64)]
 
 
-def contract_placements(placements: Sequence[Placement], class_dim: int) -> Optional[Tuple[Placement, ...]]:
-    """The placements closest to these that the contract takes (the class dim on the last mesh dim
-    that shards it; Partial reduced; other shardings of the class dim and strided shards gathered),
-    or None where nothing shards the class dim."""
-    dims = mesh_dims_sharding(placements, class_dim)
-    if not dims:
-        return None
-    return tuple(shard(class_dim) if i == dims[-1] else p if p.is_shard and p.dim != class_dim else REPLICATE
-                 for i, p in enumerate(placements))
+class _Query(ctypes.Structure):
+    _fields_ = [("is_dtensor", ctypes.c_int32), ("mesh_ndim", ctypes.c_int64),
+                ("placements", _Placement * _MAX_MESH_DIMS), ("ndim", ctypes.c_int64),
+                ("class_dim", ctypes.c_int64), ("can_relayout", ctypes.c_int32), ("rows_sharded", ctypes.c_int32),
+                ("strictness", ctypes.c_int32), ("has_options_mesh", ctypes.c_int32),
+                ("options_mesh_fits", ctypes.c_int32 * _MAX_MESH_DIMS), ("op", ctypes.c_char_p),
+                ("tensor", ctypes.c_char_p), ("relax", ctypes.c_char_p), ("found", ctypes.c_char_p),
+                ("options_mesh", ctypes.c_char_p)]
+
+
+class _Axis(ctypes.Structure):
+    _fields_ = [("outcome", ctypes.c_int32), ("mesh_dim", ctypes.c_int64), ("relayout", ctypes.c_int32),
+                ("want", _Placement * _MAX_MESH_DIMS), ("rows", _Placement * _MAX_MESH_DIMS),
+                ("message", ctypes.c_void_p), ("message_capacity", ctypes.c_int64),
+                ("message_length", ctypes.c_int64)]
+
+
+def _placements(ps, n: int) -> Tuple[Placement, ...]:
+    return tuple(shard(ps[i].dim) if _KINDS[ps[i].kind] == "shard" else Placement(_KINDS[ps[i].kind])
+                 for i in range(n))
+
+
+def _raise(route: Route, code: int, message: str):
+    if code in (_LAYOUT_ERROR, _UNSUPPORTED_ERROR):
+        error = route.layout_error if code == _LAYOUT_ERROR else route.unsupported_error
+        if error is None:
+            from . import errors
+            error = errors.LossParallelLayoutError if code == _LAYOUT_ERROR else errors.LossParallelUnsupportedError
+        raise error(message)
+    raise RuntimeError(f"the class-axis decision (libhyper_parallel_kernels) refused its query: {message}")
+
+
+def _ask(query: _Query, route: Route) -> _Axis:
+    """hpk_resolve_class_axis, with room for the whole of a long message."""
+    capacity = 4096
+    while True:
+        buffer = ctypes.create_string_buffer(capacity)
+        axis, error = _Axis(), Error()
+        axis.message = ctypes.addressof(buffer)
+        axis.message_capacity = capacity
+        code = kernels_library().hpk_resolve_class_axis(ctypes.byref(query), ctypes.byref(axis), ctypes.byref(error))
+        if code == 0:
+            return axis
+        if axis.message_length >= capacity:
+            capacity = axis.message_length + 1
+            continue
+        message = buffer.value if code in (_LAYOUT_ERROR, _UNSUPPORTED_ERROR) else error.message
+        _raise(route, code, message.decode("utf-8", "replace"))
+
+
+def _words(text: str) -> bytes:
+    return text.encode("utf-8")
 
 
 def resolve(view: Optional[LayoutView], class_dim: int, op: str, route: Route, strict: Callable[[], bool],
@@ -102,59 +161,54 @@ def resolve(view: Optional[LayoutView], class_dim: int, op: str, route: Route, s
     """Where the classes of logits laid out as `view` (None: a plain tensor) live, or the named
     error for a layout the route cannot take. `strict` gives the context's strictness; it is asked
     only where the decision depends on it (a route may make the ranks agree on it first)."""
-    expected = expected_layout(route, class_dim)
-    prefix = f"{op} under loss_parallel"
+    q = _Query()
+    q.is_dtensor = view is not None
+    q.class_dim = class_dim
+    q.ndim = max(class_dim + 1, 1) if view is None else view.ndim
+    q.can_relayout, q.rows_sharded = route.relayout, route.rows_sharded
+    q.strictness = _STRICTNESS_UNKNOWN
+    q.op, q.tensor, q.relax = _words(op), _words(route.tensor), _words(route.relax)
     if view is None:
-        shape = "" if plain_shape is None else f" of shape {list(plain_shape)}"
-        raise LossParallelLayoutError(f"{prefix}: expected the input to be {expected}, got a plain tensor{shape}")
-    got = view.described
-    want = contract_placements(view.placements, class_dim)
-    partial = any(p.kind == "partial" for p in view.placements)
-    relayout = partial or (want is not None and tuple(view.placements) != want)
-    # Where the contract is not met and the route could re-lay out, the strictness decides: asked once.
-    refuse = strict() if relayout and route.relayout else True
-    if partial and refuse:
-        how = " (strict)" if route.relayout else ""
-        fix = ", or use strict=False" if route.relayout else ""
-        raise LossParallelLayoutError(f"{prefix}{how}: expected the input to be {expected}, got {got}: reduce the "
-                                      f"Partial first{fix}")
-    if want is None:
-        raise LossParallelLayoutError(f"{prefix}: expected the input to be {expected}, got {got}: the class dim "
-                                      f"{class_dim} is not sharded")
-    if relayout and not route.relayout:
-        dims = mesh_dims_sharding(view.placements, class_dim)
-        raise LossParallelUnsupportedError(f"{prefix}: the class dim is sharded by {len(dims)} mesh dims ({got}); "
-                                           f"expected exactly one")
-    if relayout and refuse:
-        raise LossParallelLayoutError(f"{prefix} (strict): expected the input to be {expected} (PyTorch's "
-                                      f"loss_parallel contract), got {got}: gather the other shardings first, or use "
-                                      f"strict=False")
-    mesh_dim = want.index(shard(class_dim))
-    if not route.rows_sharded and len(want) > 1:
-        if strict():
-            raise LossParallelLayoutError(f"{prefix} (strict): expected {expected}, got {got}. Use the 1-D "
-                                          f"tensor-parallel sub-mesh or strict=False")
-        if any(p != REPLICATE for i, p in enumerate(want) if i != mesh_dim):
-            raise LossParallelLayoutError(
-                f"{prefix} (strict=False): expected every mesh axis but the class axis to be Replicate, got {got}; "
-                f"put the logits on the tensor-parallel sub-mesh (DTensor.from_local(local, mesh['tp'], "
-                f"[Shard({class_dim})]))")
-    if options_mesh is not None and not view.on_mesh(options_mesh, mesh_dim):
-        raise LossParallelLayoutError(f"{prefix}(mesh = {options_mesh}): expected the input on that mesh, got {got}")
-    return Resolution(mesh_dim, want, relayout)
+        q.found = _words("" if plain_shape is None else str(list(plain_shape)))
+    else:
+        if len(view.placements) > _MAX_MESH_DIMS:
+            raise ValueError(f"{op} under loss_parallel: a mesh of at most {_MAX_MESH_DIMS} dims expected, got "
+                             f"{len(view.placements)} ({view.described})")
+        q.found = _words(view.described)
+        q.mesh_ndim = len(view.placements)
+        for i, p in enumerate(view.placements):
+            q.placements[i] = _Placement(_KINDS.index(p.kind), p.dim if p.is_shard else -1)
+        if options_mesh is not None:
+            q.has_options_mesh = 1
+            q.options_mesh = _words(str(options_mesh))
+            for i in mesh_dims_sharding(view.placements, class_dim):  # the only dims the decision reads
+                q.options_mesh_fits[i] = bool(view.on_mesh(options_mesh, i))
+    axis = _ask(q, route)
+    if axis.outcome == _NEEDS_STRICTNESS:
+        q.strictness = int(bool(strict()))
+        axis = _ask(q, route)
+    n = len(view.placements)
+    return Resolution(axis.mesh_dim, _placements(axis.want, n), bool(axis.relayout), _placements(axis.rows, n))
 
 
-def row_placements(want: Sequence[Placement], mesh_dim: int, class_dim: int) -> Tuple[Placement, ...]:
-    """The placements of a tensor over the logits' rows (target, per-row loss): the class dim's
-    Shard made Replicate, a Shard of a later dim moved down one."""
-    return tuple(REPLICATE if i == mesh_dim or not p.is_shard else shard(p.dim - 1 if p.dim > class_dim else p.dim)
-                 for i, p in enumerate(want))
+def expected_layout(route: Route, class_dim: int) -> str:
+    """The layout the route takes, in the words of the decision's messages."""
+    buffer = ctypes.create_string_buffer(1024)
+    kernels_library().hpk_class_axis_expected(ctypes.c_int32(route.rows_sharded), _words(route.tensor),
+                                              ctypes.c_int64(class_dim), buffer, ctypes.c_int64(len(buffer)))
+    return buffer.value.decode("utf-8", "replace")
 
 
-def row_mesh_dims(want: Sequence[Placement], mesh_dim: int) -> List[int]:
-    """The mesh dims other than the class dim's that shard the rows."""
-    return [i for i, p in enumerate(want) if i != mesh_dim and p.is_shard]
+def mesh_dims_sharding(placements: Sequence[Placement], class_dim: int) -> List[int]:
+    """The mesh dims that shard the class dim (none: the logits are not class-sharded, and no route
+    takes them)."""
+    return [i for i, p in enumerate(placements) if p.is_shard and p.dim == class_dim]
 
 
-__all__ = ["LayoutView", "Placement", "REPLICATE", "Resolution", "Route", "contract_placements", "expected_layout",
-           "mesh_dims_sharding", "placement_of", "resolve", "row_mesh_dims", "row_placements", "shard"]
+def row_mesh_dims(rows: Sequence[Placement]) -> List[int]:
+    """The mesh dims that shard a tensor over the rows (the row placements' Shards)."""
+    return [i for i, p in enumerate(rows) if p.is_shard]
+
+
+__all__ = ["LayoutView", "Placement", "REPLICATE", "Resolution", "Route", "expected_layout", "mesh_dims_sharding",
+           "placement_of", "resolve", "row_mesh_dims", "shard"]

@@ -1,7 +1,7 @@
 """PyTorch's DTensor as loss_parallel reads and lays it out.
 
-The logits are described for the one class-axis resolution (class_layout.py) and re-laid out where
-it says so; the target and class weight are cut to this rank's rows; the loss is laid out as PyTorch
+The logits are described for the one class-axis decision (class_layout.py, the C++ library's) and
+re-laid out where it says so; the target and class weight are cut to this rank's rows; the loss is laid out as PyTorch
 2.15's loss_parallel lays it out. Serves loss_parallel() and the functional ops given DTensor logits.
 """
 
@@ -64,22 +64,19 @@ class ClassSharding:
     vocab_size: int
     offset: int  # first class held here
     local: int  # classes held here
+    rows: Tuple[Placement, ...]  # a tensor over the logits' rows, neutral (the decision's)
 
     @property
     def mesh(self) -> DeviceMesh:
         return self.logits.device_mesh
 
-    def _placements(self) -> Tuple[Placement, ...]:
-        return tuple(_neutral(p, self.logits.ndim) for p in self.logits.placements)
-
     def row_placements(self) -> Tuple:
         """The placements of a tensor over the logits' rows (target, per-row loss)."""
-        return tuple(_torch_placements(class_layout.row_placements(self._placements(), self.mesh_dim,
-                                                                   self.class_dim)))
+        return tuple(_torch_placements(self.rows))
 
     def batch_mesh_dims(self) -> List[int]:
         """The mesh dims other than the class dim's that shard the rows."""
-        return class_layout.row_mesh_dims(self._placements(), self.mesh_dim)
+        return class_layout.row_mesh_dims(self.rows)
 
     def sum_placements(self) -> Tuple:
         """A sum over the local rows: Partial on the mesh dims that shard the rows."""
@@ -118,7 +115,7 @@ def resolve(t: Any, class_dim: int, op: str, options: LossParallelOptions) -> Cl
     chunk = -(-vocab // n)
     offset = min(mesh.get_local_rank(m) * chunk, vocab)
     return ClassSharding(t, class_dim, m, mesh.get_group(m).group_name, vocab, offset,
-                         max(0, min(chunk, vocab - offset)))
+                         max(0, min(chunk, vocab - offset)), r.rows)
 
 
 def resolve_or_fallback(t: Any, class_dim: int, op: str, options: LossParallelOptions) -> Optional[ClassSharding]:

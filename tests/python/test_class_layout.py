@@ -1,12 +1,13 @@
-"""The one class-axis resolution both Python DTensor routes share (hyper_parallel_cpp.class_layout),
-read as a specification on neutral layouts: no process group, no DTensor. The routes' own tests
-(test_loss_parallel*.py, test_hyperparallel.py) run the same decisions on real meshes."""
+"""The one class-axis decision every front end shares (the C++ library's, src/loss/class_axis.h),
+through the Python routes' door (hyper_parallel_cpp.class_layout: libhyper_parallel_kernels'
+hpk_resolve_class_axis by ctypes), read as a specification on neutral layouts: no process group, no
+DTensor. The routes' own tests (test_loss_parallel*.py, test_hyperparallel.py) run the same decisions
+on real meshes; tests/loss/class_axis_test.cpp reads the C interface's table."""
 
 import pytest
 
 from hyper_parallel_cpp import LossParallelLayoutError, LossParallelUnsupportedError
-from hyper_parallel_cpp.class_layout import REPLICATE, LayoutView, Placement, Route, resolve, row_mesh_dims, \
-    row_placements, shard
+from hyper_parallel_cpp.class_layout import REPLICATE, LayoutView, Placement, Route, expected_layout, resolve, shard
 
 PYTORCH = Route("a DTensor", relayout=True, rows_sharded=True)
 HYPERPARALLEL = Route("a HyperParallel DTensor", relayout=False, rows_sharded=False)
@@ -57,6 +58,11 @@ def test_what_no_route_takes():
             resolve(None, 1, "nll_loss", route, Strictness(False), plain_shape=[4, 8])
         with pytest.raises(LossParallelLayoutError, match="the class dim 1 is not sharded"):
             resolve(view(shard(0)), 1, "nll_loss", route, Strictness(False))
+        # Partial logits whose classes are not sharded: refused whatever the strictness (not asked).
+        strict = Strictness(True)
+        with pytest.raises(LossParallelLayoutError, match="class dim 1 is not sharded .reduce the Partial first"):
+            resolve(view(PARTIAL), 1, "nll_loss", route, strict)
+        assert strict.asked == 0
         with pytest.raises(LossParallelLayoutError, match=r"loss_parallel\(mesh = dp\): expected the input on that"):
             resolve(view(shard(1)), 1, "nll_loss", route, Strictness(False), options_mesh="dp")
         assert resolve(view(shard(1)), 1, "nll_loss", route, Strictness(True), options_mesh="tp").mesh_dim == 0
@@ -81,6 +87,35 @@ def test_a_route_with_replicated_results_takes_other_mesh_dims_only_replicated_a
 
 def test_rows_are_laid_out_as_the_logits_without_the_class_dim():
     # [batch, classes, sequence] on dp x tp x sp: the rows [batch, sequence] keep dp and sp.
-    want = (shard(0), shard(1), shard(2))
-    assert row_placements(want, 1, 1) == (shard(0), REPLICATE, shard(1))
-    assert row_mesh_dims(want, 1) == [0, 2]
+    r = resolve(view(shard(0), shard(1), shard(2), ndim=3), 1, "cross_entropy", PYTORCH, Strictness(True))
+    assert r.rows == (shard(0), REPLICATE, shard(1))
+    assert r.row_mesh_dims == [0, 2]
+
+
+def test_a_route_raises_its_own_errors_in_its_own_words():
+    class LayoutError(ValueError):
+        pass
+
+    class UnsupportedError(NotImplementedError):
+        pass
+
+    mindspore = Route("a HyperParallel DTensor", relayout=False, rows_sharded=False, relax="",
+                      layout_error=LayoutError, unsupported_error=UnsupportedError)
+    with pytest.raises(LayoutError, match=r"^cross_entropy under loss_parallel: expected every mesh axis but the "
+                                          r"class axis to be Replicate, got \[Placement"):
+        resolve(view(shard(0), shard(1)), 1, "cross_entropy", mindspore, lambda: False)
+    with pytest.raises(UnsupportedError, match="sharded by 2 mesh dims"):
+        resolve(view(shard(1), shard(1)), 1, "cross_entropy", mindspore, lambda: False)
+    assert expected_layout(PYTORCH, 1) == ("a DTensor sharded along its class dim 1 on exactly one mesh dim "
+                                           "(Shard(1)), its other mesh dims Shard or Replicate (a Shard of another "
+                                           "dim)")
+    assert expected_layout(HYPERPARALLEL, 2).endswith("(Shard(2)), its other mesh dims Replicate (or the "
+                                                      "tensor-parallel mesh alone)")
+
+
+def test_a_long_message_comes_back_whole():
+    long_words = "x" * 10000
+    with pytest.raises(LossParallelLayoutError) as error:
+        resolve(LayoutView((shard(0),), 2, long_words, lambda mesh, dim: True), 1, "nll_loss", PYTORCH,
+                Strictness(True))
+    assert str(error.value).endswith(long_words + ": the class dim 1 is not sharded")

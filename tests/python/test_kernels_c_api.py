@@ -3,6 +3,7 @@ interface (include/hyper_parallel_kernels/loss_kernels.h) as a framework without
 it. A TP 3 cross-entropy (uneven pieces, label smoothing, ignored rows) against numpy's float64
 one-process definition, values and gradients, and an error's code and message."""
 import ctypes
+import importlib.util
 import os
 import sys
 
@@ -29,28 +30,30 @@ class CrossEntropy(ctypes.Structure):
                 ("z_loss_weight", ctypes.c_double), ("logit_softcap", ctypes.c_double)]
 
 
-class Error(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_int32), ("message", ctypes.c_char * 512)]
-
-
-def library_path():
-    """The library in the package folder of the first sys.path entry holding it (the package itself
-    is not imported: its __init__ imports torch)."""
+def kernels_library_module():
+    """The package's loader of the library (hyper_parallel_cpp/kernels_library.py, the one the
+    package uses), imported by its path from the first sys.path entry holding it: the package's
+    __init__ would import torch."""
     for entry in sys.path:
-        candidate = os.path.join(entry or ".", "hyper_parallel_cpp", "libhyper_parallel_kernels.so")
-        if os.path.exists(candidate):
-            return candidate
-    pytest.skip("libhyper_parallel_kernels.so not found in a hyper_parallel_cpp folder on sys.path (PYTHONPATH)")
+        path = os.path.join(entry or ".", "hyper_parallel_cpp", "kernels_library.py")
+        if os.path.exists(path):
+            spec = importlib.util.spec_from_file_location("hyper_parallel_cpp_kernels_library", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+    pytest.skip("hyper_parallel_cpp/kernels_library.py not found on sys.path (PYTHONPATH)", allow_module_level=True)
+
+
+LOADER = kernels_library_module()
+Error = LOADER.Error
 
 
 @pytest.fixture(scope="module")
 def lib():
-    lib = ctypes.CDLL(library_path())
-    lib.hpk_version.restype = ctypes.c_char_p
-    lib.hpk_capability.restype = ctypes.c_char_p
-    for name in ("hpk_cross_entropy_stats", "hpk_cross_entropy_combine", "hpk_cross_entropy_backward"):
-        getattr(lib, name).restype = ctypes.c_int32
-    return lib
+    try:
+        return LOADER.kernels_library()
+    except ImportError as error:
+        pytest.skip(str(error))
 
 
 def ptr(a):

@@ -1,5 +1,5 @@
 """Where the classes of a HyperParallel DTensor live: its layout described for the one class-axis
-resolution (class_layout.py), and what the route needs beyond it (the class axis' process group and
+decision (class_layout.py, the C++ library's), and what the route needs beyond it (the class axis' process group and
 this rank's place on it, the checks of a mesh whose rank list HyperParallel's groups cannot follow,
 the target's and class weight's layouts).
 
@@ -58,7 +58,7 @@ def all_replicated(layout) -> bool:
 
 
 def class_axis(layout, class_dim: int, ndim: int, op: str, options: LossParallelOptions) -> ClassAxis:
-    """The class axis of logits inside the context (the one resolution, class_layout.resolve), or
+    """The class axis of logits inside the context (the one decision, class_layout.resolve), or
     the named error for a layout it cannot take (raised alike on every rank: it depends on the
     layout only)."""
     view = None if layout is None else _view(layout, ndim)

@@ -18,6 +18,7 @@ from typing import Iterator
 
 import mindspore as ms
 
+from .. import class_layout
 from .cross_entropy import vocab_parallel_cross_entropy
 from .errors import LossParallelLayoutError, LossParallelUnsupportedError
 
@@ -48,18 +49,33 @@ def _is_dtensor(value) -> bool:
     return hasattr(value, "to_local") and hasattr(value, "device_mesh") and hasattr(value, "placements")
 
 
-def _shard_dims(placements):
-    return [(mesh_dim, p) for mesh_dim, p in enumerate(placements) if hasattr(p, "dim") and
-            type(p).__name__ == "Shard"]
+# HyperParallel's MindSpore DTensor under the one class-axis decision (class_layout.py): it cannot
+# re-lay out the logits, its loss is replicated (so its other mesh dims must be Replicate), and it has
+# no strictness.
+ROUTE = class_layout.Route("a HyperParallel DTensor", relayout=False, rows_sharded=False, relax="",
+                           layout_error=LossParallelLayoutError, unsupported_error=LossParallelUnsupportedError)
 
 
-def _class_mesh_dim(logits):
-    """The mesh dim that shards the class dim, or None when the class dim is not sharded."""
+def _neutral(p, ndim: int) -> class_layout.Placement:
+    # Read by type name: HyperParallel's MindSpore placements (Shard(dim), Replicate, Partial).
+    kind = type(p).__name__
+    if kind == "Shard" and hasattr(p, "dim"):
+        return class_layout.shard(p.dim % ndim)
+    if kind == "Replicate":
+        return class_layout.REPLICATE
+    return class_layout.Placement("partial" if kind == "Partial" else "other")
+
+
+def _view(logits) -> class_layout.LayoutView:
     ndim = len(logits.shape)
-    for mesh_dim, placement in _shard_dims(logits.placements):
-        if placement.dim in (-1, ndim - 1):
-            return mesh_dim
-    return None
+    return class_layout.LayoutView(tuple(_neutral(p, ndim) for p in logits.placements), ndim,
+                                   f"placements {tuple(logits.placements)}", lambda mesh, mesh_dim: True)
+
+
+def _is_class_sharded(logits) -> bool:
+    """MindSpore takes the classes from the last dim of the logits it routes ([rows, classes])."""
+    view = _view(logits)
+    return bool(class_layout.mesh_dims_sharding(view.placements, view.ndim - 1))
 
 
 def _plain(value, name, logits_placements, class_dim_ok):
@@ -79,17 +95,13 @@ def _plain(value, name, logits_placements, class_dim_ok):
 def _route(original, input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
     if not is_loss_parallel_active() or not _is_dtensor(input):
         return original(input, target, weight, ignore_index, reduction, label_smoothing)
-    mesh_dim = _class_mesh_dim(input)
-    if mesh_dim is None:
+    if not _is_class_sharded(input):
         return original(input, target, weight, ignore_index, reduction, label_smoothing)
     if len(input.shape) != 2:
         raise LossParallelUnsupportedError(
             f"loss_parallel: [rows, classes] logits expected (MindSpore's cross-entropy takes the classes from dim 1), "
             f"found shape {tuple(input.shape)} sharded on its last dim: reshape the logits to [-1, classes] first")
-    others = [p for d, p in enumerate(input.placements) if d != mesh_dim]
-    if any(type(p).__name__ != "Replicate" for p in others):
-        raise LossParallelLayoutError(f"loss_parallel: logits Shard(-1) on one mesh dim and Replicate on the others "
-                                      f"expected, found {tuple(input.placements)}")
+    mesh_dim = class_layout.resolve(_view(input), 1, "cross_entropy", ROUTE, lambda: False).mesh_dim
     mesh = input.device_mesh
     group = mesh.get_group(mesh_dim) if mesh.ndim > 1 else mesh.get_group()
     local_logits = input.to_local()

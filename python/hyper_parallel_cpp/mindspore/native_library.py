@@ -8,10 +8,10 @@ adapter keeps the message, and ``kernel_error_from`` turns such a RuntimeError i
 
 import ctypes
 import functools
-import os
 import re
 from typing import Optional
 
+from ..kernels_library import package_library_path
 from .errors import KernelError
 
 AOT_LIBRARY_NAME = "libhyper_parallel_mindspore_aot.so"
@@ -19,13 +19,13 @@ _AOT_FAILURE = re.compile(r"AOT kernel\(.*" + re.escape(AOT_LIBRARY_NAME) + r"\)
 
 
 def aot_library_path() -> str:
-    """The adapters' path (HYPER_PARALLEL_CPP_MINDSPORE_AOT overrides it)."""
-    path = os.environ.get("HYPER_PARALLEL_CPP_MINDSPORE_AOT") or os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), AOT_LIBRARY_NAME)
-    if not os.path.exists(path):
-        raise ImportError(f"hyper_parallel_cpp.mindspore needs {path} (built with the package: python/CMakeLists.txt, "
-                          f"target hyper_parallel_mindspore_aot); it is not there")
-    return path
+    """The adapters' path (HYPER_PARALLEL_CPP_MINDSPORE_AOT overrides it), found as the package finds
+    libhyper_parallel_kernels (kernels_library.py)."""
+    try:
+        return package_library_path(AOT_LIBRARY_NAME, "HYPER_PARALLEL_CPP_MINDSPORE_AOT")
+    except ImportError as error:
+        raise ImportError(f"hyper_parallel_cpp.mindspore: {error} (python/CMakeLists.txt, target "
+                          f"hyper_parallel_mindspore_aot)") from None
 
 
 @functools.lru_cache(maxsize=None)
