@@ -1,10 +1,13 @@
 // loss_call_plan.h: the sequence every loss front end runs, once.
 #include "loss/call/loss_call_plan.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 
 #include "hyper_parallel/core/communicator.h"
 #include "loss/call/vocab_pieces.h"
+#include "loss/kernel/cross_entropy_cpu_kernel.h"
 
 namespace hyper_parallel {
 
@@ -81,6 +84,13 @@ LossCallPlan::LossCallPlan(const std::string& op, const LossCallSteps& steps) : 
 }
 
 LossCallPlan::~LossCallPlan() = default;
+
+at::Tensor LossCallPlan::statistics(int64_t rows, const at::TensorOptions& options,
+                                    const std::function<at::Tensor()>& compute) {
+  const at::Tensor stats = refused() ? at::zeros({ce_kernel::kStats, rows}, options) : compute();
+  settle();
+  return stats;
+}
 
 ClassShard agree_on_loss_call(LossCallRecord record, const ClassLayout& layout) {
   record_layout(record, layout);

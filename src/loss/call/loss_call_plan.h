@@ -97,6 +97,11 @@ class LossCallPlan {
   PendingCallAgreement* agreement() { return agreement_.get(); }
   // Waits for the record and compares it (every rank's class count; see agree_on_call).
   std::vector<int64_t> settle() { return agreement_->settle(); }
+  // For a front end that computes its per-row statistics itself: `compute`'s statistics
+  // ([ce_kernel::kStats, rows] of `options`; zeros on a refusal, whose placeholders compute
+  // nothing), made while the record travels, then the record settled: what goes into the
+  // statistics' all-gather (with inputs()).
+  at::Tensor statistics(int64_t rows, const at::TensorOptions& options, const std::function<at::Tensor()>& compute);
 
  private:
   CheckVerdict verdict_;

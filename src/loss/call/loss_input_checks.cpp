@@ -92,6 +92,11 @@ void check_block_sizes(int64_t chunk_tokens, int64_t vocab_block, const std::str
                     vocab_block);
 }
 
+int64_t logits_class_dim(const at::Tensor& logits, int64_t class_dim, const std::string& op) {
+  TORCH_CHECK_VALUE(logits.dim() >= 1, op, ": expected logits with a class dim, got a 0-dim tensor");
+  return c10::maybe_wrap_dim(class_dim, logits.dim());
+}
+
 void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore_index) {
   if (target.is_meta()) return;  // a dry run's targets: shapes, no ids to check
   at::Tensor bad = target.ne(ignore_index).logical_and(target.lt(0).logical_or(target.ge(num_classes)));

@@ -25,6 +25,9 @@ enum class OptionErrorKind { runtime_error, value_error };
 // finite and >= 0. The message names `op` and the field.
 void check_cross_entropy_definition(const CrossEntropyDefinition& definition, const std::string& op,
                                     OptionErrorKind kind);
+// The class dim of logits given to a function on local pieces, wrapped (negative: from the
+// end); logits with no dim are refused (c10::ValueError naming `op`).
+int64_t logits_class_dim(const at::Tensor& logits, int64_t class_dim, const std::string& op);
 // Throws c10::IndexError (as ATen does) for a target outside [0, C) other than ignore_index.
 void check_targets(const at::Tensor& target, int64_t num_classes, int64_t ignore_index);
 // PyTorch's rule for probability targets: an ignore_index >= 0 is refused

@@ -2,6 +2,7 @@
 #include "loss/call/vocab_pieces.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 
 #include <string>
 
@@ -62,6 +63,18 @@ VocabPiece vocab_piece(const Communicator* comm, int64_t local_classes, int64_t 
   if (want.length != local_classes)
     throw LossParallelLayoutError("vocab_parallel: " + piece_mismatch(comm, local_classes, total));
   return {want.offset, want.length, total};
+}
+
+ClassShard vocab_shard(const Communicator* comm, int64_t local_classes, int64_t vocab_size) {
+  const VocabPiece piece = vocab_piece(comm, local_classes, vocab_size);
+  return ClassShard{comm, piece.offset, piece.local, piece.total};
+}
+
+ClassShard backward_class_shard(const Communicator* comm, int64_t vocab_size, const std::string& op) {
+  TORCH_CHECK_VALUE(vocab_size >= 0, op, ": expected the vocabulary size forward used");
+  const int64_t n = comm ? comm->size() : 1, r = comm ? comm->rank() : 0;
+  const ChunkRange range = chunk_range(vocab_size, n, r);
+  return ClassShard{comm, range.offset, range.length, vocab_size};
 }
 
 }  // namespace hyper_parallel

@@ -1,53 +1,29 @@
-// The fused cross_entropy of loss_parallel (its autograd node: cross_entropy_parallel_backward.h).
+// cross_entropy_parallel (loss_parallel_dispatch.h): loss_parallel's fused, exact cross_entropy
+// on class-sharded DTensor logits, through LossCallPlan (its input checks:
+// cross_entropy_parallel_inputs.h; its autograd node: cross_entropy_parallel_backward.h), with
+// the global mean over rows that other mesh dims shard.
 #include <ATen/ATen.h>
 #include <ATen/core/Reduction.h>
-#include <c10/util/Exception.h>
-#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/grad_mode.h>
-#include <torch/csrc/autograd/saved_variable.h>
+#include <torch/csrc/autograd/variable.h>
 
-#include "compat/autograd_compat.h"
+#include <exception>
+#include <string>
+#include <vector>
+
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor/dtensor.h"
 #include "loss/call/call_agreement.h"
-#include "loss/call/loss_call_plan.h"
 #include "loss/call/class_sharding.h"
-#include "loss/math/cross_entropy_kernels.h"
-#include "loss/math/fused_cross_entropy.h"
-#include "loss/call/input_agreement.h"
-#include "loss/math/logits_device.h"
+#include "loss/call/loss_call_plan.h"
 #include "loss/call/loss_input_checks.h"
 #include "loss/front/cross_entropy_parallel_backward.h"
+#include "loss/front/cross_entropy_parallel_inputs.h"
 #include "loss/front/loss_parallel_dispatch.h"
+#include "loss/math/cross_entropy_kernels.h"
+#include "loss/math/fused_cross_entropy.h"
 
 namespace hyper_parallel {
-
-namespace {
-
-// Probability targets, laid out as the logits (or replicated: cut here): this rank's piece, as rows.
-at::Tensor soft_target_rows(const at::Tensor& target, const ClassSharding& cs, const std::string& op, bool strict) {
-  return to_rows(
-      laid_out_local(target, cs.layout.placements(), cs.layout.shape(), "probability target", op, cs, strict),
-      cs.class_dim);
-}
-
-// A replicated target or weight must live on the logits' mesh (or be a plain tensor).
-void check_on_logits_mesh(const at::Tensor& t, const ClassSharding& cs, const std::string& what,
-                          const std::string& op) {
-  if (auto* impl = dtensor_impl(t)) {
-    TORCH_CHECK(impl->layout().mesh() == cs.layout.mesh(), op, " under loss_parallel: expected the ", what,
-                " on the logits' mesh ", cs.layout.mesh().str(), " (or a plain tensor), got one on ",
-                impl->layout().mesh().str());
-  }
-}
-
-// The device of a plain tensor, or of a DTensor's local piece.
-c10::Device local_device(const at::Tensor& t) {
-  auto* impl = dtensor_impl(t);
-  return impl ? impl->local().device() : t.device();
-}
-
-}  // namespace
 
 at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor& target,
                                   const c10::optional<at::Tensor>& weight, int64_t reduction, int64_t ignore_index,
@@ -78,10 +54,9 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
   ce.gradient_in_forward =
       options.gradient_in_forward && wants_grad && !leaf_values && ce.x_rows.is_alias_of(local_logits) &&
       (ce.x_rows.size(1) <= 1 || ce.x_rows.stride(1) == 1) && local_logits.is_non_overlapping_and_dense();
-  // The rows' shape: the logits' without the class dim, global and this rank's.
+  // The rows' layout: the logits' without the class dim (this rank's shape: loss_shape).
   const Layout row_layout = cs.row_layout();
-  const std::vector<int64_t>& rows_shape = row_layout.shape();
-  std::vector<int64_t> loss_shape = row_layout.local_shape();
+  const std::vector<int64_t> loss_shape = row_layout.local_shape();
   ce.soft = target.is_floating_point();
   LossCallSteps steps;
   // The call's record before the statistics' all-gather, which is sized by rows: ranks whose
@@ -96,44 +71,9 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
     layout = placed_layout(cs.shard, local_logits.device());
   };
   steps.replicated = target;
-  steps.checks = [&](const ClassShard& shard) {
-    // What strictness and the options refuse, among the checks: a rank that refuses alone
-    // (its strictness or z-loss differ) is named in the record, not left raising while the
-    // others wait in a collective.
-    check_mean_on_mesh(cs, reduction, op, strict);
-    if (global_mean && options.z_loss_weight != 0) {
-      throw LossParallelUnsupportedError(
-          op + " under loss_parallel(z_loss_weight = " + std::to_string(options.z_loss_weight) +
-          "): reduction 'mean' on a mesh whose other dims shard the rows (" + to_string(cs.layout.placements()) +
-          " on " + cs.layout.mesh().str() +
-          ") is not supported: the z-loss divides by another count than the cross-entropy. Use reduction 'sum' or "
-          "'none'");
-    }
-    // PyTorch's cross_entropy raises RuntimeError for a bad option: so does this route.
-    check_cross_entropy_definition(ce.definition, op, OptionErrorKind::runtime_error);
-    check_on_logits_mesh(target, cs, "target", op);
-    check_on_logits_device(local_logits.device(), local_device(target), ce.soft ? "probability target" : "target", op);
-    if (weight && weight->defined()) {
-      check_on_logits_mesh(*weight, cs, "class weight", op);
-      check_on_logits_device(local_logits.device(), local_device(*weight), "class weight", op);
-      at::Tensor w = replicated_value(*weight, "class weight", op);
-      check_class_weight(w, shard.total, local_logits.scalar_type(), "logits", op, OptionErrorKind::runtime_error);
-      ce.weight = w.to(ct);
-    }
-    if (ce.soft) {
-      check_probability_target_ignore_index(ignore_index, op);
-      ce.target = soft_target_rows(target, cs, op, strict);
-    } else {
-      at::Tensor t = laid_out_local(target, cs.row_placements(), rows_shape, "target", op, cs, strict);
-      check_index_target_dtype(t, op, OptionErrorKind::runtime_error);
-      // This rank's rows (the whole target where no other mesh dim shards them).
-      TORCH_CHECK(t.sizes() == c10::IntArrayRef(loss_shape), op, ": expected a target of shape ",
-                  c10::IntArrayRef(rows_shape), " for logits of shape ", c10::IntArrayRef(cs.layout.shape()), ", got ",
-                  t.sizes());
-      check_targets(t, shard.total, ignore_index);
-      ce.target = t.reshape({-1}).to(at::kLong);
-    }
-  };
+  const CrossEntropyParallelCall resolved{
+      cs, local_logits, target, weight, row_layout, reduction, strict, global_mean, options.z_loss_weight};
+  steps.checks = [&](const ClassShard& shard) { check_cross_entropy_parallel_inputs(resolved, shard, ce); };
   steps.placeholders = [&] { use_placeholder_inputs(ce); };
   LossCallPlan call(op, steps);
   const ClassShard& shard = cs.shard;
@@ -163,18 +103,7 @@ at::Tensor cross_entropy_parallel(const at::Tensor& logits_in, const at::Tensor&
     torch::autograd::impl::bump_version(local_logits);
     if (!local_logits.is_same(logits)) torch::autograd::impl::bump_version(logits);
   }
-  if (wants_grad) {
-    compat::NodePtr owner = compat::make_node<CrossEntropyParallelBackward>();
-    auto* node = static_cast<CrossEntropyParallelBackward*>(owner.get());
-    node->ce = std::move(ce);
-    node->sharding = cs;
-    node->mean_scale = mean_scale;
-    node->local_shape = local_logits.sizes().vec();
-    if (node->ce.gradient_in_forward) node->grad_version = node->ce.grad_rows._version();
-    if (!node->ce.gradient_in_forward) node->saved_logits = torch::autograd::SavedVariable(logits, /*is_output=*/false);
-    node->set_next_edges(torch::autograd::collect_next_edges(logits));
-    torch::autograd::create_gradient_edge(out, std::move(owner));
-  }
+  if (wants_grad) attach_cross_entropy_parallel_backward(out, logits, std::move(ce), cs, mean_scale);
   return out;
 }
 

@@ -1,9 +1,10 @@
-// cross_entropy_parallel_backward.h: the fused cross_entropy's gradient node.
+// cross_entropy_parallel_backward.h: the fused cross_entropy's gradient node, and its making.
 #include "loss/front/cross_entropy_parallel_backward.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "compat/autograd_compat.h"
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor/dtensor.h"
 #include "loss/math/cross_entropy_kernels.h"
@@ -57,6 +58,22 @@ at::Tensor CrossEntropyParallelBackward::gradient_written_in_forward(const at::T
               "non-finite scale cannot be undone); turn gradient_in_forward off to backward more than once");
   const at::Tensor ratio = at::where(g.eq(0), at::zeros_like(g), g / grad_applied);
   return (stored.to(g.scalar_type()) * ratio.unsqueeze(1)).to(stored.scalar_type());
+}
+
+void attach_cross_entropy_parallel_backward(const at::Tensor& out, const at::Tensor& logits, FusedCrossEntropy&& ce,
+                                            const ClassSharding& sharding, const at::Tensor& mean_scale) {
+  compat::NodePtr owner = compat::make_node<CrossEntropyParallelBackward>();
+  auto* node = static_cast<CrossEntropyParallelBackward*>(owner.get());
+  node->ce = std::move(ce);
+  node->sharding = sharding;
+  node->mean_scale = mean_scale;
+  node->local_shape = local_of(logits).sizes().vec();
+  if (node->ce.gradient_in_forward) node->grad_version = node->ce.grad_rows._version();
+  if (!node->ce.gradient_in_forward) node->saved_logits = torch::autograd::SavedVariable(logits, /*is_output=*/false);
+  at::Tensor input = logits;  // collect_next_edges takes its arguments by non-const reference
+  node->set_next_edges(torch::autograd::collect_next_edges(input));
+  at::Tensor loss = out;
+  torch::autograd::create_gradient_edge(loss, std::move(owner));
 }
 
 void CrossEntropyParallelBackward::release_variables() {

@@ -48,4 +48,10 @@ struct CrossEntropyParallelBackward : torch::autograd::Node {
   void release_variables() override;
 };
 
+// Makes loss `out` differentiable in `logits` (the DTensor cross_entropy_parallel was given)
+// through a CrossEntropyParallelBackward holding `ce` (its rows and per-row values, or the
+// gradient written over the logits), the sharding and the global mean's scale (or undefined).
+void attach_cross_entropy_parallel_backward(const at::Tensor& out, const at::Tensor& logits, FusedCrossEntropy&& ce,
+                                            const ClassSharding& sharding, const at::Tensor& mean_scale);
+
 }  // namespace hyper_parallel

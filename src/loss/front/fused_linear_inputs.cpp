@@ -1,10 +1,11 @@
-// fused_linear_inputs.h: the fused linear cross-entropy's inputs, validated.
+// fused_linear_inputs.h: the fused linear losses' inputs, validated, and their gradients' layout.
 #include "loss/front/fused_linear_inputs.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <string>
+#include <vector>
 
 #include "dtensor/dtensor_impl.h"
 #include "hyper_parallel/dtensor/dtensor.h"
@@ -37,12 +38,30 @@ void check_options(const FusedLinearCrossEntropyOptions& o, const std::string& o
 
 }  // namespace
 
+LinearHead given_linear_head(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
+                             const std::string& op, OptionErrorKind kind) {
+  const bool given = hidden.defined() && weight.defined() && target.defined();
+  if (kind == OptionErrorKind::value_error) {
+    TORCH_CHECK_VALUE(given, op, ": hidden, weight and target must be defined");
+  } else {
+    TORCH_CHECK(given, op, ": hidden, weight and target must be defined");
+  }
+  return linear_head(hidden, weight, op);
+}
+
+std::vector<at::Tensor> head_gradients(const at::Tensor& gh, const at::Tensor& gw, bool want_h, bool want_w,
+                                       const c10::optional<Layout>& hidden_layout,
+                                       const c10::optional<Layout>& weight_layout) {
+  at::Tensor grad_h, grad_w;
+  if (want_h) grad_h = hidden_layout ? make_dtensor(gh, *hidden_layout) : gh;
+  if (want_w) grad_w = weight_layout ? make_dtensor(gw, *weight_layout) : gw;
+  return {grad_h, grad_w};
+}
+
 LinearLossInputs validate_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
                                  const FusedLinearCrossEntropyOptions& o) {
   const std::string op = "fused_linear_cross_entropy";
-  TORCH_CHECK(hidden.defined() && weight.defined() && target.defined(), op,
-              ": hidden, weight and target must be defined");
-  const LinearHead head = linear_head(hidden, weight, op);
+  const LinearHead head = given_linear_head(hidden, weight, target, op, OptionErrorKind::runtime_error);
   LinearLossInputs in;
   in.h = head.h;
   in.w = head.w;

@@ -1,13 +1,19 @@
-// The fused linear cross-entropy's inputs, validated (internal): on DTensors (the head's rows
-// class-sharded) and as plain local pieces. Both front ends run these inside LossCallPlan's checks.
+// The fused linear losses' inputs, validated (internal): on DTensors (the head's rows
+// class-sharded) and as plain local pieces; and their gradients laid out as the inputs were.
+// The cross-entropy's front ends run these inside LossCallPlan's checks.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <string>
+#include <vector>
+
 #include "hyper_parallel/core/layout.h"
 #include "hyper_parallel/loss/fused_linear_loss.h"
 #include "loss/call/class_sharding.h"
+#include "loss/call/loss_input_checks.h"
+#include "loss/math/linear_blocks.h"
 
 namespace hyper_parallel {
 
@@ -29,5 +35,17 @@ LinearLossInputs validate_inputs(const at::Tensor& hidden, const at::Tensor& wei
 // `in` gets the shard `piece`.
 LinearLossInputs local_inputs(const at::Tensor& hidden, const at::Tensor& local_weight, const at::Tensor& target,
                               const FusedLinearCrossEntropyOptions& o, const ClassShard& piece);
+
+// A fused linear loss's DTensor entry's head (linear_head), once hidden, weight and target are
+// all given (else c10::Error, or c10::ValueError for OptionErrorKind::value_error, naming `op`).
+LinearHead given_linear_head(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& target,
+                             const std::string& op, OptionErrorKind kind);
+
+// The gradients gh of hidden and gw of the weight rows (local pieces) as autograd hands them
+// back: laid out as their inputs were (DTensors where a layout is given), undefined where the
+// input wants none.
+std::vector<at::Tensor> head_gradients(const at::Tensor& gh, const at::Tensor& gw, bool want_h, bool want_w,
+                                       const c10::optional<Layout>& hidden_layout,
+                                       const c10::optional<Layout>& weight_layout);
 
 }  // namespace hyper_parallel
