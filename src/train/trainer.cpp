@@ -165,7 +165,7 @@ void Trainer::log_start() {
           << block_checkpointing(ac.mode, ac.selective_ac_option).str(job_->config.model.n_layers);
   *log_ << ", loss parallel " << (job_->loss_parallel ? "on" : "off")
         << (t.fused_linear_loss ? ", fused linear loss" : "");
-  if (t.z_loss_weight > 0) *log_ << ", z-loss " << t.z_loss_weight;
+  if (t.loss_terms.z_loss_weight > 0) *log_ << ", z-loss " << t.loss_terms.z_loss_weight;
   if (job_->context.loss_terms().logit_softcap > 0) {
     *log_ << ", logit soft-cap " << job_->context.loss_terms().logit_softcap;
   }

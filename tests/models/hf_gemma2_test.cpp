@@ -429,13 +429,13 @@ TEST(Gemma2TrainSpec, TheModelsFinalSoftCapIsTheLossesAndAnotherTrainingSoftCapI
   ASSERT_EQ(cap, 30.0);
   const train::TrainSpec& spec = train::train_spec("gemma2");
   train::TrainingConfig t;
-  t.z_loss_weight = 1e-4;
+  t.loss_terms.z_loss_weight = 1e-4;
   train::LossTerms terms = spec.loss_terms(*gemma, t);
   EXPECT_EQ(terms.logit_softcap, cap);
   EXPECT_EQ(terms.z_loss_weight, 1e-4);
-  t.logit_softcap = cap;  // the same cap said twice is fine
+  t.loss_terms.logit_softcap = cap;  // the same cap said twice is fine
   EXPECT_EQ(spec.loss_terms(*gemma, t).logit_softcap, cap);
-  t.logit_softcap = 50.0;
+  t.loss_terms.logit_softcap = 50.0;
   EXPECT_THAT([&] { spec.loss_terms(*gemma, t); },
               ::testing::ThrowsMessage<std::invalid_argument>(::testing::HasSubstr(
                   "training.logit_softcap = 50 but the model soft-caps its logits at 30 (final_logit_softcapping)")));

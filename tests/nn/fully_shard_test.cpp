@@ -48,7 +48,7 @@ JobConfig sharded_job(int64_t dp, int64_t shard, int64_t tp, const std::string& 
   c.lr_scheduler.warmup_steps = 2;
   c.training.lr = 3e-3;
   c.training.max_norm = 0.5;  // below the first steps' norms: clipping is exercised
-  c.training.z_loss_weight = 1e-3;
+  c.training.loss_terms.z_loss_weight = 1e-3;
   c.training.dtype = dtype;
   c.parallelism.tensor_parallel_degree = tp;
   c.parallelism.data_parallel_degree = dp;

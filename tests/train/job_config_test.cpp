@@ -82,8 +82,8 @@ void expect_same(const JobConfig& a, const JobConfig& b) {
   EXPECT_EQ(a.training.seed, b.training.seed);
   EXPECT_EQ(a.training.dtype, b.training.dtype);
   EXPECT_EQ(a.training.fused_linear_loss, b.training.fused_linear_loss);
-  EXPECT_EQ(a.training.z_loss_weight, b.training.z_loss_weight);
-  EXPECT_EQ(a.training.logit_softcap, b.training.logit_softcap);
+  EXPECT_EQ(a.training.loss_terms.z_loss_weight, b.training.loss_terms.z_loss_weight);
+  EXPECT_EQ(a.training.loss_terms.logit_softcap, b.training.loss_terms.logit_softcap);
   EXPECT_EQ(a.training.data, b.training.data);
   EXPECT_EQ(a.training.data_format, b.training.data_format);
   EXPECT_EQ(a.training.eos_id, b.training.eos_id);
@@ -152,8 +152,8 @@ TEST(JobConfig, DefaultsAreTheDocumentedValues) {
   EXPECT_EQ(c.training.log_freq, 1);
   EXPECT_TRUE(c.training.caching_allocator);
   EXPECT_EQ(c.training.max_skipped_steps, 0);
-  EXPECT_EQ(c.training.z_loss_weight, 0.0);
-  EXPECT_EQ(c.training.logit_softcap, 0.0);
+  EXPECT_EQ(c.training.loss_terms.z_loss_weight, 0.0);
+  EXPECT_EQ(c.training.loss_terms.logit_softcap, 0.0);
   EXPECT_EQ(c.parallelism.tensor_parallel_degree, 1);
   EXPECT_FALSE(c.parallelism.disable_loss_parallel);
   EXPECT_FALSE(c.parallelism.sequence_parallel);
@@ -573,8 +573,8 @@ TEST(JobConfig, ToTomlRoundTripsEveryField) {
   c.training.fused_linear_loss = true;
   c.training.caching_allocator = false;
   c.training.max_skipped_steps = 5;
-  c.training.z_loss_weight = 1e-4;
-  c.training.logit_softcap = 30.0;
+  c.training.loss_terms.z_loss_weight = 1e-4;
+  c.training.loss_terms.logit_softcap = 30.0;
   c.parallelism.tensor_parallel_degree = 3;
   c.parallelism.disable_loss_parallel = true;
   c.parallelism.sequence_parallel = true;
@@ -685,9 +685,9 @@ TEST(JobConfig, ValidateErrorsNameTheKey) {
       {[](JobConfig& c) { c.training.eps = 0; }, "training.eps = 0.0 must be > 0"},
       {[](JobConfig& c) { c.training.max_norm = 0; }, "training.max_norm = 0.0 must be > 0"},
       {[](JobConfig& c) { c.training.seed = -1; }, "training.seed = -1 must be >= 0"},
-      {[](JobConfig& c) { c.training.z_loss_weight = -1e-4; }, "training.z_loss_weight = -1e-04 must be >= 0 (0: off)"},
-      {[](JobConfig& c) { c.training.logit_softcap = -30; }, "training.logit_softcap = -30.0 must be >= 0 (0: off)"},
-      {[](JobConfig& c) { c.training.logit_softcap = std::numeric_limits<double>::quiet_NaN(); },
+      {[](JobConfig& c) { c.training.loss_terms.z_loss_weight = -1e-4; }, "training.z_loss_weight = -1e-04 must be >= 0 (0: off)"},
+      {[](JobConfig& c) { c.training.loss_terms.logit_softcap = -30; }, "training.logit_softcap = -30.0 must be >= 0 (0: off)"},
+      {[](JobConfig& c) { c.training.loss_terms.logit_softcap = std::numeric_limits<double>::quiet_NaN(); },
        "training.logit_softcap = nan must be finite"},
       {[](JobConfig& c) { c.training.dtype = "float16"; },
        "training.dtype = \"float16\" is not one of float32, bfloat16, float64"},

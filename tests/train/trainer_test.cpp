@@ -152,8 +152,8 @@ TEST(Trainer, ZLossAndLogitSoftcapTrainAlikeOnEveryLossPath) {
     JobConfig c = tiny_job(fresh_dir(name), tp, disable_lp, steps);
     c.training.fused_linear_loss = fused;
     if (terms) {
-      c.training.z_loss_weight = 1e-3;
-      c.training.logit_softcap = 2.0;
+      c.training.loss_terms.z_loss_weight = 1e-3;
+      c.training.loss_terms.logit_softcap = 2.0;
     }
     return c;
   };
@@ -176,7 +176,7 @@ TEST(Trainer, ZLossIsInTheTrainingLossAndNotInTheValidationLoss) {
       JobConfig c = tiny_job(fresh_dir("zval" + std::to_string(z > 0) + std::to_string(fused)), 2, false, 5);
       c.training.lr = 1e-30;
       c.training.fused_linear_loss = fused;
-      c.training.z_loss_weight = z;
+      c.training.loss_terms.z_loss_weight = z;
       return train_on(2, c);
     };
     const double z = 1e-2;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "hyper_parallel/models/decoder_sizes.h"
+#include "hyper_parallel/loss/loss_terms.h"
 #include "hyper_parallel/loss/parallelism_config.h"
 #include "hyper_parallel/core/export.h"
 
@@ -71,8 +72,9 @@ struct TrainingConfig {
   int64_t bos_id = -1;
   int64_t log_freq = 1;
   bool fused_linear_loss = false;
-  double z_loss_weight = 0.0;
-  double logit_softcap = 0.0;
+  // z_loss_weight, logit_softcap: the loss layer's one struct of the terms (loss_terms.h);
+  // their keys stay flat in [training].
+  LossTerms loss_terms;
   bool caching_allocator = true;
   int64_t grad_accum_steps = 1;
   int64_t max_skipped_steps = 0;

@@ -71,6 +71,18 @@ Field section_field(const char* section, const char* key, S JobConfig::*sec, T M
                [=](JobConfig& c, Value v) { (c.*sec).*member = std::get<T>(std::move(v)); }};
 }
 
+// A member of a struct inside a section struct, keyed flat in the section: cfg.*section.*group.*member.
+template <class S, class G, class M, class T>
+Field group_field(const char* section, const char* key, S JobConfig::*sec, G S::*group, T M::*member,
+                  const char* help) {
+  return Field{section,
+               key,
+               kind_of<T>(),
+               help,
+               [=](const JobConfig& c) { return Value(std::in_place_type<T>, ((c.*sec).*group).*member); },
+               [=](JobConfig& c, Value v) { ((c.*sec).*group).*member = std::get<T>(std::move(v)); }};
+}
+
 // A member of JobConfig itself (the [job] table).
 template <class T>
 Field job_field(const char* key, T JobConfig::*member, const char* help) {
@@ -85,6 +97,9 @@ Field job_field(const char* key, T JobConfig::*member, const char* help) {
 // The TOML section and key are the C++ member names, so they cannot drift apart.
 #define HP_FIELD(section, key, help) \
   section_field(#section, #key, &JobConfig::section, &decltype(JobConfig::section)::key, help)
+#define HP_GROUP_FIELD(section, group, key, help)                                                          \
+  group_field(#section, #key, &JobConfig::section, &decltype(JobConfig::section)::group,                  \
+              &decltype(decltype(JobConfig::section)::group)::key, help)
 
 // One table per section, in the order --help, to_toml and docs/config.md list them.
 std::vector<Field> job_fields() {
@@ -153,10 +168,10 @@ std::vector<Field> training_fields() {
       HP_FIELD(training, fused_linear_loss,
                "head matmul + cross-entropy fused, in chunks: no [tokens, vocab] logits tensor; needs loss parallel "
                "when tensor_parallel_degree > 1"),
-      HP_FIELD(training, z_loss_weight,
+      HP_GROUP_FIELD(training, loss_terms, z_loss_weight,
                "z-loss: adds this x logsumexp(logits)^2 per counted token to the training loss (PaLM; e.g. 1e-4; "
                "validation reports cross-entropy alone); 0: off"),
-      HP_FIELD(training, logit_softcap,
+      HP_GROUP_FIELD(training, loss_terms, logit_softcap,
                "> 0: logits become cap x tanh(logits / cap) before the loss, in training and validation (Gemma 2 "
                "uses 30); 0: off"),
       HP_FIELD(training, caching_allocator,
@@ -283,6 +298,7 @@ const std::vector<Field>& fields() {
 }
 
 #undef HP_FIELD
+#undef HP_GROUP_FIELD
 
 // Section names in declaration order.
 const std::vector<std::string>& sections() {
@@ -894,8 +910,11 @@ void check_training(const JobConfig& cfg, Checks& out) {
   out.require(t.beta2 >= 0 && t.beta2 < 1, "training.beta2 = " + num(t.beta2) + " must be in [0, 1)");
   out.require(t.eps > 0, "training.eps = " + num(t.eps) + " must be > 0");
   out.require(t.max_norm > 0, "training.max_norm = " + num(t.max_norm) + " must be > 0");
-  out.require(t.z_loss_weight >= 0, "training.z_loss_weight = " + num(t.z_loss_weight) + " must be >= 0 (0: off)");
-  out.require(t.logit_softcap >= 0, "training.logit_softcap = " + num(t.logit_softcap) + " must be >= 0 (0: off)");
+  const LossTerms& terms = t.loss_terms;
+  out.require(terms.z_loss_weight >= 0,
+              "training.z_loss_weight = " + num(terms.z_loss_weight) + " must be >= 0 (0: off)");
+  out.require(terms.logit_softcap >= 0,
+              "training.logit_softcap = " + num(terms.logit_softcap) + " must be >= 0 (0: off)");
   out.require(t.seed >= 0, "training.seed = " + std::to_string(t.seed) + " must be >= 0");
   out.require(t.dtype == "float32" || t.dtype == "bfloat16" || t.dtype == "float64",
               "training.dtype = " + quote(t.dtype) + " is not one of float32, bfloat16, float64");

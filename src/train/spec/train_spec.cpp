@@ -162,12 +162,13 @@ at::Tensor token_loss_sum(torch::nn::Module& module, const Batch& batch, const T
 
 LossTerms loss_terms(const torch::nn::Module& model, const TrainingConfig& t) {
   const double model_cap = as_causal_lm(model).final_logit_softcap();
-  if (model_cap > 0 && t.logit_softcap > 0 && t.logit_softcap != model_cap) {
-    throw std::invalid_argument("training.logit_softcap = " + text(t.logit_softcap) +
+  const double job_cap = t.loss_terms.logit_softcap;
+  if (model_cap > 0 && job_cap > 0 && job_cap != model_cap) {
+    throw std::invalid_argument("training.logit_softcap = " + text(job_cap) +
                                 " but the model soft-caps its logits at " + text(model_cap) +
                                 " (final_logit_softcapping); leave training.logit_softcap at 0");
   }
-  return {t.z_loss_weight, model_cap > 0 ? model_cap : t.logit_softcap};
+  return {t.loss_terms.z_loss_weight, model_cap > 0 ? model_cap : job_cap};
 }
 
 std::string describe(const std::string& name, const torch::nn::Module& model) {
