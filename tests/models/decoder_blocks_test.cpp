@@ -268,6 +268,10 @@ TEST(DecoderBlocks, ShapeChecksNameEachSize) {
   ASSERT_EQ(at3.size(), 1u);
   EXPECT_THAT(at3[0], HasSubstr("parallelize_x: n_kv_heads 2 does not split over tensor_parallel_degree 3"));
   EXPECT_EQ(decoder_tp_misfits(o, 4, "x").size(), 3u);  // heads 6, kv heads 2, ffn hidden 18
+  // One check under both wordings: the job's leaves the widths (the family's) unchecked.
+  EXPECT_THAT(decoder_tp_split_misfits({.n_heads = 6, .n_kv_heads = 2, .dim = 24, .ffn_hidden_dim = 18}, 4),
+              ElementsAre(DecoderTpMisfit::n_heads, DecoderTpMisfit::n_kv_heads, DecoderTpMisfit::widths));
+  EXPECT_THAT(decoder_tp_split_misfits({.n_heads = 6, .n_kv_heads = 0}, 4), ElementsAre(DecoderTpMisfit::n_heads));
 
   DecoderSizes s;
   s.dim = 30;

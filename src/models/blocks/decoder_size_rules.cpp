@@ -23,16 +23,28 @@ std::vector<std::string> decoder_size_errors(const DecoderSizes& m) {
   return errors;
 }
 
+std::vector<DecoderTpMisfit> decoder_tp_split_misfits(const DecoderTpShape& s, int64_t tp) {
+  std::vector<DecoderTpMisfit> misfits;
+  if (tp < 1) return misfits;
+  if (s.n_heads > 0) {  // attention shards whole heads across the TP ranks
+    if (s.n_heads % tp != 0) misfits.push_back(DecoderTpMisfit::n_heads);
+    // Key/value heads are sharded like the query heads (each rank keeps the kv heads its
+    // query heads read); replicating them instead is not implemented.
+    if (s.n_kv_heads > 0 && s.n_kv_heads % tp != 0) misfits.push_back(DecoderTpMisfit::n_kv_heads);
+  }
+  if (s.ffn_hidden_dim % tp != 0 || s.dim % tp != 0) misfits.push_back(DecoderTpMisfit::widths);
+  return misfits;
+}
+
 std::vector<std::string> decoder_tp_size_errors(const DecoderSizes& m, int64_t tp) {
+  // The MLP's hidden size is the family's to derive, and dim is checked with it at parallelize.
+  const DecoderTpShape shape{.n_heads = m.n_heads, .n_kv_heads = m.n_kv_heads};
+  const std::string degree = " must be divisible by parallelism.tensor_parallel_degree = " + std::to_string(tp);
   std::vector<std::string> errors;
-  if (tp >= 1 && m.n_heads > 0) {  // attention shards whole heads across the TP ranks
-    if (m.n_heads % tp != 0) {
-      errors.push_back("model.n_heads = " + std::to_string(m.n_heads) +
-                       " must be divisible by parallelism.tensor_parallel_degree = " + std::to_string(tp));
-    }
-    if (m.n_kv_heads > 0 && m.n_kv_heads % tp != 0) {
-      errors.push_back("model.n_kv_heads = " + std::to_string(m.n_kv_heads) +
-                       " must be divisible by parallelism.tensor_parallel_degree = " + std::to_string(tp) +
+  for (DecoderTpMisfit misfit : decoder_tp_split_misfits(shape, tp)) {
+    if (misfit == DecoderTpMisfit::n_heads) errors.push_back("model.n_heads = " + std::to_string(m.n_heads) + degree);
+    if (misfit == DecoderTpMisfit::n_kv_heads) {
+      errors.push_back("model.n_kv_heads = " + std::to_string(m.n_kv_heads) + degree +
                        " (each rank holds whole key/value heads)");
     }
   }

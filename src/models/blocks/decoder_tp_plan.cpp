@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "hyper_parallel/models/decoder_plan.h"
+#include "hyper_parallel/models/decoder_size_rules.h"
 
 namespace hyper_parallel {
 
@@ -88,22 +89,26 @@ ParallelizePlan decoder_tp_plan(const DecoderBlockOptions& block, bool loss_para
 std::vector<std::string> decoder_tp_misfits(const DecoderBlockOptions& block, int64_t tp, const std::string& who) {
   const AttentionOptions& a = block.attention;
   const int64_t hidden = block.mlp.hidden_dim;
+  const std::string degree = std::to_string(tp);
   std::vector<std::string> misfits;
-  if (a.n_heads % tp != 0) {
-    misfits.push_back(who + ": n_heads " + std::to_string(a.n_heads) + " does not split over tensor_parallel_degree " +
-                      std::to_string(tp) + " (each rank needs whole heads)");
-  }
-  // Key/value heads are sharded like the query heads (each rank keeps the kv heads its
-  // query heads read); replicating them instead is not implemented.
-  if (a.n_kv_heads % tp != 0) {
-    misfits.push_back(who + ": n_kv_heads " + std::to_string(a.n_kv_heads) +
-                      " does not split over tensor_parallel_degree " + std::to_string(tp) +
-                      " (each rank needs whole key/value heads; choose a TP degree that divides " +
-                      std::to_string(a.n_kv_heads) + ")");
-  }
-  if (hidden % tp != 0 || a.dim % tp != 0) {
-    misfits.push_back(who + ": dim " + std::to_string(a.dim) + " and ffn hidden " + std::to_string(hidden) +
-                      " must be divisible by tensor_parallel_degree " + std::to_string(tp));
+  const DecoderTpShape shape{.n_heads = a.n_heads, .n_kv_heads = a.n_kv_heads, .dim = a.dim, .ffn_hidden_dim = hidden};
+  for (DecoderTpMisfit misfit : decoder_tp_split_misfits(shape, tp)) {
+    switch (misfit) {
+      case DecoderTpMisfit::n_heads:
+        misfits.push_back(who + ": n_heads " + std::to_string(a.n_heads) +
+                          " does not split over tensor_parallel_degree " + degree + " (each rank needs whole heads)");
+        break;
+      case DecoderTpMisfit::n_kv_heads:
+        misfits.push_back(who + ": n_kv_heads " + std::to_string(a.n_kv_heads) +
+                          " does not split over tensor_parallel_degree " + degree +
+                          " (each rank needs whole key/value heads; choose a TP degree that divides " +
+                          std::to_string(a.n_kv_heads) + ")");
+        break;
+      case DecoderTpMisfit::widths:
+        misfits.push_back(who + ": dim " + std::to_string(a.dim) + " and ffn hidden " + std::to_string(hidden) +
+                          " must be divisible by tensor_parallel_degree " + degree);
+        break;
+    }
   }
   return misfits;
 }
