@@ -97,8 +97,8 @@ Field job_field(const char* key, T JobConfig::*member, const char* help) {
 // The TOML section and key are the C++ member names, so they cannot drift apart.
 #define HP_FIELD(section, key, help) \
   section_field(#section, #key, &JobConfig::section, &decltype(JobConfig::section)::key, help)
-#define HP_GROUP_FIELD(section, group, key, help)                                                          \
-  group_field(#section, #key, &JobConfig::section, &decltype(JobConfig::section)::group,                  \
+#define HP_GROUP_FIELD(section, group, key, help)                                        \
+  group_field(#section, #key, &JobConfig::section, &decltype(JobConfig::section)::group, \
               &decltype(decltype(JobConfig::section)::group)::key, help)
 
 // One table per section, in the order --help, to_toml and docs/config.md list them.
@@ -169,11 +169,11 @@ std::vector<Field> training_fields() {
                "head matmul + cross-entropy fused, in chunks: no [tokens, vocab] logits tensor; needs loss parallel "
                "when tensor_parallel_degree > 1"),
       HP_GROUP_FIELD(training, loss_terms, z_loss_weight,
-               "z-loss: adds this x logsumexp(logits)^2 per counted token to the training loss (PaLM; e.g. 1e-4; "
-               "validation reports cross-entropy alone); 0: off"),
+                     "z-loss: adds this x logsumexp(logits)^2 per counted token to the training loss (PaLM; e.g. 1e-4; "
+                     "validation reports cross-entropy alone); 0: off"),
       HP_GROUP_FIELD(training, loss_terms, logit_softcap,
-               "> 0: logits become cap x tanh(logits / cap) before the loss, in training and validation (Gemma 2 "
-               "uses 30); 0: off"),
+                     "> 0: logits become cap x tanh(logits / cap) before the loss, in training and validation (Gemma 2 "
+                     "uses 30); 0: off"),
       HP_FIELD(training, caching_allocator,
                "CPU: large buffers from hp's caching, huge-page allocator (false: LibTorch's, which faults "
                "fresh pages in every step)"),
