@@ -141,9 +141,10 @@ TEST(ModelRegistry, Qwen3IsListedAndModelNameSelectsIt) {
   compat::create_directories(folder);
   std::ofstream(folder + "/config.json") << qwen3_config("");
   cfg.model.hf_assets_path = folder;  // the trainer's model: the family's, from its config.json
-  EXPECT_TRUE(as_llama(*train::train_spec(cfg.model.name).build(cfg.model))->block_options().attention.qk_norm);
+  EXPECT_TRUE(as_qwen3(*train::train_spec(cfg.model.name).build(cfg.model))->block_options().attention.qk_norm);
   auto module = model_family("qwen3").from_hf_config(folder + "/config.json");
-  const Llama model = as_llama(*module);
+  const Qwen3 model = as_qwen3(*module);
+  EXPECT_THROW(as_llama(*module), c10::Error);  // the decoder shell with Qwen3's blocks, no Llama
   EXPECT_TRUE(model->block_options().attention.qk_norm);
   const auto params = model->named_parameters();
   EXPECT_TRUE(params.contains("layers.0.attention.q_norm.weight"));

@@ -61,7 +61,7 @@ TEST(ModelFlops, TiedEmbeddingsCountOnceAndGqaHeadsAsTheyAre) {
   a.vocab_size = 100;
   a.ffn_hidden_dim = 96;
   a.tie_word_embeddings = true;
-  Llama model = qwen3_model(a);  // Llama's blocks with q/k norms
+  Qwen3 model = qwen3_model(a);  // Llama's blocks with q/k norms
   const int64_t q = 4 * 24, kv = 2 * 24;
   const int64_t per_layer = 64 * q + 2 * 64 * kv + q * 64 + 3 * 64 * 96 + 2 * 64 + 2 * 24;
   const int64_t matmul = 3 * per_layer + 64 + 100 * 64;  // the table once, as the head

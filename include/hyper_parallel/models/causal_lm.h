@@ -2,9 +2,9 @@
 // logits or the final hidden states of a token batch, the head's weight (for a fused
 // linear + cross-entropy that never makes the logits), a seeded initialisation, hooks around
 // its blocks (sharded data parallelism), and its sizes. Every family's module implements
-// it (Llama's and Qwen3's LlamaImpl, ...), so hp-train's Trainer holds a module and this
-// interface and names no model. The family also says what a token costs to train (its
-// FLOPs, for MFU).
+// it (Llama's, Qwen3's and Gemma 2's through the decoder shell, decoder_model.h), so
+// hp-train's Trainer holds a module and this interface and names no model. The family also says what a token costs to
+// train (its FLOPs, for MFU).
 #pragma once
 
 #include <ATen/core/Tensor.h>

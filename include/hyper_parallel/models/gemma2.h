@@ -5,30 +5,24 @@
 // and a tied head whose logits the loss soft-caps. Read from a Gemma 2 config.json, with
 // its TP plan and checkpoint adapter (sources in src/models/gemma2/).
 //
-// Built from the family-neutral decoder blocks (decoder_blocks.h) with Gemma 2's options.
+// Built from the family-neutral decoder blocks (decoder_blocks.h) with Gemma 2's options, in
+// the shared model shell (decoder_model.h).
 // RoPE rotates halves (i, i + head_dim / 2) as transformers does, so q/k rows keep the
 // checkpoint's order (no permutation at load or export); the sub-module names are Llama's
 // where the parts are the same.
 #pragma once
 
-#include <torch/nn/module.h>
-#include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
-
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "hyper_parallel/models/block_activations.h"
-#include "hyper_parallel/nn/block_hooks.h"
-#include "hyper_parallel/models/causal_lm.h"
-#include "hyper_parallel/models/decoder_blocks.h"
 #include "hyper_parallel/core/device_mesh.h"
+#include "hyper_parallel/core/export.h"
+#include "hyper_parallel/models/block_activations.h"
+#include "hyper_parallel/models/decoder_blocks.h"
+#include "hyper_parallel/models/decoder_model.h"
 #include "hyper_parallel/models/hf_checkpoint.h"
 #include "hyper_parallel/nn/parallel_style.h"
-#include "hyper_parallel/core/export.h"
 
 HP_PUBLIC_BEGIN
 
@@ -73,21 +67,16 @@ struct Gemma2Args : DecoderSizes {
 // layers the config marks; GeGLU with tanh-approximated GELU.
 DecoderBlockOptions gemma2_block_options(const Gemma2Args& args, int64_t layer);
 
-class Gemma2Impl : public torch::nn::Module, public CausalLanguageModel {
+// The decoder model (decoder_model.h) with Gemma 2's blocks, its embeddings scaled by
+// sqrt(dim) and a final norm scaling by 1 + w. Its logits (forward, logits) come BEFORE the
+// final soft-capping (args().final_logit_softcapping; the loss applies it). Its FLOPs are
+// TorchTitan's dense count, the sliding-window layers at the full seq_len: exact while
+// seq_len <= sliding_window (4096 in every Gemma 2), where a sliding layer reads as many keys
+// as a full one; beyond it, an over-count of the sliding layers' scores (as TorchTitan counts
+// its sliding-window family, gpt-oss).
+class Gemma2Impl : public DecoderModelImpl {
  public:
   explicit Gemma2Impl(const Gemma2Args& args);
-  // tokens [batch, seq] -> the head's logits [batch, seq, vocab] BEFORE the final
-  // soft-capping (args().final_logit_softcapping; the loss applies it). A Shard(-1) DTensor
-  // under loss parallel, a plain tensor otherwise.
-  at::Tensor forward(const at::Tensor& tokens);
-  at::Tensor logits(const at::Tensor& tokens) override { return forward(tokens); }
-  // The final norm's output [batch, seq, dim]: what the head reads (a Shard(1) DTensor
-  // under sequence parallel).
-  at::Tensor hidden_states(const at::Tensor& tokens) override;
-  at::Tensor head_weight() const override { return output->weight; }
-  DecoderSizes sizes() const override;
-  // TorchTitan's dense count; the sliding-window layers at the full seq_len (gemma2_model.cpp).
-  int64_t flops_per_token(int64_t seq_len) const override;
   double final_logit_softcap() const override { return args_.final_logit_softcapping; }
   // Deterministic initialisation from a seed (the same on every rank, independent of the
   // global RNG): linear and embedding weights normal with std 0.02 (the output projections
@@ -95,23 +84,12 @@ class Gemma2Impl : public torch::nn::Module, public CausalLanguageModel {
   // scale of 1); the padding row zero, as transformers initialises it.
   void init_weights(uint64_t seed) override;
   const Gemma2Args& args() const { return args_; }
-  // Tied models: points output->weight at tok_embeddings->weight (the head registers no
-  // weight). The constructor and parallelize_gemma2 call it.
-  void tie_head();
-  // Called around the forward's blocks (block_hooks.h), e.g. by sharded data parallelism.
-  void set_block_hooks(std::shared_ptr<BlockHooks> hooks) override { block_hooks_ = std::move(hooks); }
-  void set_block_checkpointing(const BlockCheckpointing& policy) override { block_checkpointing_ = policy; }
 
-  torch::nn::Embedding tok_embeddings{nullptr};
-  torch::nn::ModuleList layers{nullptr};
-  RMSNorm norm{nullptr};  // scales by 1 + w
-  torch::nn::Linear output{nullptr};
+ protected:
+  at::Tensor embed(const at::Tensor& h) const override;
 
  private:
   Gemma2Args args_;
-  at::Tensor rope_cos_, rope_sin_;  // [max_seq_len, head_dim / 2], float32 as transformers computes them
-  std::shared_ptr<BlockHooks> block_hooks_;
-  BlockCheckpointing block_checkpointing_;
 };
 TORCH_MODULE(Gemma2);
 

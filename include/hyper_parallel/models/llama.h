@@ -2,26 +2,21 @@
 // attention and SwiGLU MLP, output head), its TorchTitan tensor-parallel plan, and its adapter
 // to transformers' LlamaForCausalLM checkpoints (hf_checkpoint.h; sources in
 // src/models/llama/). The blocks, plan and names are the family-neutral ones
-// (decoder_blocks.h, decoder_plan.h) with Llama's options.
+// (decoder_blocks.h, decoder_plan.h) with Llama's options, in the shared model shell
+// (decoder_model.h).
 #pragma once
 
-#include <torch/nn/module.h>
-#include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
-
-#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
-#include "hyper_parallel/models/block_activations.h"
-#include "hyper_parallel/nn/block_hooks.h"
-#include "hyper_parallel/models/causal_lm.h"
-#include "hyper_parallel/models/decoder_blocks.h"
 #include "hyper_parallel/core/device_mesh.h"
+#include "hyper_parallel/core/export.h"
+#include "hyper_parallel/models/block_activations.h"
+#include "hyper_parallel/models/decoder_blocks.h"
+#include "hyper_parallel/models/decoder_model.h"
 #include "hyper_parallel/models/hf_checkpoint.h"
 #include "hyper_parallel/nn/parallel_style.h"
-#include "hyper_parallel/core/export.h"
 
 HP_PUBLIC_BEGIN
 
@@ -56,48 +51,21 @@ struct LlamaArgs : DecoderSizes {
 // and no q/k norms, SwiGLU of hidden_dim().
 DecoderBlockOptions llama_block_options(const LlamaArgs& args);
 
-class LlamaImpl : public torch::nn::Module, public CausalLanguageModel {
+// The shell's parts (decoder_model.h) of a model shaped like Llama (Llama, Qwen3): the args'
+// checks (errors start with `family`), the resolved sizes, llama_rope_tables, and
+// block_options(args) for every layer.
+DecoderModelParts llama_model_parts(const std::string& family, const LlamaArgs& args,
+                                    DecoderBlockOptions (*block_options)(const LlamaArgs& args));
+
+// The decoder model (decoder_model.h) with Llama's blocks; its seeded initialisation is the
+// shell's (TorchTitan's: std 0.02, output projections by depth, norms 1).
+class LlamaImpl : public DecoderModelImpl {
  public:
   explicit LlamaImpl(const LlamaArgs& args);
-  // A family shaped like Llama with blocks of its own (Qwen3: llama_block_options plus q/k
-  // norms); the blocks' sizes must be the args'.
-  LlamaImpl(const LlamaArgs& args, const DecoderBlockOptions& blocks);
-  // tokens [batch, seq] -> logits [batch, seq, vocab] (a Shard(-1) DTensor under loss
-  // parallel, a plain tensor otherwise).
-  at::Tensor forward(const at::Tensor& tokens);
-  at::Tensor logits(const at::Tensor& tokens) override { return forward(tokens); }
-  // The final norm's output [batch, seq, dim]: what the head reads. A fused linear loss
-  // (fused_linear_loss.h) takes it with output->weight, so the logits are never made.
-  // Under sequence parallel it is a Shard(1) DTensor (redistribute it to Replicate first).
-  at::Tensor hidden_states(const at::Tensor& tokens) override;
-  at::Tensor head_weight() const override { return output->weight; }
-  // Deterministic initialisation from a seed (the same on every rank, independent of
-  // the global RNG), scaled like TorchTitan's (std 0.02, output projections by depth).
-  void init_weights(uint64_t seed) override;
-  DecoderSizes sizes() const override;
-  int64_t flops_per_token(int64_t seq_len) const override;
   const LlamaArgs& args() const { return args_; }
-  const DecoderBlockOptions& block_options() const { return blocks_; }
-  // Tied models: points output->weight at tok_embeddings->weight (the head registers no
-  // weight). The constructor and parallelize_llama call it; call it again after replacing
-  // the embeddings' parameter yourself.
-  void tie_head();
-  // Called around the forward's blocks (block_hooks.h), e.g. by sharded data
-  // parallelism; nullptr: none.
-  void set_block_hooks(std::shared_ptr<BlockHooks> hooks) override { block_hooks_ = std::move(hooks); }
-  void set_block_checkpointing(const BlockCheckpointing& policy) override { block_checkpointing_ = policy; }
-
-  torch::nn::Embedding tok_embeddings{nullptr};
-  torch::nn::ModuleList layers{nullptr};
-  RMSNorm norm{nullptr};
-  torch::nn::Linear output{nullptr};
 
  private:
   LlamaArgs args_;
-  DecoderBlockOptions blocks_;
-  at::Tensor rope_cos_, rope_sin_;  // [max_seq_len, head_dim / 2]
-  std::shared_ptr<BlockHooks> block_hooks_;
-  BlockCheckpointing block_checkpointing_;
 };
 TORCH_MODULE(Llama);
 
@@ -115,8 +83,7 @@ std::pair<at::Tensor, at::Tensor> llama_rope_tables(const LlamaArgs& args);
 // are supported: the DTensors carry the global length.
 ParallelizePlan llama_tp_plan(bool loss_parallel, bool sequence_parallel = false);
 // Checks the model fits the TP degree (query and key/value heads, hidden dims) and applies
-// the plan of its blocks (decoder_tp_plan: llama_tp_plan, plus q/k norms where the blocks
-// have them); src_data_rank as in parallelize_module.
+// the plan of its blocks (decoder_tp_plan, llama_tp_plan); src_data_rank as in parallelize_module.
 void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel = false,
                        std::optional<int64_t> src_data_rank = 0);
 // The same checks with another plan for this module.

@@ -1,8 +1,8 @@
-// The Qwen3 family (transformers' Qwen3ForCausalLM, dense): Llama's decoder whose attention
-// blocks normalise each head of the queries and keys before RoPE (AttentionOptions::qk_norm,
-// weights [head_dim]), read from a Qwen3 config.json, with its TP plan and checkpoint adapter
-// (src/models/qwen3/). The module is a Llama built with these blocks: Qwen3 adds the two
-// norms and nothing else the model honours.
+// The Qwen3 family (transformers' Qwen3ForCausalLM, dense): the decoder model shell
+// (decoder_model.h) whose blocks are Llama's with the attention option that normalises each
+// head of the queries and keys before RoPE (AttentionOptions::qk_norm, weights [head_dim]),
+// read from a Qwen3 config.json with Llama's reader (Qwen3Config has LlamaConfig's fields),
+// with its TP plan and checkpoint adapter (src/models/qwen3/).
 #pragma once
 
 #include <optional>
@@ -28,13 +28,25 @@ std::string qwen3_hf_config_json(const LlamaArgs& args);
 
 // Llama's blocks with the per-head q/k norms (eps: rms_norm_eps).
 DecoderBlockOptions qwen3_block_options(const LlamaArgs& args);
-// The Qwen3 these args describe: a Llama module with qwen3_block_options.
-Llama qwen3_model(const LlamaArgs& args);
+
+// The decoder model with qwen3_block_options; its initialisation is the shell's (norms 1).
+class Qwen3Impl : public DecoderModelImpl {
+ public:
+  explicit Qwen3Impl(const LlamaArgs& args);
+  const LlamaArgs& args() const { return args_; }
+
+ private:
+  LlamaArgs args_;
+};
+TORCH_MODULE(Qwen3);
+
+// The Qwen3 these args describe.
+Qwen3 qwen3_model(const LlamaArgs& args);
 
 // Llama's TP plan plus the q/k norms: their [head_dim] weights are replicated and applied
 // to each rank's own heads; the weights' gradients are summed over TP ranks.
 ParallelizePlan qwen3_tp_plan(bool loss_parallel, bool sequence_parallel = false);
-void parallelize_qwen3(Llama& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel = false,
+void parallelize_qwen3(Qwen3& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel = false,
                        std::optional<int64_t> src_data_rank = 0);
 
 // Llama's names plus self_attn.q_norm/k_norm, whose weights are permuted within the head
@@ -43,6 +55,8 @@ HfAdapter qwen3_hf_adapter(const LlamaArgs& args);
 
 struct ModelFamily;
 ModelFamily qwen3_family();
+// A registry module as the Qwen3 it is; throws otherwise.
+Qwen3 as_qwen3(const torch::nn::Module& module);
 
 }  // namespace hyper_parallel
 

@@ -14,10 +14,8 @@ ParallelizePlan gemma2_tp_plan(bool loss_parallel, bool sequence_parallel) {
 void parallelize_gemma2(Gemma2& model, const DeviceMesh& tp_mesh, bool loss_parallel, bool sequence_parallel,
                         std::optional<int64_t> src_data_rank) {
   // The sizes the checks read are every layer's (only the sliding window differs).
-  parallelize_decoder(*model, tp_mesh, gemma2_tp_plan(loss_parallel, sequence_parallel),
-                      gemma2_block_options(model->args(), 0), "parallelize_gemma2", src_data_rank);
-  // Tied: the embeddings' weight is now the Shard(0) DTensor a Colwise head's weight would be.
-  if (model->args().tie_word_embeddings) model->tie_head();
+  parallelize_decoder_model(*model, tp_mesh, gemma2_tp_plan(loss_parallel, sequence_parallel), "parallelize_gemma2",
+                            src_data_rank);
 }
 
 }  // namespace hyper_parallel

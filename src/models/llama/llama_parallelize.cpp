@@ -17,10 +17,7 @@ void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, bool loss_parall
 
 void parallelize_llama(Llama& model, const DeviceMesh& tp_mesh, const ParallelizePlan& plan,
                        std::optional<int64_t> src_data_rank) {
-  parallelize_decoder(*model, tp_mesh, plan, model->block_options(), "parallelize_llama", src_data_rank);
-  // Tied: the embeddings' weight is now a Shard(0) DTensor over the vocabulary, exactly the
-  // layout ColwiseParallel gives a head's weight (same rows per rank), so the head reads it.
-  if (model->args().tie_word_embeddings) model->tie_head();
+  parallelize_decoder_model(*model, tp_mesh, plan, "parallelize_llama", src_data_rank);
 }
 
 }  // namespace hyper_parallel

@@ -1,8 +1,9 @@
-// The Qwen3 family for the registry, and its adapter to transformers' Qwen3ForCausalLM.
+// The Qwen3 family for the registry: the decoder model's fields (decoder_model.h) and
+// Qwen3's readers and config.json writer; its adapter to transformers' Qwen3ForCausalLM is
+// the decoder's with Qwen3's blocks.
 #include <torch/nn/module.h>
 
 #include "hyper_parallel/models/decoder_plan.h"
-#include "hyper_parallel/models/decoder_size_rules.h"
 #include "hyper_parallel/models/model_registry.h"
 #include "hyper_parallel/models/qwen3.h"
 
@@ -12,30 +13,17 @@ HfAdapter qwen3_hf_adapter(const LlamaArgs& a) {
   return decoder_hf_adapter(qwen3_block_options(a), a.n_layers, a.tie_word_embeddings);
 }
 
+Qwen3 as_qwen3(const torch::nn::Module& m) { return module_holder_of<Qwen3>(m, "Qwen3"); }
+
 ModelFamily qwen3_family() {
-  return {
-      .name = "qwen3",
-      .from_hf_config =
-          [](const std::string& config) { return qwen3_model(qwen3_args_from_hf_config_file(config)).ptr(); },
-      .from_hf_config_json =
-          [](const std::string& json, const std::string& source) {
-            return qwen3_model(qwen3_args_from_hf_config_json(json, source)).ptr();
-          },
-      .parallelize =
-          [](torch::nn::Module& m, const DeviceMesh& mesh, bool loss_parallel, bool sequence_parallel) {
-            Llama model = as_llama(m);
-            parallelize_qwen3(model, mesh, loss_parallel, sequence_parallel, /*src_data_rank=*/std::nullopt);
-          },
-      .hf_adapter = [](const torch::nn::Module& m) { return qwen3_hf_adapter(as_llama(m)->args()); },
-      .to_hf_config = [](const torch::nn::Module& m) { return qwen3_hf_config_json(as_llama(m)->args()); },
-      .from_sizes = nullptr,  // the q/k norms and head_dim come from config.json only
-      .block_activation_bytes =
-          [](const torch::nn::Module& m, const BlockActivationShape& s) {
-            return decoder_block_activation_bytes(as_llama(m)->block_options(), s);
-          },
-      .size_errors = decoder_size_errors,
-      .tp_size_errors = decoder_tp_size_errors,
+  ModelFamily family = decoder_model_family("qwen3", "parallelize_qwen3");
+  family.from_hf_config = [](const std::string& config) { return Qwen3(qwen3_args_from_hf_config_file(config)).ptr(); };
+  family.from_hf_config_json = [](const std::string& json, const std::string& source) {
+    return Qwen3(qwen3_args_from_hf_config_json(json, source)).ptr();
   };
+  family.to_hf_config = [](const torch::nn::Module& m) { return qwen3_hf_config_json(as_qwen3(m)->args()); };
+  // from_sizes stays null: the q/k norms and head_dim come from config.json only.
+  return family;
 }
 
 }  // namespace hyper_parallel
