@@ -11,7 +11,9 @@
 namespace hyper_parallel {
 
 DecoderModelImpl::DecoderModelImpl(DecoderModelParts parts)
-    : family_(std::move(parts.family)), sizes_(parts.sizes), blocks_(std::move(parts.blocks)),
+    : family_(std::move(parts.family)),
+      sizes_(parts.sizes),
+      blocks_(std::move(parts.blocks)),
       norm_scale_(parts.norm_scale) {
   const DecoderSizes& s = sizes_;
   tok_embeddings = register_module("tok_embeddings", new_embedding(s.vocab_size, s.dim));
