@@ -277,6 +277,14 @@ typedef struct hpk_class_axis {
  * or HPK_ERROR_SHAPE / HPK_ERROR_NULL_POINTER for a malformed query. */
 HPK_API int32_t hpk_resolve_class_axis(const hpk_class_axis_query* query, hpk_class_axis* axis, hpk_error* error);
 
+/* reduction 'mean' on logits laid out as the query says (it reads the layout, strictness, op,
+ * relax and found): PyTorch's contract takes it on a one-dimensional mesh only. HPK_OK with
+ * axis->outcome resolved (taken: on more dims without strict, the exact global mean) or needs
+ * strictness (ask again with it), HPK_ERROR_UNSUPPORTED with the message (a mesh of more dims
+ * under strict), or HPK_ERROR_SHAPE / HPK_ERROR_NULL_POINTER for a malformed query. Only
+ * outcome and the message of `axis` are written. */
+HPK_API int32_t hpk_class_axis_mean(const hpk_class_axis_query* query, hpk_class_axis* axis, hpk_error* error);
+
 /* The layout a route takes, in the words of the messages ("<tensor> sharded along its class dim 1
  * on exactly one mesh dim (Shard(1)), its other mesh dims ..."), for a route's own messages:
  * written NUL-terminated into buffer (truncated to capacity); returns its whole length. */

@@ -1,5 +1,6 @@
 """Where a loss's classes live, for every Python front end: the one class-axis decision of the C++
-library (src/loss/class_axis.h), called through libhyper_parallel_kernels' hpk_resolve_class_axis.
+library (src/loss/class_axis.h), called through libhyper_parallel_kernels' hpk_resolve_class_axis
+(and hpk_class_axis_mean: whether reduction='mean' is taken on the layout).
 
 Each DTensor route (PyTorch's, torch_dtensor_layout.py; HyperParallel's torch DTensor,
 integrations/hyperparallel_layout.py; HyperParallel's MindSpore DTensor, mindspore/loss_parallel.py)
@@ -134,15 +135,16 @@ def _raise(route: Route, code: int, message: str):
     raise RuntimeError(f"the class-axis decision (libhyper_parallel_kernels) refused its query: {message}")
 
 
-def _ask(query: _Query, route: Route) -> _Axis:
-    """hpk_resolve_class_axis, with room for the whole of a long message."""
+def _ask(query: _Query, route: Route, question: str = "hpk_resolve_class_axis") -> _Axis:
+    """One of the decision's questions (hpk_resolve_class_axis, hpk_class_axis_mean), with room for
+    the whole of a long message."""
     capacity = 4096
     while True:
         buffer = ctypes.create_string_buffer(capacity)
         axis, error = _Axis(), Error()
         axis.message = ctypes.addressof(buffer)
         axis.message_capacity = capacity
-        code = kernels_library().hpk_resolve_class_axis(ctypes.byref(query), ctypes.byref(axis), ctypes.byref(error))
+        code = getattr(kernels_library(), question)(ctypes.byref(query), ctypes.byref(axis), ctypes.byref(error))
         if code == 0:
             return axis
         if axis.message_length >= capacity:
@@ -152,25 +154,28 @@ def _ask(query: _Query, route: Route) -> _Axis:
         _raise(route, code, message.decode("utf-8", "replace"))
 
 
+def _ask_with_strictness(query: _Query, route: Route, strict: Callable[[], bool], question: str) -> _Axis:
+    """The answer, the strictness asked (and given) only where the decision says it depends on it."""
+    query.strictness = _STRICTNESS_UNKNOWN
+    axis = _ask(query, route, question)
+    if axis.outcome == _NEEDS_STRICTNESS:
+        query.strictness = int(bool(strict()))
+        axis = _ask(query, route, question)
+    return axis
+
+
 def _words(text: str) -> bytes:
     return text.encode("utf-8")
 
 
-def resolve(view: Optional[LayoutView], class_dim: int, op: str, route: Route, strict: Callable[[], bool],
-            options_mesh: Any = None, plain_shape: Optional[Sequence[int]] = None) -> Resolution:
-    """Where the classes of logits laid out as `view` (None: a plain tensor) live, or the named
-    error for a layout the route cannot take. `strict` gives the context's strictness; it is asked
-    only where the decision depends on it (a route may make the ranks agree on it first)."""
+def _query(view: Optional[LayoutView], class_dim: int, op: str, route: Route) -> _Query:
     q = _Query()
     q.is_dtensor = view is not None
     q.class_dim = class_dim
     q.ndim = max(class_dim + 1, 1) if view is None else view.ndim
     q.can_relayout, q.rows_sharded = route.relayout, route.rows_sharded
-    q.strictness = _STRICTNESS_UNKNOWN
     q.op, q.tensor, q.relax = _words(op), _words(route.tensor), _words(route.relax)
-    if view is None:
-        q.found = _words("" if plain_shape is None else str(list(plain_shape)))
-    else:
+    if view is not None:
         if len(view.placements) > _MAX_MESH_DIMS:
             raise ValueError(f"{op} under loss_parallel: a mesh of at most {_MAX_MESH_DIMS} dims expected, got "
                              f"{len(view.placements)} ({view.described})")
@@ -178,17 +183,32 @@ def resolve(view: Optional[LayoutView], class_dim: int, op: str, route: Route, s
         q.mesh_ndim = len(view.placements)
         for i, p in enumerate(view.placements):
             q.placements[i] = _Placement(_KINDS.index(p.kind), p.dim if p.is_shard else -1)
-        if options_mesh is not None:
-            q.has_options_mesh = 1
-            q.options_mesh = _words(str(options_mesh))
-            for i in mesh_dims_sharding(view.placements, class_dim):  # the only dims the decision reads
-                q.options_mesh_fits[i] = bool(view.on_mesh(options_mesh, i))
-    axis = _ask(q, route)
-    if axis.outcome == _NEEDS_STRICTNESS:
-        q.strictness = int(bool(strict()))
-        axis = _ask(q, route)
+    return q
+
+
+def resolve(view: Optional[LayoutView], class_dim: int, op: str, route: Route, strict: Callable[[], bool],
+            options_mesh: Any = None, plain_shape: Optional[Sequence[int]] = None) -> Resolution:
+    """Where the classes of logits laid out as `view` (None: a plain tensor) live, or the named
+    error for a layout the route cannot take. `strict` gives the context's strictness; it is asked
+    only where the decision depends on it (a route may make the ranks agree on it first)."""
+    q = _query(view, class_dim, op, route)
+    if view is None:
+        q.found = _words("" if plain_shape is None else str(list(plain_shape)))
+    elif options_mesh is not None:
+        q.has_options_mesh = 1
+        q.options_mesh = _words(str(options_mesh))
+        for i in mesh_dims_sharding(view.placements, class_dim):  # the only dims the decision reads
+            q.options_mesh_fits[i] = bool(view.on_mesh(options_mesh, i))
+    axis = _ask_with_strictness(q, route, strict, "hpk_resolve_class_axis")
     n = len(view.placements)
     return Resolution(axis.mesh_dim, _placements(axis.want, n), bool(axis.relayout), _placements(axis.rows, n))
+
+
+def check_mean(view: LayoutView, class_dim: int, op: str, route: Route, strict: Callable[[], bool]) -> None:
+    """reduction='mean' on logits laid out as `view`: the route's unsupported error where the
+    decision refuses it (a mesh of more than one dim under strict, PyTorch's contract); `strict` is
+    asked only on such a mesh."""
+    _ask_with_strictness(_query(view, class_dim, op, route), route, strict, "hpk_class_axis_mean")
 
 
 def expected_layout(route: Route, class_dim: int) -> str:
@@ -210,5 +230,5 @@ def row_mesh_dims(rows: Sequence[Placement]) -> List[int]:
     return [i for i, p in enumerate(rows) if p.is_shard]
 
 
-__all__ = ["LayoutView", "Placement", "REPLICATE", "Resolution", "Route", "expected_layout", "mesh_dims_sharding",
-           "placement_of", "resolve", "row_mesh_dims", "shard"]
+__all__ = ["LayoutView", "Placement", "REPLICATE", "Resolution", "Route", "check_mean", "expected_layout",
+           "mesh_dims_sharding", "placement_of", "resolve", "row_mesh_dims", "shard"]

@@ -51,7 +51,7 @@ def kernels_library() -> ctypes.CDLL:
     library.hpk_version.restype = ctypes.c_char_p
     library.hpk_capability.restype = ctypes.c_char_p
     for name in ("hpk_cross_entropy_stats", "hpk_cross_entropy_combine", "hpk_cross_entropy_backward",
-                 "hpk_resolve_class_axis"):
+                 "hpk_resolve_class_axis", "hpk_class_axis_mean"):
         getattr(library, name).restype = ctypes.c_int32
     library.hpk_class_axis_expected.restype = ctypes.c_int64
     return library

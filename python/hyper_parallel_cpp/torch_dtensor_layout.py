@@ -209,12 +209,11 @@ def loss_result(local: torch.Tensor, cs: ClassSharding, reduction: str) -> DTens
 
 
 def check_mean(cs: ClassSharding, reduction: str, op: str, options: LossParallelOptions) -> None:
-    if reduction == "mean" and cs.mesh.ndim > 1 and settled_strict(op, options, cs.logits):
-        raise LossParallelUnsupportedError(
-            f"{op} under loss_parallel (strict): reduction='mean' is only supported on a one-dimensional DeviceMesh "
-            f"(PyTorch's loss_parallel contract), got a mesh with ndim={cs.mesh.ndim} ({describe(cs.logits)}). Use "
-            f"reduction='sum' or 'none', or strict=False for the exact global mean (one all-reduce of the weight "
-            f"total over the mesh dims that shard the rows)")
+    """reduction='mean' on the logits' mesh: the class-axis decision's refusal, if any (a mesh of
+    more than one dim under strict, PyTorch's contract); the strictness agreed on only there."""
+    if reduction == "mean":
+        class_layout.check_mean(view_of(cs.logits), cs.class_dim, op, ROUTE,
+                                lambda: settled_strict(op, options, cs.logits))
 
 
 def global_mean_scale(cs: ClassSharding, denominator: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
-// hpk_resolve_class_axis (include/hyper_parallel_kernels/loss_kernels.h): the one class-axis
-// decision (src/loss/class_axis.h) for callers without C++: the Python front ends, through ctypes.
+// hpk_resolve_class_axis and hpk_class_axis_mean (include/hyper_parallel_kernels/loss_kernels.h):
+// the one class-axis decision (src/loss/class_axis.h) for callers without C++: the Python front
+// ends, through ctypes.
 #include <algorithm>
 #include <cstring>
 
@@ -75,12 +76,17 @@ hpk_placement ours(const ca::Placement& p) {
 
 using namespace hyper_parallel::kernels_c;
 
-extern "C" HPK_API int32_t hpk_resolve_class_axis(const hpk_class_axis_query* query, hpk_class_axis* axis,
-                                                  hpk_error* error) {
+namespace {
+
+// Asks `decide` the query's question and answers in the C terms: the outcome into `axis` (and
+// the resolution, where `resolution`), a refusal's message into its buffer and `error`.
+template <class Decide>
+int32_t answer(const char* name, const hpk_class_axis_query* query, hpk_class_axis* axis, hpk_error* error,
+               Decide decide, bool resolution) {
   ca::Decision decision;
-  const int32_t status = run_guarded("hpk_resolve_class_axis", error, [&] {
+  const int32_t status = run_guarded(name, error, [&] {
     if (!query || !axis) fail(HPK_ERROR_NULL_POINTER, "expected a query and an answer, got NULL");
-    decision = ca::decide(question_of(*query));
+    decision = decide(question_of(*query));
   });
   if (status != HPK_OK) return status;
   axis->message_length = copy_out(decision.message, axis->message, axis->message_capacity);
@@ -96,6 +102,7 @@ extern "C" HPK_API int32_t hpk_resolve_class_axis(const hpk_class_axis_query* qu
       break;
   }
   axis->outcome = HPK_CLASS_AXIS_RESOLVED;
+  if (!resolution) return HPK_OK;
   axis->mesh_dim = decision.mesh_dim;
   axis->relayout = decision.relayout ? 1 : 0;
   for (size_t d = 0; d < decision.want.size(); ++d) {
@@ -103,6 +110,18 @@ extern "C" HPK_API int32_t hpk_resolve_class_axis(const hpk_class_axis_query* qu
     axis->rows[d] = ours(decision.rows[d]);
   }
   return HPK_OK;
+}
+
+}  // namespace
+
+extern "C" HPK_API int32_t hpk_resolve_class_axis(const hpk_class_axis_query* query, hpk_class_axis* axis,
+                                                  hpk_error* error) {
+  return answer("hpk_resolve_class_axis", query, axis, error, ca::decide, true);
+}
+
+extern "C" HPK_API int32_t hpk_class_axis_mean(const hpk_class_axis_query* query, hpk_class_axis* axis,
+                                               hpk_error* error) {
+  return answer("hpk_class_axis_mean", query, axis, error, ca::decide_mean, false);
 }
 
 extern "C" HPK_API int64_t hpk_class_axis_expected(int32_t rows_sharded, const char* tensor, int64_t class_dim,

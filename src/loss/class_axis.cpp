@@ -138,4 +138,19 @@ Decision decide(const Question& q) {
   return d;
 }
 
+Decision decide_mean(const Question& q) {
+  const size_t mesh_ndim = q.placements.size();
+  if (mesh_ndim <= 1) return Decision{};
+  if (q.strictness == Strictness::Unknown) return needs_strictness();
+  if (q.strictness == Strictness::Relaxed) return Decision{};
+  return refusal(Outcome::UnsupportedError,
+                 q.op +
+                     " under loss_parallel (strict): reduction 'mean' is only supported on a one-dimensional mesh "
+                     "(PyTorch's loss_parallel contract), got a mesh of " +
+                     std::to_string(mesh_ndim) + " dims (" + q.found + "). Use reduction 'sum' or 'none', or " +
+                     q.route.relax +
+                     " for the exact global mean (one small all-reduce of its denominator over each mesh dim that "
+                     "shards the rows)");
+}
+
 }  // namespace hyper_parallel::class_axis

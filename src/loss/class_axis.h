@@ -77,6 +77,12 @@ struct Decision {
 // The one decision. NeedsStrictness: ask again with the strictness known.
 Decision decide(const Question& q);
 
+// reduction 'mean' on logits laid out as q.placements (it reads their count, q.strictness,
+// q.route.relax, q.op, q.found): PyTorch's contract takes it on a one-dimensional mesh only, so
+// under strict a mesh of more dims is UnsupportedError; without strict the route computes the
+// exact global mean (Resolved). NeedsStrictness: ask again with the strictness known.
+Decision decide_mean(const Question& q);
+
 // The mesh dims that shard `class_dim`.
 std::vector<int64_t> mesh_dims_sharding(const Placements& placements, int64_t class_dim);
 

@@ -1,11 +1,13 @@
 // The one class-axis decision (src/loss/class_axis.h), read as a table through the C interface
-// every Python front end calls (hpk_resolve_class_axis): which mesh dim shards the classes,
-// whether the logits are re-laid out, the rows' placements, or which error with which words.
+// every Python front end calls (hpk_resolve_class_axis, hpk_class_axis_mean): which mesh dim
+// shards the classes, whether the logits are re-laid out, the rows' placements, whether reduction
+// 'mean' is taken, or which error with which words.
 // The routes' own tests (loss_parallel_behaviour_test.cpp, loss_parallel_meshes_test.cpp,
 // tests/python) run the same decisions on real meshes.
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hyper_parallel_kernels/loss_kernels.h"
@@ -36,8 +38,10 @@ struct Answer {
   std::string message;
 };
 
-Answer resolve(const std::vector<hpk_placement>& placements, const Route& route, int32_t strictness, int64_t ndim = 2,
-               int64_t class_dim = 1, std::vector<int32_t> options_mesh_fits = {}) {
+using Question = int32_t (*)(const hpk_class_axis_query*, hpk_class_axis*, hpk_error*);
+
+Answer ask(Question question, const std::vector<hpk_placement>& placements, const Route& route, int32_t strictness,
+           int64_t ndim = 2, int64_t class_dim = 1, std::vector<int32_t> options_mesh_fits = {}) {
   hpk_class_axis_query q{};
   q.is_dtensor = 1;
   q.mesh_ndim = static_cast<int64_t>(placements.size());
@@ -59,7 +63,7 @@ Answer resolve(const std::vector<hpk_placement>& placements, const Route& route,
   a.axis.message = buffer;
   a.axis.message_capacity = sizeof buffer;
   hpk_error error{};
-  a.status = hpk_resolve_class_axis(&q, &a.axis, &error);
+  a.status = question(&q, &a.axis, &error);
   a.message = a.status == HPK_OK ? "" : error.message;
   if (a.status == HPK_ERROR_LAYOUT || a.status == HPK_ERROR_UNSUPPORTED) {
     EXPECT_EQ(a.message, std::string(buffer));  // the whole message, in both
@@ -67,6 +71,15 @@ Answer resolve(const std::vector<hpk_placement>& placements, const Route& route,
   }
   a.axis.message = nullptr;
   return a;
+}
+
+Answer resolve(const std::vector<hpk_placement>& placements, const Route& route, int32_t strictness, int64_t ndim = 2,
+               int64_t class_dim = 1, std::vector<int32_t> options_mesh_fits = {}) {
+  return ask(hpk_resolve_class_axis, placements, route, strictness, ndim, class_dim, std::move(options_mesh_fits));
+}
+
+Answer mean(const std::vector<hpk_placement>& placements, const Route& route, int32_t strictness) {
+  return ask(hpk_class_axis_mean, placements, route, strictness);
 }
 
 constexpr int32_t kUnknown = HPK_STRICTNESS_UNKNOWN, kStrict = HPK_STRICTNESS_STRICT, kRelaxed = HPK_STRICTNESS_RELAXED;
@@ -170,6 +183,25 @@ TEST(ClassAxis, ARouteWithReplicatedResultsTakesOtherMeshDimsOnlyReplicatedAndNo
   a = resolve({S(0), S(1)}, {false, false, "a HyperParallel DTensor", ""}, kRelaxed);
   EXPECT_NE(a.message.find("cross_entropy under loss_parallel: expected every mesh axis"), std::string::npos)
       << a.message;
+}
+
+TEST(ClassAxis, MeanIsTakenOnOneMeshDimAndOnMoreOnlyWithoutStrict) {
+  for (int32_t strictness : {kUnknown, kStrict, kRelaxed}) {
+    const Answer one = mean({S(1)}, kPyTorch, strictness);
+    ASSERT_EQ(one.status, HPK_OK) << one.message;
+    EXPECT_EQ(one.axis.outcome, HPK_CLASS_AXIS_RESOLVED);  // without asking the strictness
+  }
+  EXPECT_EQ(mean({S(0), S(1)}, kPyTorch, kUnknown).axis.outcome, HPK_CLASS_AXIS_NEEDS_STRICTNESS);
+  const Answer relaxed = mean({S(0), S(1)}, kPyTorch, kRelaxed);
+  ASSERT_EQ(relaxed.status, HPK_OK) << relaxed.message;
+  EXPECT_EQ(relaxed.axis.outcome, HPK_CLASS_AXIS_RESOLVED);
+  const Answer strict = mean({R, S(1)}, kPyTorch, kStrict);
+  EXPECT_EQ(strict.status, HPK_ERROR_UNSUPPORTED);
+  EXPECT_EQ(strict.message,
+            "cross_entropy under loss_parallel (strict): reduction 'mean' is only supported on a one-dimensional mesh "
+            "(PyTorch's loss_parallel contract), got a mesh of 2 dims (FOUND). Use reduction 'sum' or 'none', or "
+            "strict=False for the exact global mean (one small all-reduce of its denominator over each mesh dim that "
+            "shards the rows)");
 }
 
 TEST(ClassAxis, RowsAreLaidOutAsTheLogitsWithoutTheClassDim) {

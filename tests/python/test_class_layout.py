@@ -7,7 +7,8 @@ on real meshes; tests/loss/class_axis_test.cpp reads the C interface's table."""
 import pytest
 
 from hyper_parallel_cpp import LossParallelLayoutError, LossParallelUnsupportedError
-from hyper_parallel_cpp.class_layout import REPLICATE, LayoutView, Placement, Route, expected_layout, resolve, shard
+from hyper_parallel_cpp.class_layout import (REPLICATE, LayoutView, Placement, Route, check_mean, expected_layout,
+                                             resolve, shard)
 
 PYTORCH = Route("a DTensor", relayout=True, rows_sharded=True)
 HYPERPARALLEL = Route("a HyperParallel DTensor", relayout=False, rows_sharded=False)
@@ -111,6 +112,21 @@ def test_a_route_raises_its_own_errors_in_its_own_words():
                                            "dim)")
     assert expected_layout(HYPERPARALLEL, 2).endswith("(Shard(2)), its other mesh dims Replicate (or the "
                                                       "tensor-parallel mesh alone)")
+
+
+def test_mean_is_taken_on_one_mesh_dim_and_on_more_only_without_strict():
+    strict = Strictness(True)
+    check_mean(view(shard(1)), 1, "cross_entropy", PYTORCH, strict)
+    assert strict.asked == 0
+    relaxed = Strictness(False)
+    check_mean(view(shard(0), shard(1)), 1, "cross_entropy", PYTORCH, relaxed)
+    assert relaxed.asked == 1
+    with pytest.raises(LossParallelUnsupportedError,
+                       match=r"^nll_loss under loss_parallel \(strict\): reduction 'mean' is only supported on a "
+                             r"one-dimensional mesh .*got a mesh of 2 dims .* or strict=False for the exact global "
+                             r"mean"):
+        check_mean(view(REPLICATE, shard(1)), 1, "nll_loss", PYTORCH, strict)
+    assert strict.asked == 1
 
 
 def test_a_long_message_comes_back_whole():

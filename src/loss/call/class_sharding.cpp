@@ -191,14 +191,15 @@ at::Tensor laid_out_local(const at::Tensor& t, const Placements& want, c10::IntA
 }
 
 void check_mean_on_mesh(const ClassSharding& cs, int64_t reduction, const std::string& op, bool strict) {
-  if (reduction != at::Reduction::Mean || cs.layout.mesh().ndim() <= 1 || !strict) return;
-  throw LossParallelUnsupportedError(
-      op +
-      " under loss_parallel (strict): reduction 'mean' is only supported on a one-dimensional mesh "
-      "(PyTorch's loss_parallel contract), got a mesh of " +
-      std::to_string(cs.layout.mesh().ndim()) + " dims (" + describe(cs.layout) +
-      "). Use reduction 'sum' or 'none', or strict = false for the exact global mean (one small all-reduce of its "
-      "denominator over each mesh dim that shards the rows)");
+  if (reduction != at::Reduction::Mean) return;
+  class_axis::Question q;
+  q.placements = neutral_placements(cs.layout.placements());
+  q.route = kCppDTensorRoute;
+  q.strictness = strict ? class_axis::Strictness::Strict : class_axis::Strictness::Relaxed;
+  q.op = op;
+  q.found = describe(cs.layout);
+  const class_axis::Decision decision = class_axis::decide_mean(q);
+  if (decision.outcome != class_axis::Outcome::Resolved) raise_refusal(decision);
 }
 
 at::Tensor global_mean_denominator(const at::Tensor& local_denominator, const at::TensorOptions& options,

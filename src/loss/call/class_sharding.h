@@ -70,7 +70,8 @@ at::Tensor laid_out_local(const at::Tensor& t, const Placements& want, c10::IntA
                           const std::string& what, const std::string& op, const ClassSharding& cs, bool strict);
 
 // reduction 'mean' under strict on a mesh of more than one dim: LossParallelUnsupportedError
-// (PyTorch's contract: its loss_parallel supports 'mean' on a one-dimensional mesh only).
+// (PyTorch's contract: its loss_parallel supports 'mean' on a one-dimensional mesh only), as
+// class_axis::decide_mean says for every front end.
 void check_mean_on_mesh(const ClassSharding& cs, int64_t reduction, const std::string& op, bool strict);
 
 // The global mean's denominator: this rank's (the weight or count of its counted rows, a
