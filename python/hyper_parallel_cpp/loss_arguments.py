@@ -13,19 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from .errors import LossParallelLayoutError, LossParallelUnsupportedError
+from .reductions import reduction_code  # noqa: F401  (the functional ops and routes read it from here)
 
 CROSS_ENTROPY = inspect.signature(F.cross_entropy)
 NLL_LOSS = inspect.signature(F.nll_loss)
-
-_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
-
-
-def reduction_code(reduction: str, op: str) -> int:
-    """The kernels' code for a reduction name (ATen's: none 0, mean 1, sum 2)."""
-    try:
-        return _REDUCTIONS[reduction]
-    except (KeyError, TypeError):
-        raise ValueError(f"{op}: reduction must be one of 'none', 'mean', 'sum', got {reduction!r}") from None
 
 
 def reduction_of(arguments: dict) -> str:

@@ -11,20 +11,19 @@ from typing import Optional
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
+from ..reductions import reduction_code
 from .errors import KernelError, LossParallelLayoutError, LossParallelUnsupportedError
 from .kernel_cross_entropy import KernelCrossEntropy, compute_dtype
 from .native_library import kernel_error_from
 from .process_group import ProcessGroup, process_group_of
 
-REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 _FLOATING = (ms.float16, ms.bfloat16, ms.float32, ms.float64)
 _INDEX = (ms.int32, ms.int64)
 
 
 def check_options(reduction: str, label_smoothing: float, backend: Optional[str]) -> None:
     """The options every rank holds alike, checked before anything runs."""
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    reduction_code(reduction, "vocab_parallel_cross_entropy")
     if not 0.0 <= float(label_smoothing) <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
     if backend not in (None, "kernel", "ops"):
@@ -87,7 +86,7 @@ class VocabParallelCrossEntropy(nn.Cell):
         self.vocab_size = vocab_size
         self.ignore_index = int(ignore_index)
         self.reduction = reduction
-        self.reduction_code = REDUCTIONS[reduction]
+        self.reduction_code = reduction_code(reduction, "vocab_parallel_cross_entropy")
         self.label_smoothing = float(label_smoothing)
         self.backend = backend or default_backend()
         if self.backend == "kernel":
