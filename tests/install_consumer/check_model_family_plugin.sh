@@ -4,7 +4,8 @@
 # against that prefix, then train it with the installed hp-run and hp-train at TP 2 through
 # HYPER_PARALLEL_MODEL_PLUGIN_PATH (a few steps of a tiny model), its last step exported as a
 # Hugging Face folder through the family's adapter and again by the installed hp-hf-export
-# (the same bytes); then a plugin path that does not load is refused naming the variable. Arguments: the project's build dir, the example's folder, the
+# (the same bytes), and the installed hp-dry-run plans it; then a plugin path that does not
+# load is refused naming the variable. Arguments: the project's build dir, the example's folder, the
 # cmake to use.
 set -euo pipefail
 build_dir="$1"
@@ -34,6 +35,13 @@ grep -q '"model_type": "minigpt"' "$work/job/hf/step-4/config.json"
 env -u LD_LIBRARY_PATH HYPER_PARALLEL_MODEL_PLUGIN_PATH="$plugin" \
   "$work/prefix/bin/hp-hf-export" "$work/job/checkpoints" "$work/export" >/dev/null
 cmp "$work/export/model.safetensors" "$work/job/hf/step-4/model.safetensors"
+# The installed hp-dry-run finds the family the same way (the registry loads the variable's
+# plugins at any program's first lookup): it builds and steps the plugin's model on meta tensors.
+env -u LD_LIBRARY_PATH HYPER_PARALLEL_MODEL_PLUGIN_PATH="$plugin" \
+  "$work/prefix/bin/hp-dry-run" --world-size 2 --config "$example/minigpt.toml" >"$work/dry_run.log" 2>&1 ||
+  { cat "$work/dry_run.log"; exit 1; }
+grep -q "hp-dry-run: minigpt dim 64, 2 layers, 4 heads, vocab 256; dp 1 x tp 2 = 2 ranks" "$work/dry_run.log" ||
+  { cat "$work/dry_run.log"; exit 1; }
 # A plugin that cannot be loaded stops hp-train with the variable and the path named.
 if env -u LD_LIBRARY_PATH HYPER_PARALLEL_MODEL_PLUGIN_PATH="$work/missing.so" \
   "$work/prefix/bin/hp-train" --config "$example/minigpt.toml" --parallelism.tensor_parallel_degree 1 \
