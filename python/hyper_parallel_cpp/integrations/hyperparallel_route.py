@@ -55,6 +55,13 @@ def route_class(distributed_op: type) -> type:
     return VocabParallelRoute
 
 
+def _refuse_partial(x, op: str) -> None:
+    """Partial logits: no route here reduces them, and the ordinary op would read a summand as the whole."""
+    if any(p.is_partial() for p in x.placements):
+        raise LossParallelLayoutError(f"{op} on HyperParallel DTensor input: expected no Partial placement, got "
+                                      f"{describe(x)} (reduce it first)")
+
+
 def _outside_context(func, layouts, args, kwargs, op: str, x, class_dim: int, ndim: int):
     """A call the context does not own: exact whole-tensor arithmetic, or a named error."""
     if x is None:
@@ -62,9 +69,7 @@ def _outside_context(func, layouts, args, kwargs, op: str, x, class_dim: int, nd
                                       f"beside DTensor arguments")
     if all_replicated(x) and all(lay is None or all_replicated(lay) for lay in layouts):
         return func(*args, **kwargs)  # every rank holds everything: the ordinary op is exact
-    if any(p.is_partial() for p in x.placements):
-        raise LossParallelLayoutError(f"{op} on HyperParallel DTensor input: expected no Partial placement, got "
-                                      f"{describe(x)} (reduce it first)")
+    _refuse_partial(x, op)
     axes = class_axes(x, class_dim, ndim)
     if axes and active_options() is None:
         # First the record the ranks inside the context send first (one small all-gather, on this
@@ -224,9 +229,7 @@ def _log_softmax(func, layouts, args, kwargs):
                                       f"integer dim, got {type(local).__name__} and dim={dim!r}")
     ndim = local.dim()
     dim = dim % max(ndim, 1)
-    if any(p.is_partial() for p in x.placements):
-        raise LossParallelLayoutError(f"{op} on HyperParallel DTensor input: expected no Partial placement, got "
-                                      f"{describe(x)} (reduce it first)")
+    _refuse_partial(x, op)
     if not class_axes(x, dim, ndim):
         return func(*args, **kwargs)  # no mesh axis splits `dim`: each rank's rows are whole
     options = active_options()
