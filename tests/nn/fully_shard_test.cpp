@@ -114,27 +114,33 @@ void expect_same_training(const TrainingRun& a, const TrainingRun& b, double tol
 
 // The figure: dp_shard 2 x tp 2 against dp 2 x tp 2 (replicated) and one process,
 // 20 steps with z-loss and clipping, 2 micro-batches: losses, gradient norms and step 1's
-// gradients within 1e-10 in float64 and 1e-6 in float32.
+// gradients within 1e-10 in float64; in float32 each run within 2e-6 of the float64 one.
 TEST(FullyShard, Shard2Tp2TrainsAsReplicatedDp2Tp2AndAsOneProcess) {
-  for (const auto& [dtype_name, tolerance_value] :
-       {std::pair<std::string, double>{"float64", 1e-10}, {"float32", 1e-6}}) {
-    const std::string dtype = dtype_name;  // clang before 16 cannot capture structured bindings
-    const double tolerance = tolerance_value;
-    auto job = [&](int64_t dp, int64_t shard, int64_t tp) {
-      JobConfig c = sharded_job(dp, shard, tp, dtype, 20);
-      c.training.grad_accum_steps = 2;
-      c.training.batch_size = 8;
-      return c;
-    };
-    const TrainingRun one = run(job(1, 1, 1));
-    const TrainingRun replicated = run(job(2, 1, 2));
-    const TrainingRun sharded = run(job(1, 2, 2));
-    bool clipped = false;
-    for (const auto& s : one.steps) clipped |= s.grad_norm > 0.5;
-    EXPECT_TRUE(clipped) << "the test meant to exercise clipping";
-    expect_same_training(sharded, one, tolerance, dtype + ": shard 2 x tp 2 vs one process");
-    expect_same_training(sharded, replicated, tolerance, dtype + ": shard 2 x tp 2 vs dp 2 x tp 2");
-  }
+  auto job = [](int64_t dp, int64_t shard, int64_t tp, const std::string& dtype) {
+    JobConfig c = sharded_job(dp, shard, tp, dtype, 20);
+    c.training.grad_accum_steps = 2;
+    c.training.batch_size = 8;
+    return c;
+  };
+  // float64: the same arithmetic to rounding.
+  const TrainingRun one = run(job(1, 1, 1, "float64"));
+  bool clipped = false;
+  for (const auto& s : one.steps) clipped |= s.grad_norm > 0.5;
+  EXPECT_TRUE(clipped) << "the test meant to exercise clipping";
+  const TrainingRun sharded = run(job(1, 2, 2, "float64"));
+  expect_same_training(sharded, one, 1e-10, "float64: shard 2 x tp 2 vs one process");
+  expect_same_training(sharded, run(job(2, 1, 2, "float64")), 1e-10, "float64: shard 2 x tp 2 vs dp 2 x tp 2");
+  // float32: every run measured against the float64 one above (the definition), not against
+  // the float32 one-process run: that run's own rounding drifts as far from the definition
+  // as the sharded runs' do (a gradient norm 1.3e-6 off by step 13, where shard 2 x tp 2 is
+  // 2.9e-7 off), so comparing the two float32 runs tests neither. The bound is the one the
+  // float32 one-process run itself needs: sharding is at least as accurate as one process.
+  const double float32_bound = 2e-6;
+  expect_same_training(run(job(1, 1, 1, "float32")), one, float32_bound, "float32: one process vs float64");
+  const TrainingRun sharded32 = run(job(1, 2, 2, "float32"));
+  expect_same_training(sharded32, one, float32_bound, "float32: shard 2 x tp 2 vs float64 one process");
+  expect_same_training(sharded32, run(job(2, 1, 2, "float32")), float32_bound,
+                       "float32: shard 2 x tp 2 vs dp 2 x tp 2");
 }
 
 // Shard degrees that leave uneven pieces (3: 40 rows as 14, 14, 12; 4: the vocabulary's
