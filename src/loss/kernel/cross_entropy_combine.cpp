@@ -43,8 +43,8 @@ void log_sum_exp_row(const Gathered<acc_t>& g, int64_t ranks, int64_t r, acc_t i
   for (int64_t p = 0; p < ranks; ++p) {
     // The rank holding the max needs no exp: exp(0) is 1 exactly (inf - inf is NaN, not 0).
     const acc_t difference = g(p, kMax, r) - top;
-    sum_exp += difference == 0 ? g(p, kSumExp, r)
-                               : g(p, kSumExp, r) * std::exp(scaled<acc_t>(difference, inv_t, is_scaled));
+    sum_exp +=
+        difference == 0 ? g(p, kSumExp, r) : g(p, kSumExp, r) * std::exp(scaled<acc_t>(difference, inv_t, is_scaled));
   }
 }
 
